@@ -1,0 +1,36 @@
+# idem/Makefile
+
+EXTENSION	= idem
+EXTVERSION	= $(shell sed -n "s/^default_version *= *'\(.*\)'/\1/p" $(EXTENSION).control)
+MODULE_big	= idem
+OBJS = \
+	$(WIN32RES) \
+	src/idem.o \
+	src/execute.o \
+	src/statement.o \
+	src/catalog.o \
+	src/response.o
+DATA		= $(wildcard $(EXTENSION)--*.sql)
+PGFILEDESC	= "idem - idempotent business writes"
+
+PG_CPPFLAGS	= -I$(srcdir)/src
+PG_CFLAGS	= -Wall -Wmissing-prototypes -Werror
+
+# pg_regress: one file per feature, sql/<feature>.sql <-> expected/<feature>.out
+REGRESS		= install execute fingerprint errors atomicity nesting expiry \
+			  security outbox plancache
+REGRESS_OPTS = --temp-instance=./tmp_check --temp-config=$(srcdir)/test/idem.conf
+
+# isolationtester specs live in test/specs with their output in test/expected
+ISOLATION	= $(patsubst test/specs/%.spec,%,$(sort $(wildcard test/specs/*.spec)))
+ISOLATION_OPTS = --inputdir=test --temp-instance=./tmp_check_iso \
+			  --temp-config=$(srcdir)/test/idem.conf
+
+TAP_TESTS	= 1
+PROVE_TESTS	= test/t/*.pl
+
+EXTRA_CLEAN	= tmp_check tmp_check_iso output_iso results log
+
+PG_CONFIG	?= pg_config
+PGXS		:= $(shell $(PG_CONFIG) --pgxs)
+include $(PGXS)

@@ -1,0 +1,101 @@
+/*-------------------------------------------------------------------------
+ *
+ * idem.h
+ *		Declarations shared by idem's source files: GUC variables,
+ *		SQLSTATEs of idem's own, and the entry points of each module.
+ *
+ * Copyright (c) 2026, idem authors
+ *
+ * IDENTIFICATION
+ *	  src/idem.h
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef IDEM_H
+#define IDEM_H
+
+#include "access/htup.h"
+#include "executor/spi.h"
+#include "utils/jsonb.h"
+#include "utils/timestamp.h"
+
+/*
+ * SQLSTATEs of idem's own.  Class "ID" is in the implementation-defined
+ * range (SQL standard: classes beginning with I-Z) and unused by PostgreSQL.
+ */
+/* same key, different request: the IETF Idempotency-Key draft's 422 */
+#define ERRCODE_IDEM_KEY_REUSED			MAKE_SQLSTATE('I','D','4','2','2')
+/* same key still being executed elsewhere: the draft's 409 */
+#define ERRCODE_IDEM_IN_PROGRESS		MAKE_SQLSTATE('I','D','4','0','9')
+
+/* Longest key accepted, in bytes (Stripe's limit is 255 characters). */
+#define IDEM_MAX_KEY_BYTES		255
+
+/* Fingerprint: SHA-256 of the request. */
+#define IDEM_FINGERPRINT_LEN	32
+
+/*
+ * Advisory lock class of idem's own (locktag_field4).  Core uses 1 and 2 for
+ * pg_advisory_lock(bigint) and (int, int), Citus 4-10 and 12-15.
+ */
+#define IDEM_LOCKTAG_CLASS		0x4944	/* "ID" */
+
+/* GUCs (idem.c) */
+extern int	idem_ttl;
+extern bool idem_wait;
+extern int	idem_max_response_size;
+extern char *idem_outbox_topic;
+extern int	idem_statement_cache_size;
+
+/* A business statement as idem_execute() received it. */
+typedef struct IdemRequest
+{
+	const char *key;			/* NUL-terminated, validated */
+	int			keylen;
+	char	   *sql;
+	int			nargs;
+	Oid		   *argtypes;
+	Datum	   *values;
+	char	   *nulls;			/* SPI convention: ' ' or 'n' */
+} IdemRequest;
+
+/* A key record as found in idem.keys. */
+typedef struct IdemRecord
+{
+	ItemPointerData tid;
+	Oid			owner;
+	uint8		fingerprint[IDEM_FINGERPRINT_LEN];
+	Jsonb	   *response;		/* detoasted copy, caller's context */
+	TimestampTz created_at;
+	TimestampTz expires_at;
+	TransactionId xmin;
+	bool		visible;		/* to the caller's transaction snapshot */
+} IdemRecord;
+
+/* statement.c: per-backend cache of business statements */
+typedef struct IdemStatement IdemStatement;
+extern IdemStatement *idem_statement_acquire(const char *sql, int nargs,
+											 Oid *argtypes);
+extern void idem_statement_release(IdemStatement *stmt);
+extern const uint8 *idem_statement_digest(IdemStatement *stmt);
+extern SPIPlanPtr idem_statement_plan(IdemStatement *stmt);
+extern const char *idem_statement_command(IdemStatement *stmt);
+extern void idem_statement_hash_args(IdemStatement *stmt, IdemRequest *req,
+									 uint8 *fingerprint);
+
+/* catalog.c: idem's tables and the key lock */
+extern void idem_lock_key(const char *key, int keylen, bool wait);
+extern bool idem_lookup_key(const char *key, IdemRecord *rec);
+extern void idem_delete_key(IdemRecord *rec);
+extern void idem_insert_key(const char *key, Oid owner,
+							const uint8 *fingerprint, Jsonb *response,
+							TimestampTz created_at, TimestampTz expires_at);
+extern void idem_insert_outbox(const char *key, Oid owner, const char *topic,
+							   Jsonb *payload, TimestampTz created_at);
+extern int64 idem_purge_expired(int batch_size);
+
+/* response.c */
+extern Jsonb *idem_build_response(const char *command, uint64 processed,
+								  SPITupleTable *tuptable);
+
+#endif							/* IDEM_H */
