@@ -22,6 +22,15 @@
 #define MarkGUCPrefixReserved(prefix) EmitWarningsOnPlaceholders(prefix)
 #endif
 
+#include "replication/message.h"
+#if PG_VERSION_NUM >= 170000
+#define LogTransactionalMessage(prefix, msg, len) \
+	LogLogicalMessage((prefix), (msg), (len), true, false)
+#else
+#define LogTransactionalMessage(prefix, msg, len) \
+	LogLogicalMessage((prefix), (msg), (len), true)
+#endif
+
 
 /*
  * SHA-256 through pg_cryptohash, which arrived in 14; that sets idem's floor.

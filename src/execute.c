@@ -40,6 +40,7 @@
 #include "utils/lsyscache.h"
 #include "utils/timestamp.h"
 
+#include "compat.h"
 #include "idem.h"
 
 PG_FUNCTION_INFO_V1(idem_execute);
@@ -285,6 +286,20 @@ execute_and_record(IdemStatement *stmt, IdemRequest *req,
 	result->first_executed_at = now;
 }
 
+/*
+ * A replay writes no WAL, so its commit waits for nobody.  If the original
+ * commit's wait for a synchronous standby was cancelled, the record is
+ * visible here but may not survive a failover, and acknowledging a replay
+ * would confirm a result that can still be lost.  One transactional WAL
+ * record makes this commit flush and wait for synchronous replication past
+ * the original commit's LSN.
+ */
+static void
+make_replay_durable(IdemRequest *req)
+{
+	LogTransactionalMessage("idem", req->key, req->keylen);
+}
+
 static void
 idem_execute_internal(FunctionCallInfo fcinfo, IdemResult *result)
 {
@@ -320,6 +335,8 @@ idem_execute_internal(FunctionCallInfo fcinfo, IdemResult *result)
 			result->response = rec.response;
 			result->replayed = true;
 			result->first_executed_at = rec.created_at;
+			if (idem_durable_replay)
+				make_replay_durable(&req);
 		}
 		else
 			execute_and_record(stmt, &req, fingerprint, now, result);

@@ -32,6 +32,7 @@ bool		idem_wait = true;
 int			idem_max_response_size = 1024 * 1024;
 char	   *idem_outbox_topic = NULL;
 int			idem_statement_cache_size = 256;
+bool		idem_durable_replay = false;
 
 void		_PG_init(void);
 
@@ -77,6 +78,14 @@ _PG_init(void)
 							256, 1, 100000,
 							PGC_USERSET, 0,
 							NULL, NULL, NULL);
+
+	DefineCustomBoolVariable("idem.durable_replay",
+							 "Whether a replay waits until the original result is durable on synchronous standbys.",
+							 "When on, a replay writes one small WAL record, so its commit waits for synchronous replication like any write.",
+							 &idem_durable_replay,
+							 false,
+							 PGC_USERSET, 0,
+							 NULL, NULL, NULL);
 
 	MarkGUCPrefixReserved("idem");
 }

@@ -46,6 +46,7 @@ extern bool idem_wait;
 extern int	idem_max_response_size;
 extern char *idem_outbox_topic;
 extern int	idem_statement_cache_size;
+extern bool idem_durable_replay;
 
 /* A business statement as idem_execute() received it. */
 typedef struct IdemRequest

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Build and install idem, then run the whole suite: pg_regress, the
+# isolation specs and the TAP tests (make installcheck).  Each part starts
+# its own throwaway cluster on a Unix socket.  Works as root: the tests run
+# as the unprivileged postgres user, in a copy of the tree it owns.
+set -euo pipefail
+top=$(cd "$(dirname "$0")/.." && pwd)
+"$top/scripts/deps.sh"
+. "$top/scripts/env.sh"
+
+make -s -C "$top" PG_CONFIG="$PG_CONFIG"
+if [ "$(id -u)" -eq 0 ]; then
+	make -s -C "$top" PG_CONFIG="$PG_CONFIG" install
+else
+	sudo -n make -s -C "$top" PG_CONFIG="$PG_CONFIG" install
+fi
+
+work=$(mktemp -d /tmp/idem-test.XXXXXX)
+trap 'rm -rf "$work"' EXIT
+tar -C "$top" --exclude=.git -cf - . | tar -C "$work" -xf -
+[ "$(id -u)" -eq 0 ] && chown -R postgres: "$work"
+
+status=0
+"${IDEM_RUNAS[@]}" make -C "$work" PG_CONFIG="$PG_CONFIG" installcheck || status=$?
+if [ $status -ne 0 ]; then
+	for f in "$work/regression.diffs" "$work/output_iso/regression.diffs"; do
+		[ -f "$f" ] && { echo "=== $f"; cat "$f"; }
+	done
+	for f in "$work"/tmp_check/log/regress_log_*; do
+		[ -f "$f" ] && { echo "=== $f"; tail -n 60 "$f"; }
+	done
+fi
+exit $status
