@@ -1,0 +1,102 @@
+--
+-- errors: bad input gets a clear error and a documented SQLSTATE, and
+-- changes nothing
+--
+CREATE TABLE ledger (id serial PRIMARY KEY, amount int NOT NULL);
+CREATE FUNCTION ledger_fail() RETURNS int LANGUAGE plpgsql AS $$
+BEGIN
+	RAISE EXCEPTION 'ledger is closed'
+		USING ERRCODE = 'P0001', DETAIL = 'Period 2026-11 was locked.',
+			  HINT = 'Post to the next period.';
+END
+$$;
+
+-- the key
+SELECT idem_execute(NULL, 'SELECT 1');
+\echo :LAST_ERROR_SQLSTATE
+SELECT idem_execute('', 'SELECT 1');
+\echo :LAST_ERROR_SQLSTATE
+SELECT idem_execute(repeat('k', 256), 'SELECT 1');
+\echo :LAST_ERROR_SQLSTATE
+-- the limit is in bytes: 128 two-byte characters are 256 bytes
+SELECT idem_execute(repeat('é', 128), 'SELECT 1');
+\echo :LAST_ERROR_SQLSTATE
+SELECT idem_execute(repeat('k', 255), 'SELECT 1 AS ok') ->> 'rowcount' AS longest_key;
+
+-- the statement
+SELECT idem_execute('err:1', NULL);
+\echo :LAST_ERROR_SQLSTATE
+SELECT idem_execute('err:1', 'INSRT INTO ledger VALUES (1)');
+\echo :LAST_ERROR_SQLSTATE
+SELECT idem_execute('err:1', 'INSERT INTO no_such_table VALUES (1)');
+\echo :LAST_ERROR_SQLSTATE
+SELECT idem_execute('err:1', '');
+\echo :LAST_ERROR_SQLSTATE
+SELECT idem_execute('err:1', 'INSERT INTO ledger(amount) VALUES (1); INSERT INTO ledger(amount) VALUES (2)');
+\echo :LAST_ERROR_SQLSTATE
+SELECT idem_execute('err:1', 'COMMIT');
+\echo :LAST_ERROR_SQLSTATE
+SELECT idem_execute('err:1', 'SAVEPOINT s');
+\echo :LAST_ERROR_SQLSTATE
+SELECT idem_execute('err:1', 'COPY ledger FROM STDIN');
+\echo :LAST_ERROR_SQLSTATE
+SELECT idem_execute('err:1', 'CREATE TABLE t2 (a int)');
+\echo :LAST_ERROR_SQLSTATE
+SELECT idem_execute('err:1', 'SELECT 1 INTO t3');
+\echo :LAST_ERROR_SQLSTATE
+SELECT idem_execute('err:1', 'SET work_mem = ''1GB''');
+\echo :LAST_ERROR_SQLSTATE
+
+-- the arguments
+SELECT idem_execute('err:1', 'INSERT INTO ledger(amount) VALUES ($1)');
+\echo :LAST_ERROR_SQLSTATE
+SELECT idem_execute('err:1', 'INSERT INTO ledger(amount) VALUES ($1)', 1, 2);
+\echo :LAST_ERROR_SQLSTATE
+SELECT idem_execute('err:1', 'INSERT INTO ledger(amount) VALUES ($1)', 'abc'::text);
+\echo :LAST_ERROR_SQLSTATE
+SELECT idem_execute('err:1', 'INSERT INTO ledger(amount) VALUES ($1)', now());
+\echo :LAST_ERROR_SQLSTATE
+
+-- the business statement's own errors reach the caller unchanged
+SELECT idem_execute('err:2', 'INSERT INTO ledger(amount) VALUES (1 / $1)', 0);
+\echo :LAST_ERROR_SQLSTATE
+SELECT idem_execute('err:2', 'INSERT INTO ledger(amount) VALUES (NULL)');
+\echo :LAST_ERROR_SQLSTATE
+SELECT idem_execute('err:2', 'SELECT ledger_fail()');
+\echo :LAST_ERROR_SQLSTATE
+
+-- the response size limit
+SET idem.max_response_size = '1kB';
+SELECT idem_execute('err:3', 'INSERT INTO ledger(amount) VALUES (1) RETURNING repeat(''x'', 2000) AS big');
+\echo :LAST_ERROR_SQLSTATE
+RESET idem.max_response_size;
+SET idem.max_response_size = 10;
+\echo :LAST_ERROR_SQLSTATE
+
+-- read-only transactions
+BEGIN READ ONLY;
+SELECT idem_execute('err:4', 'SELECT 1');
+\echo :LAST_ERROR_SQLSTATE
+ROLLBACK;
+SET default_transaction_read_only = on;
+SELECT idem_execute('err:4', 'SELECT 1');
+\echo :LAST_ERROR_SQLSTATE
+RESET default_transaction_read_only;
+
+-- bad settings
+SET idem.ttl = 0;
+\echo :LAST_ERROR_SQLSTATE
+SET idem.statement_cache_size = 0;
+\echo :LAST_ERROR_SQLSTATE
+SELECT idem_purge(0);
+\echo :LAST_ERROR_SQLSTATE
+
+-- none of the above wrote anything
+SELECT count(*) AS ledger_rows FROM ledger;
+SELECT key FROM idem.keys WHERE key LIKE 'err:%' ORDER BY key;
+
+-- and a failed key is free: it executes when the request is valid
+SELECT idem_execute('err:2', 'INSERT INTO ledger(amount) VALUES (1 / $1) RETURNING amount', 1);
+
+DROP TABLE ledger;
+DROP FUNCTION ledger_fail();

@@ -1,0 +1,92 @@
+--
+-- fingerprint: what counts as "the same request"
+--
+-- Same request: the same token stream (whitespace, comments, keyword case,
+-- identifier and string quoting style do not matter) and the same argument
+-- types and values.  Anything else under a used key is SQLSTATE ID422.
+--
+CREATE TABLE payments (id serial PRIMARY KEY, invoice text, amount numeric);
+
+SELECT idem_execute('fp:1',
+       'INSERT INTO payments (invoice, amount) VALUES ($1, 10) RETURNING id',
+       'inv-1');
+
+-- cosmetic differences: replays, nothing runs again
+SELECT (idem_execute_ex('fp:1',
+       E'insert   into payments(invoice,amount)\n  values ($1, 10) -- retried\n returning id',
+       'inv-1')).replayed AS whitespace_case_comment;
+SELECT (idem_execute_ex('fp:1',
+       'INSERT /* block comment */ INTO "payments" ("invoice", "amount") VALUES ($1, 10) RETURNING "id"',
+       'inv-1')).replayed AS quoted_identifiers;
+SELECT count(*) AS payments FROM payments;
+
+-- string literal quoting style does not matter either
+SELECT idem_execute('fp:2', 'SELECT ''abc'' AS s');
+SELECT (idem_execute_ex('fp:2', 'SELECT E''abc'' AS s')).replayed AS escape_string;
+SELECT (idem_execute_ex('fp:2', 'SELECT $q$abc$q$ AS s')).replayed AS dollar_quoted;
+
+\set VERBOSITY terse
+-- a different constant is a different request
+SELECT idem_execute('fp:1',
+       'INSERT INTO payments (invoice, amount) VALUES ($1, 11) RETURNING id',
+       'inv-1');
+\echo :LAST_ERROR_SQLSTATE
+-- a different argument value
+SELECT idem_execute('fp:1',
+       'INSERT INTO payments (invoice, amount) VALUES ($1, 10) RETURNING id',
+       'inv-2');
+\echo :LAST_ERROR_SQLSTATE
+-- a different argument type with an equal value
+SELECT idem_execute('fp:3', 'SELECT $1 AS v', 1);
+SELECT idem_execute('fp:3', 'SELECT $1 AS v', 1::bigint);
+\echo :LAST_ERROR_SQLSTATE
+-- numeric values are compared as written: 1.0 is not 1.00
+SELECT idem_execute('fp:4', 'SELECT $1 AS v', 1.0);
+SELECT idem_execute('fp:4', 'SELECT $1 AS v', 1.00);
+\echo :LAST_ERROR_SQLSTATE
+-- NULL is not an empty string
+SELECT idem_execute('fp:5', 'SELECT $1::text AS v', NULL::text);
+SELECT idem_execute('fp:5', 'SELECT $1::text AS v', ''::text);
+\echo :LAST_ERROR_SQLSTATE
+-- a different identifier, a different operator
+SELECT idem_execute('fp:6', 'SELECT 1 + 2 AS v');
+SELECT idem_execute('fp:6', 'SELECT 1 - 2 AS v');
+\echo :LAST_ERROR_SQLSTATE
+SELECT idem_execute('fp:6', 'SELECT 1 + 2 AS w');
+\echo :LAST_ERROR_SQLSTATE
+-- a different number of arguments
+SELECT idem_execute('fp:7', 'SELECT $1::int AS v', 1);
+SELECT idem_execute('fp:7', 'SELECT $1::int AS v, $2::int AS w', 1, 2);
+\echo :LAST_ERROR_SQLSTATE
+-- the mismatch is reported before anything runs
+SELECT count(*) AS payments FROM payments;
+\set VERBOSITY default
+
+-- the full message, with its hint
+SELECT idem_execute('fp:1',
+       'INSERT INTO payments (invoice, amount) VALUES ($1, 12) RETURNING id',
+       'inv-1');
+
+-- timestamps hash in their binary form: TimeZone does not matter
+SELECT idem_execute('fp:8', 'SELECT $1 AS at', timestamptz '2026-01-01 12:00:00+00')
+       ->> 'command';
+SET TimeZone = 'Asia/Tokyo';
+SELECT (idem_execute_ex('fp:8', 'SELECT $1 AS at',
+        timestamptz '2026-01-01 21:00:00+09')).replayed AS other_timezone;
+RESET TimeZone;
+
+-- floats too: extra_float_digits does not matter
+SELECT idem_execute('fp:9', 'SELECT $1 AS x', 0.1::float8) ->> 'command';
+SET extra_float_digits = 0;
+SELECT (idem_execute_ex('fp:9', 'SELECT $1 AS x', 0.1::float8)).replayed AS float_digits;
+RESET extra_float_digits;
+
+-- arrays and jsonb arguments
+SELECT idem_execute('fp:10', 'SELECT $1 AS a, $2 AS j',
+       ARRAY['x', 'y'], '{"b": 2, "a": 1}'::jsonb) ->> 'command';
+SELECT (idem_execute_ex('fp:10', 'SELECT $1 AS a, $2 AS j',
+       ARRAY['x', 'y'], '{"a": 1, "b": 2}'::jsonb)).replayed AS jsonb_key_order;
+SELECT idem_execute('fp:10', 'SELECT $1 AS a, $2 AS j',
+       ARRAY['y', 'x'], '{"a": 1, "b": 2}'::jsonb);
+
+DROP TABLE payments;

@@ -1,0 +1,60 @@
+--
+-- install: what CREATE EXTENSION idem creates, and how
+--
+CREATE EXTENSION idem;
+
+-- the functions land in the schema CREATE EXTENSION chose (public here),
+-- SECURITY INVOKER, volatile, parallel unsafe
+SELECT p.oid::regprocedure AS function, n.nspname AS schema,
+       p.prosecdef AS security_definer, p.provolatile, p.proparallel
+  FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+ WHERE p.proname LIKE 'idem%'
+ ORDER BY 1::text;
+
+-- every member of the extension
+SELECT pg_describe_object(classid, objid, objsubid) AS member
+  FROM pg_depend
+ WHERE refclassid = 'pg_extension'::regclass
+   AND refobjid = (SELECT oid FROM pg_extension WHERE extname = 'idem')
+   AND deptype = 'e'
+ ORDER BY 1;
+
+-- the catalog and the outbox are dumped by pg_dump
+SELECT extconfig::regclass[] AS config_tables
+  FROM pg_extension WHERE extname = 'idem';
+
+-- keys are opaque bytes: compared with the "C" collation whatever the
+-- database's default
+SELECT attrelid::regclass AS tab, attname, collname
+  FROM pg_attribute a JOIN pg_collation c ON c.oid = a.attcollation
+ WHERE attrelid IN ('idem.keys'::regclass, 'idem.outbox'::regclass)
+   AND attname = 'key'
+ ORDER BY 1;
+
+-- not a trusted extension, superuser-only install, not relocatable
+SELECT superuser, trusted, relocatable
+  FROM pg_available_extension_versions WHERE name = 'idem';
+
+-- PUBLIC gets nothing on the private schema
+SELECT has_schema_privilege('public', 'idem', 'USAGE') AS public_usage,
+       has_schema_privilege('public', 'idem', 'CREATE') AS public_create;
+
+-- callable unqualified with the default search_path
+SHOW search_path;
+SELECT idem_execute('install:1', 'SELECT 1 AS one');
+
+-- the configuration parameters and their defaults
+SELECT name, setting, unit, context, vartype
+  FROM pg_settings WHERE name LIKE 'idem.%' ORDER BY name;
+SHOW idem.ttl;
+
+-- the idem. prefix is reserved: a typo is an error, not a silent no-op
+SET idem.tll = '1h';
+
+-- a schema named idem that the extension did not create is never adopted
+DROP EXTENSION idem;
+CREATE SCHEMA idem;
+CREATE EXTENSION idem;
+DROP SCHEMA idem;
+CREATE EXTENSION idem;
+SELECT count(*) AS keys_after_reinstall FROM idem.keys;

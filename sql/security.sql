@@ -1,0 +1,75 @@
+--
+-- security: caller's privileges, records private to their role, and no
+-- reliance on search_path
+--
+CREATE ROLE regress_idem_alice;
+CREATE ROLE regress_idem_bob;
+CREATE TABLE invoices (id serial PRIMARY KEY, who text DEFAULT current_user);
+GRANT INSERT, SELECT ON invoices TO regress_idem_alice, regress_idem_bob;
+GRANT USAGE ON SEQUENCE invoices_id_seq TO regress_idem_alice, regress_idem_bob;
+CREATE TABLE secrets (s text);
+INSERT INTO secrets VALUES ('top');
+
+SET ROLE regress_idem_alice;
+
+-- the statement runs as the caller (SECURITY INVOKER), with no more rights
+SELECT idem_execute('sec:1', 'INSERT INTO invoices DEFAULT VALUES RETURNING who');
+SELECT idem_execute('sec:2', 'SELECT s FROM secrets');
+\echo :LAST_ERROR_SQLSTATE
+
+-- idem's tables are out of reach: no reading, no forging
+SELECT * FROM idem.keys;
+\echo :LAST_ERROR_SQLSTATE
+INSERT INTO idem.keys VALUES ('sec:forged', 0, '\x', '{}', now(), now());
+\echo :LAST_ERROR_SQLSTATE
+SELECT idem_purge(10);
+\echo :LAST_ERROR_SQLSTATE
+
+-- another role presenting alice's key gets an error, never her response,
+-- whether or not the request matches
+SET ROLE regress_idem_bob;
+SELECT idem_execute('sec:1', 'INSERT INTO invoices DEFAULT VALUES RETURNING who');
+\echo :LAST_ERROR_SQLSTATE
+SELECT idem_execute('sec:1', 'SELECT 1');
+\echo :LAST_ERROR_SQLSTATE
+SELECT count(*) AS invoices FROM invoices;
+
+-- alice still replays her own
+SET ROLE regress_idem_alice;
+SELECT idem_execute('sec:1', 'INSERT INTO invoices DEFAULT VALUES RETURNING who');
+RESET ROLE;
+SELECT key, owner::regrole FROM idem.keys WHERE key LIKE 'sec:%' ORDER BY key;
+
+-- a hostile search_path: shadowing tables, functions and operators in a
+-- schema searched first changes nothing idem does
+CREATE SCHEMA evil;
+GRANT USAGE, CREATE ON SCHEMA evil TO regress_idem_bob;
+SET ROLE regress_idem_bob;
+CREATE TABLE evil.keys (key text, owner oid, fingerprint bytea,
+	response jsonb, created_at timestamptz, expires_at timestamptz);
+CREATE TABLE evil.outbox (event_id uuid, key text, owner oid, topic text,
+	payload jsonb, created_at timestamptz);
+CREATE FUNCTION evil.texteq(text, text) RETURNS boolean LANGUAGE plpgsql AS $$
+BEGIN RAISE NOTICE 'captured'; RETURN true; END $$;
+CREATE OPERATOR evil.= (LEFTARG = text, RIGHTARG = text, FUNCTION = evil.texteq);
+CREATE FUNCTION evil.now() RETURNS timestamptz LANGUAGE plpgsql AS $$
+BEGIN RAISE NOTICE 'captured'; RETURN '2000-01-01'; END $$;
+SET search_path = evil, public, pg_catalog;
+SET idem.outbox_topic = 'billing';
+SELECT idem_execute('sec:3', 'SELECT 3 AS n');
+SELECT replayed FROM idem_execute_ex('sec:3', 'SELECT 3 AS n');
+SELECT count(*) AS evil_keys FROM evil.keys;
+SELECT count(*) AS evil_events FROM evil.outbox;
+RESET idem.outbox_topic;
+RESET search_path;
+RESET ROLE;
+SELECT key, owner::regrole, expires_at > now() AS live
+  FROM idem.keys WHERE key = 'sec:3';
+SELECT topic FROM idem.outbox WHERE key = 'sec:3';
+
+DROP SCHEMA evil CASCADE;
+DROP TABLE invoices, secrets;
+DELETE FROM idem.keys WHERE key LIKE 'sec:%';
+DELETE FROM idem.outbox WHERE key LIKE 'sec:%';
+DROP ROLE regress_idem_alice;
+DROP ROLE regress_idem_bob;
