@@ -7,12 +7,7 @@ top=$(cd "$(dirname "$0")/.." && pwd)
 "$top/scripts/deps.sh"
 . "$top/scripts/env.sh"
 
-make -s -C "$top" PG_CONFIG="$PG_CONFIG"
-if [ "$(id -u)" -eq 0 ]; then
-	make -s -C "$top" PG_CONFIG="$PG_CONFIG" install
-else
-	sudo -n make -s -C "$top" PG_CONFIG="$PG_CONFIG" install
-fi
+idem_build_install "$top"
 
 dir=$(mktemp -d /tmp/idem-demo.XXXXXX)
 [ "$(id -u)" -eq 0 ] && chown postgres: "$dir"

@@ -7,3 +7,13 @@ if [ "$(id -u)" -eq 0 ]; then
 else
 	IDEM_RUNAS=()
 fi
+
+# Build and install idem from the tree at $1 (install needs root).
+idem_build_install() {
+	make -s -C "$1" PG_CONFIG="$PG_CONFIG"
+	if [ "$(id -u)" -eq 0 ]; then
+		make -s -C "$1" PG_CONFIG="$PG_CONFIG" install
+	else
+		sudo -n make -s -C "$1" PG_CONFIG="$PG_CONFIG" install
+	fi
+}

@@ -318,6 +318,23 @@ idem_delete_key(IdemRecord *rec)
 }
 
 /*
+ * Insert a row into one of idem's tables and its indexes (unique checks
+ * included), then make it visible to the rest of this transaction: later
+ * calls and nested ones must see it.
+ */
+static void
+insert_row(Oid relid, Datum *values, bool *nulls)
+{
+	Relation	rel = table_open(relid, RowExclusiveLock);
+	HeapTuple	tuple = heap_form_tuple(RelationGetDescr(rel), values, nulls);
+
+	CatalogTupleInsert(rel, tuple);
+	heap_freetuple(tuple);
+	table_close(rel, RowExclusiveLock);
+	CommandCounterIncrement();
+}
+
+/*
  * idem_insert_key
  *		Write the key record.  Caller holds the key's lock.
  */
@@ -326,11 +343,9 @@ idem_insert_key(const char *key, Oid owner, const uint8 *fingerprint,
 				Jsonb *response, TimestampTz created_at,
 				TimestampTz expires_at)
 {
-	Relation	rel;
 	Datum		values[Natts_keys];
 	bool		nulls[Natts_keys] = {0};
 	bytea	   *fp = palloc(VARHDRSZ + IDEM_FINGERPRINT_LEN);
-	HeapTuple	tuple;
 
 	catalog_resolve();
 
@@ -344,14 +359,7 @@ idem_insert_key(const char *key, Oid owner, const uint8 *fingerprint,
 	values[Anum_keys_created_at - 1] = TimestampTzGetDatum(created_at);
 	values[Anum_keys_expires_at - 1] = TimestampTzGetDatum(expires_at);
 
-	rel = table_open(catalog.keys, RowExclusiveLock);
-	tuple = heap_form_tuple(RelationGetDescr(rel), values, nulls);
-	CatalogTupleInsert(rel, tuple);
-	heap_freetuple(tuple);
-	table_close(rel, RowExclusiveLock);
-
-	/* later calls in this transaction, and nested ones, must see it */
-	CommandCounterIncrement();
+	insert_row(catalog.keys, values, nulls);
 }
 
 static Datum
@@ -377,10 +385,8 @@ void
 idem_insert_outbox(const char *key, Oid owner, const char *topic,
 				   Jsonb *payload, TimestampTz created_at)
 {
-	Relation	rel;
 	Datum		values[Natts_outbox];
 	bool		nulls[Natts_outbox] = {0};
-	HeapTuple	tuple;
 
 	catalog_resolve();
 
@@ -391,12 +397,7 @@ idem_insert_outbox(const char *key, Oid owner, const char *topic,
 	values[Anum_outbox_payload - 1] = JsonbPGetDatum(payload);
 	values[Anum_outbox_created_at - 1] = TimestampTzGetDatum(created_at);
 
-	rel = table_open(catalog.outbox, RowExclusiveLock);
-	tuple = heap_form_tuple(RelationGetDescr(rel), values, nulls);
-	CatalogTupleInsert(rel, tuple);
-	heap_freetuple(tuple);
-	table_close(rel, RowExclusiveLock);
-	CommandCounterIncrement();
+	insert_row(catalog.outbox, values, nulls);
 }
 
 /*
