@@ -58,3 +58,6 @@ CREATE EXTENSION idem;
 DROP SCHEMA idem;
 CREATE EXTENSION idem;
 SELECT count(*) AS keys_after_reinstall FROM idem.keys;
+-- the same session keeps working after the reinstall (cached OIDs reset)
+SELECT idem_execute('install:1', 'SELECT 1 AS one') ->> 'rowcount' AS after_reinstall;
+SELECT count(*) AS keys FROM idem.keys;
