@@ -86,15 +86,21 @@ typedef struct IdemCatalog
 } IdemCatalog;
 
 static IdemCatalog catalog;
+static bool catalog_valid = false;
 static bool catalog_callback_registered = false;
 
+/*
+ * Only mark the cache stale: an invalidation can arrive in the middle of an
+ * operation (at any lock acquisition), which must keep using the OIDs it
+ * resolved.  The next catalog_resolve() looks them up again.
+ */
 static void
 catalog_invalidate(Datum arg, Oid relid)
 {
 	if (relid == InvalidOid || relid == catalog.keys ||
 		relid == catalog.keys_pkey || relid == catalog.keys_expires ||
 		relid == catalog.outbox)
-		memset(&catalog, 0, sizeof(catalog));
+		catalog_valid = false;
 }
 
 static Oid
@@ -120,7 +126,7 @@ catalog_resolve(void)
 	Oid			extoid;
 	Oid			nspid;
 
-	if (OidIsValid(catalog.keys))
+	if (catalog_valid)
 		return;
 
 	if (!catalog_callback_registered)
@@ -147,8 +153,8 @@ catalog_resolve(void)
 	catalog.keys_pkey = catalog_relid("keys_pkey", nspid);
 	catalog.keys_expires = catalog_relid("keys_expires_at_idx", nspid);
 	catalog.outbox = catalog_relid("outbox", nspid);
-	/* last: a valid keys OID marks the cache as filled */
 	catalog.keys = catalog_relid("keys", nspid);
+	catalog_valid = true;
 }
 
 static void
