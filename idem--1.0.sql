@@ -16,9 +16,11 @@ REVOKE ALL ON SCHEMA idem FROM PUBLIC;
 -- One row per idempotency key.  Inserted once, at the end of the call, in
 -- the caller's transaction; never updated.  Keys are opaque bytes, hence
 -- COLLATE "C" (a C.UTF-8 database would otherwise compare with strcoll).
+-- owner is regrole, not oid, so that pg_dump writes the role's name and a
+-- restore into another cluster maps it to that cluster's OID.
 CREATE TABLE idem.keys (
 	key			text COLLATE "C" NOT NULL,
-	owner		oid NOT NULL,
+	owner		regrole NOT NULL,
 	fingerprint	bytea NOT NULL,
 	response	jsonb NOT NULL,
 	created_at	timestamptz NOT NULL,
@@ -34,7 +36,7 @@ SELECT pg_catalog.pg_extension_config_dump('idem.keys', '');
 CREATE TABLE idem.outbox (
 	event_id	uuid NOT NULL,
 	key			text COLLATE "C" NOT NULL,
-	owner		oid NOT NULL,
+	owner		regrole NOT NULL,
 	topic		text NOT NULL,
 	payload		jsonb NOT NULL,
 	created_at	timestamptz NOT NULL,

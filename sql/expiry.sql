@@ -38,7 +38,7 @@ SELECT replayed FROM idem_execute_ex('exp:short', 'SELECT 2 AS different');
 
 -- purge removes expired records in batches and nothing else
 INSERT INTO idem.keys (key, owner, fingerprint, response, created_at, expires_at)
-SELECT 'exp:old:' || g, 10, '\x00'::bytea, '{}'::jsonb,
+SELECT 'exp:old:' || g, current_user::regrole, '\x00'::bytea, '{}'::jsonb,
        now() - interval '2 days', now() - interval '1 day'
   FROM generate_series(1, 25) g;
 SELECT idem_purge(10) AS batch1;
