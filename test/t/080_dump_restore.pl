@@ -1,0 +1,168 @@
+
+# Copyright (c) 2026, idem authors
+
+# Backup: pg_dump of a database using idem, restored with pg_restore.
+#
+# idem.keys and idem.outbox are extension configuration tables
+# (pg_extension_config_dump), so pg_dump writes their rows and the restore
+# re-creates the extension (empty) and then loads them.
+#
+# 1. Restored into a fresh database of the same cluster: key records and
+#    outbox rows are identical; every key replays its response (also keys
+#    written by an ordinary role); a different request under an old key is
+#    still rejected; an expired key still counts as absent; new keys get
+#    fresh ids from the restored sequences.
+# 2. Restored into a fresh cluster (roles from pg_dumpall --globals-only,
+#    so they get new OIDs there): keys written by the bootstrap superuser
+#    (always OID 10) replay, and keys written by an ordinary role replay for
+#    that role and no other: idem.keys.owner is a regrole, which pg_dump
+#    writes as the role's name, so the restore maps it to the new OID.
+
+use strict;
+use warnings FATAL => 'all';
+
+use FindBin;
+use lib "$FindBin::RealBin/../perl";
+
+use IdemTAP;
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+
+my $tmp = $PostgreSQL::Test::Utils::tmp_check;
+
+my $node = idem_node('source');
+$node->start;
+# Role zed is created before app here; pg_dumpall --globals-only creates
+# them in name order, so in a fresh cluster they swap OIDs.
+$node->safe_psql('postgres', 'CREATE ROLE zed LOGIN; CREATE ROLE app LOGIN');
+idem_setup_db($node, 'src');
+$node->safe_psql('src',
+	'GRANT INSERT, SELECT ON biz TO app, zed; GRANT USAGE ON SEQUENCE biz_id_seq TO app, zed');
+
+sub call
+{
+	my ($key, $n) = @_;
+	$n //= 1;
+	return
+	    "SELECT left(replayed::text, 1) || '|' || response || '|' || first_executed_at "
+	  . "FROM idem_execute_ex('$key', '$IdemTAP::biz_sql', '$key'::text, 0, $n);\n";
+}
+
+my $sql = "SET idem.outbox_topic = 'orders';\n";
+$sql .= call("su-$_") for 1 .. 5;
+$sql .= "SET ROLE app;\n";
+$sql .= call("app-$_") for 1 .. 5;
+$sql .= "RESET ROLE;\nSET idem.ttl = 1;\n" . call('exp-1');
+$node->safe_psql('src', $sql);
+ok( $node->poll_query_until(
+		'src', "SELECT expires_at <= now() FROM idem.keys WHERE key = 'exp-1'"),
+	'exp-1 has expired');
+
+my $full_sql = q{
+SELECT key, fingerprint, response, created_at, expires_at FROM idem.keys ORDER BY key;
+SELECT event_id, key, topic, payload, created_at FROM idem.outbox ORDER BY event_id;
+SELECT * FROM biz ORDER BY id;
+};
+my $owner_sql = q{
+SELECT key, owner::regrole FROM idem.keys ORDER BY key;
+SELECT event_id, owner::regrole FROM idem.outbox ORDER BY event_id;
+};
+my $src_state = $node->safe_psql('src', $full_sql);
+my $src_owners = $node->safe_psql('src', $owner_sql);
+my %src_keys =
+  query_map($node, 'src', "SELECT key, response::text || '|' || created_at FROM idem.keys");
+is(scalar(keys %src_keys), 11, 'source has 11 key records');
+
+$node->command_ok(
+	[ 'pg_dump', '-Fc', '-f', "$tmp/src.dump", '-d', 'src' ],
+	'pg_dump of the source database');
+
+# Replays and expiry in a restored database.
+sub check_restored
+{
+	my ($n, $db, $label) = @_;
+
+	is($n->safe_psql($db, $full_sql), $src_state,
+		"$label: key records, outbox and business rows restored unchanged");
+	is($n->safe_psql($db, $owner_sql), $src_owners,
+		"$label: records belong to the same roles as before");
+
+	for my $key (sort keys %src_keys)
+	{
+		next if $key eq 'exp-1';
+		my $setrole = $key =~ /^app-/ ? "SET ROLE app;\n" : '';
+		my ($ret, $out, $err) = $n->psql($db, $setrole . call($key));
+		is($out, "t|$src_keys{$key}",
+			"$label: $key replays its response and first execution time")
+		  or diag $err;
+	}
+
+	{
+		my ($ret, $out, $err) = $n->psql($db,
+			"\\set VERBOSITY verbose\nSET ROLE zed;\n" . call('app-1'));
+		like($err, qr/ERROR:  42501:/,
+			"$label: another role still cannot replay app's key");
+	}
+
+	my ($ret, $out, $err) = $n->psql($db,
+		"\\set VERBOSITY verbose\n" . call('su-1', 2));
+	like($err, qr/ERROR:  ID422:/,
+		"$label: a different request under a restored key is rejected");
+
+	$out = $n->safe_psql($db, "SET idem.outbox_topic = 'orders';\n" . call('exp-1'));
+	like($out, qr/^f\|/, "$label: the expired key counts as absent and executes");
+	is($n->safe_psql($db, "SELECT count(*) FROM biz WHERE key = 'exp-1'"),
+		'2', "$label: exp-1 now has its old and its new business row");
+
+	$out = $n->safe_psql($db, "SET idem.outbox_topic = 'orders';\n" . call('new-1'));
+	like($out, qr/^f\|/, "$label: a new key executes");
+	is( $n->safe_psql(
+			$db,
+			"SELECT count(*) FROM biz WHERE id = (SELECT max(id) FROM biz) AND key = 'new-1'"
+		),
+		'1',
+		"$label: with an id after every restored one");
+	is( $n->safe_psql(
+			$db,
+			"SELECT (SELECT count(*) FROM idem.keys), (SELECT count(*) FROM idem.outbox), (SELECT count(*) FROM biz)"
+		),
+		'12|13|13',
+		"$label: 12 key records, the 11 restored outbox rows plus 2, 13 business rows"
+	);
+}
+
+########################################################################
+# 1. Same cluster, fresh database.
+########################################################################
+
+$node->safe_psql('postgres', 'CREATE DATABASE dst');
+$node->command_ok([ 'pg_restore', '--exit-on-error', '-d', 'dst', "$tmp/src.dump" ],
+	'pg_restore into a fresh database');
+check_restored($node, 'dst', 'same cluster');
+
+########################################################################
+# 2. Fresh cluster.
+########################################################################
+
+$node->command_ok(
+	[ 'pg_dumpall', '--globals-only', '-f', "$tmp/globals.sql" ],
+	'pg_dumpall --globals-only');
+my $fresh = idem_node('fresh');
+$fresh->start;
+# The bootstrap superuser exists already; the globals script's CREATE ROLE
+# for it fails harmlessly, so run it without ON_ERROR_STOP.
+$fresh->psql('postgres', slurp_file("$tmp/globals.sql"), on_error_stop => 0);
+$fresh->safe_psql('postgres', 'CREATE DATABASE dst');
+$fresh->command_ok([ 'pg_restore', '--exit-on-error', '-d', 'dst', "$tmp/src.dump" ],
+	'pg_restore into a fresh cluster');
+note 'role app has OID '
+  . $node->safe_psql('postgres', "SELECT 'app'::regrole::oid")
+  . ' in the source cluster and '
+  . $fresh->safe_psql('postgres', "SELECT 'app'::regrole::oid")
+  . ' in the fresh one';
+check_restored($fresh, 'dst', 'fresh cluster');
+
+$fresh->stop;
+$node->stop;
+done_testing();
