@@ -54,6 +54,7 @@
 #include "utils/snapmgr.h"
 #include "utils/uuid.h"
 
+#include "compat.h"
 #include "idem.h"
 
 /* Column numbers of idem.keys */
@@ -373,10 +374,7 @@ random_uuid(void)
 {
 	pg_uuid_t  *uuid = palloc(UUID_LEN);
 
-	if (!pg_strong_random(uuid, UUID_LEN))
-		ereport(ERROR,
-				(errcode(ERRCODE_INTERNAL_ERROR),
-				 errmsg("could not generate random values")));
+	idem_random_id(uuid->data);
 	/* RFC 4122 version 4, variant 1 */
 	uuid->data[6] = (uuid->data[6] & 0x0f) | 0x40;
 	uuid->data[8] = (uuid->data[8] & 0x3f) | 0x80;
