@@ -1,0 +1,2 @@
+-- 0. round trip: the floor of any call, and so of a replay
+SELECT 1;
