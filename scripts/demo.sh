@@ -9,16 +9,7 @@ top=$(cd "$(dirname "$0")/.." && pwd)
 
 idem_build_install "$top"
 
-dir=$(mktemp -d /tmp/idem-demo.XXXXXX)
-[ "$(id -u)" -eq 0 ] && chown postgres: "$dir"
-run() { "${IDEM_RUNAS[@]}" "$@"; }
-cleanup() {
-	run pg_ctl -D "$dir/data" -m immediate stop >/dev/null 2>&1 || true
-	rm -rf "$dir"
-}
-trap cleanup EXIT
-
-run initdb -D "$dir/data" -A trust -U postgres >/dev/null
+idem_throwaway_cluster demo
 run pg_ctl -D "$dir/data" -l "$dir/log" -w \
 	-o "-c listen_addresses='' -k $dir -p 5433" start >/dev/null
 psql() { run /usr/lib/postgresql/15/bin/psql -X -h "$dir" -p 5433 -U postgres -d postgres "$@" 2>&1; }

@@ -17,3 +17,16 @@ idem_build_install() {
 		sudo -n make -s -C "$1" PG_CONFIG="$PG_CONFIG" install
 	fi
 }
+
+# Run a command as the cluster user.
+run() { "${IDEM_RUNAS[@]}" "$@"; }
+
+# Make a throwaway cluster in a new directory /tmp/idem-$1.XXXXXX, stored in
+# $dir, and remove it (stopping its server) when the calling script exits.
+# The caller appends its settings to $dir/data/postgresql.conf and starts it.
+idem_throwaway_cluster() {
+	dir=$(mktemp -d "/tmp/idem-$1.XXXXXX")
+	[ "$(id -u)" -eq 0 ] && chown postgres: "$dir"
+	trap 'run pg_ctl -D "$dir/data" -m immediate stop >/dev/null 2>&1 || true; rm -rf "$dir"' EXIT
+	run initdb -D "$dir/data" -A trust -U postgres >/dev/null
+}

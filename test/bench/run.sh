@@ -146,18 +146,9 @@ fi
 log "$load_note"
 
 # --- the throwaway cluster -------------------------------------------------
-dir=$(mktemp -d /tmp/idem-bench.XXXXXX)
-[ "$(id -u)" -eq 0 ] && chown postgres: "$dir"
 port=5497
 db=idem_bench
-run() { "${IDEM_RUNAS[@]}" "$@"; }
-cleanup() {
-	run pg_ctl -D "$dir/data" -m immediate stop >/dev/null 2>&1 || true
-	rm -rf "$dir"
-}
-trap cleanup EXIT
-
-run initdb -D "$dir/data" -A trust -U postgres >/dev/null
+idem_throwaway_cluster bench
 cat >>"$dir/data/postgresql.conf" <<EOF
 listen_addresses = ''
 unix_socket_directories = '$dir'

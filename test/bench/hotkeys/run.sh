@@ -68,26 +68,10 @@ done
 "$top/scripts/deps.sh"
 . "$top/scripts/env.sh"
 
-if [ $install -eq 1 ]; then
-	make -s -C "$top" PG_CONFIG="$PG_CONFIG"
-	if [ "$(id -u)" -eq 0 ]; then
-		make -s -C "$top" PG_CONFIG="$PG_CONFIG" install
-	else
-		sudo -n make -s -C "$top" PG_CONFIG="$PG_CONFIG" install
-	fi
-fi
+[ $install -eq 1 ] && idem_build_install "$top"
 
-dir=$(mktemp -d /tmp/idem-hotkeys.XXXXXX)
-[ "$(id -u)" -eq 0 ] && chown postgres: "$dir"
 port=5498
-run() { "${IDEM_RUNAS[@]}" "$@"; }
-cleanup() {
-	run pg_ctl -D "$dir/data" -m immediate stop >/dev/null 2>&1 || true
-	rm -rf "$dir"
-}
-trap cleanup EXIT
-
-run initdb -D "$dir/data" -A trust -U postgres >/dev/null
+idem_throwaway_cluster hotkeys
 cat >>"$dir/data/postgresql.conf" <<CONF
 listen_addresses = ''
 unix_socket_directories = '$dir'
