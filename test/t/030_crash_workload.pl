@@ -32,7 +32,7 @@ use PostgreSQL::Test::Utils;
 use Test::More;
 
 my $nclients = 4;
-my $ncalls = 5000;	  # per client; the crash comes long before the end
+my $ncalls = 50000;	  # per client, so no client can finish before the crash
 my $crash_after = 400;	  # committed keys before the crash
 
 my $node = idem_node('crash', allows_streaming => 1);

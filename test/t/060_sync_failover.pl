@@ -24,7 +24,7 @@ use PostgreSQL::Test::Utils;
 use Test::More;
 
 my $nclients = 3;
-my $ncalls = 3000;
+my $ncalls = 30000;	  # per client, so no client can finish before the failover
 my $crash_after = 200;
 
 my $primary = idem_node('primary', allows_streaming => 1);
