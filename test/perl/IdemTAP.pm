@@ -50,6 +50,7 @@ use Time::HiRes qw(usleep);
 
 our @EXPORT = qw(
   idem_node
+  idem_sync_pair
   idem_setup_db
   crash_node
   call_sql
@@ -97,6 +98,37 @@ max_connections = 30
 shared_buffers = 16MB
 ));
 	return $node;
+}
+
+=pod
+
+=item idem_sync_pair(synchronous_commit)
+
+A started primary whose synchronous standby is named 'standby', with the
+given synchronous_commit, and that standby, streaming from a base backup and
+started.  The standby has no synchronous standby of its own, so it commits
+without waiting once promoted.  Returns (primary, standby).
+
+=cut
+
+sub idem_sync_pair
+{
+	my ($synchronous_commit) = @_;
+	my $primary = idem_node('primary', allows_streaming => 1);
+
+	$primary->append_conf(
+		'postgresql.conf', qq(
+synchronous_standby_names = 'standby'
+synchronous_commit = $synchronous_commit
+));
+	$primary->start;
+	$primary->backup('base');
+
+	my $standby = PostgreSQL::Test::Cluster->new('standby');
+	$standby->init_from_backup($primary, 'base', has_streaming => 1);
+	$standby->append_conf('postgresql.conf', "synchronous_standby_names = ''");
+	$standby->start;
+	return ($primary, $standby);
 }
 
 =pod

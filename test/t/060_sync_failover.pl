@@ -27,20 +27,7 @@ my $nclients = 3;
 my $ncalls = 30000;	  # per client, so no client can finish before the failover
 my $crash_after = 200;
 
-my $primary = idem_node('primary', allows_streaming => 1);
-$primary->append_conf(
-	'postgresql.conf', q(
-synchronous_standby_names = 'standby'
-synchronous_commit = remote_apply
-));
-$primary->start;
-$primary->backup('base');
-
-my $standby = PostgreSQL::Test::Cluster->new('standby');
-$standby->init_from_backup($primary, 'base', has_streaming => 1);
-# After promotion it has no standby of its own to wait for.
-$standby->append_conf('postgresql.conf', "synchronous_standby_names = ''");
-$standby->start;
+my ($primary, $standby) = idem_sync_pair('remote_apply');
 ok( $primary->poll_query_until(
 		'postgres',
 		"SELECT sync_state = 'sync' FROM pg_stat_replication WHERE application_name = 'standby'"

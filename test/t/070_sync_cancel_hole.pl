@@ -44,19 +44,7 @@ use Test::More;
 
 my $timeout = $PostgreSQL::Test::Utils::timeout_default;
 
-my $primary = idem_node('primary', allows_streaming => 1);
-$primary->append_conf(
-	'postgresql.conf', q(
-synchronous_standby_names = 'standby'
-synchronous_commit = on
-));
-$primary->start;
-$primary->backup('base');
-
-my $standby = PostgreSQL::Test::Cluster->new('standby');
-$standby->init_from_backup($primary, 'base', has_streaming => 1);
-$standby->append_conf('postgresql.conf', "synchronous_standby_names = ''");
-$standby->start;
+my ($primary, $standby) = idem_sync_pair('on');
 
 sub wait_sync
 {
