@@ -9,6 +9,7 @@ OBJS = \
 	src/execute.o \
 	src/statement.o \
 	src/catalog.o \
+	src/expiry.o \
 	src/response.o
 DATA		= $(wildcard $(EXTENSION)--*.sql)
 PGFILEDESC	= "idem - idempotent business writes"

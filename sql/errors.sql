@@ -91,6 +91,36 @@ SET idem.statement_cache_size = 0;
 SELECT idem_purge(0);
 \echo :LAST_ERROR_SQLSTATE
 
+-- SELECT INTO spelled through a set operation still creates a table: it
+-- is refused before anything runs (issue 8, part 5)
+SELECT idem_execute('err:into1', 'SELECT 1 INTO t4 UNION SELECT 2');
+\echo :LAST_ERROR_SQLSTATE
+SELECT idem_execute('err:into2', 'SELECT 1 INTO t4 EXCEPT SELECT 2');
+\echo :LAST_ERROR_SQLSTATE
+SELECT idem_execute('err:into3', 'SELECT 1 INTO TEMP t4 INTERSECT SELECT 1');
+\echo :LAST_ERROR_SQLSTATE
+SELECT idem_execute('err:into4', '(SELECT 1 INTO TEMP TABLE t4) UNION ALL (SELECT 2)');
+\echo :LAST_ERROR_SQLSTATE
+SELECT idem_execute('err:into5', 'WITH w AS (SELECT 1) SELECT * INTO UNLOGGED t4 FROM w UNION SELECT 3');
+\echo :LAST_ERROR_SQLSTATE
+SELECT count(*) AS tables_created FROM pg_class WHERE relname = 't4';
+
+-- two result columns of one name would store a lossy response: refused,
+-- and the statement's write is rolled back with the call
+SELECT idem_execute('err:dup', 'INSERT INTO ledger(amount) VALUES (7) RETURNING id AS x, amount AS x');
+\echo :LAST_ERROR_SQLSTATE
+SELECT idem_execute('err:dup', 'SELECT 1 AS a, 2 AS "A", 3 AS a');
+\echo :LAST_ERROR_SQLSTATE
+-- distinct names, also ones that differ only in case, are kept
+SELECT idem_execute('err:dup2', 'SELECT 1 AS a, 2 AS "A"');
+
+-- a syntax error points into the business statement, which is shown as
+-- the query, the way PL/pgSQL reports its statements
+SELECT idem_execute('err:syn', 'INSERT INTO ledger(amount) VALUES (1) RETURNIN id');
+\echo :LAST_ERROR_SQLSTATE
+SELECT idem_execute('err:syn', 'SELECT ''unterminated');
+\echo :LAST_ERROR_SQLSTATE
+
 -- none of the above wrote anything
 SELECT count(*) AS ledger_rows FROM ledger;
 SELECT key FROM idem.keys WHERE key LIKE 'err:%' ORDER BY key;

@@ -1,5 +1,6 @@
 --
--- expiry: key records expire; an expired record counts as absent
+-- expiry: key records expire; an expired record counts as absent; a record
+-- lives at least idem.ttl after its commit; idem.ttl has a ceiling
 --
 CREATE TABLE pings (id serial PRIMARY KEY);
 
@@ -7,13 +8,14 @@ CREATE TABLE pings (id serial PRIMARY KEY);
 -- loaded by the first call); the value applies once it is
 SET idem.ttl = '2h';
 SELECT idem_execute('exp:early', 'INSERT INTO pings DEFAULT VALUES') ->> 'rowcount';
-SELECT expires_at - created_at AS lifetime FROM idem.keys WHERE key = 'exp:early';
+-- a record is written with one second of slack for its commit
+SELECT date_trunc('second', expires_at - created_at) AS lifetime FROM idem.keys WHERE key = 'exp:early';
 RESET idem.ttl;
 
 -- the default lifetime is 24 hours, like Stripe's window
 SHOW idem.ttl;
 SELECT idem_execute('exp:default', 'INSERT INTO pings DEFAULT VALUES') ->> 'rowcount';
-SELECT expires_at - created_at AS lifetime FROM idem.keys WHERE key = 'exp:default';
+SELECT date_trunc('second', expires_at - created_at) AS lifetime FROM idem.keys WHERE key = 'exp:default';
 
 -- a per-call override: SET LOCAL for the calls of one transaction
 BEGIN;
@@ -21,13 +23,13 @@ SET LOCAL idem.ttl = '15min';
 SELECT idem_execute('exp:short', 'INSERT INTO pings DEFAULT VALUES') ->> 'rowcount';
 COMMIT;
 SHOW idem.ttl;
-SELECT expires_at - created_at AS lifetime FROM idem.keys WHERE key = 'exp:short';
+SELECT date_trunc('second', expires_at - created_at) AS lifetime FROM idem.keys WHERE key = 'exp:short';
 
 -- once expired, the next call executes again and replaces the record
 SET idem.ttl = 1;
 SELECT replayed FROM idem_execute_ex('exp:1', 'INSERT INTO pings DEFAULT VALUES');
 SELECT replayed FROM idem_execute_ex('exp:1', 'INSERT INTO pings DEFAULT VALUES');
-SELECT pg_sleep(1.2);
+SELECT pg_sleep(2.2);
 SELECT replayed FROM idem_execute_ex('exp:1', 'INSERT INTO pings DEFAULT VALUES');
 SELECT count(*) AS keys FROM idem.keys WHERE key = 'exp:1';
 RESET idem.ttl;
@@ -37,9 +39,9 @@ UPDATE idem.keys SET expires_at = now() - interval '1 second' WHERE key = 'exp:s
 SELECT replayed FROM idem_execute_ex('exp:short', 'SELECT 2 AS different');
 
 -- purge removes expired records in batches and nothing else
-INSERT INTO idem.keys (key, owner, fingerprint, response, created_at, expires_at)
+INSERT INTO idem.keys (key, owner, fingerprint, response, created_at, expires_at, fingerprint_version)
 SELECT 'exp:old:' || g, current_user::regrole, '\x00'::bytea, '{}'::jsonb,
-       now() - interval '2 days', now() - interval '1 day'
+       now() - interval '2 days', now() - interval '1 day', 2
   FROM generate_series(1, 25) g;
 SELECT idem_purge(10) AS batch1;
 SELECT idem_purge(10) AS batch2;
@@ -48,4 +50,79 @@ SELECT idem_purge() AS batch4;
 SELECT count(*) AS expired_left FROM idem.keys WHERE expires_at <= now();
 SELECT key FROM idem.keys WHERE key LIKE 'exp:%' ORDER BY key;
 
+-- The ttl counts from the commit, not from the call: a transaction that
+-- commits long after its call still gets its full ttl (issue 8, part 4).
+CREATE TABLE tx (id serial PRIMARY KEY, v text);
+BEGIN;
+SET LOCAL idem.ttl = '1s';
+SELECT idem_execute('ttl-1', 'INSERT INTO tx(v) VALUES (''ttl'') RETURNING v');
+SELECT pg_sleep(1.5);
+COMMIT;
+SELECT replayed, response FROM idem_execute_ex('ttl-1', 'INSERT INTO tx(v) VALUES (''ttl'') RETURNING v');
+SELECT count(*) AS rows_written FROM tx;
+-- restamped at commit: ttl plus the slack after the commit, not the call
+SELECT expires_at - created_at > interval '3 seconds' AS counted_from_commit
+  FROM idem.keys WHERE key = 'ttl-1';
+-- and it still ends
+SELECT pg_sleep(2.2);
+SELECT replayed FROM idem_execute_ex('ttl-1', 'INSERT INTO tx(v) VALUES (''ttl'') RETURNING v');
+-- a record that a rolled-back savepoint removed is not restamped into life
+BEGIN;
+SET LOCAL idem.ttl = '1s';
+SAVEPOINT s;
+SELECT idem_execute('ttl-2', 'INSERT INTO tx(v) VALUES (''gone'') RETURNING v');
+ROLLBACK TO SAVEPOINT s;
+SELECT pg_sleep(1.2);
+COMMIT;
+SELECT count(*) AS ttl2_records FROM idem.keys WHERE key = 'ttl-2';
+
+-- Prepared transactions: the ttl counts from PREPARE TRANSACTION, the last
+-- moment idem runs in that transaction; COMMIT PREPARED later takes the
+-- time between the two out of the ttl.
+BEGIN;
+SET LOCAL idem.ttl = '1s';
+SELECT idem_execute('ttl-2pc', 'INSERT INTO tx(v) VALUES (''2pc'') RETURNING v');
+SELECT pg_sleep(1.2);
+PREPARE TRANSACTION 'idem_ttl_2pc';
+SELECT pg_sleep(0.5);
+COMMIT PREPARED 'idem_ttl_2pc';
+SELECT replayed FROM idem_execute_ex('ttl-2pc', 'INSERT INTO tx(v) VALUES (''2pc'') RETURNING v');
+SELECT expires_at > now() + interval '1 second' AS stamped_at_prepare
+  FROM idem.keys WHERE key = 'ttl-2pc';
+
+-- idem.ttl has a ceiling only a superuser sets: squatting a key for 68
+-- years, or filling idem.keys with records no purge removes, is refused
+SHOW idem.max_ttl;
+CREATE ROLE regress_idem_squatter;
+GRANT INSERT, SELECT ON tx TO regress_idem_squatter;
+GRANT USAGE ON SEQUENCE tx_id_seq TO regress_idem_squatter;
+SET ROLE regress_idem_squatter;
+SET idem.ttl = '2147483647';
+SELECT idem_execute('ttl-squat', 'SELECT 1 AS one');
+\echo :LAST_ERROR_SQLSTATE
+SET idem.max_ttl = '100d';
+\echo :LAST_ERROR_SQLSTATE
+SET idem.max_response_size = '512MB';
+\echo :LAST_ERROR_SQLSTATE
+SET idem.statement_cache_memory = '1GB';
+\echo :LAST_ERROR_SQLSTATE
+SET idem.ttl = '30d';
+SELECT idem_execute('ttl-squat', 'SELECT 1 AS one') ->> 'rowcount' AS at_the_ceiling;
+RESET ROLE;
+SELECT count(*) AS squat_records FROM idem.keys WHERE key = 'ttl-squat';
+-- an administrator raises the ceiling (here for the session; ALTER ROLE
+-- or ALTER DATABASE ... SET idem.max_ttl for good)
+SET idem.max_ttl = '400d';
+SET ROLE regress_idem_squatter;
+SHOW idem.max_ttl;
+SET idem.ttl = '365d';
+SELECT idem_execute('ttl-year', 'SELECT 1 AS one') ->> 'rowcount' AS within_raised_ceiling;
+RESET ROLE;
+RESET idem.ttl;
+RESET idem.max_ttl;
+DELETE FROM idem.keys WHERE owner = 'regress_idem_squatter'::regrole;
+DROP OWNED BY regress_idem_squatter;
+DROP ROLE regress_idem_squatter;
+
+DROP TABLE tx;
 DROP TABLE pings;

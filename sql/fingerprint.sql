@@ -67,12 +67,18 @@ SELECT idem_execute('fp:1',
        'INSERT INTO payments (invoice, amount) VALUES ($1, 12) RETURNING id',
        'inv-1');
 
--- timestamps hash in their binary form: TimeZone does not matter
+-- timestamps hash in their binary form: the same instant written with
+-- another offset is the same request
 SELECT idem_execute('fp:8', 'SELECT $1 AS at', timestamptz '2026-01-01 12:00:00+00')
        ->> 'command';
+SELECT replayed FROM idem_execute_ex('fp:8', 'SELECT $1 AS at',
+        timestamptz '2026-01-01 21:00:00+09') AS other_offset;
+-- but TimeZone is part of the request: it changes what text in the
+-- statement or its arguments means (see identity.sql)
 SET TimeZone = 'Asia/Tokyo';
-SELECT (idem_execute_ex('fp:8', 'SELECT $1 AS at',
-        timestamptz '2026-01-01 21:00:00+09')).replayed AS other_timezone;
+SELECT replayed FROM idem_execute_ex('fp:8', 'SELECT $1 AS at',
+        timestamptz '2026-01-01 21:00:00+09') AS other_timezone;
+\echo :LAST_ERROR_SQLSTATE
 RESET TimeZone;
 
 -- floats too: extra_float_digits does not matter

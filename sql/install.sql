@@ -32,8 +32,15 @@ SELECT attrelid::regclass AS tab, attname, collname
  ORDER BY 1;
 
 -- not a trusted extension, superuser-only install, not relocatable
-SELECT superuser, trusted, relocatable
-  FROM pg_available_extension_versions WHERE name = 'idem';
+SELECT version, superuser, trusted, relocatable
+  FROM pg_available_extension_versions WHERE name = 'idem' ORDER BY version;
+-- 1.1 is the default and what CREATE EXTENSION installed; 1.0 updates to it
+SELECT default_version, installed_version
+  FROM pg_available_extensions WHERE name = 'idem';
+SELECT * FROM pg_extension_update_paths('idem') WHERE path IS NOT NULL;
+-- the entry points of the 1.1 definitions
+SELECT p.oid::regprocedure AS function, p.prosrc
+  FROM pg_proc p WHERE p.proname LIKE 'idem%' ORDER BY 1::text;
 
 -- PUBLIC gets nothing on the private schema
 SELECT has_schema_privilege('public', 'idem', 'USAGE') AS public_usage,

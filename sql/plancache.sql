@@ -43,8 +43,8 @@ SELECT replayed, response FROM idem_execute_ex('pc-2', 'INSERT INTO plancache_or
 SELECT replayed, response FROM idem_execute_ex('pc-3', 'INSERT INTO plancache_orders VALUES ($1, $2) RETURNING id', 3, 'three');
 
 -- bulk-load keys behind the plan cache's back: no ANALYZE, no DDL
-INSERT INTO idem.keys (key, owner, fingerprint, response, created_at, expires_at)
-SELECT 'bulk-' || i, current_user::regrole, '\x00', '{}', now(), now() + interval '1 day'
+INSERT INTO idem.keys (key, owner, fingerprint, response, created_at, expires_at, fingerprint_version)
+SELECT 'bulk-' || i, current_user::regrole, '\x00', '{}', now(), now() + interval '1 day', 2
   FROM generate_series(1, 100000) i;
 SELECT relpages, reltuples FROM pg_class WHERE oid = 'idem.keys'::regclass;
 

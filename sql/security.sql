@@ -25,14 +25,26 @@ INSERT INTO idem.keys VALUES ('sec:forged', 0, '\x', '{}', now(), now());
 SELECT idem_purge(10);
 \echo :LAST_ERROR_SQLSTATE
 
--- another role presenting alice's key gets an error, never her response,
--- whether or not the request matches
+-- a key is (owner, key): bob presenting alice's key text has a key of his
+-- own, never her response and never an error about hers (issue 8, part 2)
 SET ROLE regress_idem_bob;
 SELECT idem_execute('sec:1', 'INSERT INTO invoices DEFAULT VALUES RETURNING who');
-\echo :LAST_ERROR_SQLSTATE
+SELECT replayed, response FROM idem_execute_ex('sec:1', 'INSERT INTO invoices DEFAULT VALUES RETURNING who');
+-- bob's own record decides what his key means; alice's does not
 SELECT idem_execute('sec:1', 'SELECT 1');
 \echo :LAST_ERROR_SQLSTATE
-SELECT count(*) AS invoices FROM invoices;
+SELECT who, count(*) AS invoices FROM invoices GROUP BY who ORDER BY who;
+
+-- squatting: bob records alice's next key first, for as long as he may;
+-- alice's real call still executes, and replays for her
+SET idem.ttl = '30d';
+SELECT idem_execute('order-alice-3', 'SELECT 1');
+RESET idem.ttl;
+SET ROLE regress_idem_alice;
+SELECT replayed, response FROM idem_execute_ex('order-alice-3', 'INSERT INTO invoices DEFAULT VALUES RETURNING who');
+SELECT replayed FROM idem_execute_ex('order-alice-3', 'INSERT INTO invoices DEFAULT VALUES RETURNING who');
+SET ROLE regress_idem_bob;
+SELECT replayed, response FROM idem_execute_ex('order-alice-3', 'SELECT 1');
 
 -- alice still replays her own
 SET ROLE regress_idem_alice;
@@ -69,7 +81,15 @@ SELECT topic FROM idem.outbox WHERE key = 'sec:3';
 
 DROP SCHEMA evil CASCADE;
 DROP TABLE invoices, secrets;
-DELETE FROM idem.keys WHERE key LIKE 'sec:%';
 DELETE FROM idem.outbox WHERE key LIKE 'sec:%';
-DROP ROLE regress_idem_alice;
+DELETE FROM idem.keys WHERE owner = 'regress_idem_bob'::regrole;
 DROP ROLE regress_idem_bob;
+
+-- a dropped role's live records block nobody, and idem_purge() removes
+-- them whether or not they expired: a new role that got the same OID must
+-- never be served them
+SELECT 'regress_idem_alice'::regrole::oid AS alice_oid \gset
+SELECT count(*) AS alice_records FROM idem.keys WHERE owner::oid = :alice_oid;
+DROP ROLE regress_idem_alice;
+SELECT idem_purge() >= 2 AS purged;
+SELECT count(*) AS orphan_records FROM idem.keys WHERE owner::oid = :alice_oid;

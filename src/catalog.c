@@ -37,6 +37,8 @@
 #include "access/xact.h"
 #include "catalog/dependency.h"
 #include "catalog/indexing.h"
+#include "catalog/pg_am.h"
+#include "catalog/pg_type.h"
 #include "catalog/namespace.h"
 #include "catalog/pg_extension.h"
 #include "catalog/pg_namespace.h"
@@ -52,6 +54,7 @@
 #include "utils/lsyscache.h"
 #include "utils/rel.h"
 #include "utils/snapmgr.h"
+#include "utils/syscache.h"
 #include "utils/uuid.h"
 
 #include "compat.h"
@@ -64,7 +67,8 @@
 #define Anum_keys_response		4
 #define Anum_keys_created_at	5
 #define Anum_keys_expires_at	6
-#define Natts_keys				6
+#define Anum_keys_fpversion		7
+#define Natts_keys				7
 
 /* Column numbers of idem.outbox */
 #define Anum_outbox_event_id	1
@@ -86,6 +90,25 @@ typedef struct IdemCatalog
 	Oid			outbox;
 } IdemCatalog;
 
+/* The shape idem reads and writes: what idem--1.1.sql creates. */
+typedef struct ColumnShape
+{
+	const char *name;
+	Oid			type;
+} ColumnShape;
+
+static const ColumnShape keys_shape[Natts_keys] = {
+	{"key", TEXTOID}, {"owner", REGROLEOID}, {"fingerprint", BYTEAOID},
+	{"response", JSONBOID}, {"created_at", TIMESTAMPTZOID},
+	{"expires_at", TIMESTAMPTZOID}, {"fingerprint_version", INT2OID}
+};
+static const ColumnShape outbox_shape[Natts_outbox] = {
+	{"event_id", UUIDOID}, {"key", TEXTOID}, {"owner", REGROLEOID},
+	{"topic", TEXTOID}, {"payload", JSONBOID}, {"created_at", TIMESTAMPTZOID}
+};
+static const int16 keys_pkey_columns[] = {Anum_keys_owner, Anum_keys_key};
+static const int16 keys_expires_columns[] = {Anum_keys_expires_at};
+
 static IdemCatalog catalog;
 static bool catalog_valid = false;
 static bool catalog_callback_registered = false;
@@ -104,6 +127,17 @@ catalog_invalidate(Datum arg, Oid relid)
 		catalog_valid = false;
 }
 
+static void
+catalog_damaged(const char *relname, const char *detail)
+{
+	ereport(ERROR,
+			(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+			 errmsg("relation \"idem.%s\" is not the one extension \"idem\" created",
+					relname),
+			 errdetail("%s", detail),
+			 errhint("Reinstall the extension with DROP EXTENSION idem; CREATE EXTENSION idem.")));
+}
+
 static Oid
 catalog_relid(const char *relname, Oid nspid)
 {
@@ -118,8 +152,72 @@ catalog_relid(const char *relname, Oid nspid)
 }
 
 /*
+ * A table idem reads by column number must be the extension's own, with
+ * exactly the columns idem expects: a renamed original and a look-alike
+ * in its place would otherwise be read through the wrong index or with
+ * the wrong types.
+ */
+static Oid
+catalog_table(const char *relname, Oid nspid, Oid extoid,
+			  const ColumnShape *shape, int natts)
+{
+	Oid			relid = catalog_relid(relname, nspid);
+	Relation	rel;
+	TupleDesc	desc;
+	int			live = 0;
+
+	if (getExtensionOfObject(RelationRelationId, relid) != extoid)
+		catalog_damaged(relname, "The relation is not a member of the extension.");
+
+	rel = table_open(relid, AccessShareLock);
+	desc = RelationGetDescr(rel);
+	if (rel->rd_rel->relkind != RELKIND_RELATION)
+		catalog_damaged(relname, "The relation is not an ordinary table.");
+	for (int i = 0; i < desc->natts; i++)
+	{
+		Form_pg_attribute att = TupleDescAttr(desc, i);
+
+		if (att->attisdropped)
+			continue;
+		if (i >= natts || live != i ||
+			strcmp(NameStr(att->attname), shape[i].name) != 0 ||
+			att->atttypid != shape[i].type || !att->attnotnull)
+			catalog_damaged(relname, "Its columns differ from those the extension defines.");
+		live++;
+	}
+	if (live != natts)
+		catalog_damaged(relname, "Its columns differ from those the extension defines.");
+	table_close(rel, AccessShareLock);
+	return relid;
+}
+
+/* A btree index of the table on exactly the given columns. */
+static Oid
+catalog_index(const char *relname, Oid nspid, Oid tableid, bool unique,
+			  const int16 *columns, int ncolumns)
+{
+	Oid			relid = catalog_relid(relname, nspid);
+	Relation	idx = index_open(relid, AccessShareLock);
+	Form_pg_index form = idx->rd_index;
+	bool		ok;
+
+	ok = form->indrelid == tableid && idx->rd_rel->relam == BTREE_AM_OID &&
+		form->indisunique == unique && form->indisvalid &&
+		form->indnkeyatts == ncolumns && form->indnatts == ncolumns &&
+		RelationGetIndexExpressions(idx) == NIL &&
+		RelationGetIndexPredicate(idx) == NIL;
+	for (int i = 0; ok && i < ncolumns; i++)
+		ok = form->indkey.values[i] == columns[i];
+	index_close(idx, AccessShareLock);
+	if (!ok)
+		catalog_damaged(relname, "The index is not the one the extension defines on its table.");
+	return relid;
+}
+
+/*
  * Find idem's tables.  The schema must be the one the extension created:
- * a schema named "idem" made by someone else is never used.
+ * a schema named "idem" made by someone else is never used, and neither is
+ * a relation that is not the extension's own or has another shape.
  */
 static void
 catalog_resolve(void)
@@ -151,20 +249,32 @@ catalog_resolve(void)
 				 errmsg("schema \"idem\" does not belong to extension \"idem\""),
 				 errhint("Reinstall the extension with DROP EXTENSION idem; CREATE EXTENSION idem.")));
 
-	catalog.keys_pkey = catalog_relid("keys_pkey", nspid);
-	catalog.keys_expires = catalog_relid("keys_expires_at_idx", nspid);
-	catalog.outbox = catalog_relid("outbox", nspid);
-	catalog.keys = catalog_relid("keys", nspid);
+	catalog.keys = catalog_table("keys", nspid, extoid, keys_shape, Natts_keys);
+	catalog.outbox = catalog_table("outbox", nspid, extoid, outbox_shape,
+								   Natts_outbox);
+	catalog.keys_pkey = catalog_index("keys_pkey", nspid, catalog.keys, true,
+									  keys_pkey_columns,
+									  lengthof(keys_pkey_columns));
+	catalog.keys_expires = catalog_index("keys_expires_at_idx", nspid,
+										 catalog.keys, false,
+										 keys_expires_columns,
+										 lengthof(keys_expires_columns));
 	catalog_valid = true;
 }
 
+/*
+ * A key's lock names its owner in full and the key by a 32-bit hash, so
+ * two roles never share a lock: no wait, timeout or ID409 can tell one role
+ * anything about another's keys.  Within a role a hash collision only
+ * makes two calls wait for each other.
+ */
 static void
-set_key_locktag(LOCKTAG *tag, const char *key, int keylen)
+set_key_locktag(LOCKTAG *tag, Oid owner, const char *key, int keylen)
 {
 	uint64		h = hash_bytes_extended((const unsigned char *) key, keylen,
 										IDEM_LOCK_SEED);
 
-	SET_LOCKTAG_ADVISORY(*tag, MyDatabaseId, (uint32) (h >> 32), (uint32) h,
+	SET_LOCKTAG_ADVISORY(*tag, MyDatabaseId, owner, (uint32) (h ^ (h >> 32)),
 						 IDEM_LOCKTAG_CLASS);
 }
 
@@ -176,11 +286,11 @@ set_key_locktag(LOCKTAG *tag, const char *key, int keylen)
  * clean wait; the unique index on idem.keys stays the ground truth.
  */
 void
-idem_lock_key(const char *key, int keylen, bool wait)
+idem_lock_key(Oid owner, const char *key, int keylen, bool wait)
 {
 	LOCKTAG		tag;
 
-	set_key_locktag(&tag, key, keylen);
+	set_key_locktag(&tag, owner, key, keylen);
 	if (LockAcquire(&tag, ExclusiveLock, false, !wait) == LOCKACQUIRE_NOT_AVAIL)
 		ereport(ERROR,
 				(errcode(ERRCODE_IDEM_IN_PROGRESS),
@@ -191,40 +301,61 @@ idem_lock_key(const char *key, int keylen, bool wait)
 }
 
 static bool
-try_lock_key(const char *key, int keylen)
+try_lock_key(Oid owner, const char *key, int keylen)
 {
 	LOCKTAG		tag;
 
-	set_key_locktag(&tag, key, keylen);
+	set_key_locktag(&tag, owner, key, keylen);
 	return LockAcquire(&tag, ExclusiveLock, false, true) != LOCKACQUIRE_NOT_AVAIL;
 }
 
 static void
-unlock_key(const char *key, int keylen)
+unlock_key(Oid owner, const char *key, int keylen)
 {
 	LOCKTAG		tag;
 
-	set_key_locktag(&tag, key, keylen);
+	set_key_locktag(&tag, owner, key, keylen);
 	LockRelease(&tag, ExclusiveLock, false);
 }
 
 /*
+ * Probe the primary key for (owner, key) with SnapshotSelf; the tuple, if
+ * any, is left in slot.
+ */
+static bool
+probe_key(Relation rel, Relation idx, TupleTableSlot *slot, Oid owner,
+		  text *keytext)
+{
+	IndexScanDesc scan;
+	ScanKeyData skey[2];
+	bool		found;
+
+	ScanKeyInit(&skey[0], 1, BTEqualStrategyNumber, F_OIDEQ,
+				ObjectIdGetDatum(owner));
+	ScanKeyInit(&skey[1], 2, BTEqualStrategyNumber, F_TEXTEQ,
+				PointerGetDatum(keytext));
+	scan = index_beginscan(rel, idx, SnapshotSelf, 2, 0);
+	index_rescan(scan, skey, 2, NULL, 0);
+	found = index_getnext_slot(scan, ForwardScanDirection, slot);
+	index_endscan(scan);
+	return found;
+}
+
+/*
  * idem_lookup_key
- *		Find the live record for key.  Caller holds the key's lock.
+ *		Find the live record for (owner, key).  Caller holds the key's lock.
  *
  * Fills rec, with the response copied into the current memory context, and
  * returns true if a record exists.
  */
 bool
-idem_lookup_key(const char *key, IdemRecord *rec)
+idem_lookup_key(Oid owner, const char *key, IdemRecord *rec)
 {
 	Relation	rel;
 	Relation	idx;
-	IndexScanDesc scan;
 	TupleTableSlot *slot;
-	ScanKeyData skey;
 	text	   *keytext = cstring_to_text(key);
-	bool		found = false;
+	bool		found;
 	Snapshot	xact_snapshot = NULL;
 
 	catalog_resolve();
@@ -235,20 +366,16 @@ idem_lookup_key(const char *key, IdemRecord *rec)
 
 	rel = table_open(catalog.keys, AccessShareLock);
 	idx = index_open(catalog.keys_pkey, AccessShareLock);
-	ScanKeyInit(&skey, 1, BTEqualStrategyNumber, F_TEXTEQ,
-				PointerGetDatum(keytext));
 	slot = table_slot_create(rel, NULL);
-	scan = index_beginscan(rel, idx, SnapshotSelf, 1, 0);
-	index_rescan(scan, &skey, 1, NULL, 0);
 
-	if (index_getnext_slot(scan, ForwardScanDirection, slot))
+	found = probe_key(rel, idx, slot, owner, keytext);
+	if (found)
 	{
 		bool		isnull;
 		bool		should_free;
 		HeapTuple	tuple = ExecFetchSlotHeapTuple(slot, false, &should_free);
 		bytea	   *fp;
 
-		found = true;
 		rec->tid = tuple->t_self;
 		rec->xmin = HeapTupleHeaderGetXmin(tuple->t_data);
 		rec->owner = DatumGetObjectId(slot_getattr(slot, Anum_keys_owner, &isnull));
@@ -257,6 +384,7 @@ idem_lookup_key(const char *key, IdemRecord *rec)
 			memcpy(rec->fingerprint, VARDATA_ANY(fp), IDEM_FINGERPRINT_LEN);
 		else
 			memset(rec->fingerprint, 0, IDEM_FINGERPRINT_LEN);
+		rec->fpversion = DatumGetInt16(slot_getattr(slot, Anum_keys_fpversion, &isnull));
 		rec->response = DatumGetJsonbPCopy(slot_getattr(slot, Anum_keys_response, &isnull));
 		rec->created_at = DatumGetTimestampTz(slot_getattr(slot, Anum_keys_created_at, &isnull));
 		rec->expires_at = DatumGetTimestampTz(slot_getattr(slot, Anum_keys_expires_at, &isnull));
@@ -272,7 +400,6 @@ idem_lookup_key(const char *key, IdemRecord *rec)
 			heap_freetuple(tuple);
 	}
 
-	index_endscan(scan);
 	ExecDropSingleTupleTableSlot(slot);
 	index_close(idx, AccessShareLock);
 	table_close(rel, AccessShareLock);
@@ -365,8 +492,64 @@ idem_insert_key(const char *key, Oid owner, const uint8 *fingerprint,
 	values[Anum_keys_response - 1] = JsonbPGetDatum(response);
 	values[Anum_keys_created_at - 1] = TimestampTzGetDatum(created_at);
 	values[Anum_keys_expires_at - 1] = TimestampTzGetDatum(expires_at);
+	values[Anum_keys_fpversion - 1] = Int16GetDatum(IDEM_FINGERPRINT_VERSION);
 
 	insert_row(catalog.keys, values, nulls);
+}
+
+/*
+ * idem_restamp_key
+ *		Move the expiry of a record this transaction wrote.
+ *
+ * Returns false if the transaction has no live record for the key (a
+ * rolled-back savepoint took it).
+ */
+bool
+idem_restamp_key(Oid owner, const char *key, TimestampTz expires_at)
+{
+	Relation	rel;
+	Relation	idx;
+	TupleTableSlot *slot;
+	text	   *keytext = cstring_to_text(key);
+	bool		done = false;
+
+	catalog_resolve();
+	rel = table_open(catalog.keys, RowExclusiveLock);
+	idx = index_open(catalog.keys_pkey, AccessShareLock);
+	slot = table_slot_create(rel, NULL);
+
+	if (probe_key(rel, idx, slot, owner, keytext))
+	{
+		bool		should_free;
+		HeapTuple	tuple = ExecFetchSlotHeapTuple(slot, false, &should_free);
+
+		if (TransactionIdIsCurrentTransactionId(HeapTupleHeaderGetXmin(tuple->t_data)))
+		{
+			Datum		values[Natts_keys];
+			bool		nulls[Natts_keys];
+			bool		replace[Natts_keys] = {0};
+			HeapTuple	newtup;
+
+			values[Anum_keys_expires_at - 1] = TimestampTzGetDatum(expires_at);
+			nulls[Anum_keys_expires_at - 1] = false;
+			replace[Anum_keys_expires_at - 1] = true;
+			newtup = heap_modify_tuple(tuple, RelationGetDescr(rel),
+									   values, nulls, replace);
+			CatalogTupleUpdate(rel, &tuple->t_self, newtup);
+			heap_freetuple(newtup);
+			done = true;
+		}
+		if (should_free)
+			heap_freetuple(tuple);
+	}
+
+	ExecDropSingleTupleTableSlot(slot);
+	index_close(idx, AccessShareLock);
+	table_close(rel, RowExclusiveLock);
+	if (done)
+		CommandCounterIncrement();
+	pfree(keytext);
+	return done;
 }
 
 static Datum
@@ -405,58 +588,44 @@ idem_insert_outbox(const char *key, Oid owner, const char *topic,
 }
 
 /*
- * idem_purge_expired
- *		Delete up to batch_size expired key records; return how many.
- *
- * A record whose key is locked by a running call is skipped: that call owns
- * it.  Each key's lock is released as soon as its row is deleted, so a
- * purge of any size holds at most one advisory lock; a caller that takes the
- * key in between waits on the row instead and then finds it gone.
+ * Delete up to limit records that an index scan with skey finds.  A record
+ * whose key is locked by a running call is skipped: that call owns it.
+ * Each key's lock is released as soon as its row is deleted, so a purge of
+ * any size holds at most one advisory lock; a caller that takes the key in
+ * between waits on the row instead and then finds it gone.
  */
-int64
-idem_purge_expired(int batch_size)
+static int64
+purge_scan(Relation rel, Oid indexoid, ScanKey skey, int64 limit)
 {
-	Relation	rel;
-	Relation	idx;
-	IndexScanDesc scan;
-	TupleTableSlot *slot;
-	ScanKeyData skey;
+	Relation	idx = index_open(indexoid, AccessShareLock);
+	TupleTableSlot *slot = table_slot_create(rel, NULL);
+	IndexScanDesc scan = index_beginscan(rel, idx, SnapshotSelf, 1, 0);
 	int64		deleted = 0;
-	TimestampTz now = GetCurrentTransactionStartTimestamp();
 
-	catalog_resolve();
-
-	rel = table_open(catalog.keys, RowExclusiveLock);
-	idx = index_open(catalog.keys_expires, AccessShareLock);
-	ScanKeyInit(&skey, 1, BTLessEqualStrategyNumber, F_TIMESTAMPTZ_LE,
-				TimestampTzGetDatum(now));
-	slot = table_slot_create(rel, NULL);
-	scan = index_beginscan(rel, idx, SnapshotSelf, 1, 0);
-	index_rescan(scan, &skey, 1, NULL, 0);
-
-	while (deleted < batch_size &&
+	index_rescan(scan, skey, 1, NULL, 0);
+	while (deleted < limit &&
 		   index_getnext_slot(scan, ForwardScanDirection, slot))
 	{
 		bool		isnull;
-		text	   *keytext;
+		Oid			owner;
 		char	   *key;
 		int			keylen;
 
 		CHECK_FOR_INTERRUPTS();
 
-		keytext = DatumGetTextPP(slot_getattr(slot, Anum_keys_key, &isnull));
-		key = text_to_cstring(keytext);
+		owner = DatumGetObjectId(slot_getattr(slot, Anum_keys_owner, &isnull));
+		key = TextDatumGetCString(slot_getattr(slot, Anum_keys_key, &isnull));
 		keylen = strlen(key);
 
 		/*
 		 * Releasing drops only this acquisition: if an earlier call in this
 		 * transaction holds the key, its hold stays.
 		 */
-		if (try_lock_key(key, keylen))
+		if (try_lock_key(owner, key, keylen))
 		{
 			if (delete_row(rel, &slot->tts_tid))
 				deleted++;
-			unlock_key(key, keylen);
+			unlock_key(owner, key, keylen);
 		}
 		pfree(key);
 	}
@@ -464,6 +633,72 @@ idem_purge_expired(int batch_size)
 	index_endscan(scan);
 	ExecDropSingleTupleTableSlot(slot);
 	index_close(idx, AccessShareLock);
+	return deleted;
+}
+
+/*
+ * The smallest owner in idem.keys above after, or InvalidOid: one step of
+ * a loose scan of the primary key, whose first column is the owner.
+ */
+static Oid
+next_owner(Relation rel, Oid after)
+{
+	Relation	idx = index_open(catalog.keys_pkey, AccessShareLock);
+	TupleTableSlot *slot = table_slot_create(rel, NULL);
+	IndexScanDesc scan = index_beginscan(rel, idx, SnapshotSelf, 1, 0);
+	ScanKeyData skey;
+	Oid			owner = InvalidOid;
+
+	ScanKeyInit(&skey, 1, BTGreaterStrategyNumber, F_OIDGT,
+				ObjectIdGetDatum(after));
+	index_rescan(scan, &skey, 1, NULL, 0);
+	if (index_getnext_slot(scan, ForwardScanDirection, slot))
+	{
+		bool		isnull;
+
+		owner = DatumGetObjectId(slot_getattr(slot, Anum_keys_owner, &isnull));
+	}
+	index_endscan(scan);
+	ExecDropSingleTupleTableSlot(slot);
+	index_close(idx, AccessShareLock);
+	return owner;
+}
+
+/*
+ * idem_purge_expired
+ *		Delete up to batch_size expired key records, and records whose
+ *		owner role no longer exists; return how many.
+ *
+ * A dropped role's records block no other role (keys are per role), but
+ * they would be served to a new role that got the same OID.
+ */
+int64
+idem_purge_expired(int batch_size)
+{
+	Relation	rel;
+	ScanKeyData skey;
+	int64		deleted;
+	Oid			owner = InvalidOid;
+	TimestampTz now = GetCurrentTransactionStartTimestamp();
+
+	catalog_resolve();
+
+	rel = table_open(catalog.keys, RowExclusiveLock);
+	ScanKeyInit(&skey, 1, BTLessEqualStrategyNumber, F_TIMESTAMPTZ_LE,
+				TimestampTzGetDatum(now));
+	deleted = purge_scan(rel, catalog.keys_expires, &skey, batch_size);
+
+	while (deleted < batch_size &&
+		   OidIsValid(owner = next_owner(rel, owner)))
+	{
+		if (SearchSysCacheExists1(AUTHOID, ObjectIdGetDatum(owner)))
+			continue;
+		ScanKeyInit(&skey, 1, BTEqualStrategyNumber, F_OIDEQ,
+					ObjectIdGetDatum(owner));
+		deleted += purge_scan(rel, catalog.keys_pkey, &skey,
+							  batch_size - deleted);
+	}
+
 	table_close(rel, RowExclusiveLock);
 	CommandCounterIncrement();
 	return deleted;

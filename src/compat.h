@@ -22,6 +22,15 @@
 #define MarkGUCPrefixReserved(prefix) EmitWarningsOnPlaceholders(prefix)
 #endif
 
+/* namespace.c's "is this still the same search path" API was renamed in 17 */
+#include "catalog/namespace.h"
+#if PG_VERSION_NUM >= 170000
+#define OverrideSearchPath SearchPathMatcher
+#define GetOverrideSearchPath(cxt) GetSearchPathMatcher(cxt)
+#define OverrideSearchPathMatchesCurrent(path) \
+	SearchPathMatchesCurrentEnvironment(path)
+#endif
+
 #include "replication/message.h"
 #if PG_VERSION_NUM >= 170000
 #define LogTransactionalMessage(prefix, msg, len) \

@@ -15,9 +15,9 @@
  * exactly what must happen to whatever the statement had written.
  *
  * The function is SECURITY INVOKER: the statement runs with the caller's
- * privileges.  Records belong to the role that wrote them (the current user
- * at the time); another role presenting the key gets an error, never the
- * response.
+ * privileges.  A key is (owner, key), the owner being the current user at
+ * the time of the call: another role presenting the same text has a key of
+ * its own, with its own lock, and learns nothing about this one.
  *
  * Copyright (c) 2026, idem authors
  *
@@ -43,9 +43,10 @@
 #include "compat.h"
 #include "idem.h"
 
-PG_FUNCTION_INFO_V1(idem_execute);
-PG_FUNCTION_INFO_V1(idem_execute_ex);
-PG_FUNCTION_INFO_V1(idem_purge);
+/* Entry points of the 1.1 SQL definitions; idem.c answers 1.0's. */
+PG_FUNCTION_INFO_V1(idem_execute_1_1);
+PG_FUNCTION_INFO_V1(idem_execute_ex_1_1);
+PG_FUNCTION_INFO_V1(idem_purge_1_1);
 
 /* Arguments before the statement's own: key, sql */
 #define IDEM_FIXED_ARGS 2
@@ -56,6 +57,7 @@ PG_FUNCTION_INFO_V1(idem_purge);
  */
 typedef struct InflightKey
 {
+	Oid			owner;
 	const char *key;
 	struct InflightKey *next;
 } InflightKey;
@@ -174,17 +176,53 @@ collect_args(FunctionCallInfo fcinfo, IdemRequest *req)
 }
 
 static void
-check_not_inflight(const char *key)
+check_not_inflight(IdemRequest *req)
 {
 	for (InflightKey *k = inflight_keys; k != NULL; k = k->next)
 	{
-		if (strcmp(k->key, key) == 0)
+		if (k->owner == req->owner && strcmp(k->key, req->key) == 0)
 			ereport(ERROR,
 					(errcode(ERRCODE_IDEM_IN_PROGRESS),
 					 errmsg("idempotency key \"%s\" is already being executed by an enclosing idem_execute() call",
-							key),
+							req->key),
 					 errdetail("A business statement called idem_execute() with its own key.")));
 	}
+}
+
+static void
+report_key_reused(IdemRequest *req, const char *detail)
+{
+	ereport(ERROR,
+			(errcode(ERRCODE_IDEM_KEY_REUSED),
+			 errmsg("idempotency key \"%s\" was already used for a different request",
+					req->key),
+			 errdetail("%s", detail),
+			 errhint("Use a new key for a new request.")));
+}
+
+/*
+ * Whether a record is this request.  Records written by idem 1.0 carry a
+ * version 1 fingerprint and are compared the way 1.0 computed it, unless
+ * its arguments are of a kind version 1 could not tell apart.
+ */
+static void
+check_fingerprint(IdemStatement *stmt, IdemRequest *req, IdemRecord *rec,
+				  const uint8 *fingerprint)
+{
+	uint8		v1[IDEM_FINGERPRINT_LEN];
+
+	if (rec->fpversion == IDEM_FINGERPRINT_VERSION)
+	{
+		if (memcmp(rec->fingerprint, fingerprint, IDEM_FINGERPRINT_LEN) != 0)
+			report_key_reused(req, "The statement text, the settings that change its meaning, or the arguments differ from the request first recorded under this key.");
+		return;
+	}
+	if (rec->fpversion != 1)
+		report_key_reused(req, "The record was written by another version of idem, whose fingerprint this version cannot compare.");
+	if (!idem_statement_fingerprint_v1(stmt, req, v1))
+		report_key_reused(req, "The record was written by idem 1.0, whose fingerprint cannot tell apart requests with arguments of these types.");
+	if (memcmp(rec->fingerprint, v1, IDEM_FINGERPRINT_LEN) != 0)
+		report_key_reused(req, "The statement text or the arguments differ from the request first recorded under this key.");
 }
 
 /*
@@ -193,8 +231,8 @@ check_not_inflight(const char *key)
  * expired and was removed.
  */
 static bool
-check_record(IdemRequest *req, IdemRecord *rec, const uint8 *fingerprint,
-			 TimestampTz now)
+check_record(IdemStatement *stmt, IdemRequest *req, IdemRecord *rec,
+			 const uint8 *fingerprint, TimestampTz now)
 {
 	if (!rec->visible)
 		ereport(ERROR,
@@ -210,19 +248,7 @@ check_record(IdemRequest *req, IdemRecord *rec, const uint8 *fingerprint,
 		return false;
 	}
 
-	if (rec->owner != GetUserId())
-		ereport(ERROR,
-				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
-				 errmsg("idempotency key \"%s\" belongs to another role", req->key),
-				 errdetail("Key records are private to the role that wrote them.")));
-
-	if (memcmp(rec->fingerprint, fingerprint, IDEM_FINGERPRINT_LEN) != 0)
-		ereport(ERROR,
-				(errcode(ERRCODE_IDEM_KEY_REUSED),
-				 errmsg("idempotency key \"%s\" was already used for a different request",
-						req->key),
-				 errdetail("The statement text or the arguments differ from the request first recorded under this key."),
-				 errhint("Use a new key for a new request.")));
+	check_fingerprint(stmt, req, rec, fingerprint);
 	return true;
 }
 
@@ -267,8 +293,9 @@ execute_and_record(IdemStatement *stmt, IdemRequest *req,
 				   IdemResult *result)
 {
 	InflightKey self;
-	Oid			owner = GetUserId();
+	Oid			owner = req->owner;
 
+	self.owner = owner;
 	self.key = req->key;
 	self.next = inflight_keys;
 	inflight_keys = &self;
@@ -278,7 +305,7 @@ execute_and_record(IdemStatement *stmt, IdemRequest *req,
 	inflight_keys = self.next;
 
 	idem_insert_key(req->key, owner, fingerprint, result->response, now,
-					TimestampTzPlusMilliseconds(now, (int64) idem_ttl * 1000));
+					idem_new_record_expiry(owner, req->key));
 	if (idem_outbox_topic != NULL && idem_outbox_topic[0] != '\0')
 		idem_insert_outbox(req->key, owner, idem_outbox_topic,
 						   result->response, now);
@@ -310,7 +337,9 @@ idem_execute_internal(FunctionCallInfo fcinfo, IdemResult *result)
 	TimestampTz now = GetCurrentTransactionStartTimestamp();
 
 	check_can_write();
+	idem_check_ttl();
 
+	req.owner = GetUserId();
 	req.key = get_key_arg(fcinfo);
 	req.keylen = strlen(req.key);
 	if (PG_ARGISNULL(1))
@@ -325,12 +354,12 @@ idem_execute_internal(FunctionCallInfo fcinfo, IdemResult *result)
 	{
 		IdemRecord	rec;
 
-		idem_statement_hash_args(stmt, &req, fingerprint);
-		check_not_inflight(req.key);
-		idem_lock_key(req.key, req.keylen, idem_wait);
+		idem_statement_fingerprint(stmt, &req, fingerprint);
+		check_not_inflight(&req);
+		idem_lock_key(req.owner, req.key, req.keylen, idem_wait);
 
-		if (idem_lookup_key(req.key, &rec) &&
-			check_record(&req, &rec, fingerprint, now))
+		if (idem_lookup_key(req.owner, req.key, &rec) &&
+			check_record(stmt, &req, &rec, fingerprint, now))
 		{
 			result->response = rec.response;
 			result->replayed = true;
@@ -353,7 +382,7 @@ idem_execute_internal(FunctionCallInfo fcinfo, IdemResult *result)
  * idem_execute(key text, sql text [, VARIADIC args "any"]) returns jsonb
  */
 Datum
-idem_execute(PG_FUNCTION_ARGS)
+idem_execute_1_1(PG_FUNCTION_ARGS)
 {
 	IdemResult	result;
 
@@ -366,7 +395,7 @@ idem_execute(PG_FUNCTION_ARGS)
  *		returns (response jsonb, replayed boolean, first_executed_at timestamptz)
  */
 Datum
-idem_execute_ex(PG_FUNCTION_ARGS)
+idem_execute_ex_1_1(PG_FUNCTION_ARGS)
 {
 	IdemResult	result;
 	TupleDesc	tupdesc;
@@ -389,7 +418,7 @@ idem_execute_ex(PG_FUNCTION_ARGS)
  * idem_purge(batch_size integer) returns bigint
  */
 Datum
-idem_purge(PG_FUNCTION_ARGS)
+idem_purge_1_1(PG_FUNCTION_ARGS)
 {
 	int32		batch_size = PG_GETARG_INT32(0);
 

@@ -1,11 +1,16 @@
 /*-------------------------------------------------------------------------
  *
  * idem.c
- *		Module entry: PG_MODULE_MAGIC and the idem.* configuration
- *		parameters.
+ *		Module entry: PG_MODULE_MAGIC, the idem.* configuration
+ *		parameters, and the entry points of SQL definitions older than the
+ *		library.
  *
- * idem needs no shared memory, so it works without shared_preload_libraries;
- * every parameter is USERSET so a caller can SET LOCAL it for one call.
+ * idem needs no shared memory, so it works without shared_preload_libraries.
+ * The parameters a caller tunes per call are USERSET so that SET LOCAL
+ * works; the ceilings that protect the database from a caller
+ * (idem.max_ttl, idem.max_response_size, idem.statement_cache_memory) are
+ * SUSET: only a superuser, ALTER SYSTEM, or ALTER ROLE/DATABASE ... SET by
+ * one, changes them.
  *
  * Copyright (c) 2026, idem authors
  *
@@ -28,13 +33,57 @@
 PG_MODULE_MAGIC;
 
 int			idem_ttl = 86400;
+int			idem_max_ttl = 30 * 86400;
 bool		idem_wait = true;
 int			idem_max_response_size = 1024 * 1024;
 char	   *idem_outbox_topic = NULL;
 int			idem_statement_cache_size = 256;
+int			idem_statement_cache_memory = 32 * 1024;
 bool		idem_durable_replay = false;
 
 void		_PG_init(void);
+
+/*
+ * The 1.0 SQL definitions name these symbols.  A database whose extension
+ * is still at 1.0 has 1.0's catalog (keys shared by all roles, version 1
+ * fingerprints only) which this library must not write, so its calls are
+ * refused until the extension is updated, as pg_stat_statements does for
+ * its older definitions.
+ */
+PG_FUNCTION_INFO_V1(idem_execute);
+PG_FUNCTION_INFO_V1(idem_execute_ex);
+PG_FUNCTION_INFO_V1(idem_purge);
+
+static void
+refuse_old_definitions(void)
+{
+	ereport(ERROR,
+			(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+			 errmsg("extension \"idem\" must be updated"),
+			 errdetail("The extension's SQL definitions are version 1.0, but the installed library is version 1.1."),
+			 errhint("Run ALTER EXTENSION idem UPDATE.")));
+}
+
+Datum
+idem_execute(PG_FUNCTION_ARGS)
+{
+	refuse_old_definitions();
+	PG_RETURN_NULL();
+}
+
+Datum
+idem_execute_ex(PG_FUNCTION_ARGS)
+{
+	refuse_old_definitions();
+	PG_RETURN_NULL();
+}
+
+Datum
+idem_purge(PG_FUNCTION_ARGS)
+{
+	refuse_old_definitions();
+	PG_RETURN_NULL();
+}
 
 void
 _PG_init(void)
@@ -45,6 +94,14 @@ _PG_init(void)
 							&idem_ttl,
 							86400, 1, INT_MAX,
 							PGC_USERSET, GUC_UNIT_S,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("idem.max_ttl",
+							"Longest idem.ttl a call may use.",
+							"A call whose idem.ttl exceeds it fails; only a superuser can change it.",
+							&idem_max_ttl,
+							30 * 86400, 1, INT_MAX,
+							PGC_SUSET, GUC_UNIT_S,
 							NULL, NULL, NULL);
 
 	DefineCustomBoolVariable("idem.wait",
@@ -60,7 +117,7 @@ _PG_init(void)
 							NULL,
 							&idem_max_response_size,
 							1024 * 1024, 1024, MaxAllocSize / 2,
-							PGC_USERSET, GUC_UNIT_BYTE,
+							PGC_SUSET, GUC_UNIT_BYTE,
 							NULL, NULL, NULL);
 
 	DefineCustomStringVariable("idem.outbox_topic",
@@ -77,6 +134,14 @@ _PG_init(void)
 							&idem_statement_cache_size,
 							256, 1, 100000,
 							PGC_USERSET, 0,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("idem.statement_cache_memory",
+							"Memory a backend's cache of prepared business statements may hold.",
+							"Least recently used statements are dropped beyond this size; a statement larger than all of it is not kept.",
+							&idem_statement_cache_memory,
+							32 * 1024, 64, MAX_KILOBYTES,
+							PGC_SUSET, GUC_UNIT_KB,
 							NULL, NULL, NULL);
 
 	DefineCustomBoolVariable("idem.durable_replay",

@@ -35,6 +35,12 @@
 #define IDEM_FINGERPRINT_LEN	32
 
 /*
+ * Version of the fingerprint new records carry (idem.keys.fingerprint_version).
+ * 1: idem 1.0, compared only for records 1.0 wrote; 2: idem 1.1.
+ */
+#define IDEM_FINGERPRINT_VERSION	2
+
+/*
  * Advisory lock class of idem's own (locktag_field4).  Core uses 1 and 2 for
  * pg_advisory_lock(bigint) and (int, int), Citus 4-10 and 12-15.
  */
@@ -42,15 +48,21 @@
 
 /* GUCs (idem.c) */
 extern int	idem_ttl;
+extern int	idem_max_ttl;
 extern bool idem_wait;
 extern int	idem_max_response_size;
 extern char *idem_outbox_topic;
 extern int	idem_statement_cache_size;
+extern int	idem_statement_cache_memory;
 extern bool idem_durable_replay;
 
-/* A business statement as idem_execute() received it. */
+/*
+ * A business statement as idem_execute() received it.  A key's identity is
+ * (owner, key): the same text under two roles names two independent keys.
+ */
 typedef struct IdemRequest
 {
+	Oid			owner;			/* the calling role */
 	const char *key;			/* NUL-terminated, validated */
 	int			keylen;
 	char	   *sql;
@@ -69,6 +81,7 @@ typedef struct IdemRecord
 	Jsonb	   *response;		/* detoasted copy, caller's context */
 	TimestampTz created_at;
 	TimestampTz expires_at;
+	int16		fpversion;		/* IDEM_FINGERPRINT_VERSION or 1 */
 	TransactionId xmin;
 	bool		visible;		/* to the caller's transaction snapshot */
 } IdemRecord;
@@ -78,22 +91,30 @@ typedef struct IdemStatement IdemStatement;
 extern IdemStatement *idem_statement_acquire(const char *sql, int nargs,
 											 Oid *argtypes);
 extern void idem_statement_release(IdemStatement *stmt);
-extern const uint8 *idem_statement_digest(IdemStatement *stmt);
 extern SPIPlanPtr idem_statement_plan(IdemStatement *stmt);
 extern const char *idem_statement_command(IdemStatement *stmt);
-extern void idem_statement_hash_args(IdemStatement *stmt, IdemRequest *req,
-									 uint8 *fingerprint);
+extern void idem_statement_fingerprint(IdemStatement *stmt, IdemRequest *req,
+									   uint8 *fingerprint);
+extern bool idem_statement_fingerprint_v1(IdemStatement *stmt,
+										  IdemRequest *req,
+										  uint8 *fingerprint);
 
 /* catalog.c: idem's tables and the key lock */
-extern void idem_lock_key(const char *key, int keylen, bool wait);
-extern bool idem_lookup_key(const char *key, IdemRecord *rec);
+extern void idem_lock_key(Oid owner, const char *key, int keylen, bool wait);
+extern bool idem_lookup_key(Oid owner, const char *key, IdemRecord *rec);
 extern void idem_delete_key(IdemRecord *rec);
 extern void idem_insert_key(const char *key, Oid owner,
 							const uint8 *fingerprint, Jsonb *response,
 							TimestampTz created_at, TimestampTz expires_at);
 extern void idem_insert_outbox(const char *key, Oid owner, const char *topic,
 							   Jsonb *payload, TimestampTz created_at);
+extern bool idem_restamp_key(Oid owner, const char *key,
+							 TimestampTz expires_at);
 extern int64 idem_purge_expired(int batch_size);
+
+/* expiry.c: when a new record expires */
+extern void idem_check_ttl(void);
+extern TimestampTz idem_new_record_expiry(Oid owner, const char *key);
 
 /* response.c */
 extern Jsonb *idem_build_response(const char *command, uint64 processed,

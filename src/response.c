@@ -62,11 +62,42 @@ push_key(JsonbParseState **state, const char *key)
 	pushJsonbValue(state, WJB_KEY, &v);
 }
 
+/*
+ * A row object keeps one value per name, so a result with two columns of
+ * one name would be stored with one of them lost.  Refuse it instead.
+ */
+static void
+check_column_names(TupleDesc tupdesc)
+{
+	for (int i = 0; i < tupdesc->natts; i++)
+	{
+		Form_pg_attribute a = TupleDescAttr(tupdesc, i);
+
+		if (a->attisdropped)
+			continue;
+		for (int j = 0; j < i; j++)
+		{
+			Form_pg_attribute b = TupleDescAttr(tupdesc, j);
+
+			if (!b->attisdropped &&
+				strcmp(NameStr(a->attname), NameStr(b->attname)) == 0)
+				ereport(ERROR,
+						(errcode(ERRCODE_DUPLICATE_COLUMN),
+						 errmsg("idem_execute() cannot record a result with two columns named \"%s\"",
+								NameStr(a->attname)),
+						 errdetail("A response row keeps one value per column name, so one of the values would be lost."),
+						 errhint("Give every column of the result its own name, for example with AS.")));
+		}
+	}
+}
+
 static void
 push_rows(JsonbParseState **state, SPITupleTable *tuptable, uint64 nrows)
 {
 	TupleDesc	tupdesc;
 
+	if (tuptable != NULL)
+		check_column_names(tuptable->tupdesc);
 	pushJsonbValue(state, WJB_BEGIN_ARRAY, NULL);
 	if (tuptable != NULL && nrows > 0)
 	{

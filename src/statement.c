@@ -1,26 +1,38 @@
 /*-------------------------------------------------------------------------
  *
  * statement.c
- *		The business statements a backend has seen: validation, the
- *		request fingerprint, and a bounded cache of prepared plans.
+ *		Request identity and the business statements a backend has seen:
+ *		validation, the request fingerprint, the session settings that
+ *		change what a statement means, and a bounded cache of plans.
  *
- * A statement is identified by its SQL text and its argument types.  The
- * first time a backend sees one it parses it once to check that it is a
+ * A statement is identified by its SQL text, its argument types and the
+ * session settings that change what the text means (see settings below).
+ * The first time a backend sees one it parses it once to check that it is a
  * single plannable statement, and hashes the core scanner's token stream;
  * both results are kept, so a replay costs neither a parse nor SPI.  The
- * plan is prepared lazily, on the first execution, and kept with
- * SPI_keepplan, so the plan cache revalidates it on DDL, search_path and
- * role changes like any other kept plan.
+ * plan is prepared lazily, on the first execution, checked once more on the
+ * analyzed statement, and kept with SPI_keepplan, so the plan cache
+ * revalidates it on DDL and role changes like any other kept plan.
  *
- * The cache is an LRU of idem.statement_cache_size entries.  Entries in use
- * by a running idem_execute() (a business statement can itself call
- * idem_execute()) are pinned and never evicted.
+ * Keying the cache by the settings matters beyond the fingerprint: a
+ * literal such as '2024-01-02 12:00' is coerced to timestamptz when the plan
+ * is prepared, with the TimeZone of that moment, and the plan cache does not
+ * replan when TimeZone changes.  A plan shared across settings would make
+ * the result of a call depend on the backend's history.
  *
- * The fingerprint is SHA-256 over the token stream digest, the argument
- * count, and each argument's type identity and value.  Token streams make
- * whitespace, comments, keyword case and quoting style irrelevant while
- * every constant still counts (the query jumble of pg_stat_statements
- * ignores constants, so it cannot be used alone).
+ * The cache is an LRU bounded by idem.statement_cache_size entries and by
+ * idem.statement_cache_memory bytes.  Entries in use by a running
+ * idem_execute() (a business statement can itself call idem_execute()) are
+ * pinned and never evicted.
+ *
+ * The fingerprint (version 2) is SHA-256 over the token stream digest, the
+ * settings digest, the argument count, and each argument's type identity
+ * and value.  Values are hashed in a form no session setting changes:
+ * built-in scalars by their typlen bytes, domains as their base type,
+ * arrays element by element and records field by field with each
+ * element's or field's type, enums by label, and every other type through
+ * its binary send function.  Version 1 (idem 1.0) is kept only to compare
+ * records written by 1.0; see idem_statement_fingerprint_v1().
  *
  * Copyright (c) 2026, idem authors
  *
@@ -31,50 +43,99 @@
  */
 #include "postgres.h"
 
+#include "access/htup_details.h"
 #include "access/transam.h"
+#include "catalog/namespace.h"
 #include "catalog/pg_type.h"
 #include "common/hashfn.h"
 #include "lib/ilist.h"
+#include "miscadmin.h"
 #include "nodes/parsenodes.h"
+#include "parser/parse_expr.h"
 #include "parser/scanner.h"
 #include "parser/gram.h"
+#include "pgtime.h"
 #include "tcop/utility.h"
+#include "utils/array.h"
 #include "utils/builtins.h"
+#include "utils/fmgroids.h"
 #include "utils/hsearch.h"
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
+#include "utils/pg_locale.h"
+#include "utils/plancache.h"
+#include "utils/typcache.h"
 
 #include "compat.h"
 #include "idem.h"
 
-/* How each argument's value enters the fingerprint. */
+/* Domain tag of version 2 fingerprints, so no v1 input can collide. */
+#define FINGERPRINT_V2_TAG		"idem fingerprint 2"
+
+/*
+ * How a top-level argument's value enters the fingerprint.  The common
+ * built-in scalars are decided once per statement; everything else goes
+ * through hash_datum(), which looks its type up per value.
+ */
 typedef enum ArgHashKind
 {
-	ARG_HASH_BYVAL,				/* the Datum itself */
+	ARG_HASH_BYVAL,				/* typlen bytes of the Datum */
 	ARG_HASH_FIXED,				/* typlen bytes behind the pointer */
 	ARG_HASH_VARLENA,			/* detoasted payload bytes */
 	ARG_HASH_CSTRING,			/* NUL-terminated bytes */
-	ARG_HASH_OUTPUT				/* the type's text output */
+	ARG_HASH_COMPLEX			/* hash_datum(): domain, array, record, ... */
 } ArgHashKind;
 
 typedef struct ArgHashInfo
 {
 	ArgHashKind kind;
 	int16		typlen;
-	FmgrInfo	output;			/* ARG_HASH_OUTPUT only */
-	char	   *typident;		/* stable name of the type */
+	Oid			basetype;		/* the type itself, or a domain's base */
+	char	   *typident;		/* stable name of the declared type */
 } ArgHashInfo;
+
+/*
+ * The session settings that change what a statement text or a text value
+ * means: which objects names resolve to (search_path), how the scanner
+ * reads string literals (standard_conforming_strings), how literals and
+ * text become dates, times, intervals, money and arrays (TimeZone,
+ * DateStyle, IntervalStyle, lc_monetary, array_nulls), and how "x = NULL"
+ * parses (transform_null_equals).  Output-only settings (extra_float_digits,
+ * bytea_output) change no request and are left out.
+ */
+typedef struct IdemSettings
+{
+	pg_tz	   *timezone;		/* pg_tzset() caches one pg_tz per name */
+	int			datestyle;
+	int			dateorder;
+	int			intervalstyle;
+	bool		standard_strings;
+	bool		array_nulls;
+	bool		null_equals;
+	char		monetary[NAMEDATALEN * 2];
+} IdemSettings;
+
+static IdemSettings settings_seen;
+static bool settings_seen_valid = false;
+static OverrideSearchPath *search_path_seen = NULL;
+static MemoryContext settings_cxt = NULL;
+static uint8 settings_digest[IDEM_FINGERPRINT_LEN];
+static uint64 settings_hash;
 
 struct IdemStatement
 {
-	uint64		hashkey;		/* hash of sql and argtypes: the cache key */
+	uint64		hashkey;		/* hash of sql, argtypes, settings */
 	char	   *sql;
 	int			nargs;
 	Oid		   *argtypes;
 	ArgHashInfo *arginfo;
 	const char *command;		/* "INSERT", "SELECT", ... */
 	uint8		digest[IDEM_FINGERPRINT_LEN];	/* of the token stream */
+	uint8		settings[IDEM_FINGERPRINT_LEN]; /* settings it was made under */
 	SPIPlanPtr	plan;			/* NULL until first executed */
+	bool		plan_checked;	/* analyzed statement verified */
+	bool		resized;		/* plan may have grown since last measured */
+	Size		bytes;			/* memory charged to the cache */
 	int			pins;
 	bool		cached;			/* false: transient, freed on release */
 	MemoryContext cxt;			/* everything above except the plan */
@@ -91,48 +152,155 @@ static HTAB *statement_cache = NULL;
 static MemoryContext statement_cache_cxt = NULL;
 static dlist_head statement_lru = DLIST_STATIC_INIT(statement_lru);
 static int	statement_count = 0;
+static Size statement_bytes = 0;
+
+static void hash_datum(idem_sha256_ctx ctx, Oid typid, Datum value);
+
+/* ---------------------------------------------------------------------
+ * Settings
+ * ---------------------------------------------------------------------
+ */
 
 static void
-statement_cache_init(void)
+read_settings(IdemSettings *s)
 {
-	HASHCTL		ctl;
-
-	statement_cache_cxt = AllocSetContextCreate(TopMemoryContext,
-												"idem statement cache",
-												ALLOCSET_DEFAULT_SIZES);
-	ctl.keysize = sizeof(uint64);
-	ctl.entrysize = sizeof(StatementCacheEntry);
-	ctl.hcxt = statement_cache_cxt;
-	statement_cache = hash_create("idem statements", 256, &ctl,
-								  HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
+	memset(s, 0, sizeof(*s));
+	s->timezone = session_timezone;
+	s->datestyle = DateStyle;
+	s->dateorder = DateOrder;
+	s->intervalstyle = IntervalStyle;
+	s->standard_strings = standard_conforming_strings;
+	s->array_nulls = Array_nulls;
+	s->null_equals = Transform_null_equals;
+	strlcpy(s->monetary, locale_monetary ? locale_monetary : "",
+			sizeof(s->monetary));
 }
 
-static uint64
-statement_hashkey(const char *sql, int nargs, Oid *argtypes)
+static void
+update_str(idem_sha256_ctx ctx, const char *s)
 {
-	uint64		h;
+	uint32		len = strlen(s);
 
-	h = hash_bytes_extended((const unsigned char *) sql, strlen(sql), 0);
-	if (nargs > 0)
-		h ^= hash_bytes_extended((const unsigned char *) argtypes,
-								 nargs * sizeof(Oid), h);
-	return h;
+	idem_sha256_update(ctx, &len, sizeof(len));
+	idem_sha256_update(ctx, s, len);
+}
+
+/*
+ * Hash the settings by value and the search path by schema name, never by
+ * OID, so that the digest survives a dump and restore.  The backend's own
+ * temporary schema is left out: it joins the path when the session first
+ * creates a temporary table, and counting it would make every retry from
+ * a session that ever did so a different request.
+ */
+static void
+digest_settings(const IdemSettings *s)
+{
+	idem_sha256_ctx ctx = idem_sha256_begin();
+	List	   *path = fetch_search_path(true);
+	ListCell   *lc;
+	int32		ints[3] = {s->datestyle, s->dateorder, s->intervalstyle};
+	char		bools[3] = {s->standard_strings, s->array_nulls, s->null_equals};
+
+	update_str(ctx, pg_get_timezone_name(s->timezone));
+	idem_sha256_update(ctx, ints, sizeof(ints));
+	idem_sha256_update(ctx, bools, sizeof(bools));
+	update_str(ctx, s->monetary);
+	foreach(lc, path)
+	{
+		Oid			nspid = lfirst_oid(lc);
+		char	   *name;
+
+		if (isTempNamespace(nspid))
+			continue;
+		name = get_namespace_name(nspid);
+		if (name != NULL)
+			update_str(ctx, name);
+	}
+	list_free(path);
+	idem_sha256_end(ctx, settings_digest);
+	memcpy(&settings_hash, settings_digest, sizeof(settings_hash));
+}
+
+/*
+ * The digest of the current settings.  Recomputed only when a setting or
+ * the effective search path changed since the last call, so a replay pays
+ * a few comparisons.
+ */
+static const uint8 *
+current_settings(void)
+{
+	IdemSettings now;
+
+	read_settings(&now);
+	if (settings_seen_valid &&
+		memcmp(&now, &settings_seen, sizeof(now)) == 0 &&
+		OverrideSearchPathMatchesCurrent(search_path_seen))
+		return settings_digest;
+
+	settings_seen_valid = false;
+	if (settings_cxt == NULL)
+		settings_cxt = AllocSetContextCreate(TopMemoryContext,
+											 "idem settings",
+											 ALLOCSET_SMALL_SIZES);
+	MemoryContextReset(settings_cxt);
+	digest_settings(&now);
+	search_path_seen = GetOverrideSearchPath(settings_cxt);
+	settings_seen = now;
+	settings_seen_valid = true;
+	return settings_digest;
+}
+
+/* ---------------------------------------------------------------------
+ * Validation
+ * ---------------------------------------------------------------------
+ */
+
+/*
+ * Report a parse error inside the business statement the way PL/pgSQL
+ * and SPI do: the position points into the statement, which is shown as
+ * the internal query, not into the caller's outer query.
+ */
+static void
+statement_error_callback(void *arg)
+{
+	const char *sql = (const char *) arg;
+	int			pos = geterrposition();
+
+	if (pos > 0)
+	{
+		errposition(0);
+		internalerrposition(pos);
+		internalerrquery(sql);
+	}
 }
 
 static bool
-statement_matches(IdemStatement *stmt, const char *sql, int nargs,
-				  Oid *argtypes)
+select_has_into(SelectStmt *s)
 {
-	return stmt->nargs == nargs &&
-		strcmp(stmt->sql, sql) == 0 &&
-		(nargs == 0 ||
-		 memcmp(stmt->argtypes, argtypes, nargs * sizeof(Oid)) == 0);
+	if (s == NULL)
+		return false;
+	if (s->intoClause != NULL)
+		return true;
+	/* INTO on a set operation sits on one of its leaves */
+	return select_has_into(s->larg) || select_has_into(s->rarg);
+}
+
+static void
+reject_select_into(void)
+{
+	ereport(ERROR,
+			(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+			 errmsg("idem_execute() does not run SELECT INTO"),
+			 errdetail("SELECT INTO creates a table."),
+			 errhint("Use INSERT INTO ... SELECT.")));
 }
 
 /*
  * Reject anything but one SELECT, INSERT, UPDATE, DELETE or MERGE, and
  * return its command tag.  Checked on the raw parse tree so that a replay
- * validates exactly as a first execution does, without planning.
+ * validates exactly as a first execution does, without planning; the
+ * analyzed statement is checked again before its first execution
+ * (check_analyzed).
  */
 static const char *
 check_statement(const char *sql)
@@ -162,12 +330,8 @@ check_statement(const char *sql)
 #endif
 			break;
 		case T_SelectStmt:
-			if (((SelectStmt *) stmt)->intoClause == NULL)
-				break;
-			ereport(ERROR,
-					(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
-					 errmsg("idem_execute() does not run SELECT INTO"),
-					 errhint("Use INSERT INTO ... SELECT.")));
+			if (select_has_into((SelectStmt *) stmt))
+				reject_select_into();
 			break;
 		case T_TransactionStmt:
 			ereport(ERROR,
@@ -189,6 +353,39 @@ check_statement(const char *sql)
 	}
 
 	return CreateCommandName(stmt);
+}
+
+/*
+ * The ground truth: what the parser made of the statement.  Parse analysis
+ * turns SELECT INTO, however it is spelled, into CREATE TABLE AS; only a
+ * statement that stays a plain query may run.  Utility commands that rules
+ * put in place of the statement are the table owner's business and pass.
+ */
+static void
+check_analyzed(SPIPlanPtr plan)
+{
+	List	   *sources = SPI_plan_get_plan_sources(plan);
+	ListCell   *lc;
+
+	foreach(lc, sources)
+	{
+		CachedPlanSource *ps = (CachedPlanSource *) lfirst(lc);
+		ListCell   *lq;
+
+		foreach(lq, ps->query_list)
+		{
+			Query	   *q = lfirst_node(Query, lq);
+
+			if (q->commandType != CMD_UTILITY || q->querySource != QSRC_ORIGINAL)
+				continue;
+			if (IsA(q->utilityStmt, CreateTableAsStmt))
+				reject_select_into();
+			ereport(ERROR,
+					(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+					 errmsg("idem_execute() does not run %s statements",
+							CreateCommandName(q->utilityStmt))));
+		}
+	}
 }
 
 /*
@@ -227,14 +424,9 @@ digest_tokens(const char *sql, uint8 *digest)
 			case BCONST:
 			case XCONST:
 			case Op:
-				{
-					/* length first, so adjacent tokens cannot run together */
-					uint32		len = strlen(yylval.str);
-
-					idem_sha256_update(ctx, &len, sizeof(len));
-					idem_sha256_update(ctx, yylval.str, len);
-					break;
-				}
+				/* length first, so adjacent tokens cannot run together */
+				update_str(ctx, yylval.str);
+				break;
 			case ICONST:
 			case PARAM:
 				idem_sha256_update(ctx, &yylval.ival, sizeof(yylval.ival));
@@ -269,37 +461,73 @@ check_parameter_count(int maxparam, int nargs)
 				 errhint("Reference every argument as $1, $2, ... in the statement.")));
 }
 
+/* ---------------------------------------------------------------------
+ * The statement cache
+ * ---------------------------------------------------------------------
+ */
+
+static void
+statement_cache_init(void)
+{
+	HASHCTL		ctl;
+
+	statement_cache_cxt = AllocSetContextCreate(TopMemoryContext,
+												"idem statement cache",
+												ALLOCSET_DEFAULT_SIZES);
+	ctl.keysize = sizeof(uint64);
+	ctl.entrysize = sizeof(StatementCacheEntry);
+	ctl.hcxt = statement_cache_cxt;
+	statement_cache = hash_create("idem statements", 256, &ctl,
+								  HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
+}
+
+static uint64
+statement_hashkey(const char *sql, int nargs, Oid *argtypes)
+{
+	uint64		h;
+
+	h = hash_bytes_extended((const unsigned char *) sql, strlen(sql),
+							settings_hash);
+	if (nargs > 0)
+		h ^= hash_bytes_extended((const unsigned char *) argtypes,
+								 nargs * sizeof(Oid), h);
+	return h;
+}
+
+static bool
+statement_matches(IdemStatement *stmt, const char *sql, int nargs,
+				  Oid *argtypes, const uint8 *settings)
+{
+	return stmt->nargs == nargs &&
+		memcmp(stmt->settings, settings, IDEM_FINGERPRINT_LEN) == 0 &&
+		strcmp(stmt->sql, sql) == 0 &&
+		(nargs == 0 ||
+		 memcmp(stmt->argtypes, argtypes, nargs * sizeof(Oid)) == 0);
+}
+
 /*
- * Decide how values of typid enter the fingerprint.  Built-in scalar types
- * hash their binary form, which is exact and independent of DateStyle,
- * TimeZone or extra_float_digits.  Types defined in the database, and
- * records, whose binary forms embed OIDs that a restore renumbers, hash their text
- * output instead, so that the fingerprint survives a dump and restore.
- * (Arrays of built-in types are built-in types; their binary form names
- * only the built-in element type.)
+ * Decide how values of typid enter the fingerprint.  Built-in base types
+ * are hashed by their bytes, which are exact and independent of every
+ * session setting; anything else (domains, arrays, records, enums, ranges,
+ * types defined in the database) by hash_datum().
  */
 static void
 describe_arg(Oid typid, ArgHashInfo *info)
 {
 	int16		typlen;
 	bool		typbyval;
-	char		typtype = get_typtype(typid);
-	bool		builtin = typid < FirstGenbkiObjectId;
+	Oid			basetype = getBaseType(typid);
 
-	get_typlenbyval(typid, &typlen, &typbyval);
+	get_typlenbyval(basetype, &typlen, &typbyval);
 	info->typlen = typlen;
-	info->typident = builtin ? psprintf("%u", typid)
+	info->basetype = basetype;
+	info->typident = typid < FirstGenbkiObjectId ? psprintf("%u", typid)
 		: format_type_be_qualified(typid);
 
-	if (!builtin || typtype != TYPTYPE_BASE || typid == RECORDOID)
-	{
-		Oid			outfunc;
-		bool		isvarlena;
-
-		info->kind = ARG_HASH_OUTPUT;
-		getTypeOutputInfo(typid, &outfunc, &isvarlena);
-		fmgr_info_cxt(outfunc, &info->output, CurrentMemoryContext);
-	}
+	if (basetype != typid || basetype >= FirstGenbkiObjectId ||
+		get_typtype(basetype) != TYPTYPE_BASE ||
+		OidIsValid(get_element_type(basetype)) || basetype == RECORDOID)
+		info->kind = ARG_HASH_COMPLEX;
 	else if (typbyval)
 		info->kind = ARG_HASH_BYVAL;
 	else if (typlen > 0)
@@ -311,7 +539,8 @@ describe_arg(Oid typid, ArgHashInfo *info)
 }
 
 static IdemStatement *
-statement_create(uint64 hashkey, const char *sql, int nargs, Oid *argtypes)
+statement_create(uint64 hashkey, const char *sql, int nargs, Oid *argtypes,
+				 const uint8 *settings)
 {
 	MemoryContext cxt;
 	MemoryContext oldcxt;
@@ -319,10 +548,16 @@ statement_create(uint64 hashkey, const char *sql, int nargs, Oid *argtypes)
 	const char *command;
 	uint8		digest[IDEM_FINGERPRINT_LEN];
 	int			maxparam;
+	ErrorContextCallback errcallback;
 
 	/* validate first, so a bad statement allocates nothing that lives on */
+	errcallback.callback = statement_error_callback;
+	errcallback.arg = (void *) sql;
+	errcallback.previous = error_context_stack;
+	error_context_stack = &errcallback;
 	command = check_statement(sql);
 	maxparam = digest_tokens(sql, digest);
+	error_context_stack = errcallback.previous;
 	check_parameter_count(maxparam, nargs);
 
 	cxt = AllocSetContextCreate(statement_cache_cxt, "idem statement",
@@ -335,6 +570,7 @@ statement_create(uint64 hashkey, const char *sql, int nargs, Oid *argtypes)
 	stmt->nargs = nargs;
 	stmt->command = pstrdup(command);
 	memcpy(stmt->digest, digest, sizeof(digest));
+	memcpy(stmt->settings, settings, IDEM_FINGERPRINT_LEN);
 	stmt->cxt = cxt;
 	if (nargs > 0)
 	{
@@ -345,6 +581,7 @@ statement_create(uint64 hashkey, const char *sql, int nargs, Oid *argtypes)
 			describe_arg(argtypes[i], &stmt->arginfo[i]);
 	}
 	MemoryContextSwitchTo(oldcxt);
+	stmt->bytes = MemoryContextMemAllocated(cxt, true);
 	return stmt;
 }
 
@@ -356,15 +593,41 @@ statement_free(IdemStatement *stmt)
 	MemoryContextDelete(stmt->cxt);
 }
 
-/* Drop least recently used, unpinned entries beyond the configured size. */
+/* What a statement costs: its own context plus its kept plan's. */
+static Size
+statement_measure(IdemStatement *stmt)
+{
+	Size		bytes = MemoryContextMemAllocated(stmt->cxt, true);
+	ListCell   *lc;
+
+	if (stmt->plan == NULL)
+		return bytes;
+	foreach(lc, SPI_plan_get_plan_sources(stmt->plan))
+	{
+		CachedPlanSource *ps = (CachedPlanSource *) lfirst(lc);
+
+		bytes += MemoryContextMemAllocated(ps->context, true);
+		if (ps->gplan)
+			bytes += MemoryContextMemAllocated(ps->gplan->context, true);
+	}
+	return bytes;
+}
+
+static bool
+statement_cache_over(void)
+{
+	return statement_count > idem_statement_cache_size ||
+		statement_bytes > (Size) idem_statement_cache_memory * 1024;
+}
+
+/* Drop least recently used, unpinned entries beyond the configured bounds. */
 static void
 statement_cache_trim(void)
 {
 	dlist_node *cur = statement_lru.head.prev;
 
 	/* walk from the tail (least recently used); the list is circular */
-	while (statement_count > idem_statement_cache_size &&
-		   cur != &statement_lru.head)
+	while (statement_cache_over() && cur != &statement_lru.head)
 	{
 		dlist_node *prev = cur->prev;
 		IdemStatement *victim = dlist_container(IdemStatement, lru, cur);
@@ -374,6 +637,7 @@ statement_cache_trim(void)
 			dlist_delete(&victim->lru);
 			hash_search(statement_cache, &victim->hashkey, HASH_REMOVE, NULL);
 			statement_count--;
+			statement_bytes -= victim->bytes;
 			statement_free(victim);
 		}
 		cur = prev;
@@ -382,7 +646,8 @@ statement_cache_trim(void)
 
 /*
  * idem_statement_acquire
- *		Find or create the statement for (sql, argtypes) and pin it.
+ *		Find or create the statement for (sql, argtypes) under the current
+ *		settings and pin it.
  *
  * Raises the statement's validation error, if any.  Every successful call
  * must be paired with idem_statement_release(), also on error.
@@ -390,6 +655,7 @@ statement_cache_trim(void)
 IdemStatement *
 idem_statement_acquire(const char *sql, int nargs, Oid *argtypes)
 {
+	const uint8 *settings = current_settings();
 	uint64		hashkey = statement_hashkey(sql, nargs, argtypes);
 	StatementCacheEntry *entry;
 	IdemStatement *stmt;
@@ -401,7 +667,7 @@ idem_statement_acquire(const char *sql, int nargs, Oid *argtypes)
 	entry = hash_search(statement_cache, &hashkey, HASH_FIND, NULL);
 	if (entry != NULL)
 	{
-		if (statement_matches(entry->stmt, sql, nargs, argtypes))
+		if (statement_matches(entry->stmt, sql, nargs, argtypes, settings))
 		{
 			stmt = entry->stmt;
 			dlist_move_head(&statement_lru, &stmt->lru);
@@ -410,18 +676,21 @@ idem_statement_acquire(const char *sql, int nargs, Oid *argtypes)
 		}
 
 		/* a 64-bit hash collision: serve this one uncached */
-		stmt = statement_create(hashkey, sql, nargs, argtypes);
+		stmt = statement_create(hashkey, sql, nargs, argtypes, settings);
 		stmt->pins = 1;
 		return stmt;
 	}
 
-	stmt = statement_create(hashkey, sql, nargs, argtypes);
+	stmt = statement_create(hashkey, sql, nargs, argtypes, settings);
 	stmt->pins = 1;
+	if (stmt->bytes > (Size) idem_statement_cache_memory * 1024)
+		return stmt;			/* larger than the whole cache: transient */
 	stmt->cached = true;
 	entry = hash_search(statement_cache, &hashkey, HASH_ENTER, &found);
 	entry->stmt = stmt;
 	dlist_push_head(&statement_lru, &stmt->lru);
 	statement_count++;
+	statement_bytes += stmt->bytes;
 	statement_cache_trim();
 	return stmt;
 }
@@ -431,10 +700,21 @@ idem_statement_release(IdemStatement *stmt)
 {
 	Assert(stmt->pins > 0);
 	stmt->pins--;
-	if (!stmt->cached && stmt->pins == 0)
-		statement_free(stmt);
-	else if (stmt->cached)
-		statement_cache_trim();
+	if (!stmt->cached)
+	{
+		if (stmt->pins == 0)
+			statement_free(stmt);
+		return;
+	}
+	if (stmt->resized)
+	{
+		Size		bytes = statement_measure(stmt);
+
+		statement_bytes += bytes - stmt->bytes;
+		stmt->bytes = bytes;
+		stmt->resized = false;
+	}
+	statement_cache_trim();
 }
 
 const char *
@@ -457,75 +737,316 @@ idem_statement_plan(IdemStatement *stmt)
 		if (plan == NULL)
 			elog(ERROR, "SPI_prepare failed for idem statement: %s",
 				 SPI_result_code_string(SPI_result));
+		if (!stmt->plan_checked)
+		{
+			check_analyzed(plan);
+			stmt->plan_checked = true;
+		}
 		if (SPI_keepplan(plan) != 0)
 			elog(ERROR, "SPI_keepplan failed");
 		stmt->plan = plan;
 	}
+	stmt->resized = true;
 	return stmt->plan;
 }
 
+/* ---------------------------------------------------------------------
+ * Fingerprints
+ * ---------------------------------------------------------------------
+ */
+
 static void
-hash_arg_value(idem_sha256_ctx ctx, ArgHashInfo *info, Datum value)
+update_bytes(idem_sha256_ctx ctx, const void *data, uint32 len)
 {
-	switch (info->kind)
+	idem_sha256_update(ctx, &len, sizeof(len));
+	idem_sha256_update(ctx, data, len);
+}
+
+/* typlen bytes of a pass-by-value Datum, whatever the Datum word holds */
+static void
+update_byval(idem_sha256_ctx ctx, Datum value, int16 typlen)
+{
+	char		buf[sizeof(Datum)];
+
+	Assert(typlen > 0 && typlen <= sizeof(Datum));
+	store_att_byval(buf, value, typlen);
+	idem_sha256_update(ctx, buf, typlen);
+}
+
+static void
+update_varlena(idem_sha256_ctx ctx, Datum value)
+{
+	struct varlena *v = PG_DETOAST_DATUM_PACKED(value);
+
+	update_bytes(ctx, VARDATA_ANY(v), VARSIZE_ANY_EXHDR(v));
+	if ((Pointer) v != DatumGetPointer(value))
+		pfree(v);
+}
+
+static void
+update_typident(idem_sha256_ctx ctx, Oid typid)
+{
+	if (typid < FirstGenbkiObjectId)
+		idem_sha256_update(ctx, &typid, sizeof(typid));
+	else
 	{
-		case ARG_HASH_BYVAL:
-			idem_sha256_update(ctx, &value, sizeof(Datum));
-			break;
-		case ARG_HASH_FIXED:
-			idem_sha256_update(ctx, DatumGetPointer(value), info->typlen);
-			break;
-		case ARG_HASH_VARLENA:
-			{
-				struct varlena *v = PG_DETOAST_DATUM_PACKED(value);
-				uint32		len = VARSIZE_ANY_EXHDR(v);
+		char	   *name = format_type_be_qualified(typid);
 
-				idem_sha256_update(ctx, &len, sizeof(len));
-				idem_sha256_update(ctx, VARDATA_ANY(v), len);
-				if ((Pointer) v != DatumGetPointer(value))
-					pfree(v);
-				break;
-			}
-		case ARG_HASH_CSTRING:
-			{
-				const char *s = DatumGetCString(value);
+		update_str(ctx, name);
+		pfree(name);
+	}
+}
 
-				idem_sha256_update(ctx, s, strlen(s) + 1);
-				break;
-			}
-		case ARG_HASH_OUTPUT:
-			{
-				char	   *s = OutputFunctionCall(&info->output, value);
+static void
+hash_array_value(idem_sha256_ctx ctx, Datum value)
+{
+	ArrayType  *arr = DatumGetArrayTypeP(value);
+	Oid			elemtype = ARR_ELEMTYPE(arr);
+	int32		ndim = ARR_NDIM(arr);
+	int16		typlen;
+	bool		typbyval;
+	char		typalign;
+	Datum	   *elems;
+	bool	   *nulls;
+	int			nelems;
 
-				idem_sha256_update(ctx, s, strlen(s) + 1);
-				pfree(s);
-				break;
-			}
+	update_typident(ctx, elemtype);
+	idem_sha256_update(ctx, &ndim, sizeof(ndim));
+	idem_sha256_update(ctx, ARR_DIMS(arr), ndim * sizeof(int));
+	idem_sha256_update(ctx, ARR_LBOUND(arr), ndim * sizeof(int));
+
+	get_typlenbyvalalign(elemtype, &typlen, &typbyval, &typalign);
+	deconstruct_array(arr, elemtype, typlen, typbyval, typalign,
+					  &elems, &nulls, &nelems);
+	for (int i = 0; i < nelems; i++)
+	{
+		char		isnull = nulls[i];
+
+		idem_sha256_update(ctx, &isnull, 1);
+		if (!isnull)
+			hash_datum(ctx, elemtype, elems[i]);
+	}
+	pfree(elems);
+	pfree(nulls);
+}
+
+static void
+hash_record_value(idem_sha256_ctx ctx, Datum value)
+{
+	HeapTupleHeader td = DatumGetHeapTupleHeader(value);
+	TupleDesc	tupdesc;
+	HeapTupleData tuple;
+	Datum	   *values;
+	bool	   *nulls;
+	int32		nfields = 0;
+
+	tupdesc = lookup_rowtype_tupdesc(HeapTupleHeaderGetTypeId(td),
+									 HeapTupleHeaderGetTypMod(td));
+	tuple.t_len = HeapTupleHeaderGetDatumLength(td);
+	ItemPointerSetInvalid(&tuple.t_self);
+	tuple.t_tableOid = InvalidOid;
+	tuple.t_data = td;
+
+	values = palloc(tupdesc->natts * sizeof(Datum));
+	nulls = palloc(tupdesc->natts * sizeof(bool));
+	heap_deform_tuple(&tuple, tupdesc, values, nulls);
+
+	for (int i = 0; i < tupdesc->natts; i++)
+		if (!TupleDescAttr(tupdesc, i)->attisdropped)
+			nfields++;
+	idem_sha256_update(ctx, &nfields, sizeof(nfields));
+	for (int i = 0; i < tupdesc->natts; i++)
+	{
+		Form_pg_attribute att = TupleDescAttr(tupdesc, i);
+		char		isnull = nulls[i];
+
+		if (att->attisdropped)
+			continue;
+		update_typident(ctx, att->atttypid);
+		idem_sha256_update(ctx, &isnull, 1);
+		if (!isnull)
+			hash_datum(ctx, att->atttypid, values[i]);
+	}
+	pfree(values);
+	pfree(nulls);
+	ReleaseTupleDesc(tupdesc);
+}
+
+/*
+ * Hash one value of typid in a form that no session setting changes.
+ */
+static void
+hash_datum(idem_sha256_ctx ctx, Oid typid, Datum value)
+{
+	Oid			basetype;
+	int16		typlen;
+	bool		typbyval;
+	char		typtype;
+
+	check_stack_depth();
+
+	basetype = getBaseType(typid);
+	typtype = get_typtype(basetype);
+	get_typlenbyval(basetype, &typlen, &typbyval);
+
+	if (typlen == -1 && OidIsValid(get_element_type(basetype)))
+		hash_array_value(ctx, value);
+	else if (typtype == TYPTYPE_COMPOSITE || basetype == RECORDOID)
+		hash_record_value(ctx, value);
+	else if (typtype == TYPTYPE_ENUM)
+	{
+		/* the label, not the OID a restore renumbers */
+		char	   *label = OidOutputFunctionCall(F_ENUM_OUT, value);
+
+		update_str(ctx, label);
+		pfree(label);
+	}
+	else if (typtype == TYPTYPE_BASE && basetype < FirstGenbkiObjectId)
+	{
+		if (typbyval)
+			update_byval(ctx, value, typlen);
+		else if (typlen > 0)
+			idem_sha256_update(ctx, DatumGetPointer(value), typlen);
+		else if (typlen == -1)
+			update_varlena(ctx, value);
+		else
+			update_str(ctx, DatumGetCString(value));
+	}
+	else
+	{
+		/*
+		 * Ranges, multiranges and base types defined in the database: the
+		 * binary send form is meant to be independent of session settings
+		 * (unlike text output, which DateStyle or TimeZone can change).
+		 */
+		Oid			sendfunc;
+		bool		isvarlena;
+
+		getTypeBinaryOutputInfo(basetype, &sendfunc, &isvarlena);
+		if (OidIsValid(sendfunc))
+		{
+			bytea	   *b = OidSendFunctionCall(sendfunc, value);
+
+			update_bytes(ctx, VARDATA(b), VARSIZE(b) - VARHDRSZ);
+			pfree(b);
+		}
+		else if (typbyval)
+			update_byval(ctx, value, typlen);
+		else if (typlen > 0)
+			idem_sha256_update(ctx, DatumGetPointer(value), typlen);
+		else if (typlen == -1)
+			update_varlena(ctx, value);
+		else
+			update_str(ctx, DatumGetCString(value));
 	}
 }
 
 /*
- * idem_statement_hash_args
- *		Compute the request fingerprint of req, a call of stmt.
+ * idem_statement_fingerprint
+ *		Compute the request fingerprint (version 2) of req, a call of stmt.
  */
 void
-idem_statement_hash_args(IdemStatement *stmt, IdemRequest *req,
-						 uint8 *fingerprint)
+idem_statement_fingerprint(IdemStatement *stmt, IdemRequest *req,
+						   uint8 *fingerprint)
 {
 	idem_sha256_ctx ctx = idem_sha256_begin();
 	int32		nargs = req->nargs;
 
+	idem_sha256_update(ctx, FINGERPRINT_V2_TAG, sizeof(FINGERPRINT_V2_TAG));
+	idem_sha256_update(ctx, stmt->digest, IDEM_FINGERPRINT_LEN);
+	idem_sha256_update(ctx, stmt->settings, IDEM_FINGERPRINT_LEN);
+	idem_sha256_update(ctx, &nargs, sizeof(nargs));
+	for (int i = 0; i < req->nargs; i++)
+	{
+		ArgHashInfo *info = &stmt->arginfo[i];
+		char		isnull = req->nulls[i];
+		Datum		value = req->values[i];
+
+		update_str(ctx, info->typident);
+		idem_sha256_update(ctx, &isnull, 1);
+		if (isnull == 'n')
+			continue;
+		switch (info->kind)
+		{
+			case ARG_HASH_BYVAL:
+				update_byval(ctx, value, info->typlen);
+				break;
+			case ARG_HASH_FIXED:
+				idem_sha256_update(ctx, DatumGetPointer(value), info->typlen);
+				break;
+			case ARG_HASH_VARLENA:
+				update_varlena(ctx, value);
+				break;
+			case ARG_HASH_CSTRING:
+				update_str(ctx, DatumGetCString(value));
+				break;
+			case ARG_HASH_COMPLEX:
+				hash_datum(ctx, req->argtypes[i], value);
+				break;
+		}
+	}
+	idem_sha256_end(ctx, fingerprint);
+}
+
+/*
+ * idem_statement_fingerprint_v1
+ *		The fingerprint idem 1.0 recorded, for comparing a record it wrote.
+ *
+ * Version 1 ignored the session settings, hashed pass-by-value arguments
+ * as the raw Datum word and everything outside the built-in scalars by its
+ * text output.  Where that text form could make two different requests
+ * look equal (domains, records, arrays of them, types defined in the
+ * database) idem cannot tell whether a 1.0 record is this request, so it
+ * returns false and the caller refuses rather than replay.
+ */
+bool
+idem_statement_fingerprint_v1(IdemStatement *stmt, IdemRequest *req,
+							  uint8 *fingerprint)
+{
+	idem_sha256_ctx ctx;
+	int32		nargs = req->nargs;
+
+	for (int i = 0; i < req->nargs; i++)
+		if (stmt->arginfo[i].kind == ARG_HASH_COMPLEX &&
+			!(stmt->arginfo[i].basetype < FirstGenbkiObjectId &&
+			  stmt->arginfo[i].basetype == req->argtypes[i] &&
+			  get_typtype(req->argtypes[i]) == TYPTYPE_BASE &&
+			  req->argtypes[i] != RECORDOID))
+			return false;
+
+	ctx = idem_sha256_begin();
 	idem_sha256_update(ctx, stmt->digest, IDEM_FINGERPRINT_LEN);
 	idem_sha256_update(ctx, &nargs, sizeof(nargs));
 	for (int i = 0; i < req->nargs; i++)
 	{
 		ArgHashInfo *info = &stmt->arginfo[i];
 		char		isnull = req->nulls[i];
+		Datum		value = req->values[i];
 
 		idem_sha256_update(ctx, info->typident, strlen(info->typident) + 1);
 		idem_sha256_update(ctx, &isnull, 1);
-		if (isnull != 'n')
-			hash_arg_value(ctx, info, req->values[i]);
+		if (isnull == 'n')
+			continue;
+		if (info->kind == ARG_HASH_BYVAL)
+			idem_sha256_update(ctx, &value, sizeof(Datum));
+		else if (info->kind == ARG_HASH_FIXED)
+			idem_sha256_update(ctx, DatumGetPointer(value), info->typlen);
+		else if (info->kind == ARG_HASH_CSTRING)
+		{
+			const char *s = DatumGetCString(value);
+
+			idem_sha256_update(ctx, s, strlen(s) + 1);
+		}
+		else
+		{
+			/* varlena, and built-in arrays, which 1.0 hashed as bytes */
+			struct varlena *v = PG_DETOAST_DATUM_PACKED(value);
+			uint32		len = VARSIZE_ANY_EXHDR(v);
+
+			idem_sha256_update(ctx, &len, sizeof(len));
+			idem_sha256_update(ctx, VARDATA_ANY(v), len);
+		}
 	}
 	idem_sha256_end(ctx, fingerprint);
+	return true;
 }

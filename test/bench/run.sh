@@ -467,11 +467,11 @@ if [ $scale -eq 1 ]; then
 		psql_as postgres -d "$1" <<EOF
 SET work_mem = '1GB';
 SET synchronous_commit = off;
-INSERT INTO idem.keys (key, owner, fingerprint, response, created_at, expires_at)
+INSERT INTO idem.keys (key, owner, fingerprint, response, created_at, expires_at, fingerprint_version)
 SELECT k, $owner, sha256(convert_to(k, 'UTF8')),
 	   jsonb_build_object('rows', jsonb_build_array(jsonb_build_object('id', 1, 'amount', 1.00, 'invoice', 'inv-1')),
 						  'command', 'INSERT', 'rowcount', 1),
-	   now() - interval '1 day', $3
+	   now() - interval '1 day', $3, 2
   FROM (SELECT gen_random_uuid()::text AS k FROM generate_series(1, $2)) s
  ORDER BY k;
 VACUUM ANALYZE idem.keys;

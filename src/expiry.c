@@ -1,0 +1,133 @@
+/*-------------------------------------------------------------------------
+ *
+ * expiry.c
+ *		When a new key record expires: the idem.ttl ceiling, and the
+ *		promise that an acknowledged call replays for at least idem.ttl
+ *		after its commit.
+ *
+ * A record is written when its call ends, but it only counts from the
+ * moment its transaction commits: a client may keep the transaction open,
+ * or commit a prepared transaction, long after the call.  Rewriting every
+ * record at commit would double the cost of a new key, so a record is
+ * written with a second of slack (expires_at = end of call + idem.ttl +
+ * 1 s), and at PRE_COMMIT (or PRE_PREPARE) only the records of a
+ * transaction that outlived that slack are restamped from the clock.  Any
+ * record therefore expires no earlier than idem.ttl after its transaction
+ * began to commit (for a prepared transaction: after PREPARE TRANSACTION).
+ *
+ * Copyright (c) 2026, idem authors
+ *
+ * IDENTIFICATION
+ *	  src/expiry.c
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "access/xact.h"
+#include "commands/extension.h"
+#include "utils/memutils.h"
+#include "utils/timestamp.h"
+
+#include "idem.h"
+
+#define COMMIT_SLACK_USECS		USECS_PER_SEC
+
+/* A record this transaction wrote, and when its expiry was computed. */
+typedef struct PendingRecord
+{
+	Oid			owner;
+	char	   *key;
+	int64		ttl_usecs;
+	TimestampTz stamped_at;
+	struct PendingRecord *next;
+} PendingRecord;
+
+/* In TopTransactionContext; forgotten at the end of every transaction. */
+static PendingRecord *pending = NULL;
+static bool callback_registered = false;
+
+static void
+restamp_pending(void)
+{
+	TimestampTz now = GetCurrentTimestamp();
+
+	for (PendingRecord *p = pending; p != NULL; p = p->next)
+	{
+		if (now - p->stamped_at <= COMMIT_SLACK_USECS)
+			continue;
+		/* DROP EXTENSION later in this transaction took the table along */
+		if (!OidIsValid(get_extension_oid("idem", true)))
+			break;
+		idem_restamp_key(p->owner, p->key,
+						 now + p->ttl_usecs + COMMIT_SLACK_USECS);
+	}
+}
+
+static void
+expiry_xact_callback(XactEvent event, void *arg)
+{
+	switch (event)
+	{
+		case XACT_EVENT_PRE_COMMIT:
+		case XACT_EVENT_PRE_PREPARE:
+			if (pending != NULL)
+				restamp_pending();
+			break;
+		case XACT_EVENT_COMMIT:
+		case XACT_EVENT_ABORT:
+		case XACT_EVENT_PREPARE:
+		case XACT_EVENT_PARALLEL_COMMIT:
+		case XACT_EVENT_PARALLEL_ABORT:
+			pending = NULL;
+			break;
+		default:
+			break;
+	}
+}
+
+/*
+ * idem_check_ttl
+ *		Refuse a call whose idem.ttl exceeds the administrator's ceiling.
+ */
+void
+idem_check_ttl(void)
+{
+	if (idem_ttl > idem_max_ttl)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("idem.ttl exceeds idem.max_ttl"),
+				 errdetail("idem.ttl is %d seconds; idem.max_ttl, set by an administrator, is %d seconds.",
+						   idem_ttl, idem_max_ttl),
+				 errhint("Lower idem.ttl, or ask an administrator to raise idem.max_ttl.")));
+}
+
+/*
+ * idem_new_record_expiry
+ *		expires_at for a record about to be written, remembered so the
+ *		commit can move it if the transaction lingers.
+ */
+TimestampTz
+idem_new_record_expiry(Oid owner, const char *key)
+{
+	MemoryContext oldcxt;
+	PendingRecord *p;
+
+	if (!callback_registered)
+	{
+		RegisterXactCallback(expiry_xact_callback, NULL);
+		callback_registered = true;
+	}
+
+	oldcxt = MemoryContextSwitchTo(TopTransactionContext);
+	p = palloc(sizeof(PendingRecord));
+	p->owner = owner;
+	p->key = pstrdup(key);
+	p->ttl_usecs = (int64) idem_ttl * USECS_PER_SEC;
+	p->stamped_at = GetCurrentTimestamp();
+	p->next = pending;
+	pending = p;
+	MemoryContextSwitchTo(oldcxt);
+
+	return p->stamped_at + p->ttl_usecs + COMMIT_SLACK_USECS;
+}
