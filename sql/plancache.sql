@@ -78,3 +78,32 @@ DEALLOCATE lookup;
 DROP TABLE plancache_orders;
 TRUNCATE idem.keys;
 ALTER TABLE idem.keys RESET (autovacuum_enabled);
+
+-- The statement cache is bounded in bytes as well as in entries: 40
+-- statements of 200 kB each (SQL text, parse tree and plan) stay within
+-- idem.statement_cache_memory (issue 8, part 2).
+CREATE FUNCTION idem_cache_bytes() RETURNS bigint LANGUAGE sql AS $$
+	SELECT coalesce(sum(total_bytes), 0)::bigint FROM pg_backend_memory_contexts
+	 WHERE name IN ('idem statement cache', 'idem statement')
+		OR (name LIKE 'CachedPlan%' AND ident LIKE '%/* big %')
+$$;
+SET idem.statement_cache_memory = '1MB';
+SELECT count(*) AS calls FROM generate_series(1, 40) g,
+	LATERAL (SELECT idem_execute('cm-' || g,
+		'SELECT ' || g || ' AS n /* big ' || repeat('x', 200000) || ' */')) s;
+SELECT idem_cache_bytes() < 2 * 1024 * 1024 AS bounded;
+-- the same load with a larger bound keeps far more, so the bound is what
+-- held it down
+SET idem.statement_cache_memory = '64MB';
+SELECT count(*) AS calls FROM generate_series(41, 80) g,
+	LATERAL (SELECT idem_execute('cm-' || g,
+		'SELECT ' || g || ' AS n /* big ' || repeat('x', 200000) || ' */')) s;
+SELECT idem_cache_bytes() > 8 * 1024 * 1024 AS unbounded_keeps_more;
+-- a statement larger than the whole cache runs, and is not kept
+SET idem.statement_cache_memory = '1MB';
+SELECT idem_execute('cm-huge', 'SELECT 1 AS n /* big ' || repeat('y', 2000000) || ' */') ->> 'command';
+SELECT idem_cache_bytes() < 2 * 1024 * 1024 AS huge_not_kept;
+SELECT replayed FROM idem_execute_ex('cm-huge', 'SELECT 1 AS n /* big ' || repeat('y', 2000000) || ' */');
+RESET idem.statement_cache_memory;
+DELETE FROM idem.keys WHERE key LIKE 'cm-%';
+DROP FUNCTION idem_cache_bytes();

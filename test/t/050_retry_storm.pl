@@ -149,7 +149,8 @@ sub aborted_attempt
 
 # Normalised dump of everything the workflow leaves behind.  Generated ids
 # (bigserial, also inside responses), timestamps and event ids are left out;
-# the key records' lifetime is kept as expires_at - created_at.
+# the key records' lifetime is kept as expires_at - created_at, to the
+# second (a record is written with a one-second slack for its commit).
 my $dump_sql = q{
 SELECT 'stock', sku, qty FROM stock ORDER BY sku;
 SELECT 'account', name, balance FROM account ORDER BY name;
@@ -158,7 +159,7 @@ SELECT 'order_line', ref, line, sku, qty, price FROM order_line ORDER BY ref, li
 SELECT 'ledger', account, amount, memo FROM ledger ORDER BY account, memo, amount;
 SELECT 'shipment', ref, seq FROM shipment ORDER BY ref, seq;
 SELECT 'key', key, owner::regrole, encode(fingerprint, 'hex'),
-       response #- '{rows,0,id}', expires_at - created_at
+       response #- '{rows,0,id}', date_trunc('second', expires_at - created_at)
 FROM idem.keys ORDER BY key;
 SELECT 'outbox', key, topic, payload #- '{rows,0,id}' FROM idem.outbox ORDER BY key;
 SELECT 'counts', (SELECT count(*) FROM idem.keys), (SELECT count(*) FROM idem.outbox);

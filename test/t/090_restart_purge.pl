@@ -81,7 +81,7 @@ for my $b (1 .. 20)
 $node->safe_psql('postgres', $sql, timeout => $timeout);
 is( $node->safe_psql(
 		'postgres',
-		q{SELECT count(*), count(DISTINCT expires_at) FROM idem.keys WHERE key LIKE 'p-%'}),
+		q{SELECT count(*), count(DISTINCT created_at) FROM idem.keys WHERE key LIKE 'p-%'}),
 	'20000|20',
 	'20,000 short-lived key records in 20 batches');
 ok( $node->poll_query_until(

@@ -1,0 +1,152 @@
+--
+-- identity: what is the same request (issue 8, part 3).  A different
+-- request must never replay; a genuine retry must.
+--
+CREATE TABLE invoices (id serial PRIMARY KEY, due date, note text);
+CREATE DOMAIN due_date AS date;
+
+-- A domain used to be hashed by its text output, so under another
+-- DateStyle a different date rendered the same and replayed January's
+-- response.  DateStyle is now part of the request, and the value is hashed
+-- as its base type's binary form.
+SET DateStyle = 'SQL, MDY';
+SELECT idem_execute('ds-1', 'INSERT INTO invoices(due) VALUES ($1) RETURNING due::text', '2024-01-02'::due_date);
+SET DateStyle = 'SQL, DMY';
+SELECT idem_execute('ds-1', 'INSERT INTO invoices(due) VALUES ($1) RETURNING due::text', '2024-02-01'::due_date);
+\echo :LAST_ERROR_SQLSTATE
+-- the February request did not run, and January's was not replayed to it
+SELECT count(*) AS invoices FROM invoices;
+-- the genuine retry, under the settings of the first call, replays
+SET DateStyle = 'SQL, MDY';
+SELECT replayed FROM idem_execute_ex('ds-1', 'INSERT INTO invoices(due) VALUES ($1) RETURNING due::text', '2024-01-02'::due_date);
+RESET DateStyle;
+
+-- A domain whose text output loses information: with extra_float_digits
+-- at its minimum, 0.3 and 0.1 + 0.2 print alike.  extra_float_digits only
+-- changes output, so it is no part of the request; the values differ.
+CREATE DOMAIN amount AS float8;
+SET extra_float_digits = -15;
+SELECT 0.3::float8 AS a, (0.1::float8 + 0.2::float8) AS b;
+SELECT idem_execute('dom-1', 'SELECT $1 AS v', 0.3::amount) ->> 'command';
+SELECT idem_execute('dom-1', 'SELECT $1 AS v', (0.1::float8 + 0.2::float8)::amount);
+\echo :LAST_ERROR_SQLSTATE
+SELECT replayed FROM idem_execute_ex('dom-1', 'SELECT $1 AS v', 0.3::amount);
+-- the same holds for arrays of a domain, element by element
+SELECT idem_execute('dom-2', 'SELECT $1 AS v', ARRAY[0.3::amount]) ->> 'command';
+SELECT idem_execute('dom-2', 'SELECT $1 AS v', ARRAY[(0.1::float8 + 0.2::float8)::amount]);
+\echo :LAST_ERROR_SQLSTATE
+SELECT replayed FROM idem_execute_ex('dom-2', 'SELECT $1 AS v', ARRAY[0.3::amount]);
+RESET extra_float_digits;
+-- a domain and its base type are different argument types
+SELECT idem_execute('dom-1', 'SELECT $1 AS v', 0.3::float8);
+\echo :LAST_ERROR_SQLSTATE
+
+-- Records are hashed field by field with each field's type: ROW(1, 'a')
+-- and ROW('1', 'a') print alike but are different requests.
+SELECT idem_execute('r1', 'SELECT to_jsonb($1) AS j', ROW(1, 'a'));
+SELECT idem_execute('r1', 'SELECT to_jsonb($1) AS j', ROW('1', 'a'));
+\echo :LAST_ERROR_SQLSTATE
+SELECT replayed FROM idem_execute_ex('r1', 'SELECT to_jsonb($1) AS j', ROW(1, 'a'));
+-- a NULL field is not the string 'NULL' nor an empty string
+SELECT idem_execute('r2', 'SELECT to_jsonb($1) AS j', ROW(NULL::text, 'a')) ->> 'command';
+SELECT idem_execute('r2', 'SELECT to_jsonb($1) AS j', ROW(''::text, 'a'));
+\echo :LAST_ERROR_SQLSTATE
+-- named composites, nested, and arrays of them
+CREATE TYPE order_line AS (sku text, qty int, price numeric);
+SELECT idem_execute('r3', 'SELECT $1 AS lines',
+       ARRAY[ROW('a', 1, 2.50)::order_line, ROW('b', 2, 1.00)::order_line]) ->> 'command';
+SELECT replayed FROM idem_execute_ex('r3', 'SELECT $1 AS lines',
+       ARRAY[ROW('a', 1, 2.50)::order_line, ROW('b', 2, 1.00)::order_line]);
+SELECT idem_execute('r3', 'SELECT $1 AS lines',
+       ARRAY[ROW('a', 1, 2.50)::order_line, ROW('b', 2, 1.0)::order_line]);
+\echo :LAST_ERROR_SQLSTATE
+SELECT idem_execute('r3', 'SELECT $1 AS lines',
+       ARRAY[ROW('a', 1, 2.50)::order_line]);
+\echo :LAST_ERROR_SQLSTATE
+-- array shape counts: {{1,2}} is not {1,2}, nor '[0:1]={1,2}'
+SELECT idem_execute('a1', 'SELECT $1 AS a', ARRAY[1, 2]) ->> 'command';
+SELECT idem_execute('a1', 'SELECT $1 AS a', ARRAY[[1, 2]]);
+\echo :LAST_ERROR_SQLSTATE
+SELECT idem_execute('a1', 'SELECT $1 AS a', '[0:1]={1,2}'::int[]);
+\echo :LAST_ERROR_SQLSTATE
+SELECT replayed FROM idem_execute_ex('a1', 'SELECT $1 AS a', '{1,2}'::int[]);
+-- enums by label; ranges by their binary form (canonical ranges are equal)
+CREATE TYPE mood AS ENUM ('calm', 'angry');
+SELECT idem_execute('e1', 'SELECT $1 AS m, $2 AS r', 'calm'::mood, int4range(1, 3)) ->> 'command';
+SELECT replayed FROM idem_execute_ex('e1', 'SELECT $1 AS m, $2 AS r', 'calm'::mood, '[1,2]'::int4range);
+SELECT idem_execute('e1', 'SELECT $1 AS m, $2 AS r', 'angry'::mood, int4range(1, 3));
+\echo :LAST_ERROR_SQLSTATE
+
+-- search_path changes what a statement's names mean: the same text under
+-- another search_path is another request, never tenant_a's replay
+CREATE SCHEMA tenant_a;
+CREATE SCHEMA tenant_b;
+CREATE TABLE tenant_a.acct (id int PRIMARY KEY, bal int);
+CREATE TABLE tenant_b.acct (id int PRIMARY KEY, bal int);
+INSERT INTO tenant_a.acct VALUES (1, 100);
+INSERT INTO tenant_b.acct VALUES (1, 500);
+SET search_path = tenant_a, public;
+SELECT idem_execute('sp-1', 'UPDATE acct SET bal = bal - $1 WHERE id = 1 RETURNING bal', 10);
+SET search_path = tenant_b, public;
+SELECT idem_execute('sp-1', 'UPDATE acct SET bal = bal - $1 WHERE id = 1 RETURNING bal', 10);
+\echo :LAST_ERROR_SQLSTATE
+SELECT bal AS tenant_b_bal FROM tenant_b.acct;
+-- a statement cached under one path is not reused under another
+SELECT idem_execute('sp-2', 'UPDATE acct SET bal = bal - $1 WHERE id = 1 RETURNING bal', 10);
+SET search_path = tenant_a, public;
+SELECT replayed, response FROM idem_execute_ex('sp-1', 'UPDATE acct SET bal = bal - $1 WHERE id = 1 RETURNING bal', 10);
+SELECT (SELECT bal FROM tenant_a.acct) AS a_bal, (SELECT bal FROM tenant_b.acct) AS b_bal;
+-- the path counts by schema name, so creating a temporary table (which
+-- puts this session's temporary schema on the path) changes nothing
+CREATE TEMP TABLE scratch (x int);
+SELECT replayed FROM idem_execute_ex('sp-1', 'UPDATE acct SET bal = bal - $1 WHERE id = 1 RETURNING bal', 10);
+DROP TABLE scratch;
+RESET search_path;
+
+-- standard_conforming_strings changes the token stream itself: 'a\nb' is
+-- four characters with it on and three with it off
+SET escape_string_warning = off;
+SET standard_conforming_strings = on;
+SELECT idem_execute('scs-1', 'SELECT length(''a\nb'') AS n');
+SET standard_conforming_strings = off;
+SELECT idem_execute('scs-1', 'SELECT length(''a\nb'') AS n');
+\echo :LAST_ERROR_SQLSTATE
+SELECT idem_execute('scs-2', 'SELECT length(''a\nb'') AS n');
+RESET standard_conforming_strings;
+RESET escape_string_warning;
+
+-- A literal's meaning can depend on a setting: '2026-01-01 12:00' as
+-- timestamptz depends on TimeZone.  The plan that coerced it is cached per
+-- setting, so the same call inserts the same instant in every backend, and
+-- a retry under another TimeZone is another request.
+CREATE TABLE events (k text PRIMARY KEY, at timestamptz);
+SET TimeZone = 'UTC';
+SELECT idem_execute('tz-a', 'INSERT INTO events VALUES ($1, ''2026-01-01 12:00'') RETURNING k', 'tz-a') ->> 'command';
+SET TimeZone = 'Asia/Tokyo';
+SELECT idem_execute('tz-b', 'INSERT INTO events VALUES ($1, ''2026-01-01 12:00'') RETURNING k', 'tz-b') ->> 'command';
+SELECT idem_execute('tz-a', 'INSERT INTO events VALUES ($1, ''2026-01-01 12:00'') RETURNING k', 'tz-a');
+\echo :LAST_ERROR_SQLSTATE
+\c
+SET TimeZone = 'Asia/Tokyo';
+SELECT idem_execute('tz-c', 'INSERT INTO events VALUES ($1, ''2026-01-01 12:00'') RETURNING k', 'tz-c') ->> 'command';
+SELECT k, at FROM events ORDER BY k;
+SELECT count(DISTINCT at) AS tokyo_instants FROM events WHERE k IN ('tz-b', 'tz-c');
+RESET TimeZone;
+
+-- Pass-by-value arguments are hashed by their typlen bytes, not the Datum
+-- word: an oid above 2^31 is the same request spread, as VARIADIC ARRAY,
+-- and read from a table; so is an int4 computed by hashtext()
+SELECT idem_execute('se3', 'SELECT $1 AS v', 4000000000::oid) ->> 'command';
+SELECT replayed FROM idem_execute_ex('se3', 'SELECT $1 AS v', VARIADIC ARRAY[4000000000::oid]);
+CREATE TABLE oids (o oid, h int4);
+INSERT INTO oids VALUES (4000000000, hashtext('idem'));
+SELECT replayed FROM idem_execute_ex('se3', 'SELECT $1 AS v', (SELECT o FROM oids));
+SELECT idem_execute('se4', 'SELECT $1 AS v', hashtext('idem')) ->> 'command';
+SELECT h < 0 AS negative FROM oids;
+SELECT replayed FROM idem_execute_ex('se4', 'SELECT $1 AS v', (SELECT h FROM oids));
+SELECT replayed FROM idem_execute_ex('se4', 'SELECT $1 AS v', VARIADIC (SELECT array_agg(h) FROM oids));
+
+DROP TABLE invoices, events, oids;
+DROP SCHEMA tenant_a, tenant_b CASCADE;
+DROP TYPE order_line, mood;
+DROP DOMAIN due_date, amount;

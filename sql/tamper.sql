@@ -1,0 +1,54 @@
+--
+-- tamper: idem reads only the tables the extension created, with the shape
+-- it created them; anything else is 55000, never a wrong row (issue 8,
+-- part 5).  Each case runs in a transaction that is rolled back.
+--
+SELECT idem_execute('tam:1', 'SELECT 1 AS one') ->> 'command';
+
+-- a superuser renames idem.keys and puts a look-alike in its place
+BEGIN;
+ALTER TABLE idem.keys RENAME TO keys_moved;
+CREATE TABLE idem.keys (LIKE idem.keys_moved INCLUDING ALL);
+SELECT idem_execute('tam:1', 'SELECT 1 AS one');
+ROLLBACK;
+\echo :LAST_ERROR_SQLSTATE
+
+-- a look-alike outbox
+BEGIN;
+ALTER TABLE idem.outbox RENAME TO outbox_moved;
+CREATE TABLE idem.outbox (LIKE idem.outbox_moved INCLUDING ALL);
+SET LOCAL idem.outbox_topic = 't';
+SELECT idem_execute('tam:2', 'SELECT 1 AS one');
+ROLLBACK;
+
+-- the extension's own table with another shape: owner read as an oid
+-- from a text column would name an arbitrary role
+BEGIN;
+ALTER TABLE idem.keys ALTER COLUMN owner TYPE text;
+SELECT idem_execute('tam:1', 'SELECT 1 AS one');
+ROLLBACK;
+BEGIN;
+ALTER TABLE idem.keys ADD COLUMN note text;
+SELECT idem_execute('tam:1', 'SELECT 1 AS one');
+ROLLBACK;
+BEGIN;
+ALTER TABLE idem.keys DROP COLUMN fingerprint_version;
+SELECT idem_execute('tam:1', 'SELECT 1 AS one');
+ROLLBACK;
+
+-- an index of the right name on the wrong columns, or on another table
+BEGIN;
+ALTER TABLE idem.keys DROP CONSTRAINT keys_pkey;
+CREATE UNIQUE INDEX keys_pkey ON idem.keys (key);
+SELECT idem_execute('tam:1', 'SELECT 1 AS one');
+ROLLBACK;
+BEGIN;
+DROP INDEX idem.keys_expires_at_idx;
+CREATE INDEX keys_expires_at_idx ON idem.outbox (created_at);
+SELECT idem_purge();
+ROLLBACK;
+
+-- after every rollback the real tables serve again
+SELECT replayed FROM idem_execute_ex('tam:1', 'SELECT 1 AS one');
+SELECT count(*) AS tam_keys FROM idem.keys WHERE key LIKE 'tam:%';
+DELETE FROM idem.keys WHERE key LIKE 'tam:%';

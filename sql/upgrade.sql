@@ -1,0 +1,88 @@
+--
+-- upgrade: a database created at 1.0, with key records written by idem
+-- 1.0 as two roles, keeps working across ALTER EXTENSION idem UPDATE
+--
+-- The records below were written by the real idem 1.0 (commit aef0364) on
+-- PostgreSQL 15, x86_64, and dumped with pg_dump --data-only; the script
+-- that made them is test/fixtures/make-1.0-records.sql.  Their version 1
+-- fingerprints depend on PostgreSQL 15's token numbers, as 1.0's did.
+--
+SELECT current_database() AS regress_db \gset
+CREATE DATABASE idem_upgrade;
+\c idem_upgrade
+CREATE EXTENSION idem VERSION '1.0';
+SELECT extversion FROM pg_extension WHERE extname = 'idem';
+CREATE ROLE regress_idem_alice;
+CREATE ROLE regress_idem_bob;
+CREATE TABLE up_pay (id int PRIMARY KEY, who text NOT NULL DEFAULT current_user, amount numeric(12,2));
+GRANT ALL ON up_pay TO regress_idem_alice, regress_idem_bob;
+CREATE DOMAIN up_cents AS integer;
+COPY idem.keys (key, owner, fingerprint, response, created_at, expires_at) FROM stdin;
+up:alice:1	regress_idem_alice	\\x98ed7c7601c71b120d3bfd42d3aff19cebfb9c7beffcf6818da24f85609ffd73	{"rows": [{"id": 1, "who": "regress_idem_alice", "amount": 10.50}], "command": "INSERT", "rowcount": 1}	2026-12-01 09:18:38.54635+00	2094-12-19 12:32:45.54635+00
+up:alice:2	regress_idem_alice	\\xc8cb3f3e0dabb14472b8b4e4664a387e84945a0db2fb1bef0c9dd959b6eba3e9	{"rows": [{"id": 2, "who": "regress_idem_alice", "amount": 20.00}], "command": "INSERT", "rowcount": 1}	2026-12-01 09:18:38.548491+00	2094-12-19 12:32:45.548491+00
+up:alice:3	regress_idem_alice	\\xc457d38a3f8bae340cc7f08779defedfc5dfec1d7bfdbb2318eec3dd17bd80d0	{"rows": [{"b": true, "t": "hello"}], "command": "SELECT", "rowcount": 1}	2026-12-01 09:18:38.549277+00	2094-12-19 12:32:45.549277+00
+up:bob:1	regress_idem_bob	\\x50d25196df83ddce9d8a3c5a9c959f3fc13dfa7f16b27c818e01c3f94be075a8	{"rows": [{"id": 3, "who": "regress_idem_bob", "amount": 7.25}], "command": "INSERT", "rowcount": 1}	2026-12-01 09:18:38.550029+00	2094-12-19 12:32:45.550029+00
+up:alice:4	regress_idem_alice	\\x3273d6cc306aa55dd9f093c956738703e579a3dbdd5e69e323e61de120705e8c	{"rows": [{"c": 5}], "command": "SELECT", "rowcount": 1}	2026-12-01 09:18:42.098068+00	2094-12-19 12:32:49.098068+00
+\.
+COPY public.up_pay (id, who, amount) FROM stdin;
+1	regress_idem_alice	10.50
+2	regress_idem_alice	20.00
+3	regress_idem_bob	7.25
+\.
+
+-- the 1.1 library refuses the 1.0 definitions, and writes nothing
+SET ROLE regress_idem_alice;
+SELECT idem_execute('up:alice:1', 'INSERT INTO up_pay (id, amount) VALUES ($1, $2) RETURNING id, who, amount', 1, 10.50::numeric);
+\echo :LAST_ERROR_SQLSTATE
+SELECT * FROM idem_execute_ex('up:new', 'SELECT 1 AS one');
+\echo :LAST_ERROR_SQLSTATE
+RESET ROLE;
+SELECT idem_purge();
+\echo :LAST_ERROR_SQLSTATE
+SELECT count(*) AS keys FROM idem.keys;
+
+ALTER EXTENSION idem UPDATE;
+SELECT extversion FROM pg_extension WHERE extname = 'idem';
+
+-- the updated table is the one a fresh 1.1 installation creates
+SELECT attnum, attname, atttypid::regtype, attnotnull
+  FROM pg_attribute WHERE attrelid = 'idem.keys'::regclass AND attnum > 0
+ ORDER BY attnum;
+SELECT indexrelid::regclass AS index, pg_get_indexdef(indexrelid) AS definition
+  FROM pg_index WHERE indrelid = 'idem.keys'::regclass ORDER BY 1::text;
+SELECT key, owner, fingerprint_version FROM idem.keys ORDER BY key;
+
+-- old keys replay, byte for byte, for their own role
+SET ROLE regress_idem_alice;
+SELECT replayed, response FROM idem_execute_ex('up:alice:1', 'INSERT INTO up_pay (id, amount) VALUES ($1, $2) RETURNING id, who, amount', 1, 10.50::numeric);
+SELECT replayed, response FROM idem_execute_ex('up:alice:2', 'INSERT INTO up_pay (id, amount) VALUES ($1, $2) RETURNING id, who, amount', 2::bigint, 20.00::numeric);
+SELECT replayed, response FROM idem_execute_ex('up:alice:3', 'SELECT $1::text AS t, $2 AS b', 'hello', true);
+-- a different request under an old key is still refused
+SELECT idem_execute('up:alice:1', 'INSERT INTO up_pay (id, amount) VALUES ($1, $2) RETURNING id, who, amount', 1, 99.00::numeric);
+\echo :LAST_ERROR_SQLSTATE
+-- a 1.0 record whose arguments 1.0 hashed by text output (a domain) cannot
+-- be told apart from a different request: refused, never replayed
+SELECT idem_execute('up:alice:4', 'SELECT $1 AS c', 5::up_cents);
+\echo :LAST_ERROR_SQLSTATE
+SET ROLE regress_idem_bob;
+SELECT replayed, response FROM idem_execute_ex('up:bob:1', 'INSERT INTO up_pay (id, amount) VALUES ($1, $2) RETURNING id, who, amount', 3, 7.25::numeric);
+
+-- the new key identity: bob's 'up:alice:1' is his own key, not alice's
+SELECT replayed, response FROM idem_execute_ex('up:alice:1', 'INSERT INTO up_pay (id, amount) VALUES ($1, $2) RETURNING id, who, amount', 4, 1.00::numeric);
+SELECT replayed FROM idem_execute_ex('up:alice:1', 'INSERT INTO up_pay (id, amount) VALUES ($1, $2) RETURNING id, who, amount', 4, 1.00::numeric);
+RESET ROLE;
+SELECT id, who, amount FROM up_pay ORDER BY id;
+
+-- new features work: version 2 records, the ttl ceiling
+SELECT key, owner, fingerprint_version FROM idem.keys
+ WHERE owner = 'regress_idem_bob'::regrole ORDER BY key;
+SET idem.ttl = '100d';
+SELECT idem_execute('up:ttl', 'SELECT 1 AS one');
+\echo :LAST_ERROR_SQLSTATE
+RESET idem.ttl;
+SELECT idem_purge();
+
+\c :regress_db
+DROP DATABASE idem_upgrade;
+DROP ROLE regress_idem_alice;
+DROP ROLE regress_idem_bob;
