@@ -704,9 +704,8 @@ idem_statement_release(IdemStatement *stmt)
 	{
 		if (stmt->pins == 0)
 			statement_free(stmt);
-		return;
 	}
-	if (stmt->resized)
+	else if (stmt->resized)
 	{
 		Size		bytes = statement_measure(stmt);
 
