@@ -782,10 +782,15 @@ update_varlena(idem_sha256_ctx ctx, Datum value)
 		pfree(v);
 }
 
+/* A type nested in a value: a built-in by OID, any other by name. */
 static void
 update_typident(idem_sha256_ctx ctx, Oid typid)
 {
-	if (typid < FirstGenbkiObjectId)
+	/* the tag keeps an OID's bytes from reading as a name's length */
+	char		tag = typid < FirstGenbkiObjectId ? 'o' : 'n';
+
+	idem_sha256_update(ctx, &tag, 1);
+	if (tag == 'o')
 		idem_sha256_update(ctx, &typid, sizeof(typid));
 	else
 	{

@@ -43,8 +43,9 @@ CREATE TABLE bench.plpgsql_seed (LIKE bench.keys);
 
 --
 -- The classic hand-written idempotency function, what users write today:
--- advisory lock on the key, look the key up, replay a live record (after
--- checking owner and request fingerprint) or EXECUTE the business statement
+-- advisory lock on (role, key), look the key up by (role, key) as idem's
+-- primary key is, replay a live record (after checking the request
+-- fingerprint) or EXECUTE the business statement
 -- capturing its rows as jsonb, then INSERT the key record with the response
 -- and an outbox event.  Like idem_execute() it takes the statement as text
 -- and its arguments (here fixed to the benchmark's two).
@@ -62,23 +63,19 @@ DECLARE
 	v_count		bigint;
 	v_response	jsonb;
 BEGIN
-	PERFORM pg_advisory_xact_lock(hashtextextended(p_key, 0));
+	PERFORM pg_advisory_xact_lock(v_owner::int, hashtext(p_key));
 
-	SELECT owner, fingerprint, response, expires_at INTO v_rec
-	  FROM bench.keys WHERE key = p_key;
+	SELECT fingerprint, response, expires_at INTO v_rec
+	  FROM bench.keys WHERE owner = v_owner AND key = p_key;
 	IF FOUND THEN
 		IF v_rec.expires_at > now() THEN
-			IF v_rec.owner <> v_owner THEN
-				RAISE EXCEPTION 'idempotency key "%" belongs to another role', p_key
-					USING ERRCODE = '42501';
-			END IF;
 			IF v_rec.fingerprint <> v_fp THEN
 				RAISE EXCEPTION 'idempotency key "%" was already used for a different request', p_key
 					USING ERRCODE = 'ID422';
 			END IF;
 			RETURN v_rec.response;
 		END IF;
-		DELETE FROM bench.keys WHERE key = p_key;
+		DELETE FROM bench.keys WHERE owner = v_owner AND key = p_key;
 	END IF;
 
 	EXECUTE format('WITH r AS (%s) SELECT count(*), coalesce(jsonb_agg(to_jsonb(r)), ''[]'') FROM r',
@@ -89,8 +86,8 @@ BEGIN
 									 'command', upper(split_part(btrim(p_sql), ' ', 1)),
 									 'rowcount', v_count);
 
-	INSERT INTO bench.keys (key, owner, fingerprint, response, created_at, expires_at)
-	VALUES (p_key, v_owner, v_fp, v_response, now(), now() + interval '1 day');
+	INSERT INTO bench.keys (key, owner, fingerprint, response, created_at, expires_at, fingerprint_version)
+	VALUES (p_key, v_owner, v_fp, v_response, now(), now() + interval '1 day', 2);
 	INSERT INTO bench.outbox (event_id, key, owner, topic, payload, created_at)
 	VALUES (gen_random_uuid(), p_key, v_owner, 'payments', v_response, now());
 	RETURN v_response;

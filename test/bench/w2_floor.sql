@@ -7,12 +7,12 @@ WITH p AS (
 	INSERT INTO bench.payments (invoice, amount) VALUES ('inv-' || :a, :a)
 	RETURNING id, invoice, amount
 ), k AS (
-	INSERT INTO bench.keys (key, owner, fingerprint, response, created_at, expires_at)
+	INSERT INTO bench.keys (key, owner, fingerprint, response, created_at, expires_at, fingerprint_version)
 	SELECT gen_random_uuid()::text, :owner,
 		   '\x0000000000000000000000000000000000000000000000000000000000000000'::bytea,
 		   jsonb_build_object('rows', jsonb_build_array(to_jsonb(p)),
 							  'command', 'INSERT', 'rowcount', 1),
-		   now(), now() + interval '1 day'
+		   now(), now() + interval '1 day', 2
 	  FROM p
 	RETURNING key, owner, response
 )
