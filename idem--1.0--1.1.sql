@@ -14,6 +14,20 @@ ALTER TABLE idem.keys
 	DROP CONSTRAINT keys_pkey,
 	ADD CONSTRAINT keys_pkey PRIMARY KEY (owner, key);
 
+-- The secret that keys the hash naming each key's lock, so that a role
+-- reading pg_locks cannot confirm a guess of another role's key.  Exactly
+-- one row, never changed while the server runs (every backend must agree on
+-- a key's lock).  Not a configuration table: a restored database gets a
+-- new secret from CREATE EXTENSION, which is fine because locks do not
+-- outlive a server.
+CREATE TABLE idem.lock_seed (
+	seed		bigint NOT NULL
+);
+INSERT INTO idem.lock_seed (seed)
+SELECT ('x' OPERATOR(pg_catalog.||)
+		pg_catalog.substr(pg_catalog.md5(pg_catalog.gen_random_uuid()::pg_catalog.text), 1, 16)
+	   )::pg_catalog.bit(64)::pg_catalog.int8;
+
 -- The 1.0 entry points refuse to run; point every function at 1.1's.
 CREATE OR REPLACE FUNCTION @extschema@.idem_execute(key text, sql text)
 RETURNS pg_catalog.jsonb

@@ -51,6 +51,20 @@ CREATE TABLE idem.outbox (
 CREATE INDEX outbox_created_at_idx ON idem.outbox (created_at);
 SELECT pg_catalog.pg_extension_config_dump('idem.outbox', '');
 
+-- The secret that keys the hash naming each key's lock, so that a role
+-- reading pg_locks cannot confirm a guess of another role's key.  Exactly
+-- one row, never changed while the server runs (every backend must agree on
+-- a key's lock).  Not a configuration table: a restored database gets a
+-- new secret from CREATE EXTENSION, which is fine because locks do not
+-- outlive a server.
+CREATE TABLE idem.lock_seed (
+	seed		bigint NOT NULL
+);
+INSERT INTO idem.lock_seed (seed)
+SELECT ('x' OPERATOR(pg_catalog.||)
+		pg_catalog.substr(pg_catalog.md5(pg_catalog.gen_random_uuid()::pg_catalog.text), 1, 16)
+	   )::pg_catalog.bit(64)::pg_catalog.int8;
+
 CREATE FUNCTION @extschema@.idem_execute(key text, sql text)
 RETURNS pg_catalog.jsonb
 AS 'MODULE_PATHNAME', 'idem_execute_1_1'

@@ -81,10 +81,18 @@ SELECT replayed FROM idem_execute_ex('fp:8', 'SELECT $1 AS at',
 \echo :LAST_ERROR_SQLSTATE
 RESET TimeZone;
 
--- floats too: extra_float_digits does not matter
+-- floats compare by value: 0.1 and 1e-1 are one request, and so is every
+-- NaN; extra_float_digits is part of the request, since a statement that
+-- casts a float to text stores what it makes of it
 SELECT idem_execute('fp:9', 'SELECT $1 AS x', 0.1::float8) ->> 'command';
+SELECT replayed FROM idem_execute_ex('fp:9', 'SELECT $1 AS x', 1e-1::float8) AS same_value;
+SELECT idem_execute('fp:9n', 'SELECT $1 AS x', 'NaN'::float8) ->> 'command';
+SELECT replayed FROM idem_execute_ex('fp:9n', 'SELECT $1 AS x', 'Infinity'::float8 - 'Infinity'::float8) AS nan;
+SELECT idem_execute('fp:9f', 'SELECT $1 AS x', 'NaN'::float4) ->> 'command';
+SELECT replayed FROM idem_execute_ex('fp:9f', 'SELECT $1 AS x', ('Infinity'::float8 - 'Infinity'::float8)::float4) AS nan4;
 SET extra_float_digits = 0;
-SELECT (idem_execute_ex('fp:9', 'SELECT $1 AS x', 0.1::float8)).replayed AS float_digits;
+SELECT replayed FROM idem_execute_ex('fp:9', 'SELECT $1 AS x', 0.1::float8) AS float_digits;
+\echo :LAST_ERROR_SQLSTATE
 RESET extra_float_digits;
 
 -- arrays and jsonb arguments

@@ -146,7 +146,80 @@ SELECT h < 0 AS negative FROM oids;
 SELECT replayed FROM idem_execute_ex('se4', 'SELECT $1 AS v', (SELECT h FROM oids));
 SELECT replayed FROM idem_execute_ex('se4', 'SELECT $1 AS v', VARIADIC (SELECT array_agg(h) FROM oids));
 
-DROP TABLE invoices, events, oids;
+-- More settings that change what text means, found by an adversarial
+-- probe: timezone_abbreviations (IST is Israel or India), a text search
+-- configuration, and output settings a statement can store by casting to
+-- text.  Each was a false replay.
+CREATE TABLE ev (id serial PRIMARY KEY, at timestamptz, note text);
+SET TimeZone = 'UTC';
+SET timezone_abbreviations = 'Default';
+SELECT idem_execute('abbr', 'INSERT INTO ev(at) VALUES ($1::timestamptz) RETURNING at', '2026-01-01 12:00 IST');
+SET timezone_abbreviations = 'India';
+SELECT idem_execute('abbr', 'INSERT INTO ev(at) VALUES ($1::timestamptz) RETURNING at', '2026-01-01 12:00 IST');
+\echo :LAST_ERROR_SQLSTATE
+RESET timezone_abbreviations;
+RESET TimeZone;
+SET default_text_search_config = 'english';
+SELECT idem_execute('ts', 'SELECT to_tsvector($1) AS v', 'running dogs');
+SET default_text_search_config = 'simple';
+SELECT idem_execute('ts', 'SELECT to_tsvector($1) AS v', 'running dogs');
+\echo :LAST_ERROR_SQLSTATE
+RESET default_text_search_config;
+SET extra_float_digits = -14;
+SELECT idem_execute('efd', 'INSERT INTO ev(note) VALUES ($1::text) RETURNING note', 3.14159265358979::float8);
+SET extra_float_digits = 1;
+SELECT idem_execute('efd', 'INSERT INTO ev(note) VALUES ($1::text) RETURNING note', 3.14159265358979::float8);
+\echo :LAST_ERROR_SQLSTATE
+RESET extra_float_digits;
+SET bytea_output = 'escape';
+SELECT idem_execute('bo', 'INSERT INTO ev(note) VALUES ($1::text) RETURNING note', '\x41ff'::bytea);
+SET bytea_output = 'hex';
+SELECT idem_execute('bo', 'INSERT INTO ev(note) VALUES ($1::text) RETURNING note', '\x41ff'::bytea);
+\echo :LAST_ERROR_SQLSTATE
+RESET bytea_output;
+SELECT count(*) AS ev_rows FROM ev;
+
+-- A renamed schema keeps its OID but not its name: the search path is
+-- compared by name, in this backend and in a fresh one alike
+CREATE SCHEMA sa;
+CREATE TABLE sa.t (id int);
+SET search_path = sa, public;
+SELECT idem_execute('warm', 'SELECT 1 AS one') ->> 'command';
+ALTER SCHEMA sa RENAME TO sc;
+SET search_path = sc, public;
+SELECT idem_execute('stale', 'INSERT INTO t VALUES ($1) RETURNING id', 1);
+\c
+SET search_path = sc, public;
+SELECT replayed FROM idem_execute_ex('stale', 'INSERT INTO t VALUES ($1) RETURNING id', 1);
+CREATE SCHEMA sa;
+CREATE TABLE sa.t (id int);
+SET search_path = sa, public;
+SELECT idem_execute('stale', 'INSERT INTO t VALUES ($1) RETURNING id', 1);
+\echo :LAST_ERROR_SQLSTATE
+RESET search_path;
+SELECT (SELECT count(*) FROM sa.t) AS sa_rows, (SELECT count(*) FROM sc.t) AS sc_rows;
+DROP SCHEMA sa, sc CASCADE;
+
+-- Ranges are hashed by their bounds, not by a send function whose text
+-- follows client_encoding: a genuine retry under another client encoding
+-- replays
+CREATE TYPE trange AS RANGE (subtype = text);
+SET client_encoding = 'UTF8';
+SELECT idem_execute('tr1', 'SELECT $1::text AS v', trange(U&'\00e9', U&'\00ff')) ->> 'command';
+SET client_encoding = 'LATIN1';
+SELECT replayed FROM idem_execute_ex('tr1', 'SELECT $1::text AS v', trange(U&'\00e9', U&'\00ff'));
+RESET client_encoding;
+SELECT idem_execute('tr2', 'SELECT $1 AS r', numrange(1.0, 2.0)) ->> 'command';
+SELECT idem_execute('tr2', 'SELECT $1 AS r', numrange(1.00, 2.00));
+\echo :LAST_ERROR_SQLSTATE
+SELECT replayed FROM idem_execute_ex('tr2', 'SELECT $1 AS r', '[1.0,2.0)'::numrange);
+SELECT idem_execute('tr3', 'SELECT $1 AS r', int4multirange(int4range(1, 3), int4range(5, 7))) ->> 'command';
+SELECT replayed FROM idem_execute_ex('tr3', 'SELECT $1 AS r', '{[1,2], [5,6]}'::int4multirange);
+SELECT idem_execute('tr3', 'SELECT $1 AS r', int4multirange(int4range(1, 3)));
+\echo :LAST_ERROR_SQLSTATE
+
+DROP TABLE invoices, events, oids, ev;
+DROP TYPE trange;
 DROP SCHEMA tenant_a, tenant_b CASCADE;
 DROP TYPE order_line, mood;
 DROP DOMAIN due_date, amount;

@@ -79,6 +79,26 @@ SELECT key, owner::regrole, expires_at > now() AS live
   FROM idem.keys WHERE key = 'sec:3';
 SELECT topic FROM idem.outbox WHERE key = 'sec:3';
 
+-- pg_locks shows every key lock to every role; the hash in it is keyed by
+-- a secret an ordinary role cannot read, so a guessed key text cannot be
+-- confirmed against another role's lock
+SET ROLE regress_idem_bob;
+SELECT seed FROM idem.lock_seed;
+\echo :LAST_ERROR_SQLSTATE
+BEGIN;
+SELECT idem_execute('order-42', 'SELECT 42 AS n') ->> 'command';
+SELECT l.objid = ((h # (h >> 32)) & 4294967295) AS guess_confirmed
+  FROM pg_locks l,
+	   (SELECT hashtextextended('order-42', x'6964656d6b657973'::bigint) AS h) g
+ WHERE l.locktype = 'advisory' AND l.objsubid = 18756 AND l.pid = pg_backend_pid();
+RESET ROLE;
+SELECT l.objid = ((h # (h >> 32)) & 4294967295) AS with_the_secret
+  FROM pg_locks l,
+	   (SELECT hashtextextended('order-42', (SELECT seed FROM idem.lock_seed)) AS h) g
+ WHERE l.locktype = 'advisory' AND l.objsubid = 18756 AND l.pid = pg_backend_pid();
+COMMIT;
+SELECT count(*) AS seeds FROM idem.lock_seed;
+
 DROP SCHEMA evil CASCADE;
 DROP TABLE invoices, secrets;
 DELETE FROM idem.outbox WHERE key LIKE 'sec:%';

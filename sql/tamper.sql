@@ -48,6 +48,17 @@ CREATE INDEX keys_expires_at_idx ON idem.outbox (created_at);
 SELECT idem_purge();
 ROLLBACK;
 
+-- the lock seed must be exactly one row: otherwise backends could
+-- disagree on a key's lock
+BEGIN;
+INSERT INTO idem.lock_seed VALUES (1);
+SELECT idem_execute('tam:1', 'SELECT 1 AS one');
+ROLLBACK;
+BEGIN;
+DELETE FROM idem.lock_seed;
+SELECT idem_execute('tam:1', 'SELECT 1 AS one');
+ROLLBACK;
+
 -- after every rollback the real tables serve again
 SELECT replayed FROM idem_execute_ex('tam:1', 'SELECT 1 AS one');
 SELECT count(*) AS tam_keys FROM idem.keys WHERE key LIKE 'tam:%';

@@ -79,15 +79,14 @@
 #define Anum_outbox_created_at	6
 #define Natts_outbox			6
 
-/* Seed of the advisory lock hash: part of the on-disk-stable lock space. */
-#define IDEM_LOCK_SEED			UINT64CONST(0x6964656d6b657973)
-
 typedef struct IdemCatalog
 {
 	Oid			keys;
 	Oid			keys_pkey;
 	Oid			keys_expires;
 	Oid			outbox;
+	Oid			lock_seed_rel;
+	uint64		lock_seed;		/* keys the hash in each key's lock tag */
 } IdemCatalog;
 
 /* The shape idem reads and writes: what idem--1.1.sql creates. */
@@ -106,6 +105,7 @@ static const ColumnShape outbox_shape[Natts_outbox] = {
 	{"event_id", UUIDOID}, {"key", TEXTOID}, {"owner", REGROLEOID},
 	{"topic", TEXTOID}, {"payload", JSONBOID}, {"created_at", TIMESTAMPTZOID}
 };
+static const ColumnShape lock_seed_shape[1] = {{"seed", INT8OID}};
 static const int16 keys_pkey_columns[] = {Anum_keys_owner, Anum_keys_key};
 static const int16 keys_expires_columns[] = {Anum_keys_expires_at};
 
@@ -123,7 +123,7 @@ catalog_invalidate(Datum arg, Oid relid)
 {
 	if (relid == InvalidOid || relid == catalog.keys ||
 		relid == catalog.keys_pkey || relid == catalog.keys_expires ||
-		relid == catalog.outbox)
+		relid == catalog.outbox || relid == catalog.lock_seed_rel)
 		catalog_valid = false;
 }
 
@@ -215,6 +215,36 @@ catalog_index(const char *relname, Oid nspid, Oid tableid, bool unique,
 }
 
 /*
+ * The secret the install script stored in idem.lock_seed.  pg_locks shows
+ * every key lock to every role; with a hash keyed by a value no ordinary
+ * role can read, a lock does not confirm a guess of another role's key.
+ */
+static uint64
+catalog_lock_seed(Oid relid)
+{
+	Relation	rel = table_open(relid, AccessShareLock);
+	TableScanDesc scan = table_beginscan(rel, SnapshotSelf, 0, NULL);
+	HeapTuple	tuple;
+	int			rows = 0;
+	uint64		seed = 0;
+
+	while ((tuple = heap_getnext(scan, ForwardScanDirection)) != NULL)
+	{
+		bool		isnull;
+
+		seed = (uint64) DatumGetInt64(heap_getattr(tuple, 1,
+												   RelationGetDescr(rel),
+												   &isnull));
+		rows++;
+	}
+	table_endscan(scan);
+	table_close(rel, AccessShareLock);
+	if (rows != 1)
+		catalog_damaged("lock_seed", "The table must hold exactly one row.");
+	return seed;
+}
+
+/*
  * Find idem's tables.  The schema must be the one the extension created:
  * a schema named "idem" made by someone else is never used, and neither is
  * a relation that is not the extension's own or has another shape.
@@ -259,20 +289,25 @@ catalog_resolve(void)
 										 catalog.keys, false,
 										 keys_expires_columns,
 										 lengthof(keys_expires_columns));
+	catalog.lock_seed_rel = catalog_table("lock_seed", nspid, extoid,
+										  lock_seed_shape, 1);
+	catalog.lock_seed = catalog_lock_seed(catalog.lock_seed_rel);
 	catalog_valid = true;
 }
 
 /*
- * A key's lock names its owner in full and the key by a 32-bit hash, so
- * two roles never share a lock: no wait, timeout or ID409 can tell one role
- * anything about another's keys.  Within a role a hash collision only
- * makes two calls wait for each other.
+ * A key's lock names its owner in full and the key by a 32-bit hash keyed
+ * by the database's lock seed, so two roles never share a lock: no wait,
+ * timeout or ID409 can tell one role anything about another's keys, and
+ * pg_locks does not confirm a guessed key.  Within a role a hash collision
+ * only makes two calls wait for each other.  Caller has resolved the
+ * catalog.
  */
 static void
 set_key_locktag(LOCKTAG *tag, Oid owner, const char *key, int keylen)
 {
 	uint64		h = hash_bytes_extended((const unsigned char *) key, keylen,
-										IDEM_LOCK_SEED);
+										catalog.lock_seed);
 
 	SET_LOCKTAG_ADVISORY(*tag, MyDatabaseId, owner, (uint32) (h ^ (h >> 32)),
 						 IDEM_LOCKTAG_CLASS);
@@ -290,6 +325,7 @@ idem_lock_key(Oid owner, const char *key, int keylen, bool wait)
 {
 	LOCKTAG		tag;
 
+	catalog_resolve();
 	set_key_locktag(&tag, owner, key, keylen);
 	if (LockAcquire(&tag, ExclusiveLock, false, !wait) == LOCKACQUIRE_NOT_AVAIL)
 		ereport(ERROR,

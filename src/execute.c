@@ -294,6 +294,15 @@ execute_and_record(IdemStatement *stmt, IdemRequest *req,
 {
 	InflightKey self;
 	Oid			owner = req->owner;
+	char	   *topic = NULL;
+
+	/*
+	 * Settings the record depends on are read before the business statement
+	 * runs: it could change them with set_config(), and idem.ttl was checked
+	 * against idem.max_ttl on entry.
+	 */
+	if (idem_outbox_topic != NULL && idem_outbox_topic[0] != '\0')
+		topic = pstrdup(idem_outbox_topic);
 
 	self.owner = owner;
 	self.key = req->key;
@@ -305,10 +314,9 @@ execute_and_record(IdemStatement *stmt, IdemRequest *req,
 	inflight_keys = self.next;
 
 	idem_insert_key(req->key, owner, fingerprint, result->response, now,
-					idem_new_record_expiry(owner, req->key));
-	if (idem_outbox_topic != NULL && idem_outbox_topic[0] != '\0')
-		idem_insert_outbox(req->key, owner, idem_outbox_topic,
-						   result->response, now);
+					idem_new_record_expiry(owner, req->key, req->ttl));
+	if (topic != NULL)
+		idem_insert_outbox(req->key, owner, topic, result->response, now);
 	result->replayed = false;
 	result->first_executed_at = now;
 }
@@ -337,7 +345,7 @@ idem_execute_internal(FunctionCallInfo fcinfo, IdemResult *result)
 	TimestampTz now = GetCurrentTransactionStartTimestamp();
 
 	check_can_write();
-	idem_check_ttl();
+	req.ttl = idem_checked_ttl();
 
 	req.owner = GetUserId();
 	req.key = get_key_arg(fcinfo);

@@ -87,11 +87,12 @@ expiry_xact_callback(XactEvent event, void *arg)
 }
 
 /*
- * idem_check_ttl
- *		Refuse a call whose idem.ttl exceeds the administrator's ceiling.
+ * idem_checked_ttl
+ *		idem.ttl for this call; refuse it if it exceeds the administrator's
+ *		ceiling.
  */
-void
-idem_check_ttl(void)
+int
+idem_checked_ttl(void)
 {
 	if (idem_ttl > idem_max_ttl)
 		ereport(ERROR,
@@ -100,6 +101,7 @@ idem_check_ttl(void)
 				 errdetail("idem.ttl is %d seconds; idem.max_ttl, set by an administrator, is %d seconds.",
 						   idem_ttl, idem_max_ttl),
 				 errhint("Lower idem.ttl, or ask an administrator to raise idem.max_ttl.")));
+	return idem_ttl;
 }
 
 /*
@@ -108,7 +110,7 @@ idem_check_ttl(void)
  *		commit can move it if the transaction lingers.
  */
 TimestampTz
-idem_new_record_expiry(Oid owner, const char *key)
+idem_new_record_expiry(Oid owner, const char *key, int ttl)
 {
 	MemoryContext oldcxt;
 	PendingRecord *p;
@@ -123,7 +125,7 @@ idem_new_record_expiry(Oid owner, const char *key)
 	p = palloc(sizeof(PendingRecord));
 	p->owner = owner;
 	p->key = pstrdup(key);
-	p->ttl_usecs = (int64) idem_ttl * USECS_PER_SEC;
+	p->ttl_usecs = (int64) ttl * USECS_PER_SEC;
 	p->stamped_at = GetCurrentTimestamp();
 	p->next = pending;
 	pending = p;

@@ -63,6 +63,7 @@ extern bool idem_durable_replay;
 typedef struct IdemRequest
 {
 	Oid			owner;			/* the calling role */
+	int			ttl;			/* idem.ttl at the call, within idem.max_ttl */
 	const char *key;			/* NUL-terminated, validated */
 	int			keylen;
 	char	   *sql;
@@ -113,8 +114,8 @@ extern bool idem_restamp_key(Oid owner, const char *key,
 extern int64 idem_purge_expired(int batch_size);
 
 /* expiry.c: when a new record expires */
-extern void idem_check_ttl(void);
-extern TimestampTz idem_new_record_expiry(Oid owner, const char *key);
+extern int	idem_checked_ttl(void);
+extern TimestampTz idem_new_record_expiry(Oid owner, const char *key, int ttl);
 
 /* response.c */
 extern Jsonb *idem_build_response(const char *command, uint64 processed,

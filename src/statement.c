@@ -30,8 +30,10 @@
  * and value.  Values are hashed in a form no session setting changes:
  * built-in scalars by their typlen bytes, domains as their base type,
  * arrays element by element and records field by field with each
- * element's or field's type, enums by label, and every other type through
- * its binary send function.  Version 1 (idem 1.0) is kept only to compare
+ * element's or field's type, ranges by their flags and bounds, enums by
+ * label, and base types defined in the database by their bytes (never by
+ * text output, which DateStyle or TimeZone change, nor by a send function,
+ * whose text parts follow client_encoding).  Every NaN is one NaN.  Version 1 (idem 1.0) is kept only to compare
  * records written by 1.0; see idem_statement_fingerprint_v1().
  *
  * Copyright (c) 2026, idem authors
@@ -59,7 +61,16 @@
 #include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/fmgroids.h"
+#include "utils/float.h"
+#include "utils/bytea.h"
+#include "utils/guc.h"
 #include "utils/hsearch.h"
+#include "utils/inval.h"
+#include "utils/multirangetypes.h"
+#include "utils/rangetypes.h"
+#include "utils/syscache.h"
+#include "utils/xml.h"
+#include "tsearch/ts_cache.h"
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
 #include "utils/pg_locale.h"
@@ -97,22 +108,35 @@ typedef struct ArgHashInfo
 /*
  * The session settings that change what a statement text or a text value
  * means: which objects names resolve to (search_path), how the scanner
- * reads string literals (standard_conforming_strings), how literals and
- * text become dates, times, intervals, money and arrays (TimeZone,
- * DateStyle, IntervalStyle, lc_monetary, array_nulls), and how "x = NULL"
- * parses (transform_null_equals).  Output-only settings (extra_float_digits,
- * bytea_output) change no request and are left out.
+ * reads string literals (standard_conforming_strings), how "x = NULL"
+ * parses (transform_null_equals), how literals and text become values
+ * (TimeZone, timezone_abbreviations, DateStyle, IntervalStyle, lc_monetary,
+ * lc_numeric, lc_time, array_nulls, xmloption, default_text_search_config),
+ * and how values become text, which a statement that casts to text stores
+ * (extra_float_digits, bytea_output, xmlbinary, and DateStyle,
+ * IntervalStyle, TimeZone again).  Strings are copied, not compared by
+ * pointer: a GUC's new value can land at its old value's address.
  */
+#define SETTING_LEN		256
+
 typedef struct IdemSettings
 {
 	pg_tz	   *timezone;		/* pg_tzset() caches one pg_tz per name */
 	int			datestyle;
 	int			dateorder;
 	int			intervalstyle;
+	int			float_digits;
+	int			bytea_output;
+	int			xmloption;
+	int			xmlbinary;
 	bool		standard_strings;
 	bool		array_nulls;
 	bool		null_equals;
-	char		monetary[NAMEDATALEN * 2];
+	char		tz_abbrevs[SETTING_LEN];
+	char		monetary[SETTING_LEN];
+	char		numeric[SETTING_LEN];
+	char		time[SETTING_LEN];
+	char		ts_config[SETTING_LEN];
 } IdemSettings;
 
 static IdemSettings settings_seen;
@@ -132,6 +156,7 @@ struct IdemStatement
 	const char *command;		/* "INSERT", "SELECT", ... */
 	uint8		digest[IDEM_FINGERPRINT_LEN];	/* of the token stream */
 	uint8		settings[IDEM_FINGERPRINT_LEN]; /* settings it was made under */
+	uint8		ident[IDEM_FINGERPRINT_LEN];	/* v2 prefix: tag, digest, settings */
 	SPIPlanPtr	plan;			/* NULL until first executed */
 	bool		plan_checked;	/* analyzed statement verified */
 	bool		resized;		/* plan may have grown since last measured */
@@ -155,11 +180,27 @@ static int	statement_count = 0;
 static Size statement_bytes = 0;
 
 static void hash_datum(idem_sha256_ctx ctx, Oid typid, Datum value);
+static void hash_range_value(idem_sha256_ctx ctx, TypeCacheEntry *typcache,
+							 RangeType *range);
+static void statement_ident(IdemStatement *stmt);
 
 /* ---------------------------------------------------------------------
  * Settings
  * ---------------------------------------------------------------------
  */
+
+static void
+copy_setting(char *dest, const char *value)
+{
+	if (value == NULL)
+		value = "";
+	if (strlcpy(dest, value, SETTING_LEN) >= SETTING_LEN)
+		ereport(ERROR,
+				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+				 errmsg("setting value \"%s\" is too long for idem", value),
+				 errdetail("idem compares settings of up to %d bytes.",
+						   SETTING_LEN - 1)));
+}
 
 static void
 read_settings(IdemSettings *s)
@@ -169,11 +210,19 @@ read_settings(IdemSettings *s)
 	s->datestyle = DateStyle;
 	s->dateorder = DateOrder;
 	s->intervalstyle = IntervalStyle;
+	s->float_digits = extra_float_digits;
+	s->bytea_output = bytea_output;
+	s->xmloption = xmloption;
+	s->xmlbinary = xmlbinary;
 	s->standard_strings = standard_conforming_strings;
 	s->array_nulls = Array_nulls;
 	s->null_equals = Transform_null_equals;
-	strlcpy(s->monetary, locale_monetary ? locale_monetary : "",
-			sizeof(s->monetary));
+	copy_setting(s->tz_abbrevs,
+				 GetConfigOption("timezone_abbreviations", true, false));
+	copy_setting(s->monetary, locale_monetary);
+	copy_setting(s->numeric, locale_numeric);
+	copy_setting(s->time, locale_time);
+	copy_setting(s->ts_config, TSCurrentConfig);
 }
 
 static void
@@ -198,13 +247,18 @@ digest_settings(const IdemSettings *s)
 	idem_sha256_ctx ctx = idem_sha256_begin();
 	List	   *path = fetch_search_path(true);
 	ListCell   *lc;
-	int32		ints[3] = {s->datestyle, s->dateorder, s->intervalstyle};
+	int32		ints[7] = {s->datestyle, s->dateorder, s->intervalstyle,
+	s->float_digits, s->bytea_output, s->xmloption, s->xmlbinary};
 	char		bools[3] = {s->standard_strings, s->array_nulls, s->null_equals};
 
 	update_str(ctx, pg_get_timezone_name(s->timezone));
 	idem_sha256_update(ctx, ints, sizeof(ints));
 	idem_sha256_update(ctx, bools, sizeof(bools));
+	update_str(ctx, s->tz_abbrevs);
 	update_str(ctx, s->monetary);
+	update_str(ctx, s->numeric);
+	update_str(ctx, s->time);
+	update_str(ctx, s->ts_config);
 	foreach(lc, path)
 	{
 		Oid			nspid = lfirst_oid(lc);
@@ -222,6 +276,16 @@ digest_settings(const IdemSettings *s)
 }
 
 /*
+ * A renamed schema keeps its OID, so the search path still "matches", but
+ * the digest names it: compute it again.
+ */
+static void
+settings_namespace_inval(Datum arg, int cacheid, uint32 hashvalue)
+{
+	settings_seen_valid = false;
+}
+
+/*
  * The digest of the current settings.  Recomputed only when a setting or
  * the effective search path changed since the last call, so a replay pays
  * a few comparisons.
@@ -231,6 +295,14 @@ current_settings(void)
 {
 	IdemSettings now;
 
+	if (settings_cxt == NULL)
+	{
+		settings_cxt = AllocSetContextCreate(TopMemoryContext,
+											 "idem settings",
+											 ALLOCSET_SMALL_SIZES);
+		CacheRegisterSyscacheCallback(NAMESPACEOID, settings_namespace_inval,
+									  (Datum) 0);
+	}
 	read_settings(&now);
 	if (settings_seen_valid &&
 		memcmp(&now, &settings_seen, sizeof(now)) == 0 &&
@@ -238,10 +310,6 @@ current_settings(void)
 		return settings_digest;
 
 	settings_seen_valid = false;
-	if (settings_cxt == NULL)
-		settings_cxt = AllocSetContextCreate(TopMemoryContext,
-											 "idem settings",
-											 ALLOCSET_SMALL_SIZES);
 	MemoryContextReset(settings_cxt);
 	digest_settings(&now);
 	search_path_seen = GetOverrideSearchPath(settings_cxt);
@@ -571,6 +639,7 @@ statement_create(uint64 hashkey, const char *sql, int nargs, Oid *argtypes,
 	stmt->command = pstrdup(command);
 	memcpy(stmt->digest, digest, sizeof(digest));
 	memcpy(stmt->settings, settings, IDEM_FINGERPRINT_LEN);
+	statement_ident(stmt);
 	stmt->cxt = cxt;
 	if (nargs > 0)
 	{
@@ -583,6 +652,21 @@ statement_create(uint64 hashkey, const char *sql, int nargs, Oid *argtypes,
 	MemoryContextSwitchTo(oldcxt);
 	stmt->bytes = MemoryContextMemAllocated(cxt, true);
 	return stmt;
+}
+
+/*
+ * What every version 2 fingerprint of this statement starts with, hashed
+ * once here so that a call hashes 32 bytes instead of 80.
+ */
+static void
+statement_ident(IdemStatement *stmt)
+{
+	idem_sha256_ctx ctx = idem_sha256_begin();
+
+	idem_sha256_update(ctx, FINGERPRINT_V2_TAG, sizeof(FINGERPRINT_V2_TAG));
+	idem_sha256_update(ctx, stmt->digest, IDEM_FINGERPRINT_LEN);
+	idem_sha256_update(ctx, stmt->settings, IDEM_FINGERPRINT_LEN);
+	idem_sha256_end(ctx, stmt->ident);
 }
 
 static void
@@ -761,13 +845,20 @@ update_bytes(idem_sha256_ctx ctx, const void *data, uint32 len)
 	idem_sha256_update(ctx, data, len);
 }
 
-/* typlen bytes of a pass-by-value Datum, whatever the Datum word holds */
+/*
+ * typlen bytes of a pass-by-value Datum, whatever the Datum word holds.
+ * Floats compare as SQL compares them: every NaN is one value.
+ */
 static void
-update_byval(idem_sha256_ctx ctx, Datum value, int16 typlen)
+update_byval(idem_sha256_ctx ctx, Oid typid, Datum value, int16 typlen)
 {
 	char		buf[sizeof(Datum)];
 
 	Assert(typlen > 0 && typlen <= sizeof(Datum));
+	if (typid == FLOAT8OID && isnan(DatumGetFloat8(value)))
+		value = Float8GetDatum(get_float8_nan());
+	else if (typid == FLOAT4OID && isnan(DatumGetFloat4(value)))
+		value = Float4GetDatum(get_float4_nan());
 	store_att_byval(buf, value, typlen);
 	idem_sha256_update(ctx, buf, typlen);
 }
@@ -876,6 +967,30 @@ hash_record_value(idem_sha256_ctx ctx, Datum value)
 	ReleaseTupleDesc(tupdesc);
 }
 
+/* A range by its flags and bounds, each bound as its subtype's value. */
+static void
+hash_range_value(idem_sha256_ctx ctx, TypeCacheEntry *typcache, RangeType *range)
+{
+	RangeBound	lower;
+	RangeBound	upper;
+	bool		empty;
+	char		flags[5];
+
+	range_deserialize(typcache, range, &lower, &upper, &empty);
+	flags[0] = empty;
+	flags[1] = lower.infinite;
+	flags[2] = lower.inclusive;
+	flags[3] = upper.infinite;
+	flags[4] = upper.inclusive;
+	idem_sha256_update(ctx, flags, sizeof(flags));
+	if (empty)
+		return;
+	if (!lower.infinite)
+		hash_datum(ctx, typcache->rngelemtype->type_id, lower.val);
+	if (!upper.infinite)
+		hash_datum(ctx, typcache->rngelemtype->type_id, upper.val);
+}
+
 /*
  * Hash one value of typid in a form that no session setting changes.
  */
@@ -905,37 +1020,31 @@ hash_datum(idem_sha256_ctx ctx, Oid typid, Datum value)
 		update_str(ctx, label);
 		pfree(label);
 	}
-	else if (typtype == TYPTYPE_BASE && basetype < FirstGenbkiObjectId)
+	else if (typtype == TYPTYPE_RANGE)
+		hash_range_value(ctx, lookup_type_cache(basetype, TYPECACHE_RANGE_INFO),
+				   DatumGetRangeTypeP(value));
+	else if (typtype == TYPTYPE_MULTIRANGE)
 	{
-		if (typbyval)
-			update_byval(ctx, value, typlen);
-		else if (typlen > 0)
-			idem_sha256_update(ctx, DatumGetPointer(value), typlen);
-		else if (typlen == -1)
-			update_varlena(ctx, value);
-		else
-			update_str(ctx, DatumGetCString(value));
+		TypeCacheEntry *typcache = lookup_type_cache(basetype,
+													 TYPECACHE_MULTIRANGE_INFO);
+		RangeType **ranges;
+		int32		count;
+
+		multirange_deserialize(typcache->rngtype,
+							   DatumGetMultirangeTypeP(value), &count, &ranges);
+		idem_sha256_update(ctx, &count, sizeof(count));
+		for (int i = 0; i < count; i++)
+			hash_range_value(ctx, typcache->rngtype, ranges[i]);
 	}
 	else
 	{
 		/*
-		 * Ranges, multiranges and base types defined in the database: the
-		 * binary send form is meant to be independent of session settings
-		 * (unlike text output, which DateStyle or TimeZone can change).
+		 * Base types, built in or defined in the database, by their bytes:
+		 * exact, and unlike text output or a send function (whose text
+		 * parts follow client_encoding) independent of every setting.
 		 */
-		Oid			sendfunc;
-		bool		isvarlena;
-
-		getTypeBinaryOutputInfo(basetype, &sendfunc, &isvarlena);
-		if (OidIsValid(sendfunc))
-		{
-			bytea	   *b = OidSendFunctionCall(sendfunc, value);
-
-			update_bytes(ctx, VARDATA(b), VARSIZE(b) - VARHDRSZ);
-			pfree(b);
-		}
-		else if (typbyval)
-			update_byval(ctx, value, typlen);
+		if (typbyval)
+			update_byval(ctx, basetype, value, typlen);
 		else if (typlen > 0)
 			idem_sha256_update(ctx, DatumGetPointer(value), typlen);
 		else if (typlen == -1)
@@ -956,9 +1065,7 @@ idem_statement_fingerprint(IdemStatement *stmt, IdemRequest *req,
 	idem_sha256_ctx ctx = idem_sha256_begin();
 	int32		nargs = req->nargs;
 
-	idem_sha256_update(ctx, FINGERPRINT_V2_TAG, sizeof(FINGERPRINT_V2_TAG));
-	idem_sha256_update(ctx, stmt->digest, IDEM_FINGERPRINT_LEN);
-	idem_sha256_update(ctx, stmt->settings, IDEM_FINGERPRINT_LEN);
+	idem_sha256_update(ctx, stmt->ident, IDEM_FINGERPRINT_LEN);
 	idem_sha256_update(ctx, &nargs, sizeof(nargs));
 	for (int i = 0; i < req->nargs; i++)
 	{
@@ -973,7 +1080,7 @@ idem_statement_fingerprint(IdemStatement *stmt, IdemRequest *req,
 		switch (info->kind)
 		{
 			case ARG_HASH_BYVAL:
-				update_byval(ctx, value, info->typlen);
+				update_byval(ctx, info->basetype, value, info->typlen);
 				break;
 			case ARG_HASH_FIXED:
 				idem_sha256_update(ctx, DatumGetPointer(value), info->typlen);
