@@ -15,6 +15,8 @@ DATA		= $(wildcard $(EXTENSION)--*.sql)
 PGFILEDESC	= "idem - idempotent business writes"
 
 PG_CPPFLAGS	= -I$(srcdir)/src
+# OpenSSL's SHA-256 (src/compat.h) where the server was built with it
+SHLIB_LINK	= $(filter -lcrypto, $(LIBS))
 PG_CFLAGS	= -Wall -Wmissing-prototypes -Werror
 
 # pg_regress: one file per feature, sql/<feature>.sql <-> expected/<feature>.out

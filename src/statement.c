@@ -244,7 +244,8 @@ update_str(idem_sha256_ctx ctx, const char *s)
 static void
 digest_settings(const IdemSettings *s)
 {
-	idem_sha256_ctx ctx = idem_sha256_begin();
+	IdemSha256	sha;
+	idem_sha256_ctx ctx = idem_sha256_begin(&sha);
 	List	   *path = fetch_search_path(true);
 	ListCell   *lc;
 	int32		ints[7] = {s->datestyle, s->dateorder, s->intervalstyle,
@@ -468,7 +469,8 @@ digest_tokens(const char *sql, uint8 *digest)
 	core_yyscan_t yyscanner;
 	core_YYSTYPE yylval;
 	YYLTYPE		yylloc;
-	idem_sha256_ctx ctx = idem_sha256_begin();
+	IdemSha256	sha;
+	idem_sha256_ctx ctx = idem_sha256_begin(&sha);
 	int			maxparam = 0;
 
 	yyscanner = scanner_init(sql, &yyextra, &ScanKeywords, ScanKeywordTokens);
@@ -661,7 +663,8 @@ statement_create(uint64 hashkey, const char *sql, int nargs, Oid *argtypes,
 static void
 statement_ident(IdemStatement *stmt)
 {
-	idem_sha256_ctx ctx = idem_sha256_begin();
+	IdemSha256	sha;
+	idem_sha256_ctx ctx = idem_sha256_begin(&sha);
 
 	idem_sha256_update(ctx, FINGERPRINT_V2_TAG, sizeof(FINGERPRINT_V2_TAG));
 	idem_sha256_update(ctx, stmt->digest, IDEM_FINGERPRINT_LEN);
@@ -1062,7 +1065,8 @@ void
 idem_statement_fingerprint(IdemStatement *stmt, IdemRequest *req,
 						   uint8 *fingerprint)
 {
-	idem_sha256_ctx ctx = idem_sha256_begin();
+	IdemSha256	sha;
+	idem_sha256_ctx ctx = idem_sha256_begin(&sha);
 	int32		nargs = req->nargs;
 
 	idem_sha256_update(ctx, stmt->ident, IDEM_FINGERPRINT_LEN);
@@ -1114,6 +1118,7 @@ bool
 idem_statement_fingerprint_v1(IdemStatement *stmt, IdemRequest *req,
 							  uint8 *fingerprint)
 {
+	IdemSha256	sha;
 	idem_sha256_ctx ctx;
 	int32		nargs = req->nargs;
 
@@ -1125,7 +1130,7 @@ idem_statement_fingerprint_v1(IdemStatement *stmt, IdemRequest *req,
 			  req->argtypes[i] != RECORDOID))
 			return false;
 
-	ctx = idem_sha256_begin();
+	ctx = idem_sha256_begin(&sha);
 	idem_sha256_update(ctx, stmt->digest, IDEM_FINGERPRINT_LEN);
 	idem_sha256_update(ctx, &nargs, sizeof(nargs));
 	for (int i = 0; i < req->nargs; i++)
