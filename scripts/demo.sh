@@ -8,6 +8,9 @@ top=$(cd "$(dirname "$0")/.." && pwd)
 . "$top/scripts/env.sh"
 
 idem_build_install "$top"
+# the cluster user may not be allowed into the caller's directory (a clone
+# in /root): initdb, pg_ctl and psql would each say they cannot go back to it
+cd /
 
 idem_throwaway_cluster demo
 run pg_ctl -D "$dir/data" -l "$dir/log" -w \

@@ -1,26 +1,104 @@
 #!/usr/bin/env bash
 # Install what building and testing idem needs, from Debian's archive:
-# PostgreSQL 15 with its PGXS build kit (pg_regress, isolationtester, the
-# TAP modules), a C compiler and IPC::Run.  Does nothing when all is there.
+# PostgreSQL 15 with its PGXS build kit (server headers, pg_regress,
+# isolationtester, the TAP modules), a C compiler, make and IPC::Run.
+# Does nothing when all is there.
+#
+# Each check looks for the file the build or the tests use, not for a
+# package: on Debian pg_config, PGXS, pg_regress, isolationtester and the
+# PostgreSQL::Test modules all ship in postgresql-client-15, which
+# postgresql-15 pulls in, but the server headers (postgres.h) ship only in
+# postgresql-server-dev-15.  So a machine with postgresql-15 and no -dev
+# package has every tool and cannot compile.  pg_config itself may be
+# missing, and the other paths come from it, so it is checked first.
+# With --bench it also makes sure of gnuplot, which only test/bench/run.sh
+# needs (its chart); the quick start does not.
 set -euo pipefail
 
-pgbin=/usr/lib/postgresql/15/bin
-pgxs=/usr/lib/postgresql/15/lib/pgxs
-need=()
-[ -x "$pgbin/postgres" ] || need+=(postgresql-15)
-[ -x "$pgbin/pg_config" ] && [ -x "$pgxs/src/test/isolation/isolationtester" ] \
-	|| need+=(postgresql-server-dev-15)
-command -v gcc >/dev/null && command -v make >/dev/null || need+=(build-essential)
-perl -MIPC::Run -e1 2>/dev/null || need+=(libipc-run-perl)
-command -v gnuplot >/dev/null || need+=(gnuplot-nox)
-command -v runuser >/dev/null || need+=(util-linux)
+bench=0
+[ "${1:-}" = --bench ] && bench=1
 
-[ ${#need[@]} -eq 0 ] && exit 0
+pgbin=/usr/lib/postgresql/15/bin
+pg_config=$pgbin/pg_config
+
+# One line "package what" for each missing item.
+missing() {
+	[ -x "$pgbin/postgres" ] || echo "postgresql-15 $pgbin/postgres"
+	if [ -x "$pg_config" ]; then
+		local pgxs src inc clang llvm
+		pgxs=$("$pg_config" --pgxs)	# .../lib/pgxs/src/makefiles/pgxs.mk
+		src=$(dirname "$(dirname "$pgxs")")
+		inc=$("$pg_config" --includedir-server)
+		[ -f "$inc/postgres.h" ] || echo "postgresql-server-dev-15 $inc/postgres.h"
+		# idem hashes with OpenSSL's SHA-256 where the server uses OpenSSL
+		if grep -q '^#define USE_OPENSSL 1' "$inc/pg_config.h" 2>/dev/null; then
+			[ -f /usr/include/openssl/sha.h ] || echo "libssl-dev /usr/include/openssl/sha.h"
+		fi
+		[ -f "$pgxs" ] || echo "postgresql-client-15 $pgxs"
+		[ -f "$src/Makefile.global" ] || echo "postgresql-client-15 $src/Makefile.global"
+		[ -x "$src/test/regress/pg_regress" ] ||
+			echo "postgresql-client-15 $src/test/regress/pg_regress"
+		[ -x "$src/test/isolation/isolationtester" ] ||
+			echo "postgresql-client-15 $src/test/isolation/isolationtester"
+		[ -x "$src/test/isolation/pg_isolation_regress" ] ||
+			echo "postgresql-client-15 $src/test/isolation/pg_isolation_regress"
+		[ -f "$src/test/perl/PostgreSQL/Test/Utils.pm" ] ||
+			echo "postgresql-client-15 $src/test/perl/PostgreSQL/Test/Utils.pm"
+		# Debian builds PostgreSQL with LLVM: PGXS also compiles the module
+		# to bitcode with clang and indexes it with llvm-lto on install.
+		mk() { sed -n "s/^$1[[:space:]]*=[[:space:]]*//p" "$src/Makefile.global" 2>/dev/null | head -n1; }
+		if [ "$(mk with_llvm)" = yes ]; then
+			clang=$(mk CLANG)
+			[ -x "$clang" ] || echo "$(basename "$clang") $clang"
+			llvm=$(mk LLVM_BINPATH)
+			[ -x "$llvm/llvm-lto" ] || echo "$(basename "$(dirname "$llvm")") $llvm/llvm-lto"
+		fi
+		# the TAP modules load (they need IPC::Run and perl's Test::More);
+		# their INIT block makes $TESTDIR/tmp_check, so give it a scratch dir
+		if [ -f "$src/test/perl/PostgreSQL/Test/Utils.pm" ] && command -v prove >/dev/null &&
+			perl -MIPC::Run -e1 2>/dev/null; then
+			local t
+			t=$(mktemp -d)
+			TESTDIR=$t perl -I"$src/test/perl" -MPostgreSQL::Test::Utils -e1 >/dev/null 2>&1 ||
+				echo "perl PostgreSQL::Test::Utils (perl -I$src/test/perl -MPostgreSQL::Test::Utils does not load)"
+			rm -rf "$t"
+		fi
+	else
+		echo "postgresql-client-15 $pg_config"
+		# postgresql-server-dev-15 depends on postgresql-client-15, so
+		# without pg_config there are no server headers either
+		echo "postgresql-server-dev-15 server headers (postgres.h)"
+	fi
+	command -v gcc >/dev/null || echo "gcc gcc"
+	command -v make >/dev/null || echo "make make"
+	[ -f /usr/include/stdio.h ] || echo "libc6-dev /usr/include/stdio.h"
+	command -v prove >/dev/null || echo "perl prove"
+	perl -MIPC::Run -e1 2>/dev/null || echo "libipc-run-perl perl module IPC::Run"
+	command -v runuser >/dev/null || echo "util-linux runuser"
+	if [ $bench -eq 1 ]; then
+		command -v gnuplot >/dev/null || echo "gnuplot-nox gnuplot (test/bench)"
+	fi
+}
+
+show() { echo "$report" | sed 's/^\([^ ]*\) \(.*\)/  \2 (package \1)/' >&2; }
+
+report=$(missing)
+[ -z "$report" ] && exit 0
+mapfile -t need < <(echo "$report" | cut -d" " -f1 | sort -u)
 if [ "$(id -u)" -ne 0 ]; then
-	echo "idem: missing packages: ${need[*]}; run this as root to install them" >&2
+	echo "idem: missing:" >&2
+	show
+	echo "idem: run this as root to install: ${need[*]}" >&2
 	exit 1
 fi
 echo "idem: installing ${need[*]}" >&2
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
 apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+
+report=$(missing)
+if [ -n "$report" ]; then
+	echo "idem: still missing after installing ${need[*]}:" >&2
+	show
+	exit 1
+fi

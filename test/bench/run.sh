@@ -104,7 +104,7 @@ done
 
 [ "$workloads" = none ] && workloads=""
 
-"$top/scripts/deps.sh"
+"$top/scripts/deps.sh" --bench
 . "$top/scripts/env.sh"
 
 [ $install -eq 1 ] && idem_build_install "$top"

@@ -65,7 +65,7 @@ while [ $# -gt 0 ]; do
 	shift
 done
 
-"$top/scripts/deps.sh"
+"$top/scripts/deps.sh" --bench
 . "$top/scripts/env.sh"
 
 [ $install -eq 1 ] && idem_build_install "$top"
