@@ -1156,11 +1156,7 @@ idem_statement_fingerprint_v1(IdemStatement *stmt, IdemRequest *req,
 		else
 		{
 			/* varlena, and built-in arrays, which 1.0 hashed as bytes */
-			struct varlena *v = PG_DETOAST_DATUM_PACKED(value);
-			uint32		len = VARSIZE_ANY_EXHDR(v);
-
-			idem_sha256_update(ctx, &len, sizeof(len));
-			idem_sha256_update(ctx, VARDATA_ANY(v), len);
+			update_varlena(ctx, value);
 		}
 	}
 	idem_sha256_end(ctx, fingerprint);
