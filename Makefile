@@ -37,3 +37,20 @@ EXTRA_CLEAN	= tmp_check tmp_check_iso output_iso results log
 PG_CONFIG	?= pg_config
 PGXS		:= $(shell $(PG_CONFIG) --pgxs)
 include $(PGXS)
+
+# PGXN release zip (make dist): the committed HEAD, as dist/idem-<version>.zip
+# with everything under idem-<version>/, <version> being META.json's (PGXN
+# wants a semantic version: 1.1.0 for default_version '1.1').  Not a PGXS
+# target; needs git and python3.
+PGXN_DIST_DIR		= dist
+PGXN_DIST_EXCLUDE	= .ci debian test/bench/results test/bench/hotkeys/results
+PGXN_VERSION		= $(shell python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["version"])' $(srcdir)/META.json)
+PGXN_DIST			= $(EXTENSION)-$(PGXN_VERSION)
+
+.PHONY: dist
+dist:
+	@test -n "$(PGXN_VERSION)" || { echo "dist: no version in META.json" >&2; exit 1; }
+	@mkdir -p $(PGXN_DIST_DIR)
+	git -C $(srcdir) archive --format zip --prefix=$(PGXN_DIST)/ -o $(abspath $(PGXN_DIST_DIR))/$(PGXN_DIST).zip HEAD \
+		-- . $(foreach d,$(PGXN_DIST_EXCLUDE),':(exclude)$(d)')
+	@echo "$(PGXN_DIST_DIR)/$(PGXN_DIST).zip: $(EXTENSION) $(PGXN_VERSION) at $$(git -C $(srcdir) rev-parse --short HEAD)"

@@ -5,6 +5,7 @@
 # as the unprivileged postgres user, in a copy of the tree it owns.
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
+"$top/scripts/check-meta.sh"
 "$top/scripts/deps.sh"
 . "$top/scripts/env.sh"
 
