@@ -43,7 +43,8 @@ include $(PGXS)
 # wants a semantic version: 1.1.0 for default_version '1.1').  Not a PGXS
 # target; needs git and python3.
 PGXN_DIST_DIR		= dist
-PGXN_DIST_EXCLUDE	= .ci debian test/bench/results test/bench/hotkeys/results
+PGXN_DIST_EXCLUDE	= .ci debian scripts/package.sh scripts/fresh-machine.sh \
+					  test/bench/results test/bench/hotkeys/results
 PGXN_VERSION		= $(shell python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["version"])' $(srcdir)/META.json)
 PGXN_DIST			= $(EXTENSION)-$(PGXN_VERSION)
 
