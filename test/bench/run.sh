@@ -698,7 +698,9 @@ if [ $profile -eq 1 ]; then
 					awk -F'\t' -v n=$((prof_long - prof_short)) -v tot="${ir[$w]}" '
 						$1 !~ /^(\?\?\?:0x|=>|\.\/|PROGRAM|\?\?\?:\(below|\?\?\?:main|\?\?\?:PostmasterMain)/ {
 							d = ($3 - $2) / n; if (d >= tot / 100) printf "%8.0f %5.1f%%  %s\n", d, 100 * d / tot, $1 }' |
-					sort -rn | head -n 40
+					# sed, not head: reading to the end spares sort a SIGPIPE,
+					# which pipefail turned into the end of the whole run
+					sort -rn | sed -n '1,40p'
 					echo
 				} >>"$out/profile-functions.txt"
 			fi
