@@ -1,15 +1,24 @@
 #!/usr/bin/env bash
-# Prove the README's quick start on fresh Debian 12 machines.  Builds a
-# minimal bookworm root with debootstrap, and in a copy of it for each
-# variant clones this repository's HEAD (uncommitted changes are not
-# tested) and runs the commands of the ```sh block under "## Quick start"
-# in README.md verbatim, in order, as root, from the clone's top
-# directory, in a clean environment:
+# Prove the README's quick start and the Debian package on fresh Debian 12
+# machines.  Builds a minimal bookworm root with debootstrap, and in a copy
+# of it for each variant tests this repository's HEAD (uncommitted changes
+# are not tested).  Variants a and b clone HEAD and run the commands of
+# the ```sh block under "## Quick start" in README.md verbatim, in order,
+# as root, from the clone's top directory, in a clean environment:
 #
 #   a  postgresql-15 preinstalled (server and client, no -dev package), git
 #   b  bare: only git
 #
-#   scripts/fresh-machine.sh [--variant a|b] [--keep]
+# Variant c tests the package route instead:
+#
+#   c  postgresql-15 and no compiler, make or source tree: installs only
+#      the .deb that scripts/package.sh built from HEAD on this machine
+#      (before any root is made), checks its files, uses it in a throwaway
+#      cluster (1.0 then ALTER EXTENSION UPDATE, a fresh 1.1, execute,
+#      replay, ID422: scripts/check-package.sh, copied into the root), then
+#      purges it and checks that its files are gone
+#
+#   scripts/fresh-machine.sh [--variant a|b|c] [--keep]
 #
 # The Debian archive is the one the host's own apt sources name.  Needs
 # root (debootstrap, chroot, mounts).  Everything lives in a mktemp -d
@@ -19,15 +28,16 @@ set -euo pipefail
 
 top=$(cd "$(dirname "$0")/.." && pwd)
 suite=bookworm
-variants="a b"
+variants="a b c"
 keep=0
 
 usage() {
 	cat <<EOF
-usage: $0 [--variant a|b] [--keep]
-  --variant a   postgresql-15 preinstalled (no -dev package)
-  --variant b   bare Debian 12 with git only
-                (default: both)
+usage: $0 [--variant a|b|c] [--keep]
+  --variant a   quick start, postgresql-15 preinstalled (no -dev package)
+  --variant b   quick start, bare Debian 12 with git only
+  --variant c   the Debian package alone, postgresql-15, no build tools
+                (default: all three)
   --keep        keep the work directory with the roots, for debugging
 EOF
 }
@@ -36,7 +46,7 @@ while [ $# -gt 0 ]; do
 	case "$1" in
 		--variant)
 			[ $# -ge 2 ] || { usage >&2; exit 2; }
-			case "$2" in a|b) variants=$2 ;; *) usage >&2; exit 2 ;; esac
+			case "$2" in a|b|c) variants=$2 ;; *) usage >&2; exit 2 ;; esac
 			shift ;;
 		--keep) keep=1 ;;
 		-h|--help) usage; exit 0 ;;
@@ -250,6 +260,22 @@ phase_end() { summary+=("$(printf '  %-44s %4ds' "$1" $(( $(date +%s) - t_phase 
 say "testing $head; quick start: $(printf '%s; ' "${cmds[@]}")"
 say "archive: $mirror (from the host's apt sources); work directory $work"
 
+# --- variant c's package, built here from HEAD before any root ------------------
+case " $variants " in
+	*" c "*)
+		phase_start "scripts/package.sh --commit $head"
+		in_bg "$logs/package.log" "$top/scripts/package.sh" --commit "$head" --out "$work/debs" ||
+			{ tail -n 40 "$logs/package.log" >&2; die "scripts/package.sh failed (log: $logs/package.log)"; }
+		phase_end "package: scripts/package.sh (build, lintian)"
+		# the lintian tags package.sh printed (it fails on errors)
+		while IFS= read -r l; do
+			summary+=("    lintian $l")
+		done < <(sed -n 's/^  \([EWIPXCO]: .*\)/\1/p' "$logs/package.log")
+		compgen -G "$work/debs/postgresql-15-idem_*.deb" >/dev/null ||
+			die "scripts/package.sh made no postgresql-15-idem .deb (log: $logs/package.log)"
+		;;
+esac
+
 # --- the base root: debootstrap minbase, apt sources, no services, git --------
 if ! command -v debootstrap >/dev/null; then
 	say "installing debootstrap"
@@ -282,11 +308,61 @@ unmount_under "$base"
 phase_end "base root: apt sources, policy-rc.d, git"
 
 # --- the variants ------------------------------------------------------------
+# Run one command of variant $1 in its root $2, as root, from directory $4
+# of the root, in a clean environment (plus the VAR=value assignments after
+# the command); log it to $logs/$1-$3.log and record its exit status and
+# time in the summary.  Returns the command's status.
+run_step() {	# variant root number dir command [VAR=value...]
+	local v=$1 root=$2 i=$3 dir=$4 cmd=$5 log rc=0 t
+	shift 5
+	log=$logs/$v-$i.log
+	say "variant $v: $cmd"
+	t=$(date +%s)
+	in_bg "$log" chroot "$root" /usr/bin/env -i HOME=/root LANG=C.UTF-8 \
+		PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin "$@" \
+		/bin/bash -c "cd $dir && $cmd" || rc=$?
+	t=$(( $(date +%s) - t ))
+	summary+=("$(printf '  %-44s exit %-3d %4ds' "$cmd" "$rc" "$t")")
+	if [ $rc -ne 0 ]; then
+		failed=1
+		summary+=("    log: $log")
+		{
+			echo "=== variant $v: '$cmd' exited $rc; last 40 lines of $log:"
+			tail -n 40 "$log"
+			echo "==="
+		} >&2
+	fi
+	return $rc
+}
+
+# Variant c, in root $1 with postgresql-15 installed: the package alone, no
+# build tools, no source tree.  Stops at the first step that fails.
+package_steps() {
+	local root=$1 dir=/var/tmp/idem-package i=0 cmd
+	mkdir -p "$root$dir"
+	cp "$work"/debs/postgresql-15-idem_*.deb "$root$dir/"
+	git -C "$top" show "$head:scripts/check-package.sh" >"$root$dir/check-package.sh"
+	chmod -R a+rX "$root$dir"
+	chmod a+x "$root$dir/check-package.sh"
+	for cmd in \
+		"./check-package.sh bare" \
+		"apt-get install -y -q ./postgresql-15-idem_*.deb" \
+		"./check-package.sh bare" \
+		"./check-package.sh installed" \
+		"./check-package.sh use" \
+		"apt-get purge -y -q postgresql-15-idem" \
+		"./check-package.sh purged"; do
+		i=$((i + 1))
+		run_step c "$root" "$i" "$dir" "$cmd" DEBIAN_FRONTEND=noninteractive || return 1
+	done
+}
+
 run_variant() {
-	local v=$1 name root cmd log rc t t0 i=0
+	local v=$1 name root cmd t0 i=0
 	case $v in
 		a) name="a: postgresql-15 preinstalled, no -dev" ;;
 		b) name="b: bare, git only" ;;
+		c) name="c: the .deb alone, postgresql-15, no build tools" ;;
 	esac
 	root=$work/root-$v
 	summary+=("variant $name")
@@ -295,37 +371,24 @@ run_variant() {
 	phase_start "variant $v: copy the base root"
 	cp -a "$base" "$root"
 	mount_root "$root"
-	if [ "$v" = a ]; then
+	if [ "$v" = a ] || [ "$v" = c ]; then
 		in_root "$root" "$logs/$v-setup.log" apt-get install -y -qq postgresql-15
 		in_root "$root" "$logs/$v-setup.log" \
 			sh -c '! dpkg -l "postgresql-server-dev-*" 2>/dev/null | grep -q "^ii"' ||
-			die "variant a: a -dev package got installed"
+			die "variant $v: a -dev package got installed"
 	fi
-	git clone -q --no-hardlinks "$top" "$root/root/idem" >>"$logs/$v-setup.log" 2>&1
-	git -C "$root/root/idem" checkout -q --detach "$head"
-	phase_end "set-up (copy, packages, clone)"
-
-	for cmd in "${cmds[@]}"; do
-		i=$((i + 1))
-		log=$logs/$v-$i.log
-		say "variant $v: $cmd"
-		t=$(date +%s)
-		rc=0
-		in_bg "$log" chroot "$root" /usr/bin/env -i HOME=/root LANG=C.UTF-8 \
-			PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
-			/bin/bash -c "cd /root/idem && $cmd" || rc=$?
-		t=$(( $(date +%s) - t ))
-		summary+=("$(printf '  %-32s exit %-3d %4ds' "$cmd" "$rc" "$t")")
-		if [ $rc -ne 0 ]; then
-			failed=1
-			summary+=("    log: $log")
-			{
-				echo "=== variant $v: '$cmd' exited $rc; last 40 lines of $log:"
-				tail -n 40 "$log"
-				echo "==="
-			} >&2
-		fi
-	done
+	if [ "$v" = c ]; then
+		phase_end "set-up (copy, postgresql-15)"
+		package_steps "$root" || true
+	else
+		git clone -q --no-hardlinks "$top" "$root/root/idem" >>"$logs/$v-setup.log" 2>&1
+		git -C "$root/root/idem" checkout -q --detach "$head"
+		phase_end "set-up (copy, packages, clone)"
+		for cmd in "${cmds[@]}"; do
+			i=$((i + 1))
+			run_step "$v" "$root" "$i" /root/idem "$cmd" || true
+		done
+	fi
 
 	summary+=("$(printf '  %-44s %4ds' "variant $v in all" $(( $(date +%s) - t0 )))")
 	kill_in_root "$root"
@@ -341,7 +404,7 @@ for v in $variants; do
 done
 
 echo
-echo "fresh-machine: quick start of $head on fresh Debian 12 roots"
+echo "fresh-machine: $head on fresh Debian 12 roots (variants: $variants)"
 printf '%s\n' "${summary[@]}"
 if [ $failed -ne 0 ]; then
 	echo "fresh-machine: FAILED"
