@@ -80,7 +80,8 @@ fi
 say "dpkg-buildpackage -us -uc -b (log: build.log)"
 (cd "$src" && dpkg-buildpackage -us -uc -b) >"$work/build.log" 2>&1 || {
 	tail -n 60 "$work/build.log" >&2
-	die "dpkg-buildpackage failed"
+	cp "$work/build.log" "$out/build-failed.log"
+	die "dpkg-buildpackage failed (whole log: $out/build-failed.log)"
 }
 mapfile -t debs < <(find "$work" -maxdepth 1 -name '*.deb' | sort)
 [ ${#debs[@]} -gt 0 ] || die "dpkg-buildpackage made no .deb"
