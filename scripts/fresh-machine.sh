@@ -16,7 +16,10 @@
 #      (before any root is made), checks its files, uses it in a throwaway
 #      cluster (1.0 then ALTER EXTENSION UPDATE, a fresh 1.1, execute,
 #      replay, ID422: scripts/check-package.sh, copied into the root), then
-#      purges it and checks that its files are gone
+#      purges it and checks that its files are gone.  Then, in the same
+#      root, HEAD's tree (git archive) and the package's autopkgtest
+#      (debian/tests: the whole suite against the installed .deb), run by
+#      autopkgtest's null runner
 #
 #   scripts/fresh-machine.sh [--variant a|b|c] [--keep]
 #
@@ -36,7 +39,8 @@ usage() {
 usage: $0 [--variant a|b|c] [--keep]
   --variant a   quick start, postgresql-15 preinstalled (no -dev package)
   --variant b   quick start, bare Debian 12 with git only
-  --variant c   the Debian package alone, postgresql-15, no build tools
+  --variant c   the Debian package alone, postgresql-15, no build tools;
+                then its autopkgtest in the same root
                 (default: all three)
   --keep        keep the work directory with the roots, for debugging
 EOF
@@ -335,26 +339,42 @@ run_step() {	# variant root number dir command [VAR=value...]
 	return $rc
 }
 
+# Run commands $3... of variant c in its root $1 from directory $2 of it,
+# with DEBIAN_FRONTEND=noninteractive; stop at the first that fails.
+c_steps() {	# root dir command...
+	local root=$1 dir=$2 cmd
+	shift 2
+	for cmd; do
+		c_step=$((c_step + 1))
+		run_step c "$root" "$c_step" "$dir" "$cmd" DEBIAN_FRONTEND=noninteractive || return 1
+	done
+}
+
 # Variant c, in root $1 with postgresql-15 installed: the package alone, no
-# build tools, no source tree.  Stops at the first step that fails.
+# build tools, no source tree; then, in the same root, the package's
+# autopkgtest (debian/tests) with autopkgtest's null runner, for which
+# HEAD's tree (git archive) comes into the root only after the purge.
 package_steps() {
-	local root=$1 dir=/var/tmp/idem-package i=0 cmd
+	local root=$1 dir=/var/tmp/idem-package
+	c_step=0
 	mkdir -p "$root$dir"
 	cp "$work"/debs/postgresql-15-idem_*.deb "$root$dir/"
 	git -C "$top" show "$head:scripts/check-package.sh" >"$root$dir/check-package.sh"
 	chmod -R a+rX "$root$dir"
 	chmod a+x "$root$dir/check-package.sh"
-	for cmd in \
+	c_steps "$root" "$dir" \
 		"./check-package.sh bare" \
 		"apt-get install -y -q ./postgresql-15-idem_*.deb" \
 		"./check-package.sh bare" \
 		"./check-package.sh installed" \
 		"./check-package.sh use" \
 		"apt-get purge -y -q postgresql-15-idem" \
-		"./check-package.sh purged"; do
-		i=$((i + 1))
-		run_step c "$root" "$i" "$dir" "$cmd" DEBIAN_FRONTEND=noninteractive || return 1
-	done
+		"./check-package.sh purged" || return 1
+	mkdir "$root/root/idem-src"
+	git -C "$top" archive "$head" | tar -C "$root/root/idem-src" -xf -
+	c_steps "$root" "$dir" \
+		"apt-get install -y -q --no-install-recommends autopkgtest" \
+		"autopkgtest ./postgresql-15-idem_*.deb /root/idem-src/ -- null"
 }
 
 run_variant() {
