@@ -66,7 +66,10 @@ die() { echo "fresh-machine: $*" >&2; exit 1; }
 
 # --- what to test: HEAD and its README's quick start --------------------------
 head=$(git -C "$top" rev-parse HEAD)
-quick=$(git -C "$top" show "$head:README.md" | awk '
+# (README.md read whole first: awk stops reading at the block, and git
+# writing into a pipe nobody reads any more dies of SIGPIPE under pipefail)
+readme=$(git -C "$top" show "$head:README.md")
+quick=$(awk '
 	/^## Quick start[ \t]*$/ { h = 1; next }
 	h && !inb && /^##? / { exit }			# next heading: no block
 	h && !inb && /^```sh[ \t]*$/ { inb = 1; next }
@@ -76,7 +79,7 @@ quick=$(git -C "$top" show "$head:README.md" | awk '
 		sub(/[ \t]+#.*$/, ""); sub(/[ \t]+$/, "")
 		if ($0 != "") print
 	}
-	END { if (!closed) exit 1 }') ||
+	END { if (!closed) exit 1 }' <<<"$readme") ||
 	die "README.md at $head has no closed \`\`\`sh block after '## Quick start'"
 [ -n "$quick" ] || die "the quick-start block of README.md at $head is empty"
 mapfile -t cmds <<<"$quick"
