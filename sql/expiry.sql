@@ -75,6 +75,39 @@ ROLLBACK TO SAVEPOINT s;
 SELECT pg_sleep(1.2);
 COMMIT;
 SELECT count(*) AS ttl2_records FROM idem.keys WHERE key = 'ttl-2';
+-- nor does a rolled-back call's ttl move the record that replaced it: the
+-- surviving call's own ttl counts from the commit, whichever was longer
+BEGIN;
+SET LOCAL idem.ttl = '10s';
+SAVEPOINT s;
+SELECT idem_execute('ttl-3', 'SELECT 3 AS n') ->> 'command';
+ROLLBACK TO SAVEPOINT s;
+SET LOCAL idem.ttl = '1h';
+SELECT idem_execute('ttl-3', 'SELECT 3 AS n') ->> 'command';
+SELECT pg_sleep(1.2);
+COMMIT;
+SELECT expires_at > now() + interval '59 minutes' AS own_ttl_kept
+  FROM idem.keys WHERE key = 'ttl-3';
+BEGIN;
+SET LOCAL idem.ttl = '1h';
+SAVEPOINT s;
+SELECT idem_execute('ttl-4', 'SELECT 4 AS n') ->> 'command';
+ROLLBACK TO SAVEPOINT s;
+SET LOCAL idem.ttl = '10s';
+SELECT idem_execute('ttl-4', 'SELECT 4 AS n') ->> 'command';
+SELECT pg_sleep(1.2);
+COMMIT;
+SELECT expires_at < now() + interval '1 minute' AS rolled_back_ttl_ignored
+  FROM idem.keys WHERE key = 'ttl-4';
+-- a released savepoint keeps its call, and the call its restamp
+BEGIN;
+SET LOCAL idem.ttl = '1s';
+SAVEPOINT s;
+SELECT idem_execute('ttl-5', 'SELECT 5 AS n') ->> 'command';
+RELEASE SAVEPOINT s;
+SELECT pg_sleep(1.5);
+COMMIT;
+SELECT replayed FROM idem_execute_ex('ttl-5', 'SELECT 5 AS n');
 
 -- Prepared transactions: the ttl counts from PREPARE TRANSACTION, the last
 -- moment idem runs in that transaction; COMMIT PREPARED later takes the

@@ -33,13 +33,19 @@
 
 #define COMMIT_SLACK_USECS		USECS_PER_SEC
 
-/* A record this transaction wrote, and when its expiry was computed. */
+/*
+ * A record this transaction wrote, when its expiry was computed, and the
+ * subtransaction that wrote it: a rolled-back savepoint takes its record
+ * along, and its entry must go too, or its ttl would be applied to a
+ * later record of the same key.
+ */
 typedef struct PendingRecord
 {
 	Oid			owner;
 	char	   *key;
 	int64		ttl_usecs;
 	TimestampTz stamped_at;
+	SubTransactionId subid;
 	struct PendingRecord *next;
 } PendingRecord;
 
@@ -61,6 +67,29 @@ restamp_pending(void)
 			break;
 		idem_restamp_key(p->owner, p->key,
 						 now + p->ttl_usecs + COMMIT_SLACK_USECS);
+	}
+}
+
+static void
+expiry_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
+						SubTransactionId parentSubid, void *arg)
+{
+	PendingRecord **link = &pending;
+
+	if (event != SUBXACT_EVENT_ABORT_SUB && event != SUBXACT_EVENT_COMMIT_SUB)
+		return;
+	while (*link != NULL)
+	{
+		PendingRecord *p = *link;
+
+		if (p->subid == mySubid && event == SUBXACT_EVENT_ABORT_SUB)
+		{
+			*link = p->next;
+			continue;
+		}
+		if (p->subid == mySubid)
+			p->subid = parentSubid;
+		link = &p->next;
 	}
 }
 
@@ -118,6 +147,7 @@ idem_new_record_expiry(Oid owner, const char *key, int ttl)
 	if (!callback_registered)
 	{
 		RegisterXactCallback(expiry_xact_callback, NULL);
+		RegisterSubXactCallback(expiry_subxact_callback, NULL);
 		callback_registered = true;
 	}
 
@@ -127,6 +157,7 @@ idem_new_record_expiry(Oid owner, const char *key, int ttl)
 	p->key = pstrdup(key);
 	p->ttl_usecs = (int64) ttl * USECS_PER_SEC;
 	p->stamped_at = GetCurrentTimestamp();
+	p->subid = GetCurrentSubTransactionId();
 	p->next = pending;
 	pending = p;
 	MemoryContextSwitchTo(oldcxt);

@@ -314,7 +314,8 @@ current_settings(void)
 	MemoryContextReset(settings_cxt);
 	digest_settings(&now);
 	search_path_seen = GetOverrideSearchPath(settings_cxt);
-	settings_seen = now;
+	/* memcpy, so the padding compared above is copied too */
+	memcpy(&settings_seen, &now, sizeof(now));
 	settings_seen_valid = true;
 	return settings_digest;
 }
@@ -630,7 +631,12 @@ statement_create(uint64 hashkey, const char *sql, int nargs, Oid *argtypes,
 	error_context_stack = errcallback.previous;
 	check_parameter_count(maxparam, nargs);
 
-	cxt = AllocSetContextCreate(statement_cache_cxt, "idem statement",
+	/*
+	 * Built under the caller's context and moved into the cache only when
+	 * complete, as the plan cache does: an error half-way (a type dropped
+	 * meanwhile) then frees it with the caller's memory.
+	 */
+	cxt = AllocSetContextCreate(CurrentMemoryContext, "idem statement",
 								ALLOCSET_SMALL_SIZES);
 	oldcxt = MemoryContextSwitchTo(cxt);
 
@@ -652,6 +658,7 @@ statement_create(uint64 hashkey, const char *sql, int nargs, Oid *argtypes,
 			describe_arg(argtypes[i], &stmt->arginfo[i]);
 	}
 	MemoryContextSwitchTo(oldcxt);
+	MemoryContextSetParent(cxt, statement_cache_cxt);
 	stmt->bytes = MemoryContextMemAllocated(cxt, true);
 	return stmt;
 }
