@@ -43,10 +43,6 @@ t0=$(date +%s)
 
 work=$(mktemp -d /tmp/idem-package.XXXXXX)
 trap 'rm -rf "$work"' EXIT
-# the build-time test's server runs as postgres and must read the files
-# staged in the clone's debian/postgresql-<major>-idem (else it silently
-# finds whatever idem the system has installed)
-chmod 755 "$work"
 src=$work/idem
 git clone -q --no-hardlinks "$top" "$src"
 git -C "$src" checkout -q --detach "$commit"
