@@ -55,3 +55,8 @@ dist:
 	git -C $(srcdir) archive --format zip --prefix=$(PGXN_DIST)/ -o $(abspath $(PGXN_DIST_DIR))/$(PGXN_DIST).zip HEAD \
 		-- . $(foreach d,$(PGXN_DIST_EXCLUDE),':(exclude)$(d)')
 	@echo "$(PGXN_DIST_DIR)/$(PGXN_DIST).zip: $(EXTENSION) $(PGXN_VERSION) at $$(git -C $(srcdir) rev-parse --short HEAD)"
+
+# PGXS tracks no header dependencies: every object reads the shared structs
+# of src/idem.h, so a change there must rebuild them all, bitcode included.
+IDEM_OBJS	= $(filter src/%.o,$(OBJS))
+$(IDEM_OBJS) $(IDEM_OBJS:.o=.bc): src/idem.h src/compat.h

@@ -414,7 +414,6 @@ idem_lookup_key(Oid owner, const char *key, IdemRecord *rec)
 
 		rec->tid = tuple->t_self;
 		rec->xmin = HeapTupleHeaderGetXmin(tuple->t_data);
-		rec->owner = DatumGetObjectId(slot_getattr(slot, Anum_keys_owner, &isnull));
 		fp = DatumGetByteaPP(slot_getattr(slot, Anum_keys_fingerprint, &isnull));
 		if (VARSIZE_ANY_EXHDR(fp) == IDEM_FINGERPRINT_LEN)
 			memcpy(rec->fingerprint, VARDATA_ANY(fp), IDEM_FINGERPRINT_LEN);

@@ -77,7 +77,6 @@ typedef struct IdemRequest
 typedef struct IdemRecord
 {
 	ItemPointerData tid;
-	Oid			owner;
 	uint8		fingerprint[IDEM_FINGERPRINT_LEN];
 	Jsonb	   *response;		/* detoasted copy, caller's context */
 	TimestampTz created_at;
