@@ -84,23 +84,16 @@
 #define FINGERPRINT_V2_TAG		"idem fingerprint 2"
 
 /*
- * How a top-level argument's value enters the fingerprint.  The common
- * built-in scalars are decided once per statement; everything else goes
- * through hash_datum(), which looks its type up per value.
+ * How a top-level argument's value enters the fingerprint.  The built-in
+ * scalars are recognised once per statement and hashed by hash_scalar()
+ * with the length kept here; everything else (complex) goes through
+ * hash_datum(), which looks its type up per value.
  */
-typedef enum ArgHashKind
-{
-	ARG_HASH_BYVAL,				/* typlen bytes of the Datum */
-	ARG_HASH_FIXED,				/* typlen bytes behind the pointer */
-	ARG_HASH_VARLENA,			/* detoasted payload bytes */
-	ARG_HASH_CSTRING,			/* NUL-terminated bytes */
-	ARG_HASH_COMPLEX			/* hash_datum(): domain, array, record, ... */
-} ArgHashKind;
-
 typedef struct ArgHashInfo
 {
-	ArgHashKind kind;
+	bool		complex;		/* domain, array, record, enum, range, ... */
 	int16		typlen;
+	bool		typbyval;
 	Oid			basetype;		/* the type itself, or a domain's base */
 	char	   *typident;		/* stable name of the declared type */
 } ArgHashInfo;
@@ -591,22 +584,13 @@ describe_arg(Oid typid, ArgHashInfo *info)
 
 	get_typlenbyval(basetype, &typlen, &typbyval);
 	info->typlen = typlen;
+	info->typbyval = typbyval;
 	info->basetype = basetype;
 	info->typident = typid < FirstGenbkiObjectId ? psprintf("%u", typid)
 		: format_type_be_qualified(typid);
-
-	if (basetype != typid || basetype >= FirstGenbkiObjectId ||
+	info->complex = basetype != typid || basetype >= FirstGenbkiObjectId ||
 		get_typtype(basetype) != TYPTYPE_BASE ||
-		OidIsValid(get_element_type(basetype)) || basetype == RECORDOID)
-		info->kind = ARG_HASH_COMPLEX;
-	else if (typbyval)
-		info->kind = ARG_HASH_BYVAL;
-	else if (typlen > 0)
-		info->kind = ARG_HASH_FIXED;
-	else if (typlen == -1)
-		info->kind = ARG_HASH_VARLENA;
-	else
-		info->kind = ARG_HASH_CSTRING;
+		OidIsValid(get_element_type(basetype)) || basetype == RECORDOID;
 }
 
 static IdemStatement *
@@ -1002,6 +986,25 @@ hash_range_value(idem_sha256_ctx ctx, TypeCacheEntry *typcache, RangeType *range
 }
 
 /*
+ * A base type's value, built in or defined in the database, by its bytes:
+ * exact, and unlike text output or a send function (whose text parts follow
+ * client_encoding) independent of every setting.
+ */
+static void
+hash_scalar(idem_sha256_ctx ctx, Oid basetype, int16 typlen, bool typbyval,
+			Datum value)
+{
+	if (typbyval)
+		update_byval(ctx, basetype, value, typlen);
+	else if (typlen > 0)
+		idem_sha256_update(ctx, DatumGetPointer(value), typlen);
+	else if (typlen == -1)
+		update_varlena(ctx, value);
+	else
+		update_str(ctx, DatumGetCString(value));
+}
+
+/*
  * Hash one value of typid in a form that no session setting changes.
  */
 static void
@@ -1047,21 +1050,7 @@ hash_datum(idem_sha256_ctx ctx, Oid typid, Datum value)
 			hash_range_value(ctx, typcache->rngtype, ranges[i]);
 	}
 	else
-	{
-		/*
-		 * Base types, built in or defined in the database, by their bytes:
-		 * exact, and unlike text output or a send function (whose text
-		 * parts follow client_encoding) independent of every setting.
-		 */
-		if (typbyval)
-			update_byval(ctx, basetype, value, typlen);
-		else if (typlen > 0)
-			idem_sha256_update(ctx, DatumGetPointer(value), typlen);
-		else if (typlen == -1)
-			update_varlena(ctx, value);
-		else
-			update_str(ctx, DatumGetCString(value));
-	}
+		hash_scalar(ctx, basetype, typlen, typbyval, value);
 }
 
 /*
@@ -1088,24 +1077,11 @@ idem_statement_fingerprint(IdemStatement *stmt, IdemRequest *req,
 		idem_sha256_update(ctx, &isnull, 1);
 		if (isnull == 'n')
 			continue;
-		switch (info->kind)
-		{
-			case ARG_HASH_BYVAL:
-				update_byval(ctx, info->basetype, value, info->typlen);
-				break;
-			case ARG_HASH_FIXED:
-				idem_sha256_update(ctx, DatumGetPointer(value), info->typlen);
-				break;
-			case ARG_HASH_VARLENA:
-				update_varlena(ctx, value);
-				break;
-			case ARG_HASH_CSTRING:
-				update_str(ctx, DatumGetCString(value));
-				break;
-			case ARG_HASH_COMPLEX:
-				hash_datum(ctx, req->argtypes[i], value);
-				break;
-		}
+		if (info->complex)
+			hash_datum(ctx, req->argtypes[i], value);
+		else
+			hash_scalar(ctx, info->basetype, info->typlen, info->typbyval,
+						value);
 	}
 	idem_sha256_end(ctx, fingerprint);
 }
@@ -1130,7 +1106,7 @@ idem_statement_fingerprint_v1(IdemStatement *stmt, IdemRequest *req,
 	int32		nargs = req->nargs;
 
 	for (int i = 0; i < req->nargs; i++)
-		if (stmt->arginfo[i].kind == ARG_HASH_COMPLEX &&
+		if (stmt->arginfo[i].complex &&
 			!(stmt->arginfo[i].basetype < FirstGenbkiObjectId &&
 			  stmt->arginfo[i].basetype == req->argtypes[i] &&
 			  get_typtype(req->argtypes[i]) == TYPTYPE_BASE &&
@@ -1150,11 +1126,11 @@ idem_statement_fingerprint_v1(IdemStatement *stmt, IdemRequest *req,
 		idem_sha256_update(ctx, &isnull, 1);
 		if (isnull == 'n')
 			continue;
-		if (info->kind == ARG_HASH_BYVAL)
+		if (info->typbyval)
 			idem_sha256_update(ctx, &value, sizeof(Datum));
-		else if (info->kind == ARG_HASH_FIXED)
+		else if (info->typlen > 0)
 			idem_sha256_update(ctx, DatumGetPointer(value), info->typlen);
-		else if (info->kind == ARG_HASH_CSTRING)
+		else if (info->typlen == -2)
 		{
 			const char *s = DatumGetCString(value);
 
