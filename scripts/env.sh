@@ -1,7 +1,10 @@
 # Sourced by idem's scripts: the PostgreSQL 15 tools and the unprivileged
-# user that clusters run as (initdb refuses root).
-export PG_CONFIG=/usr/lib/postgresql/15/bin/pg_config
-export PATH=/usr/lib/postgresql/15/bin:$PATH
+# user that clusters run as (initdb refuses root).  PG_CONFIG may name
+# another installation (e.g. a relocated copy of Debian's tree, so that
+# two work trees can install and test side by side).
+export PG_CONFIG=${PG_CONFIG:-/usr/lib/postgresql/15/bin/pg_config}
+PATH=$("$PG_CONFIG" --bindir):$PATH
+export PATH
 if [ "$(id -u)" -eq 0 ]; then
 	IDEM_RUNAS=(runuser -u postgres --)
 else
