@@ -10,7 +10,9 @@ OBJS = \
 	src/statement.o \
 	src/catalog.o \
 	src/expiry.o \
-	src/response.o
+	src/response.o \
+	src/derive.o \
+	src/run.o
 DATA		= $(wildcard $(EXTENSION)--*.sql)
 PGFILEDESC	= "idem - idempotent business writes"
 

@@ -96,3 +96,140 @@ RETURNS bigint
 AS 'MODULE_PATHNAME', 'idem_purge_1_1'
 LANGUAGE C STRICT VOLATILE PARALLEL UNSAFE;
 REVOKE ALL ON FUNCTION @extschema@.idem_purge(integer) FROM PUBLIC;
+
+-- Workflow runs (idem_run_begin, idem_step, ...).  A run belongs to the
+-- role that began it, like a key.  steps is the declared order (NULL: any
+-- steps in any order); steps_done counts completed steps, which under a
+-- declared order are exactly the first steps_done of them.  Each completed
+-- step has a row in run_steps and its response in idem.keys, under the key
+-- idem_step_key(run_id, step), with no expiry: finished work stays
+-- finished until idem_run_purge() removes the finished run.
+CREATE TABLE idem.runs (
+	run_id		text COLLATE "C" NOT NULL,
+	owner		regrole NOT NULL,
+	steps		text[] COLLATE "C",
+	input		jsonb,
+	status		text NOT NULL,
+	steps_done	integer NOT NULL,
+	started_at	timestamptz NOT NULL,
+	finished_at	timestamptz,
+	last_error	text,
+	CONSTRAINT runs_pkey PRIMARY KEY (owner, run_id),
+	CONSTRAINT runs_status_check
+		CHECK (status OPERATOR(pg_catalog.=) ANY ('{running,completed,failed}'::pg_catalog.text[]))
+);
+SELECT pg_catalog.pg_extension_config_dump('idem.runs', '');
+
+CREATE TABLE idem.run_steps (
+	owner		regrole NOT NULL,
+	run_id		text COLLATE "C" NOT NULL,
+	step		text COLLATE "C" NOT NULL,
+	ordinal		integer NOT NULL,
+	step_key	text COLLATE "C" NOT NULL,
+	executed_at	timestamptz NOT NULL,
+	attempts	integer NOT NULL,
+	CONSTRAINT run_steps_pkey PRIMARY KEY (owner, run_id, step)
+);
+SELECT pg_catalog.pg_extension_config_dump('idem.run_steps', '');
+
+-- Settings that change a built-in type's text output are pinned, so that a
+-- derived key is the same string in every session.
+CREATE FUNCTION @extschema@.idem_key(VARIADIC parts "any")
+RETURNS pg_catalog.text
+AS 'MODULE_PATHNAME', 'idem_key'
+LANGUAGE C STABLE PARALLEL SAFE
+SET DateStyle = 'ISO, YMD' SET TimeZone = 'UTC' SET IntervalStyle = 'postgres'
+SET extra_float_digits = 1 SET bytea_output = 'hex' SET lc_monetary = 'C'
+SET xmlbinary = 'base64';
+
+CREATE FUNCTION @extschema@.idem_state_hash(value anyelement)
+RETURNS pg_catalog.text
+AS 'MODULE_PATHNAME', 'idem_state_hash'
+LANGUAGE C STABLE PARALLEL SAFE;
+
+CREATE FUNCTION @extschema@.idem_run_begin(run_id text,
+	steps text[] DEFAULT NULL, input pg_catalog.jsonb DEFAULT NULL,
+	OUT status text, OUT next_step text, OUT created boolean,
+	OUT started_at timestamptz)
+RETURNS record
+AS 'MODULE_PATHNAME', 'idem_run_begin'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+CREATE FUNCTION @extschema@.idem_step(run_id text, step text, sql text)
+RETURNS pg_catalog.jsonb
+AS 'MODULE_PATHNAME', 'idem_step'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+CREATE FUNCTION @extschema@.idem_step(run_id text, step text, sql text,
+	VARIADIC args "any")
+RETURNS pg_catalog.jsonb
+AS 'MODULE_PATHNAME', 'idem_step'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+CREATE FUNCTION @extschema@.idem_step_complete(run_id text, step text,
+	result pg_catalog.jsonb)
+RETURNS pg_catalog.jsonb
+AS 'MODULE_PATHNAME', 'idem_step_complete'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+CREATE FUNCTION @extschema@.idem_step_key(run_id text, step text)
+RETURNS pg_catalog.text
+AS 'MODULE_PATHNAME', 'idem_step_key'
+LANGUAGE C IMMUTABLE PARALLEL SAFE;
+
+CREATE FUNCTION @extschema@.idem_run_fail(run_id text, reason text)
+RETURNS pg_catalog.text
+AS 'MODULE_PATHNAME', 'idem_run_fail'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+CREATE FUNCTION @extschema@.idem_run_resume(run_id text)
+RETURNS pg_catalog.text
+AS 'MODULE_PATHNAME', 'idem_run_resume'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+CREATE FUNCTION @extschema@.idem_run_complete(run_id text)
+RETURNS pg_catalog.text
+AS 'MODULE_PATHNAME', 'idem_run_complete'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+CREATE FUNCTION @extschema@.idem_run_status(run_id text)
+RETURNS TABLE (status text, next_step text, steps_done integer,
+	steps_total integer, started_at timestamptz, finished_at timestamptz,
+	last_error text, input pg_catalog.jsonb)
+AS 'MODULE_PATHNAME', 'idem_run_status'
+LANGUAGE C STABLE PARALLEL UNSAFE ROWS 1;
+
+CREATE FUNCTION @extschema@.idem_run_steps(run_id text)
+RETURNS TABLE (ordinal integer, step text, state text,
+	response pg_catalog.jsonb, executed_at timestamptz, attempts integer,
+	step_key text)
+AS 'MODULE_PATHNAME', 'idem_run_steps'
+LANGUAGE C STABLE PARALLEL UNSAFE ROWS 10;
+
+-- Removing finished runs crosses roles, so it is not for everyone.  A run
+-- goes with its step rows and its steps' key records.
+CREATE FUNCTION @extschema@.idem_run_purge(finished_before timestamptz)
+RETURNS bigint
+LANGUAGE sql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+WITH gone AS (
+	DELETE FROM idem.runs r
+	 WHERE (r.status OPERATOR(pg_catalog.<>) 'running'
+			AND r.finished_at OPERATOR(pg_catalog.<) finished_before)
+		OR NOT EXISTS (SELECT FROM pg_catalog.pg_roles a
+						WHERE a.oid OPERATOR(pg_catalog.=) r.owner)
+	RETURNING r.owner, r.run_id
+), steps AS (
+	DELETE FROM idem.run_steps s USING gone g
+	 WHERE s.owner OPERATOR(pg_catalog.=) g.owner
+	   AND s.run_id OPERATOR(pg_catalog.=) g.run_id
+	RETURNING s.owner, s.step_key
+), keys AS (
+	DELETE FROM idem.keys k USING steps s
+	 WHERE k.owner OPERATOR(pg_catalog.=) s.owner
+	   AND k.key OPERATOR(pg_catalog.=) s.step_key
+)
+SELECT pg_catalog.count(*) FROM gone
+$$;
+REVOKE ALL ON FUNCTION @extschema@.idem_run_purge(timestamptz) FROM PUBLIC;

@@ -149,4 +149,32 @@ idem_sha256_end(idem_sha256_ctx ctx, uint8 *dest)
 }
 #endif
 
+
+/* materialized set-returning functions: InitMaterializedSRF() is 15's */
+#if PG_VERSION_NUM < 150000
+#include "funcapi.h"
+#include "miscadmin.h"
+#include "utils/tuplestore.h"
+static inline void
+InitMaterializedSRF(FunctionCallInfo fcinfo, bits32 flags)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	MemoryContext oldcxt;
+	TupleDesc	tupdesc;
+
+	if (rsinfo == NULL || !IsA(rsinfo, ReturnSetInfo) ||
+		!(rsinfo->allowedModes & SFRM_Materialize))
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("set-valued function called in context that cannot accept a set")));
+	oldcxt = MemoryContextSwitchTo(rsinfo->econtext->ecxt_per_query_memory);
+	if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE)
+		elog(ERROR, "return type must be a row type");
+	rsinfo->returnMode = SFRM_Materialize;
+	rsinfo->setResult = tuplestore_begin_heap(true, false, work_mem);
+	rsinfo->setDesc = CreateTupleDescCopy(tupdesc);
+	MemoryContextSwitchTo(oldcxt);
+}
+#endif
+
 #endif							/* IDEM_COMPAT_H */

@@ -71,39 +71,44 @@ typedef struct IdemResult
 	TimestampTz first_executed_at;
 } IdemResult;
 
-static void
-check_can_write(void)
+void
+idem_check_can_write(const char *what)
 {
-	PreventCommandDuringRecovery("idem_execute()");
-	PreventCommandIfReadOnly("idem_execute()");
-	PreventCommandIfParallelMode("idem_execute()");
+	PreventCommandDuringRecovery(what);
+	PreventCommandIfReadOnly(what);
+	PreventCommandIfParallelMode(what);
 }
 
-static char *
-get_key_arg(FunctionCallInfo fcinfo)
+/*
+ * idem_name_arg
+ *		A key, run id or step name argument: not null, not empty, at most
+ *		IDEM_MAX_KEY_BYTES.  what names it in messages ("idempotency key").
+ */
+char *
+idem_name_arg(FunctionCallInfo fcinfo, int argno, const char *what)
 {
-	char	   *key;
+	char	   *name;
 	int			len;
 
-	if (PG_ARGISNULL(0))
+	if (PG_ARGISNULL(argno))
 		ereport(ERROR,
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("idempotency key must not be null")));
+				 errmsg("%s must not be null", what)));
 
-	key = text_to_cstring(PG_GETARG_TEXT_PP(0));
-	len = strlen(key);
+	name = text_to_cstring(PG_GETARG_TEXT_PP(argno));
+	len = strlen(name);
 	if (len == 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("idempotency key must not be empty")));
+				 errmsg("%s must not be empty", what)));
 	if (len > IDEM_MAX_KEY_BYTES)
 		ereport(ERROR,
 				(errcode(ERRCODE_STRING_DATA_RIGHT_TRUNCATION),
-				 errmsg("idempotency key is too long"),
-				 errdetail("The key is %d bytes long; the limit is %d bytes.",
-						   len, IDEM_MAX_KEY_BYTES),
-				 errhint("Hash long natural keys, for example with sha256(), and use the digest as the key.")));
-	return key;
+				 errmsg("%s is too long", what),
+				 errdetail("The %s is %d bytes long; the limit is %d bytes.",
+						   what, len, IDEM_MAX_KEY_BYTES),
+				 errhint("Build long names with idem_key(), which hashes what does not fit.")));
+	return name;
 }
 
 /*
@@ -112,10 +117,10 @@ get_key_arg(FunctionCallInfo fcinfo)
  * Untyped literals arrive as C strings of type unknown and are bound as
  * text.
  */
-static void
-collect_args(FunctionCallInfo fcinfo, IdemRequest *req)
+void
+idem_collect_args(FunctionCallInfo fcinfo, int first, IdemRequest *req)
 {
-	int			nargs = PG_NARGS() - IDEM_FIXED_ARGS;
+	int			nargs = PG_NARGS() - first;
 
 	req->nargs = 0;
 	if (nargs <= 0)
@@ -131,9 +136,9 @@ collect_args(FunctionCallInfo fcinfo, IdemRequest *req)
 		bool	   *isnull;
 
 		/* like format(): VARIADIC NULL means no arguments */
-		if (PG_ARGISNULL(IDEM_FIXED_ARGS))
+		if (PG_ARGISNULL(first))
 			return;
-		arr = PG_GETARG_ARRAYTYPE_P(IDEM_FIXED_ARGS);
+		arr = PG_GETARG_ARRAYTYPE_P(first);
 		elemtype = ARR_ELEMTYPE(arr);
 		get_typlenbyvalalign(elemtype, &typlen, &typbyval, &typalign);
 		deconstruct_array(arr, elemtype, typlen, typbyval, typalign,
@@ -154,7 +159,7 @@ collect_args(FunctionCallInfo fcinfo, IdemRequest *req)
 	req->nulls = palloc(nargs * sizeof(char));
 	for (int i = 0; i < nargs; i++)
 	{
-		int			argno = IDEM_FIXED_ARGS + i;
+		int			argno = first + i;
 		Oid			typid = get_fn_expr_argtype(fcinfo->flinfo, argno);
 		bool		isnull = PG_ARGISNULL(argno);
 
@@ -217,7 +222,7 @@ check_fingerprint(IdemStatement *stmt, IdemRequest *req, IdemRecord *rec,
 			report_key_reused(req, "The statement text, the settings that change its meaning, or the arguments differ from the request first recorded under this key.");
 		return;
 	}
-	if (rec->fpversion != 1)
+	if (rec->fpversion != 1 || stmt == NULL)
 		report_key_reused(req, "The record was written by another version of idem, whose fingerprint this version cannot compare.");
 	if (!idem_statement_fingerprint_v1(stmt, req, v1))
 		report_key_reused(req, "The record was written by idem 1.0, whose fingerprint cannot tell apart requests with arguments of these types.");
@@ -253,6 +258,41 @@ check_record(IdemStatement *stmt, IdemRequest *req, IdemRecord *rec,
 }
 
 /*
+ * idem_check_response_size
+ *		Refuse a response (what names it) above idem.max_response_size.
+ */
+void
+idem_check_response_size(Jsonb *response, const char *what)
+{
+	if (VARSIZE(response) > idem_max_response_size)
+		ereport(ERROR,
+				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+				 errmsg("%s is too large", what),
+				 errdetail("The response is %u bytes; idem.max_response_size is %d bytes.",
+						   (unsigned int) VARSIZE(response), idem_max_response_size),
+				 errhint("Return fewer rows or columns, or raise idem.max_response_size.")));
+}
+
+/*
+ * idem_find_record
+ *		Lock req's key and look it up: true if a live record of this very
+ *		request exists (rec is filled, to be replayed), false if the key is
+ *		free.  Raises the error that says why otherwise.
+ *
+ * stmt may be NULL for a request that is not a statement (a step result
+ * recorded by idem_step_complete()).
+ */
+bool
+idem_find_record(IdemStatement *stmt, IdemRequest *req,
+				 const uint8 *fingerprint, TimestampTz now, IdemRecord *rec)
+{
+	check_not_inflight(req);
+	idem_lock_key(req->owner, req->key, req->keylen, idem_wait);
+	return idem_lookup_key(req->owner, req->key, rec) &&
+		check_record(stmt, req, rec, fingerprint, now);
+}
+
+/*
  * Run the business statement and return its response, built in the
  * caller's memory context.
  */
@@ -275,16 +315,51 @@ run_statement(IdemStatement *stmt, IdemRequest *req)
 	MemoryContextSwitchTo(callercxt);
 	response = idem_build_response(idem_statement_command(stmt),
 								   SPI_processed, SPI_tuptable);
-	if (VARSIZE(response) > idem_max_response_size)
-		ereport(ERROR,
-				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
-				 errmsg("idem_execute() response is too large"),
-				 errdetail("The response is %u bytes; idem.max_response_size is %d bytes.",
-						   (unsigned int) VARSIZE(response), idem_max_response_size),
-				 errhint("Return fewer rows or columns, or raise idem.max_response_size.")));
+	idem_check_response_size(response, "idem_execute() response");
 
 	SPI_finish();
 	return response;
+}
+
+/*
+ * idem_execute_statement
+ *		Run req's business statement with its key marked in flight (so a
+ *		nested call with the same key fails instead of waiting on itself)
+ *		and return the response.
+ */
+Jsonb *
+idem_execute_statement(IdemStatement *stmt, IdemRequest *req)
+{
+	InflightKey self;
+	Jsonb	   *response;
+
+	self.owner = req->owner;
+	self.key = req->key;
+	self.next = inflight_keys;
+	inflight_keys = &self;
+
+	PG_TRY();
+	{
+		response = run_statement(stmt, req);
+	}
+	PG_FINALLY();
+	{
+		inflight_keys = self.next;
+	}
+	PG_END_TRY();
+	return response;
+}
+
+/*
+ * The outbox topic a call writes to, read before the business statement
+ * runs: the statement could change it with set_config().
+ */
+char *
+idem_current_topic(void)
+{
+	if (idem_outbox_topic != NULL && idem_outbox_topic[0] != '\0')
+		return pstrdup(idem_outbox_topic);
+	return NULL;
 }
 
 static void
@@ -292,26 +367,10 @@ execute_and_record(IdemStatement *stmt, IdemRequest *req,
 				   const uint8 *fingerprint, TimestampTz now,
 				   IdemResult *result)
 {
-	InflightKey self;
 	Oid			owner = req->owner;
-	char	   *topic = NULL;
+	char	   *topic = idem_current_topic();
 
-	/*
-	 * Settings the record depends on are read before the business statement
-	 * runs: it could change them with set_config(), and idem.ttl was checked
-	 * against idem.max_ttl on entry.
-	 */
-	if (idem_outbox_topic != NULL && idem_outbox_topic[0] != '\0')
-		topic = pstrdup(idem_outbox_topic);
-
-	self.owner = owner;
-	self.key = req->key;
-	self.next = inflight_keys;
-	inflight_keys = &self;
-
-	result->response = run_statement(stmt, req);
-
-	inflight_keys = self.next;
+	result->response = idem_execute_statement(stmt, req);
 
 	idem_insert_key(req->key, owner, fingerprint, result->response, now,
 					idem_new_record_expiry(owner, req->key, req->ttl));
@@ -329,8 +388,8 @@ execute_and_record(IdemStatement *stmt, IdemRequest *req,
  * record makes this commit flush and wait for synchronous replication past
  * the original commit's LSN.
  */
-static void
-make_replay_durable(IdemRequest *req)
+void
+idem_make_replay_durable(IdemRequest *req)
 {
 	LogTransactionalMessage("idem", req->key, req->keylen);
 }
@@ -340,22 +399,21 @@ idem_execute_internal(FunctionCallInfo fcinfo, IdemResult *result)
 {
 	IdemRequest req;
 	IdemStatement *stmt;
-	InflightKey *saved_inflight = inflight_keys;
 	uint8		fingerprint[IDEM_FINGERPRINT_LEN];
 	TimestampTz now = GetCurrentTransactionStartTimestamp();
 
-	check_can_write();
+	idem_check_can_write("idem_execute()");
 	req.ttl = idem_checked_ttl();
 
 	req.owner = GetUserId();
-	req.key = get_key_arg(fcinfo);
+	req.key = idem_name_arg(fcinfo, 0, "idempotency key");
 	req.keylen = strlen(req.key);
 	if (PG_ARGISNULL(1))
 		ereport(ERROR,
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
 				 errmsg("statement passed to idem_execute() must not be null")));
 	req.sql = text_to_cstring(PG_GETARG_TEXT_PP(1));
-	collect_args(fcinfo, &req);
+	idem_collect_args(fcinfo, IDEM_FIXED_ARGS, &req);
 
 	stmt = idem_statement_acquire(req.sql, req.nargs, req.argtypes);
 	PG_TRY();
@@ -363,24 +421,19 @@ idem_execute_internal(FunctionCallInfo fcinfo, IdemResult *result)
 		IdemRecord	rec;
 
 		idem_statement_fingerprint(stmt, &req, fingerprint);
-		check_not_inflight(&req);
-		idem_lock_key(req.owner, req.key, req.keylen, idem_wait);
-
-		if (idem_lookup_key(req.owner, req.key, &rec) &&
-			check_record(stmt, &req, &rec, fingerprint, now))
+		if (idem_find_record(stmt, &req, fingerprint, now, &rec))
 		{
 			result->response = rec.response;
 			result->replayed = true;
 			result->first_executed_at = rec.created_at;
 			if (idem_durable_replay)
-				make_replay_durable(&req);
+				idem_make_replay_durable(&req);
 		}
 		else
 			execute_and_record(stmt, &req, fingerprint, now, result);
 	}
 	PG_FINALLY();
 	{
-		inflight_keys = saved_inflight;
 		idem_statement_release(stmt);
 	}
 	PG_END_TRY();

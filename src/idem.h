@@ -15,6 +15,7 @@
 #define IDEM_H
 
 #include "access/htup.h"
+#include "fmgr.h"
 #include "executor/spi.h"
 #include "utils/jsonb.h"
 #include "utils/timestamp.h"
@@ -27,6 +28,12 @@
 #define ERRCODE_IDEM_KEY_REUSED			MAKE_SQLSTATE('I','D','4','2','2')
 /* same key still being executed elsewhere: the draft's 409 */
 #define ERRCODE_IDEM_IN_PROGRESS		MAKE_SQLSTATE('I','D','4','0','9')
+
+/* workflow runs (run.c) */
+#define ERRCODE_IDEM_RUN_NOT_FOUND		MAKE_SQLSTATE('I','D','4','0','4')
+#define ERRCODE_IDEM_STEP_UNDECLARED	MAKE_SQLSTATE('I','D','4','0','0')
+#define ERRCODE_IDEM_RUN_NOT_RUNNING	MAKE_SQLSTATE('I','D','4','2','3')
+#define ERRCODE_IDEM_STEP_OUT_OF_SEQUENCE MAKE_SQLSTATE('I','D','4','2','5')
 
 /* Longest key accepted, in bytes (Stripe's limit is 255 characters). */
 #define IDEM_MAX_KEY_BYTES		255
@@ -86,8 +93,23 @@ typedef struct IdemRecord
 	bool		visible;		/* to the caller's transaction snapshot */
 } IdemRecord;
 
-/* statement.c: per-backend cache of business statements */
 typedef struct IdemStatement IdemStatement;
+
+/* execute.c: the parts of a call that workflow steps share */
+extern void idem_check_can_write(const char *what);
+extern char *idem_name_arg(FunctionCallInfo fcinfo, int argno,
+						   const char *what);
+extern void idem_collect_args(FunctionCallInfo fcinfo, int first,
+							  IdemRequest *req);
+extern bool idem_find_record(IdemStatement *stmt, IdemRequest *req,
+							 const uint8 *fingerprint, TimestampTz now,
+							 IdemRecord *rec);
+extern Jsonb *idem_execute_statement(IdemStatement *stmt, IdemRequest *req);
+extern void idem_check_response_size(Jsonb *response, const char *what);
+extern char *idem_current_topic(void);
+extern void idem_make_replay_durable(IdemRequest *req);
+
+/* statement.c: per-backend cache of business statements */
 extern IdemStatement *idem_statement_acquire(const char *sql, int nargs,
 											 Oid *argtypes);
 extern void idem_statement_release(IdemStatement *stmt);
@@ -98,6 +120,11 @@ extern void idem_statement_fingerprint(IdemStatement *stmt, IdemRequest *req,
 extern bool idem_statement_fingerprint_v1(IdemStatement *stmt,
 										  IdemRequest *req,
 										  uint8 *fingerprint);
+extern void idem_value_digest(const char *tag, Oid typid, Datum value,
+							  uint8 *digest);
+
+/* derive.c: keys built from business context */
+extern char *idem_derive_key(int nparts, const char *const *parts);
 
 /* catalog.c: idem's tables and the key lock */
 extern void idem_lock_key(Oid owner, const char *key, int keylen, bool wait);

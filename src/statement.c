@@ -1145,3 +1145,22 @@ idem_statement_fingerprint_v1(IdemStatement *stmt, IdemRequest *req,
 	idem_sha256_end(ctx, fingerprint);
 	return true;
 }
+
+/*
+ * idem_value_digest
+ *		SHA-256 of a tag and one typed value, hashed as request arguments
+ *		are: independent of every session setting, and of the OIDs a
+ *		restore renumbers.  Tags keep digests made for different purposes
+ *		apart.
+ */
+void
+idem_value_digest(const char *tag, Oid typid, Datum value, uint8 *digest)
+{
+	IdemSha256	sha;
+	idem_sha256_ctx ctx = idem_sha256_begin(&sha);
+
+	update_str(ctx, tag);
+	update_typident(ctx, typid);
+	hash_datum(ctx, typid, value);
+	idem_sha256_end(ctx, digest);
+}
