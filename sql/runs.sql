@@ -1,0 +1,243 @@
+--
+-- runs: workflow runs with declared steps, replay, sequencing, external
+-- steps, failure and resume, ownership, bad input
+--
+CREATE TABLE refunds (id serial PRIMARY KEY, return_id text NOT NULL, amount numeric NOT NULL);
+CREATE TABLE notices (id serial PRIMARY KEY, return_id text NOT NULL);
+CREATE VIEW counts AS
+SELECT (SELECT count(*) FROM refunds) AS refunds, (SELECT count(*) FROM notices) AS notices;
+
+-- begin is idempotent: the same arguments return the existing run
+SELECT status, next_step, created, started_at = now() AS started_now
+  FROM idem_run_begin('ret-1',
+       steps => ARRAY['check_inventory', 'create_label', 'refund', 'notify'],
+       input => '{"return_id": "ret-1", "amount": 25.00}');
+SELECT status, next_step, created FROM idem_run_begin('ret-1',
+       steps => ARRAY['check_inventory', 'create_label', 'refund', 'notify'],
+       input => '{"amount": 25.00, "return_id": "ret-1"}');
+-- other steps or another input under the same run id: ID422, nothing changes
+SELECT * FROM idem_run_begin('ret-1', steps => ARRAY['refund'],
+       input => '{"return_id": "ret-1", "amount": 25.00}');
+\echo :LAST_ERROR_SQLSTATE
+SELECT * FROM idem_run_begin('ret-1',
+       steps => ARRAY['check_inventory', 'create_label', 'refund', 'notify'],
+       input => '{"return_id": "ret-1", "amount": 2500}');
+\echo :LAST_ERROR_SQLSTATE
+SELECT * FROM idem_run_begin('ret-1');
+\echo :LAST_ERROR_SQLSTATE
+SELECT status, next_step, steps_done, steps_total, finished_at, last_error, input
+  FROM idem_run_status('ret-1');
+
+-- sequencing: refund cannot skip the earlier steps, and nothing executes
+SELECT idem_step('ret-1', 'refund',
+       'INSERT INTO refunds (return_id, amount) VALUES ($1, $2) RETURNING id', 'ret-1', 25.00::numeric);
+\echo :LAST_ERROR_SQLSTATE
+SELECT * FROM counts;
+-- a name the run did not declare
+SELECT idem_step('ret-1', 'payout', 'SELECT 1 AS one');
+\echo :LAST_ERROR_SQLSTATE
+
+-- the steps in order; a completed step replays byte for byte
+SELECT idem_step('ret-1', 'check_inventory', 'SELECT $1::int AS in_stock', 3);
+SELECT idem_step('ret-1', 'check_inventory', 'SELECT $1::int AS in_stock', 3);
+-- a different request under a completed step: ID422
+SELECT idem_step('ret-1', 'check_inventory', 'SELECT $1::int AS in_stock', 4);
+\echo :LAST_ERROR_SQLSTATE
+
+-- an external step: its key, then its result
+SELECT idem_step_key('ret-1', 'create_label');
+SELECT idem_step_key('ret-1', 'create_label') = idem_step_key('ret-1', 'create_label') AS stable;
+SELECT idem_step_complete('ret-1', 'create_label', '{"label_id": "LB-991"}');
+SELECT idem_step_complete('ret-1', 'create_label', '{"label_id": "LB-991"}');
+-- completed again with another result: ID422, the first stays
+SELECT idem_step_complete('ret-1', 'create_label', '{"label_id": "LB-992"}');
+\echo :LAST_ERROR_SQLSTATE
+
+-- the refund, retried: executed once
+SELECT idem_step('ret-1', 'refund',
+       'INSERT INTO refunds (return_id, amount) VALUES ($1, $2) RETURNING return_id, amount', 'ret-1', 25.00::numeric);
+SELECT idem_step('ret-1', 'refund',
+       'INSERT INTO refunds (return_id, amount) VALUES ($1, $2) RETURNING return_id, amount', 'ret-1', 25.00::numeric);
+SELECT * FROM counts;
+SELECT status, next_step, steps_done FROM idem_run_status('ret-1');
+
+-- the last step completes the run in its own transaction: rolled back, the
+-- run is still running and nothing was written
+BEGIN;
+SELECT idem_step('ret-1', 'notify', 'INSERT INTO notices (return_id) VALUES ($1) RETURNING return_id', 'ret-1');
+SELECT status, next_step FROM idem_run_status('ret-1');
+ROLLBACK;
+SELECT status, next_step, finished_at IS NULL AS unfinished FROM idem_run_status('ret-1');
+SELECT * FROM counts;
+-- a failing statement records nothing either
+SELECT idem_step('ret-1', 'notify', 'INSERT INTO notices (return_id) VALUES (NULL)');
+\echo :LAST_ERROR_SQLSTATE
+SELECT idem_step('ret-1', 'notify', 'INSERT INTO notices (return_id) VALUES ($1) RETURNING return_id', 'ret-1');
+SELECT status, next_step, steps_done, finished_at IS NOT NULL AS finished FROM idem_run_status('ret-1');
+
+-- the whole sequence re-run after a "crash": every step replays
+SELECT idem_step('ret-1', 'check_inventory', 'SELECT $1::int AS in_stock', 3) IS NOT NULL AS replayed;
+SELECT idem_step_complete('ret-1', 'create_label', '{"label_id": "LB-991"}');
+SELECT idem_step('ret-1', 'refund',
+       'INSERT INTO refunds (return_id, amount) VALUES ($1, $2) RETURNING return_id, amount', 'ret-1', 25.00::numeric);
+SELECT idem_step('ret-1', 'notify', 'INSERT INTO notices (return_id) VALUES ($1) RETURNING return_id', 'ret-1');
+SELECT * FROM counts;
+-- ordinal, step, state, response, attempts: executions and committed replays
+SELECT ordinal, step, state, response, executed_at IS NOT NULL AS executed, attempts
+  FROM idem_run_steps('ret-1');
+
+-- the step's key is an ordinary key: idem_execute under it is the same request
+SELECT replayed, response FROM idem_execute_ex(idem_step_key('ret-1', 'refund'),
+       'INSERT INTO refunds (return_id, amount) VALUES ($1, $2) RETURNING return_id, amount', 'ret-1', 25.00::numeric);
+-- and steps do not expire
+SELECT expires_at = 'infinity' AS never_expires FROM idem.keys
+ WHERE key = idem_step_key('ret-1', 'refund');
+
+-- a completed run executes no new step
+SELECT status, next_step, created FROM idem_run_begin('free');
+SELECT idem_step('free', 'b', 'SELECT 2 AS two');
+SELECT idem_step('free', 'a', 'SELECT 1 AS one');
+SELECT ordinal, step, state FROM idem_run_steps('free');
+SELECT status, next_step, steps_done, steps_total FROM idem_run_status('free');
+SELECT idem_run_complete('free');
+SELECT idem_step('free', 'c', 'SELECT 3 AS three');
+\echo :LAST_ERROR_SQLSTATE
+SELECT idem_step('free', 'a', 'SELECT 1 AS one');
+SELECT idem_run_fail('free', 'too late');
+\echo :LAST_ERROR_SQLSTATE
+SELECT idem_run_resume('free');
+\echo :LAST_ERROR_SQLSTATE
+-- a run with pending declared steps does not complete by decree
+SELECT idem_run_complete('ret-1');
+SELECT status, next_step, created FROM idem_run_begin('ret-2', steps => ARRAY['a', 'b']);
+SELECT idem_run_complete('ret-2');
+\echo :LAST_ERROR_SQLSTATE
+
+-- failure: a failed run refuses new steps until resumed; completed steps
+-- still replay
+SELECT idem_step('ret-2', 'a', 'SELECT 1 AS one');
+SELECT idem_run_fail('ret-2', 'model timeout');
+SELECT status, last_error, finished_at IS NOT NULL AS finished FROM idem_run_status('ret-2');
+SELECT idem_step('ret-2', 'b', 'SELECT 2 AS two');
+\echo :LAST_ERROR_SQLSTATE
+SELECT idem_step('ret-2', 'a', 'SELECT 1 AS one');
+SELECT idem_step_complete('ret-2', 'b', '{}');
+\echo :LAST_ERROR_SQLSTATE
+SELECT idem_run_resume('ret-2');
+SELECT status, last_error, finished_at IS NULL AS unfinished FROM idem_run_status('ret-2');
+SELECT idem_step('ret-2', 'b', 'SELECT 2 AS two');
+SELECT status FROM idem_run_status('ret-2');
+
+-- a declared list is renumbered from 1 however it was written
+SELECT status, next_step FROM idem_run_begin('ret-3', steps => '[0:1]={x,y}');
+SELECT idem_step('ret-3', 'y', 'SELECT 1');
+\echo :LAST_ERROR_SQLSTATE
+SELECT ordinal, step, state FROM idem_run_steps('ret-3');
+
+-- outbox events written by a step
+SET idem.outbox_topic = 'returns';
+SELECT status, next_step, created FROM idem_run_begin('ret-4', steps => ARRAY['notify']);
+SELECT idem_step('ret-4', 'notify', 'SELECT $1 AS return_id', 'ret-4');
+SELECT idem_step('ret-4', 'notify', 'SELECT $1 AS return_id', 'ret-4');
+RESET idem.outbox_topic;
+SELECT key = idem_step_key('ret-4', 'notify') AS step_key, topic, payload FROM idem.outbox;
+
+-- bad input: a documented SQLSTATE, and nothing changes
+SELECT * FROM idem_run_begin(NULL);
+\echo :LAST_ERROR_SQLSTATE
+SELECT * FROM idem_run_begin('');
+\echo :LAST_ERROR_SQLSTATE
+SELECT * FROM idem_run_begin(repeat('r', 256));
+\echo :LAST_ERROR_SQLSTATE
+SELECT * FROM idem_run_begin('bad', steps => ARRAY['a', 'b', 'a']);
+\echo :LAST_ERROR_SQLSTATE
+SELECT * FROM idem_run_begin('bad', steps => ARRAY['a', NULL]);
+\echo :LAST_ERROR_SQLSTATE
+SELECT * FROM idem_run_begin('bad', steps => ARRAY[]::text[]);
+\echo :LAST_ERROR_SQLSTATE
+SELECT * FROM idem_run_begin('bad', steps => ARRAY[['a', 'b'], ['c', 'd']]);
+\echo :LAST_ERROR_SQLSTATE
+SELECT * FROM idem_run_begin('bad', steps => ARRAY['a', '']);
+\echo :LAST_ERROR_SQLSTATE
+SELECT * FROM idem_run_begin('bad', steps => ARRAY[repeat('s', 256)]);
+\echo :LAST_ERROR_SQLSTATE
+SELECT * FROM idem_run_begin('bad', input => '{"a":');
+\echo :LAST_ERROR_SQLSTATE
+SELECT idem_step('no-such-run', 'a', 'SELECT 1');
+\echo :LAST_ERROR_SQLSTATE
+SELECT idem_step('ret-2', NULL, 'SELECT 1');
+\echo :LAST_ERROR_SQLSTATE
+SELECT idem_step('ret-2', '', 'SELECT 1');
+\echo :LAST_ERROR_SQLSTATE
+SELECT idem_step('ret-2', 'b', NULL);
+\echo :LAST_ERROR_SQLSTATE
+SELECT idem_step_complete('ret-2', 'b', NULL);
+\echo :LAST_ERROR_SQLSTATE
+SELECT idem_step_complete('ret-2', 'b', 'not json');
+\echo :LAST_ERROR_SQLSTATE
+SET idem.max_response_size = 1024;
+SELECT idem_step_complete('ret-2', 'b', jsonb_build_object('blob', repeat('x', 2000)));
+\echo :LAST_ERROR_SQLSTATE
+RESET idem.max_response_size;
+SELECT idem_step_key(NULL, 'a');
+\echo :LAST_ERROR_SQLSTATE
+SELECT idem_run_fail('ret-2', NULL);
+\echo :LAST_ERROR_SQLSTATE
+SELECT * FROM idem_run_status('no-such-run');
+\echo :LAST_ERROR_SQLSTATE
+SELECT * FROM idem_run_steps('no-such-run');
+\echo :LAST_ERROR_SQLSTATE
+SELECT count(*) AS runs FROM idem.runs WHERE run_id IN ('bad', 'no-such-run');
+-- a read-only transaction cannot step
+BEGIN READ ONLY;
+SELECT idem_step('ret-2', 'b', 'SELECT 2 AS two');
+\echo :LAST_ERROR_SQLSTATE
+ROLLBACK;
+
+-- runs belong to the role that began them
+CREATE ROLE regress_idem_alice;
+CREATE ROLE regress_idem_bob;
+GRANT INSERT, SELECT ON refunds TO regress_idem_alice, regress_idem_bob;
+GRANT USAGE ON SEQUENCE refunds_id_seq TO regress_idem_alice, regress_idem_bob;
+SET ROLE regress_idem_alice;
+SELECT status, created FROM idem_run_begin('shared-id', steps => ARRAY['refund']);
+SELECT idem_step('shared-id', 'refund',
+       'INSERT INTO refunds (return_id, amount) VALUES ($1, $2) RETURNING return_id', 'alice', 1.00::numeric);
+SET ROLE regress_idem_bob;
+-- bob sees, steps and fails nothing of alice's run
+SELECT * FROM idem_run_status('shared-id');
+\echo :LAST_ERROR_SQLSTATE
+SELECT idem_step('shared-id', 'refund', 'SELECT 1');
+\echo :LAST_ERROR_SQLSTATE
+SELECT idem_run_fail('shared-id', 'squatting');
+\echo :LAST_ERROR_SQLSTATE
+-- the same run id is bob's own run
+SELECT status, created FROM idem_run_begin('shared-id', steps => ARRAY['refund']);
+SELECT idem_step('shared-id', 'refund',
+       'INSERT INTO refunds (return_id, amount) VALUES ($1, $2) RETURNING return_id', 'bob', 2.00::numeric);
+-- and the tables stay out of reach
+SELECT * FROM idem.runs;
+\echo :LAST_ERROR_SQLSTATE
+SELECT idem_run_purge(now());
+\echo :LAST_ERROR_SQLSTATE
+RESET ROLE;
+SELECT owner, run_id, status FROM idem.runs WHERE run_id = 'shared-id' ORDER BY owner::text;
+SELECT return_id FROM refunds WHERE return_id IN ('alice', 'bob') ORDER BY 1;
+
+-- purge: finished runs go with their steps and key records; running runs stay
+SELECT idem_run_purge(now() + interval '1 minute') AS purged;
+SELECT run_id, status FROM idem.runs ORDER BY owner::text, run_id;
+SELECT count(*) AS step_rows FROM idem.run_steps WHERE run_id IN ('ret-1', 'free', 'ret-2');
+SELECT count(*) AS step_keys FROM idem.keys WHERE key LIKE 'idem.step:ret-1:%';
+-- a purged run can begin anew
+SELECT status, created FROM idem_run_begin('ret-1', steps => ARRAY['a']);
+
+DROP OWNED BY regress_idem_alice, regress_idem_bob;
+DROP ROLE regress_idem_alice;
+DROP ROLE regress_idem_bob;
+DELETE FROM idem.keys;
+DELETE FROM idem.run_steps;
+DELETE FROM idem.runs;
+DELETE FROM idem.outbox;
+DROP VIEW counts;
+DROP TABLE refunds, notices;
