@@ -195,3 +195,10 @@ WITH gone AS (
 SELECT pg_catalog.count(*) FROM gone
 $$;
 REVOKE ALL ON FUNCTION @extschema@.idem_run_purge(timestamptz) FROM PUBLIC;
+
+-- What a client should do after an error with this SQLSTATE: retry,
+-- retry_later or never.  Every error idem raises says the same in its hint.
+CREATE FUNCTION @extschema@.idem_retry_advice(sqlstate text)
+RETURNS pg_catalog.text
+AS 'MODULE_PATHNAME', 'idem_retry_advice'
+LANGUAGE C IMMUTABLE PARALLEL SAFE;

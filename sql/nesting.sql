@@ -17,6 +17,7 @@ SELECT key FROM idem.keys WHERE key LIKE 'nest:%' ORDER BY key;
 -- record), and nothing is written
 SELECT idem_execute('nest:same',
        'SELECT idem_execute(''nest:same'', ''INSERT INTO steps(name) VALUES (''''x'''')'')');
+\echo :LAST_ERROR_SQLSTATE
 SELECT count(*) AS steps FROM steps;
 SELECT count(*) AS keys FROM idem.keys WHERE key = 'nest:same';
 

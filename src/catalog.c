@@ -135,7 +135,7 @@ catalog_damaged(const char *relname, const char *detail)
 			 errmsg("relation \"idem.%s\" is not the one extension \"idem\" created",
 					relname),
 			 errdetail("%s", detail),
-			 errhint("Reinstall the extension with DROP EXTENSION idem; CREATE EXTENSION idem.")));
+			 idem_errhint(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE, "Reinstall the extension with DROP EXTENSION idem; CREATE EXTENSION idem.")));
 }
 
 static Oid
@@ -147,7 +147,7 @@ catalog_relid(const char *relname, Oid nspid)
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 				 errmsg("relation \"idem.%s\" does not exist", relname),
-				 errhint("Reinstall the extension with DROP EXTENSION idem; CREATE EXTENSION idem.")));
+				 idem_errhint(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE, "Reinstall the extension with DROP EXTENSION idem; CREATE EXTENSION idem.")));
 	return relid;
 }
 
@@ -269,7 +269,7 @@ catalog_resolve(void)
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 				 errmsg("extension \"idem\" is not installed in this database"),
-				 errhint("Run CREATE EXTENSION idem.")));
+				 idem_errhint(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE, "Run CREATE EXTENSION idem.")));
 
 	nspid = get_namespace_oid("idem", true);
 	if (!OidIsValid(nspid) ||
@@ -277,7 +277,7 @@ catalog_resolve(void)
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 				 errmsg("schema \"idem\" does not belong to extension \"idem\""),
-				 errhint("Reinstall the extension with DROP EXTENSION idem; CREATE EXTENSION idem.")));
+				 idem_errhint(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE, "Reinstall the extension with DROP EXTENSION idem; CREATE EXTENSION idem.")));
 
 	catalog.keys = catalog_table("keys", nspid, extoid, keys_shape, Natts_keys);
 	catalog.outbox = catalog_table("outbox", nspid, extoid, outbox_shape,
@@ -333,7 +333,7 @@ idem_lock_key(Oid owner, const char *key, int keylen, bool wait)
 				 errmsg("idempotency key \"%s\" is in use by another transaction",
 						key),
 				 errdetail("A call with this key is still in progress and idem.wait is off."),
-				 errhint("Retry after the other transaction ends.")));
+				 idem_errhint(ERRCODE_IDEM_IN_PROGRESS, "Retry after the other transaction ends.")));
 }
 
 static bool

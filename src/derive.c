@@ -139,7 +139,8 @@ idem_key(PG_FUNCTION_ARGS)
 		if (PG_ARGISNULL(0))
 			ereport(ERROR,
 					(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-					 errmsg("key parts must not be null")));
+					 errmsg("key parts must not be null"),
+					 idem_errhint(ERRCODE_NULL_VALUE_NOT_ALLOWED, NULL)));
 		arr = PG_GETARG_ARRAYTYPE_P(0);
 		elemtype = ARR_ELEMTYPE(arr);
 		get_typlenbyvalalign(elemtype, &typlen, &typbyval, &typalign);
@@ -152,7 +153,7 @@ idem_key(PG_FUNCTION_ARGS)
 				ereport(ERROR,
 						(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
 						 errmsg("key part %d is null", i + 1),
-						 errhint("A key must name its request completely; pass a placeholder such as '' for an absent value.")));
+						 idem_errhint(ERRCODE_NULL_VALUE_NOT_ALLOWED, "A key must name its request completely; pass a placeholder such as '' for an absent value.")));
 			parts[i] = part_text(elemtype, elems[i]);
 		}
 	}
@@ -168,18 +169,20 @@ idem_key(PG_FUNCTION_ARGS)
 				ereport(ERROR,
 						(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
 						 errmsg("key part %d is null", i + 1),
-						 errhint("A key must name its request completely; pass a placeholder such as '' for an absent value.")));
+						 idem_errhint(ERRCODE_NULL_VALUE_NOT_ALLOWED, "A key must name its request completely; pass a placeholder such as '' for an absent value.")));
 			if (!OidIsValid(typid))
 				ereport(ERROR,
 						(errcode(ERRCODE_INDETERMINATE_DATATYPE),
-						 errmsg("could not determine the data type of key part %d", i + 1)));
+						 errmsg("could not determine the data type of key part %d", i + 1),
+						 idem_errhint(ERRCODE_INDETERMINATE_DATATYPE, NULL)));
 			parts[i] = part_text(typid, PG_GETARG_DATUM(i));
 		}
 	}
 	if (nparts == 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("a key needs at least one part")));
+				 errmsg("a key needs at least one part"),
+				 idem_errhint(ERRCODE_INVALID_PARAMETER_VALUE, NULL)));
 
 	PG_RETURN_TEXT_P(cstring_to_text(idem_derive_key(nparts,
 													 (const char *const *) parts)));
@@ -201,11 +204,13 @@ idem_state_hash(PG_FUNCTION_ARGS)
 	if (PG_ARGISNULL(0))
 		ereport(ERROR,
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("value passed to idem_state_hash() must not be null")));
+				 errmsg("value passed to idem_state_hash() must not be null"),
+				 idem_errhint(ERRCODE_NULL_VALUE_NOT_ALLOWED, NULL)));
 	if (!OidIsValid(typid))
 		ereport(ERROR,
 				(errcode(ERRCODE_INDETERMINATE_DATATYPE),
-				 errmsg("could not determine the data type of the value passed to idem_state_hash()")));
+				 errmsg("could not determine the data type of the value passed to idem_state_hash()"),
+				 idem_errhint(ERRCODE_INDETERMINATE_DATATYPE, NULL)));
 
 	idem_value_digest("idem_state_hash", typid, PG_GETARG_DATUM(0), digest);
 	initStringInfo(&buf);

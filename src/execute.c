@@ -93,21 +93,23 @@ idem_name_arg(FunctionCallInfo fcinfo, int argno, const char *what)
 	if (PG_ARGISNULL(argno))
 		ereport(ERROR,
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("%s must not be null", what)));
+				 errmsg("%s must not be null", what),
+				 idem_errhint(ERRCODE_NULL_VALUE_NOT_ALLOWED, NULL)));
 
 	name = text_to_cstring(PG_GETARG_TEXT_PP(argno));
 	len = strlen(name);
 	if (len == 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("%s must not be empty", what)));
+				 errmsg("%s must not be empty", what),
+				 idem_errhint(ERRCODE_INVALID_PARAMETER_VALUE, NULL)));
 	if (len > IDEM_MAX_KEY_BYTES)
 		ereport(ERROR,
 				(errcode(ERRCODE_STRING_DATA_RIGHT_TRUNCATION),
 				 errmsg("%s is too long", what),
 				 errdetail("The %s is %d bytes long; the limit is %d bytes.",
 						   what, len, IDEM_MAX_KEY_BYTES),
-				 errhint("Build long names with idem_key(), which hashes what does not fit.")));
+				 idem_errhint(ERRCODE_STRING_DATA_RIGHT_TRUNCATION, "Build long names with idem_key(), which hashes what does not fit.")));
 	return name;
 }
 
@@ -166,7 +168,8 @@ idem_collect_args(FunctionCallInfo fcinfo, int first, IdemRequest *req)
 		if (!OidIsValid(typid))
 			ereport(ERROR,
 					(errcode(ERRCODE_INDETERMINATE_DATATYPE),
-					 errmsg("could not determine the data type of argument %d", i + 1)));
+					 errmsg("could not determine the data type of argument %d", i + 1),
+					 idem_errhint(ERRCODE_INDETERMINATE_DATATYPE, NULL)));
 
 		req->values[i] = isnull ? (Datum) 0 : PG_GETARG_DATUM(argno);
 		if (typid == UNKNOWNOID)
@@ -187,10 +190,11 @@ check_not_inflight(IdemRequest *req)
 	{
 		if (k->owner == req->owner && strcmp(k->key, req->key) == 0)
 			ereport(ERROR,
-					(errcode(ERRCODE_IDEM_IN_PROGRESS),
+					(errcode(ERRCODE_IDEM_NESTED_KEY),
 					 errmsg("idempotency key \"%s\" is already being executed by an enclosing idem_execute() call",
 							req->key),
-					 errdetail("A business statement called idem_execute() with its own key.")));
+					 errdetail("A business statement called idem_execute() with its own key."),
+					 idem_errhint(ERRCODE_IDEM_NESTED_KEY, "Give the inner call a key of its own.")));
 	}
 }
 
@@ -202,7 +206,7 @@ report_key_reused(IdemRequest *req, const char *detail)
 			 errmsg("idempotency key \"%s\" was already used for a different request",
 					req->key),
 			 errdetail("%s", detail),
-			 errhint("Use a new key for a new request.")));
+			 idem_errhint(ERRCODE_IDEM_KEY_REUSED, "Use a new key for a new request.")));
 }
 
 /*
@@ -245,7 +249,7 @@ check_record(IdemStatement *stmt, IdemRequest *req, IdemRecord *rec,
 				 errmsg("could not serialize access due to concurrent use of idempotency key \"%s\"",
 						req->key),
 				 errdetail("Another transaction recorded this key after this transaction's snapshot was taken."),
-				 errhint("Retry the transaction: the retry will replay the recorded response.")));
+				 idem_errhint(ERRCODE_T_R_SERIALIZATION_FAILURE, "Retry the transaction: the retry will replay the recorded response.")));
 
 	if (rec->expires_at <= now)
 	{
@@ -270,7 +274,7 @@ idem_check_response_size(Jsonb *response, const char *what)
 				 errmsg("%s is too large", what),
 				 errdetail("The response is %u bytes; idem.max_response_size is %d bytes.",
 						   (unsigned int) VARSIZE(response), idem_max_response_size),
-				 errhint("Return fewer rows or columns, or raise idem.max_response_size.")));
+				 idem_errhint(ERRCODE_PROGRAM_LIMIT_EXCEEDED, "Return fewer rows or columns, or raise idem.max_response_size.")));
 }
 
 /*
@@ -411,7 +415,8 @@ idem_execute_internal(FunctionCallInfo fcinfo, IdemResult *result)
 	if (PG_ARGISNULL(1))
 		ereport(ERROR,
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("statement passed to idem_execute() must not be null")));
+				 errmsg("statement passed to idem_execute() must not be null"),
+				 idem_errhint(ERRCODE_NULL_VALUE_NOT_ALLOWED, NULL)));
 	req.sql = text_to_cstring(PG_GETARG_TEXT_PP(1));
 	idem_collect_args(fcinfo, IDEM_FIXED_ARGS, &req);
 
@@ -486,7 +491,8 @@ idem_purge_1_1(PG_FUNCTION_ARGS)
 	if (batch_size <= 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("batch_size must be greater than zero")));
+				 errmsg("batch_size must be greater than zero"),
+				 idem_errhint(ERRCODE_INVALID_PARAMETER_VALUE, NULL)));
 	PreventCommandDuringRecovery("idem_purge()");
 	PreventCommandIfReadOnly("idem_purge()");
 

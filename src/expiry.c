@@ -129,7 +129,7 @@ idem_checked_ttl(void)
 				 errmsg("idem.ttl exceeds idem.max_ttl"),
 				 errdetail("idem.ttl is %d seconds; idem.max_ttl, set by an administrator, is %d seconds.",
 						   idem_ttl, idem_max_ttl),
-				 errhint("Lower idem.ttl, or ask an administrator to raise idem.max_ttl.")));
+				 idem_errhint(ERRCODE_INVALID_PARAMETER_VALUE, "Lower idem.ttl, or ask an administrator to raise idem.max_ttl.")));
 	return idem_ttl;
 }
 

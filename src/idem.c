@@ -61,7 +61,7 @@ refuse_old_definitions(void)
 			(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 			 errmsg("extension \"idem\" must be updated"),
 			 errdetail("The extension's SQL definitions are version 1.0, but the installed library is version 1.1."),
-			 errhint("Run ALTER EXTENSION idem UPDATE.")));
+			 idem_errhint(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE, "Run ALTER EXTENSION idem UPDATE.")));
 }
 
 Datum

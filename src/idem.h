@@ -29,6 +29,9 @@
 /* same key still being executed elsewhere: the draft's 409 */
 #define ERRCODE_IDEM_IN_PROGRESS		MAKE_SQLSTATE('I','D','4','0','9')
 
+/* a call under a key whose own statement is running: HTTP's 508 Loop Detected */
+#define ERRCODE_IDEM_NESTED_KEY			MAKE_SQLSTATE('I','D','5','0','8')
+
 /* workflow runs (run.c) */
 #define ERRCODE_IDEM_RUN_NOT_FOUND		MAKE_SQLSTATE('I','D','4','0','4')
 #define ERRCODE_IDEM_STEP_UNDECLARED	MAKE_SQLSTATE('I','D','4','0','0')
@@ -122,6 +125,10 @@ extern bool idem_statement_fingerprint_v1(IdemStatement *stmt,
 										  uint8 *fingerprint);
 extern void idem_value_digest(const char *tag, Oid typid, Datum value,
 							  uint8 *digest);
+
+/* advice.c: what a client should do after an error */
+extern const char *idem_retry_advice_for(int sqlerrcode);
+extern int	idem_errhint(int sqlerrcode, const char *hint);
 
 /* derive.c: keys built from business context */
 extern char *idem_derive_key(int nparts, const char *const *parts);

@@ -86,7 +86,7 @@ check_column_names(TupleDesc tupdesc)
 						 errmsg("idem_execute() cannot record a result with two columns named \"%s\"",
 								NameStr(a->attname)),
 						 errdetail("A response row keeps one value per column name, so one of the values would be lost."),
-						 errhint("Give every column of the result its own name, for example with AS.")));
+						 idem_errhint(ERRCODE_DUPLICATE_COLUMN, "Give every column of the result its own name, for example with AS.")));
 		}
 	}
 }

@@ -252,7 +252,7 @@ report_run_not_found(const char *run_id)
 			(errcode(ERRCODE_IDEM_RUN_NOT_FOUND),
 			 errmsg("run \"%s\" does not exist", run_id),
 			 errdetail("No run with this id was begun by the current role."),
-			 errhint("Begin it with idem_run_begin() first (retry advice: never).")));
+			 idem_errhint(ERRCODE_IDEM_RUN_NOT_FOUND, "Begin it with idem_run_begin() first.")));
 }
 
 /*
@@ -334,7 +334,7 @@ step_ordinal(IdemRun *run, const char *step)
 			(errcode(ERRCODE_IDEM_STEP_UNDECLARED),
 			 errmsg("run \"%s\" has no step \"%s\"", run->run_id, step),
 			 errdetail("The run was begun with a list of steps, and this name is not in it."),
-			 errhint("Use one of the names passed to idem_run_begin() (retry advice: never).")));
+			 idem_errhint(ERRCODE_IDEM_STEP_UNDECLARED, "Use one of the names passed to idem_run_begin().")));
 	return 0;					/* keep compiler quiet */
 }
 
@@ -346,12 +346,12 @@ report_not_running(IdemRun *run)
 				(errcode(ERRCODE_IDEM_RUN_NOT_RUNNING),
 				 errmsg("run \"%s\" has failed", run->run_id),
 				 errdetail("A failed run executes no new steps; completed steps still replay."),
-				 errhint("Call idem_run_resume() to continue it (retry advice: never, until resumed).")));
+				 idem_errhint(ERRCODE_IDEM_RUN_NOT_RUNNING, "Call idem_run_resume() to continue it.")));
 	ereport(ERROR,
 			(errcode(ERRCODE_IDEM_RUN_NOT_RUNNING),
 			 errmsg("run \"%s\" is %s", run->run_id, run->status),
 			 errdetail("A completed run executes no new steps; completed steps still replay."),
-			 errhint("Begin a new run for new work (retry advice: never).")));
+			 idem_errhint(ERRCODE_IDEM_RUN_NOT_RUNNING, "Begin a new run for new work.")));
 }
 
 /*
@@ -374,14 +374,15 @@ check_step_may_run(IdemRun *run, const char *step, int ordinal)
 				 errdetail("It is step %d; step %d (\"%s\") has not completed.",
 						   ordinal, run->steps_done + 1,
 						   declared_step(run, run->steps_done + 1)),
-				 errhint("Run the steps in the order idem_run_begin() declared them; idem_run_status() names the next one (retry advice: never).")));
+				 idem_errhint(ERRCODE_IDEM_STEP_OUT_OF_SEQUENCE, "Run the steps in the order idem_run_begin() declared them; idem_run_status() names the next one.")));
 	if (ordinal <= run->steps_done)
 		ereport(ERROR,
 				(errcode(ERRCODE_DATA_CORRUPTED),
 				 errmsg("step \"%s\" of run \"%s\" is counted as completed but has no record",
 						step, run->run_id),
 				 errdetail("The key record %s was removed from idem.keys.",
-						   derive_step_key(run->run_id, step))));
+						   derive_step_key(run->run_id, step)),
+				 idem_errhint(ERRCODE_DATA_CORRUPTED, NULL)));
 	return ordinal;
 }
 
@@ -511,7 +512,8 @@ idem_step(PG_FUNCTION_ARGS)
 	if (PG_ARGISNULL(2))
 		ereport(ERROR,
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("statement passed to idem_step() must not be null")));
+				 errmsg("statement passed to idem_step() must not be null"),
+				 idem_errhint(ERRCODE_NULL_VALUE_NOT_ALLOWED, NULL)));
 	req.sql = text_to_cstring(PG_GETARG_TEXT_PP(2));
 	idem_collect_args(fcinfo, STEP_FIXED_ARGS, &req);
 
@@ -551,7 +553,7 @@ idem_step_complete(PG_FUNCTION_ARGS)
 		ereport(ERROR,
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
 				 errmsg("result passed to idem_step_complete() must not be null"),
-				 errhint("Record an empty result as '{}'.")));
+				 idem_errhint(ERRCODE_NULL_VALUE_NOT_ALLOWED, "Record an empty result as '{}'.")));
 	result = PG_GETARG_JSONB_P(2);
 	idem_check_response_size(result, "idem_step_complete() result");
 
@@ -589,14 +591,15 @@ checked_steps(ArrayType *arr)
 	if (ARR_NDIM(arr) > 1)
 		ereport(ERROR,
 				(errcode(ERRCODE_ARRAY_SUBSCRIPT_ERROR),
-				 errmsg("steps must be a one-dimensional array")));
+				 errmsg("steps must be a one-dimensional array"),
+				 idem_errhint(ERRCODE_ARRAY_SUBSCRIPT_ERROR, NULL)));
 	deconstruct_array(arr, TEXTOID, -1, false, TYPALIGN_INT,
 					  &elems, &nulls, &n);
 	if (n == 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("steps must not be empty"),
-				 errhint("Pass NULL to allow any steps in any order.")));
+				 idem_errhint(ERRCODE_INVALID_PARAMETER_VALUE, "Pass NULL to allow any steps in any order.")));
 	for (int i = 0; i < n; i++)
 	{
 		char	   *name;
@@ -604,24 +607,28 @@ checked_steps(ArrayType *arr)
 		if (nulls[i])
 			ereport(ERROR,
 					(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-					 errmsg("step %d is null", i + 1)));
+					 errmsg("step %d is null", i + 1),
+					 idem_errhint(ERRCODE_NULL_VALUE_NOT_ALLOWED, NULL)));
 		name = TextDatumGetCString(elems[i]);
 		if (name[0] == '\0')
 			ereport(ERROR,
 					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-					 errmsg("step name must not be empty")));
+					 errmsg("step name must not be empty"),
+					 idem_errhint(ERRCODE_INVALID_PARAMETER_VALUE, NULL)));
 		if (strlen(name) > IDEM_MAX_KEY_BYTES)
 			ereport(ERROR,
 					(errcode(ERRCODE_STRING_DATA_RIGHT_TRUNCATION),
 					 errmsg("step name is too long"),
 					 errdetail("Step %d is %d bytes long; the limit is %d bytes.",
-							   i + 1, (int) strlen(name), IDEM_MAX_KEY_BYTES)));
+							   i + 1, (int) strlen(name), IDEM_MAX_KEY_BYTES),
+					 idem_errhint(ERRCODE_STRING_DATA_RIGHT_TRUNCATION, NULL)));
 		for (int j = 0; j < i; j++)
 			if (!nulls[j] && datumIsEqual(elems[i], elems[j], false, -1))
 				ereport(ERROR,
 						(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 						 errmsg("step \"%s\" is declared twice", name),
-						 errdetail("Steps %d and %d have the same name.", j + 1, i + 1)));
+						 errdetail("Steps %d and %d have the same name.", j + 1, i + 1),
+						 idem_errhint(ERRCODE_INVALID_PARAMETER_VALUE, NULL)));
 	}
 	return construct_array(elems, n, TEXTOID, -1, false, TYPALIGN_INT);
 }
@@ -725,7 +732,7 @@ idem_run_begin(PG_FUNCTION_ARGS)
 							run_id,
 							!DatumGetBool(result_value(2, &isnull)) ? "steps" : "input"),
 					 errdetail("A run id names one run: its steps and input are fixed when it begins."),
-					 errhint("Use a new run id for a new run (retry advice: never).")));
+					 idem_errhint(ERRCODE_IDEM_KEY_REUSED, "Use a new run id for a new run.")));
 	}
 	else
 	{
@@ -766,7 +773,8 @@ set_run_status(FunctionCallInfo fcinfo, const char *verb)
 		if (PG_ARGISNULL(1))
 			ereport(ERROR,
 					(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-					 errmsg("reason passed to idem_run_fail() must not be null")));
+					 errmsg("reason passed to idem_run_fail() must not be null"),
+					 idem_errhint(ERRCODE_NULL_VALUE_NOT_ALLOWED, NULL)));
 		reason = text_to_cstring(PG_GETARG_TEXT_PP(1));
 		if (strcmp(run.status, "completed") == 0)
 			report_not_running(&run);
@@ -789,7 +797,7 @@ set_run_status(FunctionCallInfo fcinfo, const char *verb)
 					 errdetail("%d of its %d steps have completed; step \"%s\" is next.",
 							   run.steps_done, run_nsteps(&run),
 							   declared_step(&run, run.steps_done + 1)),
-					 errhint("A run with declared steps completes with its last step (retry advice: never).")));
+					 idem_errhint(ERRCODE_IDEM_STEP_OUT_OF_SEQUENCE, "A run with declared steps completes with its last step.")));
 		status = "completed";
 	}
 

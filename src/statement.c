@@ -192,7 +192,8 @@ copy_setting(char *dest, const char *value)
 				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
 				 errmsg("setting value \"%s\" is too long for idem", value),
 				 errdetail("idem compares settings of up to %d bytes.",
-						   SETTING_LEN - 1)));
+						   SETTING_LEN - 1),
+				 idem_errhint(ERRCODE_PROGRAM_LIMIT_EXCEEDED, NULL)));
 }
 
 static void
@@ -355,7 +356,7 @@ reject_select_into(void)
 			(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
 			 errmsg("idem_execute() does not run SELECT INTO"),
 			 errdetail("SELECT INTO creates a table."),
-			 errhint("Use INSERT INTO ... SELECT.")));
+			 idem_errhint(ERRCODE_FEATURE_NOT_SUPPORTED, "Use INSERT INTO ... SELECT.")));
 }
 
 /*
@@ -378,7 +379,7 @@ check_statement(const char *sql)
 				 errmsg("idem_execute() requires exactly one SQL statement"),
 				 errdetail("The statement string contains %d statements.",
 						   list_length(parsetree)),
-				 errhint("Make one idem_execute() call per statement, each with its own key, or combine the writes in one statement with data-modifying WITH clauses.")));
+				 idem_errhint(ERRCODE_SYNTAX_ERROR, "Make one idem_execute() call per statement, each with its own key, or combine the writes in one statement with data-modifying WITH clauses.")));
 
 	raw = linitial_node(RawStmt, parsetree);
 	stmt = raw->stmt;
@@ -400,19 +401,22 @@ check_statement(const char *sql)
 			ereport(ERROR,
 					(errcode(ERRCODE_INVALID_TRANSACTION_TERMINATION),
 					 errmsg("transaction control is not allowed in idem_execute()"),
-					 errdetail("idem_execute() runs inside the caller's transaction, which commits or rolls back the key record together with the business write.")));
+					 errdetail("idem_execute() runs inside the caller's transaction, which commits or rolls back the key record together with the business write."),
+					 idem_errhint(ERRCODE_INVALID_TRANSACTION_TERMINATION, NULL)));
 			break;
 		case T_CopyStmt:
 			ereport(ERROR,
 					(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
-					 errmsg("COPY is not allowed in idem_execute()")));
+					 errmsg("COPY is not allowed in idem_execute()"),
+					 idem_errhint(ERRCODE_FEATURE_NOT_SUPPORTED, NULL)));
 			break;
 		default:
 			ereport(ERROR,
 					(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
 					 errmsg("idem_execute() does not run %s statements",
 							CreateCommandName(stmt)),
-					 errdetail("Only SELECT, INSERT, UPDATE, DELETE and MERGE can be run with an idempotency key.")));
+					 errdetail("Only SELECT, INSERT, UPDATE, DELETE and MERGE can be run with an idempotency key."),
+					 idem_errhint(ERRCODE_FEATURE_NOT_SUPPORTED, NULL)));
 	}
 
 	return CreateCommandName(stmt);
@@ -446,7 +450,8 @@ check_analyzed(SPIPlanPtr plan)
 			ereport(ERROR,
 					(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
 					 errmsg("idem_execute() does not run %s statements",
-							CreateCommandName(q->utilityStmt))));
+							CreateCommandName(q->utilityStmt)),
+					 idem_errhint(ERRCODE_FEATURE_NOT_SUPPORTED, NULL)));
 		}
 	}
 }
@@ -516,13 +521,14 @@ check_parameter_count(int maxparam, int nargs)
 				(errcode(ERRCODE_UNDEFINED_PARAMETER),
 				 errmsg("there is no parameter $%d", maxparam),
 				 errdetail("idem_execute() was given %d argument(s) after the statement.",
-						   nargs)));
+						   nargs),
+				 idem_errhint(ERRCODE_UNDEFINED_PARAMETER, NULL)));
 	if (maxparam < nargs)
 		ereport(ERROR,
 				(errcode(ERRCODE_UNDEFINED_PARAMETER),
 				 errmsg("idem_execute() was given %d argument(s) but the statement uses %d",
 						nargs, maxparam),
-				 errhint("Reference every argument as $1, $2, ... in the statement.")));
+				 idem_errhint(ERRCODE_UNDEFINED_PARAMETER, "Reference every argument as $1, $2, ... in the statement.")));
 }
 
 /* ---------------------------------------------------------------------
