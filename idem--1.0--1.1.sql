@@ -202,3 +202,17 @@ CREATE FUNCTION @extschema@.idem_retry_advice(sqlstate text)
 RETURNS pg_catalog.text
 AS 'MODULE_PATHNAME', 'idem_retry_advice'
 LANGUAGE C IMMUTABLE PARALLEL SAFE;
+
+-- What idem_execute() would do now, and for execute the response it would
+-- give, computed and rolled back: nothing is recorded, no lock is kept.
+CREATE FUNCTION @extschema@.idem_dry_run(key text, sql text,
+	OUT action text, OUT response pg_catalog.jsonb)
+RETURNS record
+AS 'MODULE_PATHNAME', 'idem_dry_run'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+CREATE FUNCTION @extschema@.idem_dry_run(key text, sql text,
+	VARIADIC args "any", OUT action text, OUT response pg_catalog.jsonb)
+RETURNS record
+AS 'MODULE_PATHNAME', 'idem_dry_run'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;

@@ -345,6 +345,17 @@ try_lock_key(Oid owner, const char *key, int keylen)
 	return LockAcquire(&tag, ExclusiveLock, false, true) != LOCKACQUIRE_NOT_AVAIL;
 }
 
+/*
+ * idem_try_lock_key
+ *		Take the key's lock if no other transaction holds it.
+ */
+bool
+idem_try_lock_key(Oid owner, const char *key, int keylen)
+{
+	catalog_resolve();
+	return try_lock_key(owner, key, keylen);
+}
+
 static void
 unlock_key(Oid owner, const char *key, int keylen)
 {

@@ -183,8 +183,8 @@ idem_collect_args(FunctionCallInfo fcinfo, int first, IdemRequest *req)
 	}
 }
 
-static void
-check_not_inflight(IdemRequest *req)
+void
+idem_check_not_inflight(IdemRequest *req)
 {
 	for (InflightKey *k = inflight_keys; k != NULL; k = k->next)
 	{
@@ -210,28 +210,59 @@ report_key_reused(IdemRequest *req, const char *detail)
 }
 
 /*
- * Whether a record is this request.  Records written by idem 1.0 carry a
- * version 1 fingerprint and are compared the way 1.0 computed it, unless
- * its arguments are of a kind version 1 could not tell apart.
+ * Whether a record is this request: NULL if it is, else why not.  Records
+ * written by idem 1.0 carry a version 1 fingerprint and are compared the
+ * way 1.0 computed it, unless its arguments are of a kind version 1 could
+ * not tell apart.
  */
-static void
-check_fingerprint(IdemStatement *stmt, IdemRequest *req, IdemRecord *rec,
-				  const uint8 *fingerprint)
+static const char *
+fingerprint_mismatch(IdemStatement *stmt, IdemRequest *req, IdemRecord *rec,
+					 const uint8 *fingerprint)
 {
 	uint8		v1[IDEM_FINGERPRINT_LEN];
 
 	if (rec->fpversion == IDEM_FINGERPRINT_VERSION)
 	{
 		if (memcmp(rec->fingerprint, fingerprint, IDEM_FINGERPRINT_LEN) != 0)
-			report_key_reused(req, "The statement text, the settings that change its meaning, or the arguments differ from the request first recorded under this key.");
-		return;
+			return "The statement text, the settings that change its meaning, or the arguments differ from the request first recorded under this key.";
+		return NULL;
 	}
 	if (rec->fpversion != 1 || stmt == NULL)
-		report_key_reused(req, "The record was written by another version of idem, whose fingerprint this version cannot compare.");
+		return "The record was written by another version of idem, whose fingerprint this version cannot compare.";
 	if (!idem_statement_fingerprint_v1(stmt, req, v1))
-		report_key_reused(req, "The record was written by idem 1.0, whose fingerprint cannot tell apart requests with arguments of these types.");
+		return "The record was written by idem 1.0, whose fingerprint cannot tell apart requests with arguments of these types.";
 	if (memcmp(rec->fingerprint, v1, IDEM_FINGERPRINT_LEN) != 0)
-		report_key_reused(req, "The statement text or the arguments differ from the request first recorded under this key.");
+		return "The statement text or the arguments differ from the request first recorded under this key.";
+	return NULL;
+}
+
+/*
+ * idem_record_matches
+ *		Whether rec, found under req's key, was written by this very request.
+ */
+bool
+idem_record_matches(IdemStatement *stmt, IdemRequest *req, IdemRecord *rec,
+					const uint8 *fingerprint)
+{
+	return fingerprint_mismatch(stmt, req, rec, fingerprint) == NULL;
+}
+
+/*
+ * idem_check_visible
+ *		A record the caller's snapshot cannot see (REPEATABLE READ or
+ *		SERIALIZABLE: it was committed after the snapshot) must not be
+ *		acted on either way.
+ */
+void
+idem_check_visible(IdemRequest *req, IdemRecord *rec)
+{
+	if (!rec->visible)
+		ereport(ERROR,
+				(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+				 errmsg("could not serialize access due to concurrent use of idempotency key \"%s\"",
+						req->key),
+				 errdetail("Another transaction recorded this key after this transaction's snapshot was taken."),
+				 idem_errhint(ERRCODE_T_R_SERIALIZATION_FAILURE, "Retry the transaction: the retry will replay the recorded response.")));
 }
 
 /*
@@ -243,21 +274,17 @@ static bool
 check_record(IdemStatement *stmt, IdemRequest *req, IdemRecord *rec,
 			 const uint8 *fingerprint, TimestampTz now)
 {
-	if (!rec->visible)
-		ereport(ERROR,
-				(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
-				 errmsg("could not serialize access due to concurrent use of idempotency key \"%s\"",
-						req->key),
-				 errdetail("Another transaction recorded this key after this transaction's snapshot was taken."),
-				 idem_errhint(ERRCODE_T_R_SERIALIZATION_FAILURE, "Retry the transaction: the retry will replay the recorded response.")));
+	const char *mismatch;
 
+	idem_check_visible(req, rec);
 	if (rec->expires_at <= now)
 	{
 		idem_delete_key(rec);
 		return false;
 	}
-
-	check_fingerprint(stmt, req, rec, fingerprint);
+	mismatch = fingerprint_mismatch(stmt, req, rec, fingerprint);
+	if (mismatch != NULL)
+		report_key_reused(req, mismatch);
 	return true;
 }
 
@@ -290,7 +317,7 @@ bool
 idem_find_record(IdemStatement *stmt, IdemRequest *req,
 				 const uint8 *fingerprint, TimestampTz now, IdemRecord *rec)
 {
-	check_not_inflight(req);
+	idem_check_not_inflight(req);
 	idem_lock_key(req->owner, req->key, req->keylen, idem_wait);
 	return idem_lookup_key(req->owner, req->key, rec) &&
 		check_record(stmt, req, rec, fingerprint, now);

@@ -104,6 +104,10 @@ extern char *idem_name_arg(FunctionCallInfo fcinfo, int argno,
 						   const char *what);
 extern void idem_collect_args(FunctionCallInfo fcinfo, int first,
 							  IdemRequest *req);
+extern void idem_check_not_inflight(IdemRequest *req);
+extern void idem_check_visible(IdemRequest *req, IdemRecord *rec);
+extern bool idem_record_matches(IdemStatement *stmt, IdemRequest *req,
+								IdemRecord *rec, const uint8 *fingerprint);
 extern bool idem_find_record(IdemStatement *stmt, IdemRequest *req,
 							 const uint8 *fingerprint, TimestampTz now,
 							 IdemRecord *rec);
@@ -135,6 +139,7 @@ extern char *idem_derive_key(int nparts, const char *const *parts);
 
 /* catalog.c: idem's tables and the key lock */
 extern void idem_lock_key(Oid owner, const char *key, int keylen, bool wait);
+extern bool idem_try_lock_key(Oid owner, const char *key, int keylen);
 extern bool idem_lookup_key(Oid owner, const char *key, IdemRecord *rec);
 extern void idem_delete_key(IdemRecord *rec);
 extern void idem_insert_key(const char *key, Oid owner,

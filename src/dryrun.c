@@ -1,0 +1,157 @@
+/*-------------------------------------------------------------------------
+ *
+ * dryrun.c
+ *		idem_dry_run(): what idem_execute() would do now, without doing it.
+ *
+ * The whole look-ahead runs in a subtransaction that is always rolled
+ * back: the key's lock (taken without waiting), the business statement's
+ * writes and anything its functions wrote in this database disappear with
+ * it, and nothing is recorded.  What a rollback cannot undo is documented:
+ * sequence values the statement drew, and effects outside the database
+ * (dblink, NOTIFY is undone but a function that called out is not).
+ *
+ * Copyright (c) 2026, idem authors
+ *
+ * IDENTIFICATION
+ *	  src/dryrun.c
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "access/htup_details.h"
+#include "access/xact.h"
+#include "fmgr.h"
+#include "funcapi.h"
+#include "miscadmin.h"
+#include "utils/builtins.h"
+#include "utils/resowner.h"
+
+#include "compat.h"
+#include "idem.h"
+
+PG_FUNCTION_INFO_V1(idem_dry_run);
+
+/* Arguments before the statement's own: key, sql */
+#define DRY_RUN_FIXED_ARGS 2
+
+typedef struct DryRunResult
+{
+	const char *action;			/* execute, replay, mismatch, in_progress, expired */
+	Jsonb	   *response;		/* NULL for mismatch and in_progress */
+} DryRunResult;
+
+/* What idem_execute() would do with req, inside the subtransaction. */
+static void
+look_ahead(IdemStatement *stmt, IdemRequest *req, const uint8 *fingerprint,
+		   DryRunResult *result)
+{
+	TimestampTz now = GetCurrentTransactionStartTimestamp();
+	IdemRecord	rec;
+
+	idem_check_not_inflight(req);
+	result->response = NULL;
+	if (!idem_try_lock_key(req->owner, req->key, req->keylen))
+	{
+		result->action = "in_progress";
+		return;
+	}
+	if (idem_lookup_key(req->owner, req->key, &rec))
+	{
+		idem_check_visible(req, &rec);
+		if (rec.expires_at > now)
+		{
+			if (idem_record_matches(stmt, req, &rec, fingerprint))
+			{
+				result->action = "replay";
+				result->response = rec.response;
+			}
+			else
+				result->action = "mismatch";
+			return;
+		}
+		result->action = "expired";
+	}
+	else
+		result->action = "execute";
+	result->response = idem_execute_statement(stmt, req);
+}
+
+/*
+ * idem_dry_run(key text, sql text [, VARIADIC args "any"],
+ *		OUT action text, OUT response jsonb) returns record
+ */
+Datum
+idem_dry_run(PG_FUNCTION_ARGS)
+{
+	IdemRequest req;
+	IdemStatement *stmt;
+	uint8		fingerprint[IDEM_FINGERPRINT_LEN];
+	DryRunResult result;
+	MemoryContext callercxt = CurrentMemoryContext;
+	ResourceOwner callerowner = CurrentResourceOwner;
+	TupleDesc	tupdesc;
+	Datum		values[2];
+	bool		nulls[2] = {false, false};
+
+	if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE)
+		elog(ERROR, "return type must be a row type");
+
+	/* the same checks, and so the same errors, as idem_execute() */
+	idem_check_can_write("idem_dry_run()");
+	req.ttl = idem_checked_ttl();
+	req.owner = GetUserId();
+	req.key = idem_name_arg(fcinfo, 0, "idempotency key");
+	req.keylen = strlen(req.key);
+	if (PG_ARGISNULL(1))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("statement passed to idem_dry_run() must not be null"),
+				 idem_errhint(ERRCODE_NULL_VALUE_NOT_ALLOWED, NULL)));
+	req.sql = text_to_cstring(PG_GETARG_TEXT_PP(1));
+	idem_collect_args(fcinfo, DRY_RUN_FIXED_ARGS, &req);
+
+	stmt = idem_statement_acquire(req.sql, req.nargs, req.argtypes);
+	PG_TRY();
+	{
+		idem_statement_fingerprint(stmt, &req, fingerprint);
+
+		BeginInternalSubTransaction(NULL);
+		/* the response is built in the caller's memory, outliving the rollback */
+		MemoryContextSwitchTo(callercxt);
+		PG_TRY();
+		{
+			look_ahead(stmt, &req, fingerprint, &result);
+		}
+		PG_CATCH();
+		{
+			/* the statement's own error, raised again once it is undone */
+			ErrorData  *edata;
+
+			MemoryContextSwitchTo(callercxt);
+			edata = CopyErrorData();
+			FlushErrorState();
+			RollbackAndReleaseCurrentSubTransaction();
+			MemoryContextSwitchTo(callercxt);
+			CurrentResourceOwner = callerowner;
+			ReThrowError(edata);
+		}
+		PG_END_TRY();
+		RollbackAndReleaseCurrentSubTransaction();
+		MemoryContextSwitchTo(callercxt);
+		CurrentResourceOwner = callerowner;
+	}
+	PG_FINALLY();
+	{
+		idem_statement_release(stmt);
+	}
+	PG_END_TRY();
+
+	values[0] = CStringGetTextDatum(result.action);
+	if (result.response != NULL)
+		values[1] = JsonbPGetDatum(result.response);
+	else
+		nulls[1] = true;
+	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(BlessTupleDesc(tupdesc),
+													  values, nulls)));
+}
