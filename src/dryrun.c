@@ -32,9 +32,6 @@
 
 PG_FUNCTION_INFO_V1(idem_dry_run);
 
-/* Arguments before the statement's own: key, sql */
-#define DRY_RUN_FIXED_ARGS 2
-
 typedef struct DryRunResult
 {
 	const char *action;			/* execute, replay, mismatch, in_progress, expired */
@@ -98,18 +95,7 @@ idem_dry_run(PG_FUNCTION_ARGS)
 		elog(ERROR, "return type must be a row type");
 
 	/* the same checks, and so the same errors, as idem_execute() */
-	idem_check_can_write("idem_dry_run()");
-	req.ttl = idem_checked_ttl();
-	req.owner = GetUserId();
-	req.key = idem_name_arg(fcinfo, 0, "idempotency key");
-	req.keylen = strlen(req.key);
-	if (PG_ARGISNULL(1))
-		ereport(ERROR,
-				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("statement passed to idem_dry_run() must not be null"),
-				 idem_errhint(ERRCODE_NULL_VALUE_NOT_ALLOWED, NULL)));
-	req.sql = text_to_cstring(PG_GETARG_TEXT_PP(1));
-	idem_collect_args(fcinfo, DRY_RUN_FIXED_ARGS, &req);
+	idem_keyed_request(fcinfo, "idem_dry_run()", &req);
 
 	stmt = idem_statement_acquire(req.sql, req.nargs, req.argtypes);
 	PG_TRY();

@@ -425,6 +425,29 @@ idem_make_replay_durable(IdemRequest *req)
 	LogTransactionalMessage("idem", req->key, req->keylen);
 }
 
+/*
+ * idem_keyed_request
+ *		The request of a call shaped (key text, sql text [, VARIADIC args]),
+ *		checked the way idem_execute() checks it; fname names the function.
+ */
+void
+idem_keyed_request(FunctionCallInfo fcinfo, const char *fname, IdemRequest *req)
+{
+	idem_check_can_write(fname);
+	req->ttl = idem_checked_ttl();
+
+	req->owner = GetUserId();
+	req->key = idem_name_arg(fcinfo, 0, "idempotency key");
+	req->keylen = strlen(req->key);
+	if (PG_ARGISNULL(1))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("statement passed to %s must not be null", fname),
+				 idem_errhint(ERRCODE_NULL_VALUE_NOT_ALLOWED, NULL)));
+	req->sql = text_to_cstring(PG_GETARG_TEXT_PP(1));
+	idem_collect_args(fcinfo, IDEM_FIXED_ARGS, req);
+}
+
 static void
 idem_execute_internal(FunctionCallInfo fcinfo, IdemResult *result)
 {
@@ -433,19 +456,7 @@ idem_execute_internal(FunctionCallInfo fcinfo, IdemResult *result)
 	uint8		fingerprint[IDEM_FINGERPRINT_LEN];
 	TimestampTz now = GetCurrentTransactionStartTimestamp();
 
-	idem_check_can_write("idem_execute()");
-	req.ttl = idem_checked_ttl();
-
-	req.owner = GetUserId();
-	req.key = idem_name_arg(fcinfo, 0, "idempotency key");
-	req.keylen = strlen(req.key);
-	if (PG_ARGISNULL(1))
-		ereport(ERROR,
-				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("statement passed to idem_execute() must not be null"),
-				 idem_errhint(ERRCODE_NULL_VALUE_NOT_ALLOWED, NULL)));
-	req.sql = text_to_cstring(PG_GETARG_TEXT_PP(1));
-	idem_collect_args(fcinfo, IDEM_FIXED_ARGS, &req);
+	idem_keyed_request(fcinfo, "idem_execute()", &req);
 
 	stmt = idem_statement_acquire(req.sql, req.nargs, req.argtypes);
 	PG_TRY();

@@ -104,6 +104,8 @@ extern char *idem_name_arg(FunctionCallInfo fcinfo, int argno,
 						   const char *what);
 extern void idem_collect_args(FunctionCallInfo fcinfo, int first,
 							  IdemRequest *req);
+extern void idem_keyed_request(FunctionCallInfo fcinfo, const char *fname,
+							   IdemRequest *req);
 extern void idem_check_not_inflight(IdemRequest *req);
 extern void idem_check_visible(IdemRequest *req, IdemRecord *rec);
 extern bool idem_record_matches(IdemStatement *stmt, IdemRequest *req,
