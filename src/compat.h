@@ -177,4 +177,11 @@ InitMaterializedSRF(FunctionCallInfo fcinfo, bits32 flags)
 }
 #endif
 
+
+/* GUC "extra" data: guc_malloc() and guc_free() are exported from 16 on */
+#if PG_VERSION_NUM < 160000
+#define guc_malloc(elevel, size) malloc(size)
+#define guc_free(ptr) free(ptr)
+#endif
+
 #endif							/* IDEM_COMPAT_H */

@@ -71,7 +71,11 @@ look_ahead(IdemStatement *stmt, IdemRequest *req, const uint8 *fingerprint,
 	}
 	else
 		result->action = "execute";
-	result->response = idem_execute_statement(stmt, req);
+	{
+		bool		cached_error;
+
+		result->response = idem_execute_caching_errors(stmt, req, &cached_error);
+	}
 }
 
 /*
@@ -85,8 +89,7 @@ idem_dry_run(PG_FUNCTION_ARGS)
 	IdemStatement *stmt;
 	uint8		fingerprint[IDEM_FINGERPRINT_LEN];
 	DryRunResult result;
-	MemoryContext callercxt = CurrentMemoryContext;
-	ResourceOwner callerowner = CurrentResourceOwner;
+	IdemSubxact sx;
 	TupleDesc	tupdesc;
 	Datum		values[2];
 	bool		nulls[2] = {false, false};
@@ -102,9 +105,7 @@ idem_dry_run(PG_FUNCTION_ARGS)
 	{
 		idem_statement_fingerprint(stmt, &req, fingerprint);
 
-		BeginInternalSubTransaction(NULL);
-		/* the response is built in the caller's memory, outliving the rollback */
-		MemoryContextSwitchTo(callercxt);
+		idem_subxact_begin(&sx);
 		PG_TRY();
 		{
 			look_ahead(stmt, &req, fingerprint, &result);
@@ -112,20 +113,10 @@ idem_dry_run(PG_FUNCTION_ARGS)
 		PG_CATCH();
 		{
 			/* the statement's own error, raised again once it is undone */
-			ErrorData  *edata;
-
-			MemoryContextSwitchTo(callercxt);
-			edata = CopyErrorData();
-			FlushErrorState();
-			RollbackAndReleaseCurrentSubTransaction();
-			MemoryContextSwitchTo(callercxt);
-			CurrentResourceOwner = callerowner;
-			ReThrowError(edata);
+			ReThrowError(idem_subxact_abort(&sx));
 		}
 		PG_END_TRY();
-		RollbackAndReleaseCurrentSubTransaction();
-		MemoryContextSwitchTo(callercxt);
-		CurrentResourceOwner = callerowner;
+		idem_subxact_end(&sx, false);
 	}
 	PG_FINALLY();
 	{

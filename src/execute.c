@@ -400,8 +400,12 @@ execute_and_record(IdemStatement *stmt, IdemRequest *req,
 {
 	Oid			owner = req->owner;
 	char	   *topic = idem_current_topic();
+	bool		cached_error;
 
-	result->response = idem_execute_statement(stmt, req);
+	result->response = idem_execute_caching_errors(stmt, req, &cached_error);
+	/* a failed statement had no effect to announce */
+	if (cached_error)
+		topic = NULL;
 
 	idem_insert_key(req->key, owner, fingerprint, result->response, now,
 					idem_new_record_expiry(owner, req->key, req->ttl));

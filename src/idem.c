@@ -40,6 +40,7 @@ char	   *idem_outbox_topic = NULL;
 int			idem_statement_cache_size = 256;
 int			idem_statement_cache_memory = 32 * 1024;
 bool		idem_durable_replay = false;
+char	   *idem_cache_errors = NULL;
 
 void		_PG_init(void);
 
@@ -151,6 +152,15 @@ _PG_init(void)
 							 false,
 							 PGC_USERSET, 0,
 							 NULL, NULL, NULL);
+
+	DefineCustomStringVariable("idem.cache_errors",
+							   "SQLSTATE classes or codes of business errors that idem_execute() records as the key's outcome.",
+							   "A comma-separated list such as '23, P0001'; a retry then gets the recorded error instead of running again. Empty: errors are never recorded.",
+							   &idem_cache_errors,
+							   "",
+							   PGC_USERSET, GUC_LIST_INPUT,
+							   idem_cache_errors_check, idem_cache_errors_assign,
+							   NULL);
 
 	MarkGUCPrefixReserved("idem");
 }

@@ -16,6 +16,8 @@
 
 #include "access/htup.h"
 #include "fmgr.h"
+#include "utils/guc.h"
+#include "utils/resowner.h"
 #include "executor/spi.h"
 #include "utils/jsonb.h"
 #include "utils/timestamp.h"
@@ -65,6 +67,7 @@ extern char *idem_outbox_topic;
 extern int	idem_statement_cache_size;
 extern int	idem_statement_cache_memory;
 extern bool idem_durable_replay;
+extern char *idem_cache_errors;
 
 /*
  * A business statement as idem_execute() received it.  A key's identity is
@@ -131,6 +134,21 @@ extern bool idem_statement_fingerprint_v1(IdemStatement *stmt,
 										  uint8 *fingerprint);
 extern void idem_value_digest(const char *tag, Oid typid, Datum value,
 							  uint8 *digest);
+
+/* cache.c: business errors recorded as a key's outcome; subtransactions */
+typedef struct IdemSubxact
+{
+	MemoryContext cxt;
+	ResourceOwner owner;
+} IdemSubxact;
+extern void idem_subxact_begin(IdemSubxact *sx);
+extern void idem_subxact_end(IdemSubxact *sx, bool commit);
+extern ErrorData *idem_subxact_abort(IdemSubxact *sx);
+extern bool idem_cache_errors_check(char **newval, void **extra,
+									GucSource source);
+extern void idem_cache_errors_assign(const char *newval, void *extra);
+extern Jsonb *idem_execute_caching_errors(IdemStatement *stmt,
+										  IdemRequest *req, bool *cached);
 
 /* advice.c: what a client should do after an error */
 extern const char *idem_retry_advice_for(int sqlerrcode);

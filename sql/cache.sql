@@ -1,0 +1,99 @@
+--
+-- cache: with idem.cache_errors, a listed business error becomes the key's
+-- recorded outcome, replayed to every retry; nothing else changes
+--
+CREATE TABLE accounts (id int PRIMARY KEY, balance numeric NOT NULL CHECK (balance >= 0));
+INSERT INTO accounts VALUES (1, 10);
+CREATE TABLE ledger (id serial PRIMARY KEY, account int NOT NULL, amount numeric NOT NULL);
+CREATE FUNCTION withdraw(acct int, amt numeric) RETURNS numeric LANGUAGE plpgsql AS $$
+BEGIN
+	INSERT INTO ledger (account, amount) VALUES (acct, -amt);
+	IF amt > 100 THEN
+		RAISE EXCEPTION 'amount % is above the limit', amt
+			USING DETAIL = 'The limit is 100.', HINT = 'Split the payment.';
+	END IF;
+	UPDATE accounts SET balance = balance - amt WHERE id = acct;
+	RETURN (SELECT balance FROM accounts WHERE id = acct);
+END
+$$;
+CREATE VIEW state AS
+SELECT (SELECT balance FROM accounts WHERE id = 1) AS balance,
+       (SELECT count(*) FROM ledger) AS ledger,
+       (SELECT count(*) FROM idem.keys WHERE key LIKE 'w:%') AS keys,
+       (SELECT count(*) FROM idem.outbox WHERE key LIKE 'w:%') AS events;
+
+-- off by default: the error is raised and nothing is recorded
+SELECT idem_execute('w:1', 'SELECT withdraw($1, $2) AS balance', 1, 500::numeric);
+\echo :LAST_ERROR_SQLSTATE
+SELECT * FROM state;
+
+-- listed: the error is the response, recorded, and the statement's own
+-- writes (the ledger row) are undone
+SET idem.cache_errors = '23, P0001';
+SET idem.outbox_topic = 'payments';
+SELECT response, replayed FROM idem_execute_ex('w:1', 'SELECT withdraw($1, $2) AS balance', 1, 500::numeric);
+SELECT * FROM state;
+-- a retry replays the same error, without running; so does one with the
+-- setting off, since it is the key's outcome now
+SELECT response, replayed FROM idem_execute_ex('w:1', 'SELECT withdraw($1, $2) AS balance', 1, 500::numeric);
+RESET idem.cache_errors;
+SELECT response, replayed FROM idem_execute_ex('w:1', 'SELECT withdraw($1, $2) AS balance', 1, 500::numeric);
+SELECT * FROM state;
+-- a different request under the key is still ID422
+SELECT idem_execute('w:1', 'SELECT withdraw($1, $2) AS balance', 1, 5::numeric);
+\echo :LAST_ERROR_SQLSTATE
+
+-- a class: an integrity violation (CHECK) is cached; the caller's
+-- transaction goes on and commits the record
+SET idem.cache_errors = '23';
+BEGIN;
+SELECT idem_execute('w:2', 'UPDATE accounts SET balance = balance - $2 WHERE id = $1 RETURNING balance', 1, 50::numeric) -> 'error' ->> 'sqlstate' AS sqlstate;
+SELECT 1 AS still_usable;
+COMMIT;
+SELECT idem_execute('w:2', 'UPDATE accounts SET balance = balance - $2 WHERE id = $1 RETURNING balance', 1, 50::numeric) -> 'error' ->> 'message' AS message;
+-- an error not listed is raised as always, and not recorded
+SELECT idem_execute('w:3', 'SELECT 1 / 0 AS boom');
+\echo :LAST_ERROR_SQLSTATE
+-- success is recorded as always
+SELECT idem_execute('w:4', 'SELECT withdraw($1, $2) AS balance', 1, 4::numeric);
+SELECT * FROM state;
+-- a dry run shows the error it would record
+SELECT * FROM idem_dry_run('w:5', 'UPDATE accounts SET balance = balance - $2 WHERE id = $1 RETURNING balance', 1, 50::numeric);
+SELECT * FROM state;
+RESET idem.cache_errors;
+RESET idem.outbox_topic;
+
+-- transient conditions, idem's own outcomes and internal errors can never
+-- be listed; the setting is left as it was
+SET idem.cache_errors = '23';
+SET idem.cache_errors = '40';
+\echo :LAST_ERROR_SQLSTATE
+SET idem.cache_errors = '23, 40P01';
+\echo :LAST_ERROR_SQLSTATE
+SET idem.cache_errors = '57014';
+\echo :LAST_ERROR_SQLSTATE
+SET idem.cache_errors = '55P03';
+\echo :LAST_ERROR_SQLSTATE
+SET idem.cache_errors = '08006';
+\echo :LAST_ERROR_SQLSTATE
+SET idem.cache_errors = '53';
+\echo :LAST_ERROR_SQLSTATE
+SET idem.cache_errors = 'ID422';
+\echo :LAST_ERROR_SQLSTATE
+SET idem.cache_errors = 'XX000';
+\echo :LAST_ERROR_SQLSTATE
+SET idem.cache_errors = '2';
+\echo :LAST_ERROR_SQLSTATE
+SET idem.cache_errors = '23505x';
+\echo :LAST_ERROR_SQLSTATE
+SET idem.cache_errors = 'p0001';
+\echo :LAST_ERROR_SQLSTATE
+SHOW idem.cache_errors;
+SET idem.cache_errors = ' 23 ,P0001 ';
+SHOW idem.cache_errors;
+RESET idem.cache_errors;
+
+DROP VIEW state;
+DROP FUNCTION withdraw(int, numeric);
+DROP TABLE accounts, ledger;
+DELETE FROM idem.keys WHERE key LIKE 'w:%';

@@ -1,0 +1,254 @@
+/*-------------------------------------------------------------------------
+ *
+ * cache.c
+ *		Cached business errors: idem.cache_errors and the subtransaction
+ *		that turns a listed error into the key's recorded outcome.
+ *
+ * With idem.cache_errors naming SQLSTATE classes or codes (e.g. '23, P0001'),
+ * idem_execute() runs the business statement in a subtransaction.  If it
+ * fails with a listed code, the subtransaction is rolled back (undoing
+ * whatever the statement wrote), the error becomes the response
+ * {"error": {"sqlstate", "message", "detail", "hint"}}, and the key records
+ * it, so a retry replays the same error instead of running again.  Any other
+ * error is raised as usual.  Transient conditions (classes 08, 40, 53, 57,
+ * code 55P03), idem's own class ID and internal errors (XX) can never be
+ * listed: a retry of those must run again.  When the list is empty (the
+ * default) no subtransaction is used.
+ *
+ * Copyright (c) 2026, idem authors
+ *
+ * IDENTIFICATION
+ *	  src/cache.c
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "access/xact.h"
+#include "lib/stringinfo.h"
+#include "utils/builtins.h"
+#include "utils/guc.h"
+#include "utils/json.h"
+#include "utils/jsonb.h"
+#include "utils/memutils.h"
+#include "utils/resowner.h"
+
+#include "compat.h"
+#include "idem.h"
+
+/* The parsed list: classes match on their first two characters. */
+typedef struct CacheList
+{
+	int			n;
+	struct
+	{
+		int			code;		/* MAKE_SQLSTATE form */
+		bool		is_class;
+	}			entries[FLEXIBLE_ARRAY_MEMBER];
+} CacheList;
+
+static CacheList *cache_list = NULL;
+
+static bool
+is_sqlstate_char(char c)
+{
+	return (c >= '0' && c <= '9') || (c >= 'A' && c <= 'Z');
+}
+
+/* Classes and codes a retry must run again, so never cached. */
+static const char *
+transient_reason(const char *tok, int len)
+{
+	static const char *const classes[] = {"08", "40", "53", "57"};
+
+	for (int i = 0; i < lengthof(classes); i++)
+		if (strncmp(tok, classes[i], 2) == 0)
+			return "it is a transient condition, which a retry must run again";
+	if (len == 5 && strncmp(tok, "55P03", 5) == 0)
+		return "it is a transient condition, which a retry must run again";
+	if (strncmp(tok, "ID", 2) == 0)
+		return "it is one of idem's own outcomes, not a business error";
+	if (strncmp(tok, "XX", 2) == 0)
+		return "it is an internal error, not a business error";
+	return NULL;
+}
+
+bool
+idem_cache_errors_check(char **newval, void **extra, GucSource source)
+{
+	const char *p = *newval;
+	CacheList  *list;
+	int			max = 1;
+
+	for (const char *q = p; *q; q++)
+		if (*q == ',')
+			max++;
+	list = guc_malloc(LOG, offsetof(CacheList, entries) +
+					  max * sizeof(list->entries[0]));
+	if (list == NULL)
+		return false;
+	list->n = 0;
+
+	while (*p)
+	{
+		const char *tok;
+		int			len = 0;
+		const char *why;
+
+		while (*p == ' ' || *p == ',')
+			p++;
+		if (*p == '\0')
+			break;
+		tok = p;
+		while (is_sqlstate_char(tok[len]))
+			len++;
+		if ((len != 2 && len != 5) ||
+			(tok[len] != '\0' && tok[len] != ',' && tok[len] != ' '))
+		{
+			GUC_check_errdetail("\"%s\" is not a list of SQLSTATE classes (two characters) or codes (five), separated by commas.",
+								*newval);
+			guc_free(list);
+			return false;
+		}
+		why = transient_reason(tok, len);
+		if (why != NULL)
+		{
+			GUC_check_errdetail("\"%.*s\" cannot be cached: %s.", len, tok, why);
+			guc_free(list);
+			return false;
+		}
+		list->entries[list->n].is_class = (len == 2);
+		list->entries[list->n].code = len == 2 ?
+			MAKE_SQLSTATE(tok[0], tok[1], '0', '0', '0') :
+			MAKE_SQLSTATE(tok[0], tok[1], tok[2], tok[3], tok[4]);
+		list->n++;
+		p = tok + len;
+	}
+	*extra = list;
+	return true;
+}
+
+void
+idem_cache_errors_assign(const char *newval, void *extra)
+{
+	cache_list = (CacheList *) extra;
+}
+
+static bool
+is_cached(int sqlerrcode)
+{
+	for (int i = 0; i < cache_list->n; i++)
+	{
+		int			code = cache_list->entries[i].code;
+
+		if (cache_list->entries[i].is_class ?
+			ERRCODE_TO_CATEGORY(sqlerrcode) == code : sqlerrcode == code)
+			return true;
+	}
+	return false;
+}
+
+static void
+append_field(StringInfo buf, const char *name, const char *value, bool last)
+{
+	escape_json(buf, name);
+	appendStringInfoChar(buf, ':');
+	if (value != NULL)
+		escape_json(buf, value);
+	else
+		appendStringInfoString(buf, "null");
+	if (!last)
+		appendStringInfoChar(buf, ',');
+}
+
+static Jsonb *
+error_response(ErrorData *edata)
+{
+	StringInfoData buf;
+
+	initStringInfo(&buf);
+	appendStringInfoString(&buf, "{\"error\":{");
+	append_field(&buf, "sqlstate", unpack_sql_state(edata->sqlerrcode), false);
+	append_field(&buf, "message", edata->message, false);
+	append_field(&buf, "detail", edata->detail, false);
+	append_field(&buf, "hint", edata->hint, true);
+	appendStringInfoString(&buf, "}}");
+	return DatumGetJsonbP(DirectFunctionCall1(jsonb_in, CStringGetDatum(buf.data)));
+}
+
+/*
+ * idem_subxact_begin, idem_subxact_end, idem_subxact_abort
+ *		An internal subtransaction that leaves the caller's memory context
+ *		and resource owner as they were.  idem_subxact_abort() is for a
+ *		PG_CATCH block: it takes the error out of the error state, rolls the
+ *		subtransaction back (always, so an enclosing handler finds its own
+ *		subtransaction current) and returns the error, to be raised again
+ *		with ReThrowError() or handled.
+ */
+void
+idem_subxact_begin(IdemSubxact *sx)
+{
+	sx->cxt = CurrentMemoryContext;
+	sx->owner = CurrentResourceOwner;
+	BeginInternalSubTransaction(NULL);
+	MemoryContextSwitchTo(sx->cxt);
+}
+
+void
+idem_subxact_end(IdemSubxact *sx, bool commit)
+{
+	if (commit)
+		ReleaseCurrentSubTransaction();
+	else
+		RollbackAndReleaseCurrentSubTransaction();
+	MemoryContextSwitchTo(sx->cxt);
+	CurrentResourceOwner = sx->owner;
+}
+
+ErrorData *
+idem_subxact_abort(IdemSubxact *sx)
+{
+	ErrorData  *edata;
+
+	MemoryContextSwitchTo(sx->cxt);
+	edata = CopyErrorData();
+	FlushErrorState();
+	idem_subxact_end(sx, false);
+	return edata;
+}
+
+/*
+ * idem_execute_caching_errors
+ *		Run req's statement; with idem.cache_errors set, a listed error is
+ *		returned as the response (and *cached set) instead of raised.
+ */
+Jsonb *
+idem_execute_caching_errors(IdemStatement *stmt, IdemRequest *req,
+							bool *cached)
+{
+	IdemSubxact sx;
+	Jsonb	   *response = NULL;
+
+	*cached = false;
+	if (cache_list == NULL || cache_list->n == 0)
+		return idem_execute_statement(stmt, req);
+
+	idem_subxact_begin(&sx);
+	PG_TRY();
+	{
+		response = idem_execute_statement(stmt, req);
+		idem_subxact_end(&sx, true);
+	}
+	PG_CATCH();
+	{
+		ErrorData  *edata = idem_subxact_abort(&sx);
+
+		if (!is_cached(edata->sqlerrcode))
+			ReThrowError(edata);
+		response = error_response(edata);
+		*cached = true;
+		FreeErrorData(edata);
+	}
+	PG_END_TRY();
+	return response;
+}
