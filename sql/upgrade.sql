@@ -82,7 +82,27 @@ SELECT idem_execute('up:ttl', 'SELECT 1 AS one');
 RESET idem.ttl;
 SELECT idem_purge();
 
+-- the upgraded installation is exactly what a fresh 1.1 installation is:
+-- every function, table, column, constraint, index and privilege
+\set ECHO none
+\i test/fixtures/describe-idem.sql
+\set ECHO all
+\set upgraded :idem_objects
+CREATE DATABASE idem_fresh;
+\c idem_fresh
+CREATE EXTENSION idem;
+\set ECHO none
+\i test/fixtures/describe-idem.sql
+\set ECHO all
+SELECT :'upgraded' = :'idem_objects' AS same_objects;
+-- (on a difference, show the lines that differ)
+SELECT line FROM regexp_split_to_table(:'idem_objects', E'\n') AS line
+EXCEPT SELECT line FROM regexp_split_to_table(:'upgraded', E'\n') AS line;
+SELECT line FROM regexp_split_to_table(:'upgraded', E'\n') AS line
+EXCEPT SELECT line FROM regexp_split_to_table(:'idem_objects', E'\n') AS line;
+
 \c :regress_db
+DROP DATABASE idem_fresh;
 DROP DATABASE idem_upgrade;
 DROP ROLE regress_idem_alice;
 DROP ROLE regress_idem_bob;
