@@ -204,6 +204,9 @@ SET ROLE regress_idem_alice;
 SELECT status, created FROM idem_run_begin('shared-id', steps => ARRAY['refund']);
 SELECT idem_step('shared-id', 'refund',
        'INSERT INTO refunds (return_id, amount) VALUES ($1, $2) RETURNING return_id', 'alice', 1.00::numeric);
+-- alice sees her own run
+SELECT status, next_step, steps_done FROM idem_run_status('shared-id');
+SELECT step, state, response FROM idem_run_steps('shared-id');
 SET ROLE regress_idem_bob;
 -- bob sees, steps and fails nothing of alice's run
 SELECT * FROM idem_run_status('shared-id');
@@ -216,6 +219,7 @@ SELECT idem_run_fail('shared-id', 'squatting');
 SELECT status, created FROM idem_run_begin('shared-id', steps => ARRAY['refund']);
 SELECT idem_step('shared-id', 'refund',
        'INSERT INTO refunds (return_id, amount) VALUES ($1, $2) RETURNING return_id', 'bob', 2.00::numeric);
+SELECT step, state, response FROM idem_run_steps('shared-id');
 -- and the tables stay out of reach
 SELECT * FROM idem.runs;
 \echo :LAST_ERROR_SQLSTATE

@@ -886,11 +886,12 @@ Datum
 idem_run_status(PG_FUNCTION_ARGS)
 {
 	char	   *run_id = idem_name_arg(fcinfo, 0, "run id");
+	Oid			owner = GetUserId();	/* before becoming the superuser */
 	RunCatalogSession session;
 
 	InitMaterializedSRF(fcinfo, 0);
 	run_catalog_begin(&session);
-	if (!fetch_status(GetUserId(), run_id))
+	if (!fetch_status(owner, run_id))
 		report_run_not_found(run_id);
 	return_rows(fcinfo, run_id, 0, 0);
 	run_catalog_end(&session);

@@ -12,6 +12,11 @@
 #    written by an ordinary role); a different request under an old key is
 #    still rejected; an expired key still counts as absent; new keys get
 #    fresh ids from the restored sequences.
+#    A workflow run (idem.runs and idem.run_steps are configuration tables
+#    too) resumes where it stopped: its completed step replays, the next one
+#    executes and completes it.  idem_key() and idem_state_hash() give the
+#    same strings as in the source, also for values of types the restore
+#    re-creates under new OIDs.
 # 2. Restored into a fresh cluster (roles from pg_dumpall --globals-only,
 #    so they get new OIDs there): keys written by the bootstrap superuser
 #    (always OID 10) replay, and keys written by an ordinary role replay for
@@ -55,6 +60,26 @@ $sql .= "SET ROLE app;\n";
 $sql .= call("app-$_") for 1 .. 5;
 $sql .= "RESET ROLE;\nSET idem.ttl = 1;\n" . call('exp-1');
 $node->safe_psql('src', $sql);
+
+# a run of app's, stopped after its first step; derived keys of typed values
+$node->safe_psql(
+	'src', q{
+CREATE TYPE mood AS ENUM ('sad', 'happy');
+CREATE DOMAIN cents AS bigint CHECK (VALUE >= 0);
+CREATE TABLE claims (id int PRIMARY KEY, m mood, c cents, note jsonb, at timestamptz);
+INSERT INTO claims VALUES (42, 'happy', 2500, '{"b": 1, "a": [1, 2]}', '2026-12-01 10:00+02');
+CREATE TABLE shipped (id serial PRIMARY KEY, run text NOT NULL, step text NOT NULL);
+GRANT INSERT, SELECT ON shipped TO app; GRANT USAGE ON SEQUENCE shipped_id_seq TO app;
+GRANT SELECT ON claims TO app;
+SET ROLE app;
+SELECT status FROM idem_run_begin('run-1', steps => ARRAY['pack', 'ship']);
+SELECT idem_step('run-1', 'pack', 'INSERT INTO shipped (run, step) VALUES ($1, $2) RETURNING id, step', 'run-1', 'pack');
+});
+my $derived_sql = q{
+SELECT idem_key('adjust', c.id, c.m, c.c, c.at, idem_state_hash(c)) FROM claims c;
+SELECT idem_state_hash(c.m) || ' ' || idem_state_hash(c.c) FROM claims c;
+};
+my $src_derived = $node->safe_psql('src', $derived_sql);
 ok( $node->poll_query_until(
 		'src', "SELECT expires_at <= now() FROM idem.keys WHERE key = 'exp-1'"),
 	'exp-1 has expired');
@@ -72,7 +97,7 @@ my $src_state = $node->safe_psql('src', $full_sql);
 my $src_owners = $node->safe_psql('src', $owner_sql);
 my %src_keys =
   query_map($node, 'src', "SELECT key, response::text || '|' || created_at FROM idem.keys");
-is(scalar(keys %src_keys), 11, 'source has 11 key records');
+is(scalar(keys %src_keys), 12, 'source has 12 key records (one a step)');
 
 $node->command_ok(
 	[ 'pg_dump', '-Fc', '-f', "$tmp/src.dump", '-d', 'src' ],
@@ -90,7 +115,7 @@ sub check_restored
 
 	for my $key (sort keys %src_keys)
 	{
-		next if $key eq 'exp-1';
+		next if $key eq 'exp-1' || $key =~ /^idem\.step:/;
 		my $setrole = $key =~ /^app-/ ? "SET ROLE app;\n" : '';
 		my ($ret, $out, $err) = $n->psql($db, $setrole . call($key));
 		is($out, "t|$src_keys{$key}",
@@ -131,9 +156,25 @@ sub check_restored
 			$db,
 			"SELECT (SELECT count(*) FROM idem.keys), (SELECT count(*) FROM idem.outbox), (SELECT count(*) FROM biz)"
 		),
-		'12|13|13',
-		"$label: 12 key records, the 11 restored outbox rows plus 2, 13 business rows"
+		'13|13|13',
+		"$label: 13 key records, the 11 restored outbox rows plus 2, 13 business rows"
 	);
+
+	is($n->safe_psql($db, $derived_sql), $src_derived,
+		"$label: idem_key and idem_state_hash give the same strings as before");
+	my $step_sql =
+	  q{SELECT idem_step('run-1', '%s', 'INSERT INTO shipped (run, step) VALUES ($1, $2) RETURNING id, step', 'run-1', '%s')};
+	is( $n->safe_psql($db,
+			"SET ROLE app;\nSELECT status || ' ' || next_step FROM idem_run_status('run-1')"),
+		'running ship', "$label: the run is where it stopped");
+	$n->safe_psql($db, "SET ROLE app;\n" . sprintf($step_sql, 'pack', 'pack'));
+	$n->safe_psql($db, "SET ROLE app;\n" . sprintf($step_sql, 'ship', 'ship'));
+	is( $n->safe_psql(
+			$db,
+			"SET ROLE app;\nSELECT status FROM idem_run_status('run-1');\n"
+			  . "SELECT string_agg(step, ',' ORDER BY id) FROM shipped"),
+		"completed\npack,ship",
+		"$label: the completed step replayed, the next executed and completed the run");
 }
 
 ########################################################################
