@@ -59,6 +59,27 @@ DELETE FROM idem.lock_seed;
 SELECT idem_execute('tam:1', 'SELECT 1 AS one');
 ROLLBACK;
 
+-- the run tables: a look-alike, a changed type, a column made nullable
+BEGIN;
+ALTER TABLE idem.runs RENAME TO runs_moved;
+CREATE TABLE idem.runs (LIKE idem.runs_moved INCLUDING ALL);
+SELECT * FROM idem_run_begin('tam-run');
+ROLLBACK;
+\echo :LAST_ERROR_SQLSTATE
+BEGIN;
+ALTER TABLE idem.run_steps ALTER COLUMN ordinal TYPE bigint;
+SELECT * FROM idem_run_begin('tam-run');
+ROLLBACK;
+BEGIN;
+ALTER TABLE idem.runs ALTER COLUMN status DROP NOT NULL;
+SELECT * FROM idem_run_begin('tam-run');
+ROLLBACK;
+BEGIN;
+ALTER TABLE idem.runs RENAME TO runs_moved;
+CREATE TABLE idem.runs (LIKE idem.runs_moved INCLUDING ALL);
+SELECT * FROM idem_run_status('tam-run');
+ROLLBACK;
+
 -- after every rollback the real tables serve again
 SELECT replayed FROM idem_execute_ex('tam:1', 'SELECT 1 AS one');
 SELECT count(*) AS tam_keys FROM idem.keys WHERE key LIKE 'tam:%';

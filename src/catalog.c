@@ -1,8 +1,8 @@
 /*-------------------------------------------------------------------------
  *
  * catalog.c
- *		idem's own tables (idem.keys, idem.outbox) and the per-key
- *		advisory lock.
+ *		idem's own tables (idem.keys, idem.outbox, and the shape of
+ *		idem.runs and idem.run_steps) and the per-key advisory lock.
  *
  * The tables are reached by OID, cached and reset by a relcache callback, so
  * no search_path can redirect idem's reads or writes.  Access is direct:
@@ -94,6 +94,7 @@ typedef struct ColumnShape
 {
 	const char *name;
 	Oid			type;
+	bool		nullable;		/* false: the column must be NOT NULL */
 } ColumnShape;
 
 static const ColumnShape keys_shape[Natts_keys] = {
@@ -106,6 +107,18 @@ static const ColumnShape outbox_shape[Natts_outbox] = {
 	{"topic", TEXTOID}, {"payload", JSONBOID}, {"created_at", TIMESTAMPTZOID}
 };
 static const ColumnShape lock_seed_shape[1] = {{"seed", INT8OID}};
+/* run.c reaches these through SPI by name; their shape is checked here */
+static const ColumnShape runs_shape[] = {
+	{"run_id", TEXTOID}, {"owner", REGROLEOID}, {"steps", TEXTARRAYOID, true},
+	{"input", JSONBOID, true}, {"status", TEXTOID}, {"steps_done", INT4OID},
+	{"started_at", TIMESTAMPTZOID}, {"finished_at", TIMESTAMPTZOID, true},
+	{"last_error", TEXTOID, true}
+};
+static const ColumnShape run_steps_shape[] = {
+	{"owner", REGROLEOID}, {"run_id", TEXTOID}, {"step", TEXTOID},
+	{"ordinal", INT4OID}, {"step_key", TEXTOID},
+	{"executed_at", TIMESTAMPTZOID}, {"attempts", INT4OID}
+};
 static const int16 keys_pkey_columns[] = {Anum_keys_owner, Anum_keys_key};
 static const int16 keys_expires_columns[] = {Anum_keys_expires_at};
 
@@ -181,7 +194,8 @@ catalog_table(const char *relname, Oid nspid, Oid extoid,
 			continue;
 		if (i >= natts || live != i ||
 			strcmp(NameStr(att->attname), shape[i].name) != 0 ||
-			att->atttypid != shape[i].type || !att->attnotnull)
+			att->atttypid != shape[i].type ||
+			att->attnotnull == shape[i].nullable)
 			catalog_damaged(relname, "Its columns differ from those the extension defines.");
 		live++;
 	}
@@ -292,7 +306,22 @@ catalog_resolve(void)
 	catalog.lock_seed_rel = catalog_table("lock_seed", nspid, extoid,
 										  lock_seed_shape, 1);
 	catalog.lock_seed = catalog_lock_seed(catalog.lock_seed_rel);
+	(void) catalog_table("runs", nspid, extoid, runs_shape,
+						 lengthof(runs_shape));
+	(void) catalog_table("run_steps", nspid, extoid, run_steps_shape,
+						 lengthof(run_steps_shape));
 	catalog_valid = true;
+}
+
+/*
+ * idem_catalog_check
+ *		Make sure idem's tables are the extension's own, with their shape,
+ *		before reading them by name (run.c's readers take no key lock).
+ */
+void
+idem_catalog_check(void)
+{
+	catalog_resolve();
 }
 
 /*

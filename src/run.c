@@ -890,6 +890,7 @@ idem_run_status(PG_FUNCTION_ARGS)
 	RunCatalogSession session;
 
 	InitMaterializedSRF(fcinfo, 0);
+	idem_catalog_check();
 	run_catalog_begin(&session);
 	if (!fetch_status(owner, run_id))
 		report_run_not_found(run_id);
@@ -911,6 +912,7 @@ idem_run_steps(PG_FUNCTION_ARGS)
 	Datum		values[2];
 
 	InitMaterializedSRF(fcinfo, 0);
+	idem_catalog_check();
 	run_catalog_begin(&session);
 	if (!fetch_status(owner, run_id))
 		report_run_not_found(run_id);
