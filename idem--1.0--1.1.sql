@@ -216,3 +216,32 @@ CREATE FUNCTION @extschema@.idem_dry_run(key text, sql text,
 RETURNS record
 AS 'MODULE_PATHNAME', 'idem_dry_run'
 LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+-- Drivers that send parameters without types (node-postgres, postgres.js,
+-- psycopg 3 for strings) reach these: every argument is given the type the
+-- statement infers for its $n and converted from its text, so
+-- ['inv-1', '25.00'] is the same request as 'inv-1'::text, 25.00::numeric.
+CREATE FUNCTION @extschema@.idem_execute(key text, sql text, VARIADIC args text[])
+RETURNS pg_catalog.jsonb
+AS 'MODULE_PATHNAME', 'idem_execute_1_1'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+CREATE FUNCTION @extschema@.idem_execute_ex(key text, sql text,
+	VARIADIC args text[],
+	OUT response pg_catalog.jsonb, OUT replayed boolean,
+	OUT first_executed_at timestamptz)
+RETURNS record
+AS 'MODULE_PATHNAME', 'idem_execute_ex_1_1'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+CREATE FUNCTION @extschema@.idem_step(run_id text, step text, sql text,
+	VARIADIC args text[])
+RETURNS pg_catalog.jsonb
+AS 'MODULE_PATHNAME', 'idem_step'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+CREATE FUNCTION @extschema@.idem_dry_run(key text, sql text,
+	VARIADIC args text[], OUT action text, OUT response pg_catalog.jsonb)
+RETURNS record
+AS 'MODULE_PATHNAME', 'idem_dry_run'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;

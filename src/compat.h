@@ -184,4 +184,12 @@ InitMaterializedSRF(FunctionCallInfo fcinfo, bits32 flags)
 #define guc_free(ptr) free(ptr)
 #endif
 
+
+/* parse analysis learned about query environments in 15 */
+#include "parser/analyze.h"
+#if PG_VERSION_NUM < 150000
+#define parse_analyze_varparams(raw, sql, types, n, env) \
+	parse_analyze_varparams((raw), (sql), (types), (n))
+#endif
+
 #endif							/* IDEM_COMPAT_H */

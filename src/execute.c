@@ -114,15 +114,43 @@ idem_name_arg(FunctionCallInfo fcinfo, int argno, const char *what)
 }
 
 /*
- * Bind the arguments after key and sql.  An explicit VARIADIC array is
- * unpacked, so VARIADIC ARRAY['a', 'b'] is the same request as 'a', 'b'.
- * Untyped literals arrive as C strings of type unknown and are bound as
- * text.
+ * Give arguments sent without a type the type the statement gives their $n
+ * (text where it gives none), and convert their text with that type's input
+ * function, so the request is the one a caller who typed them would make.
+ */
+static void
+type_untyped_args(IdemRequest *req, char **untyped)
+{
+	idem_statement_infer_types(req->sql, req->nargs, req->argtypes);
+	for (int i = 0; i < req->nargs; i++)
+	{
+		Oid			typinput;
+		Oid			typioparam;
+
+		if (untyped[i] == NULL)
+			continue;
+		getTypeInputInfo(req->argtypes[i], &typinput, &typioparam);
+		req->values[i] = OidInputFunctionCall(typinput, untyped[i],
+											  typioparam, -1);
+	}
+}
+
+/*
+ * idem_collect_args
+ *		Bind the arguments from position first on.
+ *
+ * An explicit VARIADIC array is unpacked, so VARIADIC ARRAY[1, 2] is the same
+ * request as 1, 2.  Arguments without a type (literals without a cast, which
+ * arrive as C strings of type unknown) and the elements of the text[]
+ * overloads (what drivers that send every parameter untyped reach) take the
+ * types the statement infers for them.
  */
 void
 idem_collect_args(FunctionCallInfo fcinfo, int first, IdemRequest *req)
 {
 	int			nargs = PG_NARGS() - first;
+	char	  **untyped = NULL;
+	bool		any_untyped = false;
 
 	req->nargs = 0;
 	if (nargs <= 0)
@@ -136,6 +164,7 @@ idem_collect_args(FunctionCallInfo fcinfo, int first, IdemRequest *req)
 		bool		typbyval;
 		char		typalign;
 		bool	   *isnull;
+		bool		text_overload;
 
 		/* like format(): VARIADIC NULL means no arguments */
 		if (PG_ARGISNULL(first))
@@ -145,13 +174,25 @@ idem_collect_args(FunctionCallInfo fcinfo, int first, IdemRequest *req)
 		get_typlenbyvalalign(elemtype, &typlen, &typbyval, &typalign);
 		deconstruct_array(arr, elemtype, typlen, typbyval, typalign,
 						  &req->values, &isnull, &req->nargs);
-		req->argtypes = palloc(req->nargs * sizeof(Oid));
-		req->nulls = palloc(req->nargs * sizeof(char));
+		text_overload = elemtype == TEXTOID &&
+			get_func_variadictype(fcinfo->flinfo->fn_oid) == TEXTOID;
+		req->argtypes = palloc(Max(req->nargs, 1) * sizeof(Oid));
+		req->nulls = palloc(Max(req->nargs, 1) * sizeof(char));
+		untyped = palloc0(Max(req->nargs, 1) * sizeof(char *));
 		for (int i = 0; i < req->nargs; i++)
 		{
 			req->argtypes[i] = elemtype;
 			req->nulls[i] = isnull[i] ? 'n' : ' ';
+			if (text_overload)
+			{
+				req->argtypes[i] = UNKNOWNOID;
+				if (!isnull[i])
+					untyped[i] = TextDatumGetCString(req->values[i]);
+				any_untyped = true;
+			}
 		}
+		if (any_untyped)
+			type_untyped_args(req, untyped);
 		return;
 	}
 
@@ -159,6 +200,7 @@ idem_collect_args(FunctionCallInfo fcinfo, int first, IdemRequest *req)
 	req->argtypes = palloc(nargs * sizeof(Oid));
 	req->values = palloc(nargs * sizeof(Datum));
 	req->nulls = palloc(nargs * sizeof(char));
+	untyped = palloc0(nargs * sizeof(char *));
 	for (int i = 0; i < nargs; i++)
 	{
 		int			argno = first + i;
@@ -174,15 +216,21 @@ idem_collect_args(FunctionCallInfo fcinfo, int first, IdemRequest *req)
 		req->values[i] = isnull ? (Datum) 0 : PG_GETARG_DATUM(argno);
 		if (typid == UNKNOWNOID)
 		{
-			typid = TEXTOID;
 			if (!isnull)
-				req->values[i] = CStringGetTextDatum(DatumGetCString(req->values[i]));
+				untyped[i] = DatumGetCString(req->values[i]);
+			any_untyped = true;
 		}
 		req->argtypes[i] = typid;
 		req->nulls[i] = isnull ? 'n' : ' ';
 	}
+	if (any_untyped)
+		type_untyped_args(req, untyped);
 }
 
+/*
+ * Raise ID508 if req's key is the one of a call whose business statement
+ * is running (further up this backend's stack).
+ */
 void
 idem_check_not_inflight(IdemRequest *req)
 {

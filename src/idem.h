@@ -132,6 +132,8 @@ extern void idem_statement_fingerprint(IdemStatement *stmt, IdemRequest *req,
 extern bool idem_statement_fingerprint_v1(IdemStatement *stmt,
 										  IdemRequest *req,
 										  uint8 *fingerprint);
+extern void idem_statement_infer_types(const char *sql, int nargs,
+									   Oid *types);
 extern void idem_value_digest(const char *tag, Oid typid, Datum value,
 							  uint8 *digest);
 

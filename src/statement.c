@@ -53,6 +53,7 @@
 #include "lib/ilist.h"
 #include "miscadmin.h"
 #include "nodes/parsenodes.h"
+#include "parser/analyze.h"
 #include "parser/parse_expr.h"
 #include "parser/scanner.h"
 #include "parser/gram.h"
@@ -831,6 +832,64 @@ idem_statement_plan(IdemStatement *stmt)
 	}
 	stmt->resized = true;
 	return stmt->plan;
+}
+
+/*
+ * idem_statement_infer_types
+ *		Give each untyped argument the type the statement gives its $n, as
+ *		PREPARE without types does.
+ *
+ * types[i] is the argument's own type, or UNKNOWNOID for an argument sent
+ * without one (a literal without a cast, a driver parameter of type 0);
+ * those are replaced by the inferred type, or text where the statement
+ * leaves it open.  If the statement cannot be analyzed with them open (an
+ * operator that becomes ambiguous, a missing table), they are text, as
+ * without inference, and the statement's own error, if any, comes when it
+ * is prepared.  Raises the statement's validation errors.
+ */
+void
+idem_statement_infer_types(const char *sql, int nargs, Oid *types)
+{
+	ErrorContextCallback errcallback;
+	RawStmt    *raw;
+	Oid		   *ptypes = palloc(nargs * sizeof(Oid));
+	int			nparams = nargs;
+	IdemSubxact sx;
+	bool		inferred = true;
+
+	errcallback.callback = statement_error_callback;
+	errcallback.arg = (void *) sql;
+	errcallback.previous = error_context_stack;
+	error_context_stack = &errcallback;
+	(void) check_statement(sql);
+	raw = linitial_node(RawStmt, pg_parse_query(sql));
+	error_context_stack = errcallback.previous;
+
+	for (int i = 0; i < nargs; i++)
+		ptypes[i] = types[i] == UNKNOWNOID ? InvalidOid : types[i];
+
+	idem_subxact_begin(&sx);
+	PG_TRY();
+	{
+		(void) parse_analyze_varparams(raw, sql, &ptypes, &nparams, NULL);
+		idem_subxact_end(&sx, true);
+	}
+	PG_CATCH();
+	{
+		FreeErrorData(idem_subxact_abort(&sx));
+		inferred = false;
+	}
+	PG_END_TRY();
+
+	for (int i = 0; i < nargs; i++)
+	{
+		if (types[i] != UNKNOWNOID)
+			continue;
+		types[i] = TEXTOID;
+		if (inferred && i < nparams && OidIsValid(ptypes[i]) &&
+			ptypes[i] != UNKNOWNOID)
+			types[i] = ptypes[i];
+	}
 }
 
 /* ---------------------------------------------------------------------
