@@ -38,7 +38,7 @@ seconds=8
 clients=4
 hot_clients=16
 seeds=10000
-workloads="0 1 2 3 4 5 6 7 8"
+workloads="0 1 2 3 4 5 6 7 8 9"
 syncs="off on"
 memory=1
 mem_statements=100000
@@ -110,9 +110,10 @@ done
 [ $install -eq 1 ] && idem_build_install "$top"
 
 names=("round trip" "bare" "floor" "plpgsql" "idem new key" "idem replay"
-	   "plpgsql replay" "hot keys" "replay call shape")
+	   "plpgsql replay" "hot keys" "replay call shape" "idem step new key")
 scripts=(w0_round_trip w1_bare w2_floor w3_plpgsql w4_idem_new_key
-		 w5_idem_replay w6_plpgsql_replay w7_hot_keys w8_replay_call_shape)
+		 w5_idem_replay w6_plpgsql_replay w7_hot_keys w8_replay_call_shape
+		 w9_idem_step_new_key)
 declare -a ir=()
 
 stamp=$(date -u +%Y%m%dT%H%M%SZ)
@@ -212,7 +213,7 @@ EOF
 # seeded keys only, vacuumed and analyzed, and no dirty buffers.
 reset_state() {
 	su_sql -c "SELECT bench.reset()" >/dev/null
-	su_sql -c "VACUUM ANALYZE bench.payments, bench.keys, bench.outbox, idem.keys, idem.outbox"
+	su_sql -c "VACUUM ANALYZE bench.payments, bench.keys, bench.outbox, idem.keys, idem.outbox, idem.runs, idem.run_steps"
 	su_sql -c "CHECKPOINT"
 }
 
@@ -315,7 +316,7 @@ END {
 		sync = s ? "on" : "off"
 		if (!(sync in seen_sync)) continue
 		bare = ((sync SUBSEP 1) in tps) ? median(tps[sync, 1]) : 0
-		for (w = 0; w <= 8; w++) {
+		for (w = 0; w <= 9; w++) {
 			k = sync SUBSEP w
 			if (!(k in tps)) continue
 			m = median(tps[k])
@@ -328,7 +329,7 @@ END {
 		}
 	}
 	# targets: a b threshold label
-	nt = split("4 2 0.9 idem new key / floor;4 3 1.7 idem new key / plpgsql;5 0 0.85 idem replay / round trip;5 6 1.1 idem replay / plpgsql replay", T, ";")
+	nt = split("4 2 0.9 idem new key / floor;4 3 1.7 idem new key / plpgsql;5 0 0.85 idem replay / round trip;5 6 1.1 idem replay / plpgsql replay;9 4 0.9 idem step new key / idem new key", T, ";")
 	print "target,synchronous_commit,ratio_of_medians,median_of_paired_ratios,threshold,met" > targets
 	for (s = 0; s < 2; s++) {
 		sync = s ? "on" : "off"
@@ -402,7 +403,7 @@ md="$new/latest.md"
 	  if ($11 != "") x[k] = $11 }
 	END {
 		printf "%-17s %-8s %-26s %-7s %-26s %-7s\n", "workload", "clients", "sync=off TPS", "x bare", "sync=on TPS", "x bare"
-		for (i = 0; i <= 8; i++) if (i in w)
+		for (i = 0; i <= 9; i++) if (i in w)
 			printf "%-17s %-8s %-26s %-7s %-26s %-7s%s\n", i " " w[i], c[i], t[i, "off"], r[i, "off"], t[i, "on"], r[i, "on"],
 				(i in x) ? "  (share executed " x[i] ")" : ""
 	}' "$summary"
@@ -426,7 +427,7 @@ md="$new/latest.md"
 	echo "| workload | clients | sync=off TPS (min-max) | x bare | sync=on TPS (min-max) | x bare |"
 	echo "|---|---|---|---|---|---|"
 	awk -F, 'NR > 1 { k = $1; w[k] = $2; c[k] = $4; t[k, $3] = sprintf("%d (%d-%d)", $6, $7, $8); r[k, $3] = $9 }
-	END { for (i = 0; i <= 8; i++) if (i in w)
+	END { for (i = 0; i <= 9; i++) if (i in w)
 		printf "| %d %s | %s | %s | %s | %s | %s |\n", i, w[i], c[i], t[i, "off"], r[i, "off"], t[i, "on"], r[i, "on"] }' "$summary"
 	echo
 	echo "| target (synchronous_commit=off unless noted) | threshold | measured | paired | met |"
@@ -658,11 +659,11 @@ if [ $profile -eq 1 ]; then
 			echo "difference of a ${prof_long}- and a ${prof_short}-transaction session, so connection start-up is excluded)"
 			echo
 		} >"$prof"
-		for w in 0 8 5 6 1 2 4 3; do
+		for w in 0 8 5 6 1 2 4 3 9; do
 			declare -A pf=()
 			for n in $prof_short $prof_long; do
 				su_sql -c "SELECT bench.reset()" >/dev/null
-				su_sql -c "VACUUM ANALYZE bench.payments, bench.keys, bench.outbox, idem.keys, idem.outbox"
+				su_sql -c "VACUUM ANALYZE bench.payments, bench.keys, bench.outbox, idem.keys, idem.outbox, idem.runs, idem.run_steps"
 				# with only the server's own processes left, the profiles
 				# written after pgbench are those of its connections
 				quiesce
@@ -690,7 +691,7 @@ if [ $profile -eq 1 ]; then
 			ir[$w]=$(( (b - a) / (prof_long - prof_short) ))
 			log "profile ${names[$w]}: ${ir[$w]} instructions per transaction"
 			cp "${pf[$prof_long]}" "$out/callgrind-${scripts[$w]}.out"
-			if [ "$w" -eq 4 ] || [ "$w" -eq 5 ]; then
+			if [ "$w" -eq 4 ] || [ "$w" -eq 5 ] || [ "$w" -eq 9 ]; then
 				{
 					echo "--- ${names[$w]}: inclusive instructions per transaction, by function"
 					join -t "$(printf '\t')" -1 2 -2 2 -o 0,1.1,2.1 \
@@ -709,13 +710,14 @@ if [ $profile -eq 1 ]; then
 		wait "$valgrind_pid" || true
 		{
 			printf "%-22s %12s %10s\n" workload "instr/tx" "x round trip"
-			for w in 0 8 5 6 1 2 4 3; do
+			for w in 0 8 5 6 1 2 4 3 9; do
 				printf "%-22s %12d %10.2f\n" "$w ${names[$w]}" "${ir[$w]}" "$(awk -v a="${ir[$w]}" -v b="${ir[0]}" 'BEGIN { print a / b }')"
 			done
 			echo
-			awk -v a="${ir[4]}" -v b="${ir[2]}" -v c="${ir[3]}" -v d="${ir[5]}" -v e="${ir[0]}" -v f="${ir[6]}" -v g="${ir[8]}" 'BEGIN {
+			awk -v a="${ir[4]}" -v b="${ir[2]}" -v c="${ir[3]}" -v d="${ir[5]}" -v e="${ir[0]}" -v f="${ir[6]}" -v g="${ir[8]}" -v h="${ir[9]}" 'BEGIN {
 				printf "instruction ratios (lower is cheaper): idem new key / floor %.2f, / plpgsql %.2f;\n", a / b, a / c
-				printf "idem replay / round trip %.2f, / replay call shape %.2f, / plpgsql replay %.2f\n", d / e, d / g, d / f }'
+				printf "idem replay / round trip %.2f, / replay call shape %.2f, / plpgsql replay %.2f\n", d / e, d / g, d / f
+				printf "idem step new key / idem new key %.2f\n", h / a }'
 			echo
 			cat "$out/profile-functions.txt"
 		} >>"$prof"
