@@ -61,38 +61,29 @@ LANGUAGE C STRICT VOLATILE PARALLEL UNSAFE;
 
 -- Workflow runs (idem_run_begin, idem_step, ...).  A run belongs to the
 -- role that began it, like a key.  steps is the declared order (NULL: any
--- steps in any order); steps_done counts completed steps, which under a
--- declared order are exactly the first steps_done of them.  Each completed
--- step has a row in run_steps and its response in idem.keys, under the key
--- idem_step_key(run_id, step), with no expiry: finished work stays
--- finished until idem_run_purge() removes the finished run.
+-- steps in any order).  done_steps names the completed steps in the order
+-- they completed (under a declared order: its first ones), attempts counts,
+-- per completed step, its execution and every committed replay.  Each
+-- completed step's response is an ordinary record in idem.keys, under the
+-- key idem_step_key(run_id, step), with no expiry: finished work stays
+-- finished until idem_run_purge() removes the finished run.  One row per
+-- run, updated in place (HOT), so a step costs one row update.
 CREATE TABLE idem.runs (
 	run_id		text COLLATE "C" NOT NULL,
 	owner		regrole NOT NULL,
 	steps		text[] COLLATE "C",
 	input		jsonb,
 	status		text NOT NULL,
-	steps_done	integer NOT NULL,
 	started_at	timestamptz NOT NULL,
 	finished_at	timestamptz,
 	last_error	text,
+	done_steps	text[] COLLATE "C" NOT NULL,
+	attempts	integer[] NOT NULL,
 	CONSTRAINT runs_pkey PRIMARY KEY (owner, run_id),
 	CONSTRAINT runs_status_check
 		CHECK (status OPERATOR(pg_catalog.=) ANY ('{running,completed,failed}'::pg_catalog.text[]))
 );
 SELECT pg_catalog.pg_extension_config_dump('idem.runs', '');
-
-CREATE TABLE idem.run_steps (
-	owner		regrole NOT NULL,
-	run_id		text COLLATE "C" NOT NULL,
-	step		text COLLATE "C" NOT NULL,
-	ordinal		integer NOT NULL,
-	step_key	text COLLATE "C" NOT NULL,
-	executed_at	timestamptz NOT NULL,
-	attempts	integer NOT NULL,
-	CONSTRAINT run_steps_pkey PRIMARY KEY (owner, run_id, step)
-);
-SELECT pg_catalog.pg_extension_config_dump('idem.run_steps', '');
 
 -- Settings that change a built-in type's text output are pinned, so that a
 -- derived key is the same string in every session.
@@ -169,10 +160,11 @@ AS 'MODULE_PATHNAME', 'idem_run_steps'
 LANGUAGE C STABLE PARALLEL UNSAFE ROWS 10;
 
 -- Removing finished runs crosses roles, so it is not for everyone.  A run
--- goes with its step rows and its steps' key records.
+-- goes with its steps' key records.  Runs of roles that no longer exist go
+-- too, whatever their status.
 CREATE FUNCTION @extschema@.idem_run_purge(finished_before timestamptz)
 RETURNS bigint
-LANGUAGE sql VOLATILE PARALLEL UNSAFE
+LANGUAGE sql VOLATILE PARALLEL UNSAFE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 WITH gone AS (
@@ -181,16 +173,12 @@ WITH gone AS (
 			AND r.finished_at OPERATOR(pg_catalog.<) finished_before)
 		OR NOT EXISTS (SELECT FROM pg_catalog.pg_roles a
 						WHERE a.oid OPERATOR(pg_catalog.=) r.owner)
-	RETURNING r.owner, r.run_id
-), steps AS (
-	DELETE FROM idem.run_steps s USING gone g
-	 WHERE s.owner OPERATOR(pg_catalog.=) g.owner
-	   AND s.run_id OPERATOR(pg_catalog.=) g.run_id
-	RETURNING s.owner, s.step_key
+	RETURNING r.owner, r.run_id, r.done_steps
 ), keys AS (
-	DELETE FROM idem.keys k USING steps s
-	 WHERE k.owner OPERATOR(pg_catalog.=) s.owner
-	   AND k.key OPERATOR(pg_catalog.=) s.step_key
+	DELETE FROM idem.keys k
+	 USING gone g CROSS JOIN LATERAL pg_catalog.unnest(g.done_steps) AS s(step)
+	 WHERE k.owner OPERATOR(pg_catalog.=) g.owner
+	   AND k.key OPERATOR(pg_catalog.=) @extschema@.idem_step_key(g.run_id, s.step)
 )
 SELECT pg_catalog.count(*) FROM gone
 $$;

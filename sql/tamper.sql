@@ -67,7 +67,7 @@ SELECT * FROM idem_run_begin('tam-run');
 ROLLBACK;
 \echo :LAST_ERROR_SQLSTATE
 BEGIN;
-ALTER TABLE idem.run_steps ALTER COLUMN ordinal TYPE bigint;
+ALTER TABLE idem.runs ALTER COLUMN attempts TYPE bigint[];
 SELECT * FROM idem_run_begin('tam-run');
 ROLLBACK;
 BEGIN;

@@ -67,5 +67,4 @@ DEALLOCATE ALL;
 DROP VIEW seen;
 DROP TABLE refunds;
 DELETE FROM idem.keys WHERE key LIKE 'u:%' OR key LIKE 'idem.step:u-run:%';
-DELETE FROM idem.run_steps WHERE run_id = 'u-run';
 DELETE FROM idem.runs WHERE run_id = 'u-run';

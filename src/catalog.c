@@ -1,8 +1,8 @@
 /*-------------------------------------------------------------------------
  *
  * catalog.c
- *		idem's own tables (idem.keys, idem.outbox, and the shape of
- *		idem.runs and idem.run_steps) and the per-key advisory lock.
+ *		idem's own tables (idem.keys, idem.outbox, idem.runs) and the
+ *		per-key advisory lock.
  *
  * The tables are reached by OID, cached and reset by a relcache callback, so
  * no search_path can redirect idem's reads or writes.  Access is direct:
@@ -70,6 +70,19 @@
 #define Anum_keys_fpversion		7
 #define Natts_keys				7
 
+/* Column numbers of idem.runs */
+#define Anum_runs_run_id		1
+#define Anum_runs_owner			2
+#define Anum_runs_steps			3
+#define Anum_runs_input			4
+#define Anum_runs_status		5
+#define Anum_runs_started_at	6
+#define Anum_runs_finished_at	7
+#define Anum_runs_last_error	8
+#define Anum_runs_done_steps	9
+#define Anum_runs_attempts		10
+#define Natts_runs				10
+
 /* Column numbers of idem.outbox */
 #define Anum_outbox_event_id	1
 #define Anum_outbox_key			2
@@ -87,6 +100,8 @@ typedef struct IdemCatalog
 	Oid			outbox;
 	Oid			lock_seed_rel;
 	uint64		lock_seed;		/* keys the hash in each key's lock tag */
+	Oid			runs;
+	Oid			runs_pkey;
 } IdemCatalog;
 
 /* The shape idem reads and writes: what idem--1.1.sql creates. */
@@ -107,18 +122,14 @@ static const ColumnShape outbox_shape[Natts_outbox] = {
 	{"topic", TEXTOID}, {"payload", JSONBOID}, {"created_at", TIMESTAMPTZOID}
 };
 static const ColumnShape lock_seed_shape[1] = {{"seed", INT8OID}};
-/* run.c reaches these through SPI by name; their shape is checked here */
-static const ColumnShape runs_shape[] = {
+static const ColumnShape runs_shape[Natts_runs] = {
 	{"run_id", TEXTOID}, {"owner", REGROLEOID}, {"steps", TEXTARRAYOID, true},
-	{"input", JSONBOID, true}, {"status", TEXTOID}, {"steps_done", INT4OID},
+	{"input", JSONBOID, true}, {"status", TEXTOID},
 	{"started_at", TIMESTAMPTZOID}, {"finished_at", TIMESTAMPTZOID, true},
-	{"last_error", TEXTOID, true}
+	{"last_error", TEXTOID, true}, {"done_steps", TEXTARRAYOID},
+	{"attempts", INT4ARRAYOID}
 };
-static const ColumnShape run_steps_shape[] = {
-	{"owner", REGROLEOID}, {"run_id", TEXTOID}, {"step", TEXTOID},
-	{"ordinal", INT4OID}, {"step_key", TEXTOID},
-	{"executed_at", TIMESTAMPTZOID}, {"attempts", INT4OID}
-};
+static const int16 runs_pkey_columns[] = {Anum_runs_owner, Anum_runs_run_id};
 static const int16 keys_pkey_columns[] = {Anum_keys_owner, Anum_keys_key};
 static const int16 keys_expires_columns[] = {Anum_keys_expires_at};
 
@@ -306,10 +317,10 @@ catalog_resolve(void)
 	catalog.lock_seed_rel = catalog_table("lock_seed", nspid, extoid,
 										  lock_seed_shape, 1);
 	catalog.lock_seed = catalog_lock_seed(catalog.lock_seed_rel);
-	(void) catalog_table("runs", nspid, extoid, runs_shape,
-						 lengthof(runs_shape));
-	(void) catalog_table("run_steps", nspid, extoid, run_steps_shape,
-						 lengthof(run_steps_shape));
+	catalog.runs = catalog_table("runs", nspid, extoid, runs_shape, Natts_runs);
+	catalog.runs_pkey = catalog_index("runs_pkey", nspid, catalog.runs, true,
+									  runs_pkey_columns,
+									  lengthof(runs_pkey_columns));
 	catalog_valid = true;
 }
 
@@ -395,8 +406,8 @@ unlock_key(Oid owner, const char *key, int keylen)
 }
 
 /*
- * Probe the primary key for (owner, key) with SnapshotSelf; the tuple, if
- * any, is left in slot.
+ * Probe a primary key on (owner, text), idem.keys' or idem.runs', with
+ * SnapshotSelf; the tuple, if any, is left in slot.
  */
 static bool
 probe_key(Relation rel, Relation idx, TupleTableSlot *slot, Oid owner,
@@ -415,6 +426,21 @@ probe_key(Relation rel, Relation idx, TupleTableSlot *slot, Oid owner,
 	found = index_getnext_slot(scan, ForwardScanDirection, slot);
 	index_endscan(scan);
 	return found;
+}
+
+/*
+ * Whether a row found with SnapshotSelf is one the caller's transaction
+ * snapshot (REPEATABLE READ or SERIALIZABLE; NULL otherwise) can see.  Own
+ * rows are always ours to see; comparing them with the transaction
+ * snapshot would misfire on its stale command id.
+ */
+static bool
+visible_to_xact(Relation rel, TupleTableSlot *slot, TransactionId xmin,
+				Snapshot xact_snapshot)
+{
+	return TransactionIdIsCurrentTransactionId(xmin) ||
+		xact_snapshot == NULL ||
+		table_tuple_satisfies_snapshot(rel, slot, xact_snapshot);
 }
 
 /*
@@ -464,13 +490,7 @@ idem_lookup_key(Oid owner, const char *key, IdemRecord *rec)
 		rec->created_at = DatumGetTimestampTz(slot_getattr(slot, Anum_keys_created_at, &isnull));
 		rec->expires_at = DatumGetTimestampTz(slot_getattr(slot, Anum_keys_expires_at, &isnull));
 
-		/*
-		 * Own rows are always ours to see; comparing them with the
-		 * transaction snapshot would misfire on its stale command id.
-		 */
-		rec->visible = TransactionIdIsCurrentTransactionId(rec->xmin) ||
-			xact_snapshot == NULL ||
-			table_tuple_satisfies_snapshot(rel, slot, xact_snapshot);
+		rec->visible = visible_to_xact(rel, slot, rec->xmin, xact_snapshot);
 		if (should_free)
 			heap_freetuple(tuple);
 	}
@@ -777,4 +797,130 @@ idem_purge_expired(int batch_size)
 	table_close(rel, RowExclusiveLock);
 	CommandCounterIncrement();
 	return deleted;
+}
+
+/*
+ * idem_lookup_run
+ *		Find the run (owner, run_id), the latest committed version or this
+ *		transaction's own, as idem_lookup_key() finds keys.  Caller holds
+ *		the run's lock, or only reads.
+ *
+ * Fills row, with copies in the current memory context, and returns true
+ * if the run exists.
+ */
+bool
+idem_lookup_run(Oid owner, const char *run_id, IdemRunRow *row)
+{
+	Relation	rel;
+	Relation	idx;
+	TupleTableSlot *slot;
+	text	   *idtext = cstring_to_text(run_id);
+	Snapshot	xact_snapshot = NULL;
+	bool		found;
+
+	catalog_resolve();
+	if (IsolationUsesXactSnapshot())
+		xact_snapshot = GetTransactionSnapshot();
+
+	rel = table_open(catalog.runs, AccessShareLock);
+	idx = index_open(catalog.runs_pkey, AccessShareLock);
+	slot = table_slot_create(rel, NULL);
+
+	found = probe_key(rel, idx, slot, owner, idtext);
+	if (found)
+	{
+		bool		isnull;
+		Datum		d;
+		bool		should_free;
+		HeapTuple	tuple = ExecFetchSlotHeapTuple(slot, false, &should_free);
+
+		row->owner = owner;
+		row->run_id = pstrdup(run_id);
+		row->tid = tuple->t_self;
+		d = slot_getattr(slot, Anum_runs_steps, &isnull);
+		row->steps = isnull ? NULL : DatumGetArrayTypePCopy(d);
+		d = slot_getattr(slot, Anum_runs_input, &isnull);
+		row->input = isnull ? NULL : DatumGetJsonbPCopy(d);
+		row->status = TextDatumGetCString(slot_getattr(slot, Anum_runs_status, &isnull));
+		row->started_at = DatumGetTimestampTz(slot_getattr(slot, Anum_runs_started_at, &isnull));
+		d = slot_getattr(slot, Anum_runs_finished_at, &isnull);
+		row->finished = !isnull;
+		row->finished_at = isnull ? 0 : DatumGetTimestampTz(d);
+		d = slot_getattr(slot, Anum_runs_last_error, &isnull);
+		row->last_error = isnull ? NULL : TextDatumGetCString(d);
+		row->done_steps = DatumGetArrayTypePCopy(slot_getattr(slot, Anum_runs_done_steps, &isnull));
+		row->attempts = DatumGetArrayTypePCopy(slot_getattr(slot, Anum_runs_attempts, &isnull));
+		row->visible = visible_to_xact(rel, slot,
+									   HeapTupleHeaderGetXmin(tuple->t_data),
+									   xact_snapshot);
+		if (should_free)
+			heap_freetuple(tuple);
+	}
+
+	ExecDropSingleTupleTableSlot(slot);
+	index_close(idx, AccessShareLock);
+	table_close(rel, AccessShareLock);
+	pfree(idtext);
+	return found;
+}
+
+static void
+run_values(IdemRunRow *row, Datum *values, bool *nulls)
+{
+	values[Anum_runs_run_id - 1] = CStringGetTextDatum(row->run_id);
+	values[Anum_runs_owner - 1] = ObjectIdGetDatum(row->owner);
+	nulls[Anum_runs_steps - 1] = row->steps == NULL;
+	values[Anum_runs_steps - 1] = PointerGetDatum(row->steps);
+	nulls[Anum_runs_input - 1] = row->input == NULL;
+	values[Anum_runs_input - 1] = PointerGetDatum(row->input);
+	values[Anum_runs_status - 1] = CStringGetTextDatum(row->status);
+	values[Anum_runs_started_at - 1] = TimestampTzGetDatum(row->started_at);
+	nulls[Anum_runs_finished_at - 1] = !row->finished;
+	values[Anum_runs_finished_at - 1] = TimestampTzGetDatum(row->finished_at);
+	nulls[Anum_runs_last_error - 1] = row->last_error == NULL;
+	values[Anum_runs_last_error - 1] =
+		row->last_error ? CStringGetTextDatum(row->last_error) : (Datum) 0;
+	values[Anum_runs_done_steps - 1] = PointerGetDatum(row->done_steps);
+	values[Anum_runs_attempts - 1] = PointerGetDatum(row->attempts);
+}
+
+/*
+ * idem_insert_run
+ *		Write a new run.  Caller holds the run's lock.
+ */
+void
+idem_insert_run(IdemRunRow *row)
+{
+	Datum		values[Natts_runs];
+	bool		nulls[Natts_runs] = {0};
+
+	catalog_resolve();
+	run_values(row, values, nulls);
+	insert_row(catalog.runs, values, nulls);
+}
+
+/*
+ * idem_update_run
+ *		Write the run's new status and progress in place of the version
+ *		idem_lookup_run() found.  Caller holds the run's lock, so no other
+ *		call changes the row meanwhile; the columns changed are not indexed,
+ *		so the update is HOT where the page has room.
+ */
+void
+idem_update_run(IdemRunRow *row)
+{
+	Relation	rel;
+	HeapTuple	tuple;
+	Datum		values[Natts_runs];
+	bool		nulls[Natts_runs] = {0};
+
+	catalog_resolve();
+	rel = table_open(catalog.runs, RowExclusiveLock);
+	run_values(row, values, nulls);
+	tuple = heap_form_tuple(RelationGetDescr(rel), values, nulls);
+	CatalogTupleUpdate(rel, &row->tid, tuple);
+	row->tid = tuple->t_self;
+	heap_freetuple(tuple);
+	table_close(rel, RowExclusiveLock);
+	CommandCounterIncrement();
 }

@@ -19,6 +19,7 @@
 #include "utils/guc.h"
 #include "utils/resowner.h"
 #include "executor/spi.h"
+#include "utils/array.h"
 #include "utils/jsonb.h"
 #include "utils/timestamp.h"
 
@@ -121,6 +122,24 @@ extern void idem_check_response_size(Jsonb *response, const char *what);
 extern char *idem_current_topic(void);
 extern void idem_make_replay_durable(IdemRequest *req);
 
+/* A run as found in idem.runs (arrays and strings copied). */
+typedef struct IdemRunRow
+{
+	ItemPointerData tid;
+	bool		visible;		/* to the caller's transaction snapshot */
+	Oid			owner;
+	char	   *run_id;
+	ArrayType  *steps;			/* declared steps (text[]), or NULL */
+	Jsonb	   *input;			/* or NULL */
+	char	   *status;			/* running, completed, failed */
+	TimestampTz started_at;
+	bool		finished;
+	TimestampTz finished_at;	/* if finished */
+	char	   *last_error;		/* or NULL */
+	ArrayType  *done_steps;		/* text[]: completed steps, in order */
+	ArrayType  *attempts;		/* int4[]: per completed step */
+} IdemRunRow;
+
 /* statement.c: per-backend cache of business statements */
 extern IdemStatement *idem_statement_acquire(const char *sql, int nargs,
 											 Oid *argtypes);
@@ -173,6 +192,9 @@ extern void idem_insert_outbox(const char *key, Oid owner, const char *topic,
 extern bool idem_restamp_key(Oid owner, const char *key,
 							 TimestampTz expires_at);
 extern int64 idem_purge_expired(int batch_size);
+extern bool idem_lookup_run(Oid owner, const char *run_id, IdemRunRow *row);
+extern void idem_insert_run(IdemRunRow *row);
+extern void idem_update_run(IdemRunRow *row);
 
 /* expiry.c: when a new record expires */
 extern int	idem_checked_ttl(void);

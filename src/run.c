@@ -7,22 +7,18 @@
  *
  * A run is a row of idem.runs, owned like a key by the role that began it.
  * A step is recorded as an ordinary key record in idem.keys, under the key
- * idem_step_key(run, step) and with no expiry, plus a row of idem.run_steps
- * (ordinal, attempts); so a step replays exactly as idem_execute() does,
+ * idem_step_key(run, step) and with no expiry, and by its name and attempt
+ * count in the run's row; so a step replays exactly as idem_execute() does,
  * and idem_execute() under the step's key is the same request.  The step's
- * business write, its records, the run's progress and its outbox event
+ * business write, its record, the run's progress and its outbox event
  * commit in the caller's transaction, or not at all.
  *
- * Every call on a run takes the run's advisory lock (honouring idem.wait)
- * and then the run's row FOR UPDATE.  The lock serializes the run's steps;
- * the row lock makes a REPEATABLE READ or SERIALIZABLE caller whose
- * snapshot predates another agent's progress fail with 40001 instead of
- * acting on what it saw.
- *
- * The run tables are not visible to the roles that use them (schema idem is
- * closed), so the bookkeeping statements run through SPI as the bootstrap
- * superuser, with every name in their text schema-qualified; the caller's
- * own statement never does.  Their plans are prepared once per backend.
+ * Every call that changes a run takes the run's advisory lock (honouring
+ * idem.wait) and reads the run's latest version, as key lookups do: the lock
+ * serializes the run's steps, and a REPEATABLE READ or SERIALIZABLE caller
+ * whose snapshot cannot see that version (another agent moved the run on)
+ * fails with 40001 instead of acting on what it saw.  The run's row is
+ * read and updated directly (catalog.c), one HOT update per step.
  *
  * Copyright (c) 2026, idem authors
  *
@@ -34,9 +30,7 @@
 #include "postgres.h"
 
 #include "access/xact.h"
-#include "catalog/pg_authid.h"
 #include "catalog/pg_type.h"
-#include "executor/spi.h"
 #include "fmgr.h"
 #include "funcapi.h"
 #include "miscadmin.h"
@@ -62,171 +56,6 @@ PG_FUNCTION_INFO_V1(idem_run_steps);
 
 /* Arguments of idem_step() before the statement's own: run, step, sql */
 #define STEP_FIXED_ARGS 3
-
-/* The bookkeeping statements; $1 is always the owner, $2 the run id. */
-typedef enum RunQuery
-{
-	Q_RUN_GET,
-	Q_RUN_BEGIN_GET,
-	Q_RUN_INSERT,
-	Q_RUN_ADVANCE,
-	Q_RUN_SET_STATUS,
-	Q_STEP_INSERT,
-	Q_STEP_ATTEMPT,
-	Q_RUN_STATUS,
-	Q_RUN_STEPS,
-	NUM_RUN_QUERIES
-} RunQuery;
-
-typedef struct RunQueryDef
-{
-	const char *sql;
-	int			nargs;
-	Oid			argtypes[6];
-} RunQueryDef;
-
-#define EQ " OPERATOR(pg_catalog.=) "
-#define RUN_IS " WHERE owner" EQ "$1 AND run_id" EQ "$2"
-
-static const RunQueryDef run_queries[NUM_RUN_QUERIES] = {
-	[Q_RUN_GET] = {
-		"SELECT steps, status, steps_done FROM idem.runs" RUN_IS " FOR UPDATE",
-		2, {OIDOID, TEXTOID}
-	},
-	[Q_RUN_BEGIN_GET] = {
-		"SELECT status, steps IS NOT DISTINCT FROM $3, input IS NOT DISTINCT FROM $4"
-		" FROM idem.runs" RUN_IS " FOR UPDATE",
-		4, {OIDOID, TEXTOID, TEXTARRAYOID, JSONBOID}
-	},
-	[Q_RUN_INSERT] = {
-		"INSERT INTO idem.runs (run_id, owner, steps, input, status, steps_done, started_at)"
-		" VALUES ($2, $1, $3, $4, 'running', 0, $5) ON CONFLICT DO NOTHING",
-		5, {OIDOID, TEXTOID, TEXTARRAYOID, JSONBOID, TIMESTAMPTZOID}
-	},
-	[Q_RUN_ADVANCE] = {
-		"UPDATE idem.runs SET steps_done = $3, status = $4, finished_at = $5" RUN_IS,
-		5, {OIDOID, TEXTOID, INT4OID, TEXTOID, TIMESTAMPTZOID}
-	},
-	[Q_RUN_SET_STATUS] = {
-		"UPDATE idem.runs SET status = $3, finished_at = $4,"
-		" last_error = COALESCE($5, last_error)" RUN_IS,
-		5, {OIDOID, TEXTOID, TEXTOID, TIMESTAMPTZOID, TEXTOID}
-	},
-	[Q_STEP_INSERT] = {
-		"INSERT INTO idem.run_steps (owner, run_id, step, ordinal, step_key, executed_at, attempts)"
-		" VALUES ($1, $2, $3, $4, $5, $6, 1)",
-		6, {OIDOID, TEXTOID, TEXTOID, INT4OID, TEXTOID, TIMESTAMPTZOID}
-	},
-	[Q_STEP_ATTEMPT] = {
-		"UPDATE idem.run_steps SET attempts = attempts OPERATOR(pg_catalog.+) 1"
-		RUN_IS " AND step" EQ "$3",
-		3, {OIDOID, TEXTOID, TEXTOID}
-	},
-	[Q_RUN_STATUS] = {
-		"SELECT status,"
-		" CASE WHEN steps IS NOT NULL AND steps_done OPERATOR(pg_catalog.<) pg_catalog.cardinality(steps)"
-		"  THEN steps[steps_done OPERATOR(pg_catalog.+) 1] END,"
-		" steps_done, pg_catalog.cardinality(steps), started_at, finished_at, last_error, input"
-		" FROM idem.runs" RUN_IS,
-		2, {OIDOID, TEXTOID}
-	},
-	[Q_RUN_STEPS] = {
-		"SELECT s.ordinal, s.step,"
-		" CASE WHEN d.step IS NULL THEN 'pending' ELSE 'completed' END,"
-		" k.response, d.executed_at, COALESCE(d.attempts, 0)"
-		" FROM idem.runs r"
-		" CROSS JOIN LATERAL ("
-		"  SELECT t.ord::pg_catalog.int4 AS ordinal, t.step"
-		"    FROM pg_catalog.unnest(r.steps) WITH ORDINALITY AS t(step, ord)"
-		"  UNION ALL"
-		"  SELECT x.ordinal, x.step FROM idem.run_steps x"
-		"   WHERE r.steps IS NULL AND x.owner" EQ "r.owner AND x.run_id" EQ "r.run_id) s"
-		" LEFT JOIN idem.run_steps d ON d.owner" EQ "r.owner AND d.run_id" EQ "r.run_id"
-		"  AND d.step" EQ "s.step"
-		" LEFT JOIN idem.keys k ON k.owner" EQ "d.owner AND k.key" EQ "d.step_key"
-		" WHERE r.owner" EQ "$1 AND r.run_id" EQ "$2"
-		" ORDER BY s.ordinal",
-		2, {OIDOID, TEXTOID}
-	},
-};
-
-static SPIPlanPtr run_plans[NUM_RUN_QUERIES];
-
-/* A run as a step sees it, read under the run's lock. */
-typedef struct IdemRun
-{
-	Oid			owner;
-	char	   *run_id;
-	ArrayType  *steps;			/* declared steps, or NULL */
-	char	   *status;
-	int32		steps_done;
-} IdemRun;
-
-/* The user the bookkeeping statements ran as before they switched. */
-typedef struct RunCatalogSession
-{
-	Oid			saved_userid;
-	int			saved_secctx;
-	MemoryContext callercxt;	/* where results outlive SPI_finish() */
-} RunCatalogSession;
-
-/*
- * Open SPI and become the bootstrap superuser, who owns idem's tables
- * whatever role created the extension.  An error restores the user with the
- * (sub)transaction's abort.
- */
-static void
-run_catalog_begin(RunCatalogSession *session)
-{
-	session->callercxt = CurrentMemoryContext;
-	if (SPI_connect() != SPI_OK_CONNECT)
-		elog(ERROR, "SPI_connect failed");
-	GetUserIdAndSecContext(&session->saved_userid, &session->saved_secctx);
-	SetUserIdAndSecContext(BOOTSTRAP_SUPERUSERID,
-						   session->saved_secctx |
-						   SECURITY_LOCAL_USERID_CHANGE |
-						   SECURITY_RESTRICTED_OPERATION);
-}
-
-static void
-run_catalog_end(RunCatalogSession *session)
-{
-	SetUserIdAndSecContext(session->saved_userid, session->saved_secctx);
-	SPI_finish();
-}
-
-/* Run a bookkeeping statement; the caller is inside run_catalog_begin(). */
-static uint64
-run_query(RunQuery q, Datum *values, const char *nulls)
-{
-	int			rc;
-
-	if (run_plans[q] == NULL)
-	{
-		const RunQueryDef *def = &run_queries[q];
-		SPIPlanPtr	plan;
-
-		plan = SPI_prepare(def->sql, def->nargs, (Oid *) def->argtypes);
-		if (plan == NULL)
-			elog(ERROR, "SPI_prepare failed for idem run query %d: %s",
-				 (int) q, SPI_result_code_string(SPI_result));
-		SPI_keepplan(plan);
-		run_plans[q] = plan;
-	}
-	rc = SPI_execute_plan(run_plans[q], values, nulls, false, 0);
-	if (rc < 0)
-		elog(ERROR, "idem run query %d failed: %s", (int) q,
-			 SPI_result_code_string(rc));
-	return SPI_processed;
-}
-
-/* SPI result column i (1-based) of row 0, or isnull */
-static Datum
-result_value(int col, bool *isnull)
-{
-	return SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, col,
-						 isnull);
-}
 
 /* Keys derived for a run: its lock, and each step's record. */
 static char *
@@ -256,57 +85,84 @@ report_run_not_found(const char *run_id)
 }
 
 /*
- * Take the run's lock, then its row, and read it into run (in the
- * caller's memory).  Raises ID404 if the current role has no such run.
+ * A run a caller's snapshot cannot see the latest version of (REPEATABLE
+ * READ or SERIALIZABLE: another agent moved it on after the snapshot) must
+ * not be acted on.
  */
 static void
-lock_run(Oid owner, const char *run_id, IdemRun *run)
+check_run_visible(IdemRunRow *run)
 {
-	RunCatalogSession session;
+	if (!run->visible)
+		ereport(ERROR,
+				(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+				 errmsg("could not serialize access due to concurrent update of run \"%s\"",
+						run->run_id),
+				 errdetail("Another transaction changed the run after this transaction's snapshot was taken."),
+				 idem_errhint(ERRCODE_T_R_SERIALIZATION_FAILURE, "Retry the transaction: the retry sees the run's progress.")));
+}
+
+/*
+ * Take the run's lock and read the run, as the current snapshot may act on
+ * it.  Raises ID404 if the current role has no such run.
+ */
+static void
+lock_run(Oid owner, const char *run_id, IdemRunRow *run)
+{
 	char	   *lockkey = run_lock_key(run_id);
-	Datum		values[2];
-	bool		isnull;
 
 	idem_lock_key(owner, lockkey, strlen(lockkey), idem_wait);
-
-	run_catalog_begin(&session);
-	values[0] = ObjectIdGetDatum(owner);
-	values[1] = CStringGetTextDatum(run_id);
-	if (run_query(Q_RUN_GET, values, NULL) == 0)
+	if (!idem_lookup_run(owner, run_id, run))
 		report_run_not_found(run_id);
+	check_run_visible(run);
+}
 
-	MemoryContextSwitchTo(session.callercxt);
-	run->owner = owner;
-	run->run_id = pstrdup(run_id);
-	run->steps = NULL;
-	{
-		Datum		d = result_value(1, &isnull);
+/* Elements of a text[] as C strings. */
+static char **
+text_elems(ArrayType *arr, int *n)
+{
+	Datum	   *elems;
+	char	  **names;
 
-		if (!isnull)
-			run->steps = DatumGetArrayTypePCopy(d);
-	}
-	run->status = TextDatumGetCString(result_value(2, &isnull));
-	run->steps_done = DatumGetInt32(result_value(3, &isnull));
-	run_catalog_end(&session);
+	deconstruct_array(arr, TEXTOID, -1, false, TYPALIGN_INT, &elems, NULL, n);
+	names = palloc(Max(*n, 1) * sizeof(char *));
+	for (int i = 0; i < *n; i++)
+		names[i] = TextDatumGetCString(elems[i]);
+	return names;
 }
 
 static int
-run_nsteps(IdemRun *run)
+run_nsteps(IdemRunRow *run)
 {
 	return run->steps == NULL ? 0 : ArrayGetNItems(ARR_NDIM(run->steps),
 												   ARR_DIMS(run->steps));
 }
 
+static int
+run_ndone(IdemRunRow *run)
+{
+	return ArrayGetNItems(ARR_NDIM(run->done_steps), ARR_DIMS(run->done_steps));
+}
+
 /* The name of declared step ordinal (1-based). */
 static char *
-declared_step(IdemRun *run, int ordinal)
+declared_step(IdemRunRow *run, int ordinal)
 {
-	Datum	   *elems;
 	int			n;
 
-	deconstruct_array(run->steps, TEXTOID, -1, false, TYPALIGN_INT,
-					  &elems, NULL, &n);
-	return TextDatumGetCString(elems[ordinal - 1]);
+	return text_elems(run->steps, &n)[ordinal - 1];
+}
+
+/* Where step is among the completed steps (1-based), or 0. */
+static int
+done_position(IdemRunRow *run, const char *step)
+{
+	int			n;
+	char	  **names = text_elems(run->done_steps, &n);
+
+	for (int i = 0; i < n; i++)
+		if (strcmp(names[i], step) == 0)
+			return i + 1;
+	return 0;
 }
 
 /*
@@ -314,22 +170,17 @@ declared_step(IdemRun *run, int ordinal)
  * the run declared none.  A name the run did not declare is an error.
  */
 static int
-step_ordinal(IdemRun *run, const char *step)
+step_ordinal(IdemRunRow *run, const char *step)
 {
-	Datum	   *elems;
 	int			n;
+	char	  **names;
 
 	if (run->steps == NULL)
 		return 0;
-	deconstruct_array(run->steps, TEXTOID, -1, false, TYPALIGN_INT,
-					  &elems, NULL, &n);
+	names = text_elems(run->steps, &n);
 	for (int i = 0; i < n; i++)
-	{
-		char	   *name = TextDatumGetCString(elems[i]);
-
-		if (strcmp(name, step) == 0)
+		if (strcmp(names[i], step) == 0)
 			return i + 1;
-	}
 	ereport(ERROR,
 			(errcode(ERRCODE_IDEM_STEP_UNDECLARED),
 			 errmsg("run \"%s\" has no step \"%s\"", run->run_id, step),
@@ -339,7 +190,7 @@ step_ordinal(IdemRun *run, const char *step)
 }
 
 static void
-report_not_running(IdemRun *run)
+report_not_running(IdemRunRow *run)
 {
 	if (strcmp(run->status, "failed") == 0)
 		ereport(ERROR,
@@ -357,25 +208,25 @@ report_not_running(IdemRun *run)
 /*
  * Whether a step that has no record may run now: the run must be running,
  * and when it declared its steps, every earlier one must have completed.
- * Returns the step's ordinal in the run.
  */
-static int
-check_step_may_run(IdemRun *run, const char *step, int ordinal)
+static void
+check_step_may_run(IdemRunRow *run, const char *step, int ordinal)
 {
+	int			ndone = run_ndone(run);
+
 	if (strcmp(run->status, "running") != 0)
 		report_not_running(run);
 	if (ordinal == 0)
-		return run->steps_done + 1;
-	if (ordinal > run->steps_done + 1)
+		return;
+	if (ordinal > ndone + 1)
 		ereport(ERROR,
 				(errcode(ERRCODE_IDEM_STEP_OUT_OF_SEQUENCE),
 				 errmsg("step \"%s\" of run \"%s\" cannot run yet", step,
 						run->run_id),
 				 errdetail("It is step %d; step %d (\"%s\") has not completed.",
-						   ordinal, run->steps_done + 1,
-						   declared_step(run, run->steps_done + 1)),
+						   ordinal, ndone + 1, declared_step(run, ndone + 1)),
 				 idem_errhint(ERRCODE_IDEM_STEP_OUT_OF_SEQUENCE, "Run the steps in the order idem_run_begin() declared them; idem_run_status() names the next one.")));
-	if (ordinal <= run->steps_done)
+	if (ordinal <= ndone)
 		ereport(ERROR,
 				(errcode(ERRCODE_DATA_CORRUPTED),
 				 errmsg("step \"%s\" of run \"%s\" is counted as completed but has no record",
@@ -383,55 +234,55 @@ check_step_may_run(IdemRun *run, const char *step, int ordinal)
 				 errdetail("The key record %s was removed from idem.keys.",
 						   derive_step_key(run->run_id, step)),
 				 idem_errhint(ERRCODE_DATA_CORRUPTED, NULL)));
-	return ordinal;
 }
 
 /*
- * Record a step that just completed and advance the run; the last declared
- * step completes the run in the same transaction.
+ * Record a step that just completed: one more completed step, with one
+ * attempt.  The last declared step completes the run in the same
+ * transaction.
  */
 static void
-record_step(IdemRun *run, const char *step, int ordinal, const char *key,
-			TimestampTz now)
+record_step(IdemRunRow *run, const char *step, TimestampTz now)
 {
-	RunCatalogSession session;
-	Datum		values[6];
-	char		nulls[6] = {' ', ' ', ' ', ' ', ' ', ' '};
-	int32		done = run->steps_done + 1;
-	bool		finished = run->steps != NULL && done == run_nsteps(run);
+	int			n;
+	Datum	   *names;
+	Datum	   *counts;
+	int			ncounts;
 
-	run_catalog_begin(&session);
-	values[0] = ObjectIdGetDatum(run->owner);
-	values[1] = CStringGetTextDatum(run->run_id);
-	values[2] = CStringGetTextDatum(step);
-	values[3] = Int32GetDatum(ordinal);
-	values[4] = CStringGetTextDatum(key);
-	values[5] = TimestampTzGetDatum(now);
-	run_query(Q_STEP_INSERT, values, nulls);
-
-	values[2] = Int32GetDatum(done);
-	values[3] = CStringGetTextDatum(finished ? "completed" : "running");
-	values[4] = TimestampTzGetDatum(now);
-	nulls[4] = finished ? ' ' : 'n';
-	run_query(Q_RUN_ADVANCE, values, nulls);
-	run_catalog_end(&session);
+	deconstruct_array(run->done_steps, TEXTOID, -1, false, TYPALIGN_INT,
+					  &names, NULL, &n);
+	deconstruct_array(run->attempts, INT4OID, 4, true, TYPALIGN_INT,
+					  &counts, NULL, &ncounts);
+	names = repalloc(names, (n + 1) * sizeof(Datum));
+	counts = ncounts > 0 ? repalloc(counts, (n + 1) * sizeof(Datum))
+		: palloc((n + 1) * sizeof(Datum));
+	names[n] = CStringGetTextDatum(step);
+	counts[n] = Int32GetDatum(1);
+	run->done_steps = construct_array(names, n + 1, TEXTOID, -1, false,
+									  TYPALIGN_INT);
+	run->attempts = construct_array(counts, n + 1, INT4OID, 4, true,
+									TYPALIGN_INT);
+	if (run->steps != NULL && n + 1 == run_nsteps(run))
+	{
+		run->status = "completed";
+		run->finished = true;
+		run->finished_at = now;
+	}
+	idem_update_run(run);
 }
 
-/* Count a replay of step; false if the run has no row for it. */
-static bool
-count_attempt(IdemRun *run, const char *step)
+/* Count a replay of completed step number pos (1-based). */
+static void
+count_attempt(IdemRunRow *run, int pos)
 {
-	RunCatalogSession session;
-	Datum		values[3];
-	uint64		n;
+	Datum	   *counts;
+	int			n;
 
-	run_catalog_begin(&session);
-	values[0] = ObjectIdGetDatum(run->owner);
-	values[1] = CStringGetTextDatum(run->run_id);
-	values[2] = CStringGetTextDatum(step);
-	n = run_query(Q_STEP_ATTEMPT, values, NULL);
-	run_catalog_end(&session);
-	return n > 0;
+	deconstruct_array(run->attempts, INT4OID, 4, true, TYPALIGN_INT,
+					  &counts, NULL, &n);
+	counts[pos - 1] = Int32GetDatum(DatumGetInt32(counts[pos - 1]) + 1);
+	run->attempts = construct_array(counts, n, INT4OID, 4, true, TYPALIGN_INT);
+	idem_update_run(run);
 }
 
 /*
@@ -445,7 +296,7 @@ run_step(IdemRequest *req, IdemStatement *stmt, Jsonb *result,
 {
 	TimestampTz now = GetCurrentTransactionStartTimestamp();
 	TimestampTz never;
-	IdemRun		run;
+	IdemRunRow	run;
 	IdemRecord	rec;
 	int			ordinal;
 	char	   *topic;
@@ -456,25 +307,32 @@ run_step(IdemRequest *req, IdemStatement *stmt, Jsonb *result,
 
 	if (idem_find_record(stmt, req, fingerprint, now, &rec))
 	{
+		int			pos = done_position(&run, step);
+
 		/*
-		 * A record without a step row was written by idem_execute() under
-		 * the step's key: the same request, so the step is done; adopt it.
+		 * A record the run does not list was written by idem_execute()
+		 * under the step's key: the same request, so the step is done;
+		 * adopt it.
 		 */
-		if (!count_attempt(&run, step))
-			record_step(&run, step, check_step_may_run(&run, step, ordinal),
-						req->key, now);
+		if (pos > 0)
+			count_attempt(&run, pos);
+		else
+		{
+			check_step_may_run(&run, step, ordinal);
+			record_step(&run, step, now);
+		}
 		if (idem_durable_replay)
 			idem_make_replay_durable(req);
 		return rec.response;
 	}
 
-	ordinal = check_step_may_run(&run, step, ordinal);
+	check_step_may_run(&run, step, ordinal);
 	topic = idem_current_topic();
 	response = stmt != NULL ? idem_execute_statement(stmt, req) : result;
 
 	TIMESTAMP_NOEND(never);
 	idem_insert_key(req->key, req->owner, fingerprint, response, now, never);
-	record_step(&run, step, ordinal, req->key, now);
+	record_step(&run, step, now);
 	if (topic != NULL)
 		idem_insert_outbox(req->key, req->owner, topic, response, now);
 	return response;
@@ -633,50 +491,24 @@ checked_steps(ArrayType *arr)
 	return construct_array(elems, n, TEXTOID, -1, false, TYPALIGN_INT);
 }
 
-/*
- * Read the run's status row (Q_RUN_STATUS) inside a catalog session;
- * false if there is none.
- */
+/* Whether two optional varlena values (arrays, jsonb) are the same bytes. */
 static bool
-fetch_status(Oid owner, const char *run_id)
+same_value(void *a, void *b)
 {
-	Datum		values[2];
-
-	values[0] = ObjectIdGetDatum(owner);
-	values[1] = CStringGetTextDatum(run_id);
-	return run_query(Q_RUN_STATUS, values, NULL) > 0;
+	if (a == NULL || b == NULL)
+		return a == b;
+	return datumIsEqual(PointerGetDatum(a), PointerGetDatum(b), false, -1);
 }
 
-/* Q_RUN_STATUS columns: status, next_step, steps_done, steps_total,
- * started_at, finished_at, last_error, input */
-#define NUM_STATUS_COLUMNS 8
-
-static Datum
-run_status_datum(FunctionCallInfo fcinfo, Oid owner, const char *run_id,
-				 bool created)
+/* The step a declared run runs next, or NULL. */
+static char *
+next_step(IdemRunRow *run)
 {
-	RunCatalogSession session;
-	TupleDesc	tupdesc;
-	Datum		values[4];
-	bool		nulls[4];
-	HeapTuple	tuple;
+	int			ndone = run_ndone(run);
 
-	if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE)
-		elog(ERROR, "return type must be a row type");
-	tupdesc = BlessTupleDesc(tupdesc);
-
-	run_catalog_begin(&session);
-	if (!fetch_status(owner, run_id))
-		report_run_not_found(run_id);
-	values[0] = result_value(1, &nulls[0]);
-	values[1] = result_value(2, &nulls[1]);
-	values[2] = BoolGetDatum(created);
-	nulls[2] = false;
-	values[3] = result_value(5, &nulls[3]);
-	MemoryContextSwitchTo(session.callercxt);
-	tuple = heap_form_tuple(tupdesc, values, nulls);
-	run_catalog_end(&session);
-	return HeapTupleGetDatum(tuple);
+	if (run->steps == NULL || ndone >= run_nsteps(run))
+		return NULL;
+	return declared_step(run, ndone + 1);
 }
 
 /*
@@ -685,7 +517,8 @@ run_status_datum(FunctionCallInfo fcinfo, Oid owner, const char *run_id,
  *		OUT started_at timestamptz) returns record
  *
  * Begins a run, or returns the existing run when called again with the
- * same steps and input; other steps or input under the same id is ID422.
+ * same steps and input (the same bytes: jsonb 1.0 and 1.00 differ, as in
+ * request fingerprints); other steps or input under the same id is ID422.
  */
 Datum
 idem_run_begin(PG_FUNCTION_ARGS)
@@ -695,11 +528,15 @@ idem_run_begin(PG_FUNCTION_ARGS)
 	Jsonb	   *input = NULL;
 	Oid			owner = GetUserId();
 	char	   *lockkey;
-	RunCatalogSession session;
-	Datum		values[5];
-	char		nulls[5] = {' ', ' ', ' ', ' ', ' '};
+	IdemRunRow	run;
 	bool		created = false;
+	TupleDesc	tupdesc;
+	Datum		values[4];
+	bool		nulls[4] = {false, false, false, false};
+	char	   *next;
 
+	if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE)
+		elog(ERROR, "return type must be a row type");
 	idem_check_can_write("idem_run_begin()");
 	run_id = idem_name_arg(fcinfo, 0, "run id");
 	if (!PG_ARGISNULL(1))
@@ -712,39 +549,43 @@ idem_run_begin(PG_FUNCTION_ARGS)
 
 	lockkey = run_lock_key(run_id);
 	idem_lock_key(owner, lockkey, strlen(lockkey), idem_wait);
-
-	run_catalog_begin(&session);
-	values[0] = ObjectIdGetDatum(owner);
-	values[1] = CStringGetTextDatum(run_id);
-	values[2] = steps ? PointerGetDatum(steps) : (Datum) 0;
-	nulls[2] = steps ? ' ' : 'n';
-	values[3] = input ? JsonbPGetDatum(input) : (Datum) 0;
-	nulls[3] = input ? ' ' : 'n';
-	if (run_query(Q_RUN_BEGIN_GET, values, nulls) > 0)
+	if (idem_lookup_run(owner, run_id, &run))
 	{
-		bool		isnull;
-
-		if (!DatumGetBool(result_value(2, &isnull)) ||
-			!DatumGetBool(result_value(3, &isnull)))
+		check_run_visible(&run);
+		if (!same_value(run.steps, steps) || !same_value(run.input, input))
 			ereport(ERROR,
 					(errcode(ERRCODE_IDEM_KEY_REUSED),
 					 errmsg("run \"%s\" was already begun with different %s",
 							run_id,
-							!DatumGetBool(result_value(2, &isnull)) ? "steps" : "input"),
+							!same_value(run.steps, steps) ? "steps" : "input"),
 					 errdetail("A run id names one run: its steps and input are fixed when it begins."),
 					 idem_errhint(ERRCODE_IDEM_KEY_REUSED, "Use a new run id for a new run.")));
 	}
 	else
 	{
-		values[4] = TimestampTzGetDatum(GetCurrentTransactionStartTimestamp());
-		if (run_query(Q_RUN_INSERT, values, nulls) != 1)
-			elog(ERROR, "run \"%s\" appeared while its lock was held", run_id);
+		run.owner = owner;
+		run.run_id = run_id;
+		run.steps = steps;
+		run.input = input;
+		run.status = "running";
+		run.started_at = GetCurrentTransactionStartTimestamp();
+		run.finished = false;
+		run.finished_at = 0;
+		run.last_error = NULL;
+		run.done_steps = construct_empty_array(TEXTOID);
+		run.attempts = construct_empty_array(INT4OID);
+		idem_insert_run(&run);
 		created = true;
-		CommandCounterIncrement();
 	}
-	run_catalog_end(&session);
 
-	return run_status_datum(fcinfo, owner, run_id, created);
+	values[0] = CStringGetTextDatum(run.status);
+	next = next_step(&run);
+	nulls[1] = next == NULL;
+	values[1] = next ? CStringGetTextDatum(next) : (Datum) 0;
+	values[2] = BoolGetDatum(created);
+	values[3] = TimestampTzGetDatum(run.started_at);
+	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(BlessTupleDesc(tupdesc),
+													  values, nulls)));
 }
 
 /*
@@ -756,12 +597,7 @@ set_run_status(FunctionCallInfo fcinfo, const char *verb)
 {
 	Oid			owner = GetUserId();
 	char	   *run_id;
-	char	   *reason = NULL;
-	const char *status;
-	IdemRun		run;
-	RunCatalogSession session;
-	Datum		values[5];
-	char		nulls[5] = {' ', ' ', ' ', ' ', 'n'};
+	IdemRunRow	run;
 	TimestampTz now = GetCurrentTransactionStartTimestamp();
 
 	idem_check_can_write(psprintf("idem_run_%s()", verb));
@@ -775,47 +611,40 @@ set_run_status(FunctionCallInfo fcinfo, const char *verb)
 					(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
 					 errmsg("reason passed to idem_run_fail() must not be null"),
 					 idem_errhint(ERRCODE_NULL_VALUE_NOT_ALLOWED, NULL)));
-		reason = text_to_cstring(PG_GETARG_TEXT_PP(1));
 		if (strcmp(run.status, "completed") == 0)
 			report_not_running(&run);
-		status = "failed";
+		run.last_error = text_to_cstring(PG_GETARG_TEXT_PP(1));
+		run.status = "failed";
+		run.finished = true;
+		run.finished_at = now;
 	}
 	else if (strcmp(verb, "resume") == 0)
 	{
 		if (strcmp(run.status, "completed") == 0)
 			report_not_running(&run);
-		status = "running";
+		run.status = "running";
+		run.finished = false;
 	}
 	else
 	{
 		if (strcmp(run.status, "failed") == 0)
 			report_not_running(&run);
-		if (run.steps != NULL && run.steps_done < run_nsteps(&run))
+		if (next_step(&run) != NULL)
 			ereport(ERROR,
 					(errcode(ERRCODE_IDEM_STEP_OUT_OF_SEQUENCE),
 					 errmsg("run \"%s\" has steps that have not completed", run_id),
 					 errdetail("%d of its %d steps have completed; step \"%s\" is next.",
-							   run.steps_done, run_nsteps(&run),
-							   declared_step(&run, run.steps_done + 1)),
+							   run_ndone(&run), run_nsteps(&run), next_step(&run)),
 					 idem_errhint(ERRCODE_IDEM_STEP_OUT_OF_SEQUENCE, "A run with declared steps completes with its last step.")));
-		status = "completed";
+		if (strcmp(run.status, "completed") != 0)
+		{
+			run.status = "completed";
+			run.finished = true;
+			run.finished_at = now;
+		}
 	}
-
-	run_catalog_begin(&session);
-	values[0] = ObjectIdGetDatum(owner);
-	values[1] = CStringGetTextDatum(run_id);
-	values[2] = CStringGetTextDatum(status);
-	values[3] = TimestampTzGetDatum(now);
-	if (strcmp(status, "running") == 0)
-		nulls[3] = 'n';
-	if (reason != NULL)
-	{
-		values[4] = CStringGetTextDatum(reason);
-		nulls[4] = ' ';
-	}
-	run_query(Q_RUN_SET_STATUS, values, nulls);
-	run_catalog_end(&session);
-	PG_RETURN_TEXT_P(cstring_to_text(status));
+	idem_update_run(&run);
+	PG_RETURN_TEXT_P(cstring_to_text(run.status));
 }
 
 /* idem_run_fail(run_id text, reason text) returns text */
@@ -839,43 +668,14 @@ idem_run_complete(PG_FUNCTION_ARGS)
 	return set_run_status(fcinfo, "complete");
 }
 
-/*
- * Return the rows of the last bookkeeping query as the function's result
- * set.  Output column key_col (1-based, or 0 for none) is the step key of
- * the step named in query column step_col.
- */
+/* The current role's run, for the readers: no lock, the caller's snapshot. */
 static void
-return_rows(FunctionCallInfo fcinfo, const char *run_id, int step_col,
-			int key_col)
+read_run(FunctionCallInfo fcinfo, IdemRunRow *run)
 {
-	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
-	TupleDesc	outdesc = rsinfo->setDesc;
-	int			natts = outdesc->natts;
-	Datum	   *values = palloc(natts * sizeof(Datum));
-	bool	   *nulls = palloc(natts * sizeof(bool));
+	char	   *run_id = idem_name_arg(fcinfo, 0, "run id");
 
-	for (uint64 row = 0; row < SPI_processed; row++)
-	{
-		HeapTuple	tuple = SPI_tuptable->vals[row];
-
-		for (int i = 0; i < natts; i++)
-		{
-			if (i + 1 == key_col)
-			{
-				bool		isnull;
-				Datum		name = SPI_getbinval(tuple, SPI_tuptable->tupdesc,
-												 step_col, &isnull);
-
-				values[i] = CStringGetTextDatum(derive_step_key(run_id,
-																TextDatumGetCString(name)));
-				nulls[i] = false;
-			}
-			else
-				values[i] = SPI_getbinval(tuple, SPI_tuptable->tupdesc, i + 1,
-										  &nulls[i]);
-		}
-		tuplestore_putvalues(rsinfo->setResult, outdesc, values, nulls);
-	}
+	if (!idem_lookup_run(GetUserId(), run_id, run) || !run->visible)
+		report_run_not_found(run_id);
 }
 
 /*
@@ -885,41 +685,78 @@ return_rows(FunctionCallInfo fcinfo, const char *run_id, int step_col,
 Datum
 idem_run_status(PG_FUNCTION_ARGS)
 {
-	char	   *run_id = idem_name_arg(fcinfo, 0, "run id");
-	Oid			owner = GetUserId();	/* before becoming the superuser */
-	RunCatalogSession session;
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	IdemRunRow	run;
+	Datum		values[8];
+	bool		nulls[8] = {0};
+	char	   *next;
 
 	InitMaterializedSRF(fcinfo, 0);
-	idem_catalog_check();
-	run_catalog_begin(&session);
-	if (!fetch_status(owner, run_id))
-		report_run_not_found(run_id);
-	return_rows(fcinfo, run_id, 0, 0);
-	run_catalog_end(&session);
+	read_run(fcinfo, &run);
+	next = next_step(&run);
+	values[0] = CStringGetTextDatum(run.status);
+	nulls[1] = next == NULL;
+	values[1] = next ? CStringGetTextDatum(next) : (Datum) 0;
+	values[2] = Int32GetDatum(run_ndone(&run));
+	nulls[3] = run.steps == NULL;
+	values[3] = Int32GetDatum(run_nsteps(&run));
+	values[4] = TimestampTzGetDatum(run.started_at);
+	nulls[5] = !run.finished;
+	values[5] = TimestampTzGetDatum(run.finished_at);
+	nulls[6] = run.last_error == NULL;
+	values[6] = run.last_error ? CStringGetTextDatum(run.last_error) : (Datum) 0;
+	nulls[7] = run.input == NULL;
+	values[7] = JsonbPGetDatum(run.input);
+	tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
 	return (Datum) 0;
 }
 
 /*
  * idem_run_steps(run_id text) returns table (ordinal, step, state,
  *		response, executed_at, attempts, step_key)
+ *
+ * The declared steps in order, completed or pending; for a run without
+ * declared steps, its completed steps in the order they completed.
  */
 Datum
 idem_run_steps(PG_FUNCTION_ARGS)
 {
-	char	   *run_id = idem_name_arg(fcinfo, 0, "run id");
-	Oid			owner = GetUserId();
-	RunCatalogSession session;
-	Datum		values[2];
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	IdemRunRow	run;
+	char	  **names;
+	int			n;
+	Datum	   *counts;
+	int			ncounts;
 
 	InitMaterializedSRF(fcinfo, 0);
-	idem_catalog_check();
-	run_catalog_begin(&session);
-	if (!fetch_status(owner, run_id))
-		report_run_not_found(run_id);
-	values[0] = ObjectIdGetDatum(owner);
-	values[1] = CStringGetTextDatum(run_id);
-	run_query(Q_RUN_STEPS, values, NULL);
-	return_rows(fcinfo, run_id, 2, 7);
-	run_catalog_end(&session);
+	read_run(fcinfo, &run);
+	names = text_elems(run.steps ? run.steps : run.done_steps, &n);
+	deconstruct_array(run.attempts, INT4OID, 4, true, TYPALIGN_INT,
+					  &counts, NULL, &ncounts);
+
+	for (int i = 0; i < n; i++)
+	{
+		Datum		values[7];
+		bool		nulls[7] = {0};
+		char	   *key = derive_step_key(run.run_id, names[i]);
+		int			pos = run.steps ? done_position(&run, names[i]) : i + 1;
+		IdemRecord	rec;
+		bool		found = pos > 0 &&
+			idem_lookup_key(run.owner, key, &rec) && rec.visible;
+
+		values[0] = Int32GetDatum(i + 1);
+		values[1] = CStringGetTextDatum(names[i]);
+		values[2] = CStringGetTextDatum(pos > 0 ? "completed" : "pending");
+		nulls[3] = nulls[4] = !found;
+		if (found)
+		{
+			values[3] = JsonbPGetDatum(rec.response);
+			values[4] = TimestampTzGetDatum(rec.created_at);
+		}
+		values[5] = Int32GetDatum(pos > 0 && pos <= ncounts ?
+								  DatumGetInt32(counts[pos - 1]) : 0);
+		values[6] = CStringGetTextDatum(key);
+		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+	}
 	return (Datum) 0;
 }

@@ -213,7 +213,7 @@ EOF
 # seeded keys only, vacuumed and analyzed, and no dirty buffers.
 reset_state() {
 	su_sql -c "SELECT bench.reset()" >/dev/null
-	su_sql -c "VACUUM ANALYZE bench.payments, bench.keys, bench.outbox, idem.keys, idem.outbox, idem.runs, idem.run_steps"
+	su_sql -c "VACUUM ANALYZE bench.payments, bench.keys, bench.outbox, idem.keys, idem.outbox, idem.runs"
 	su_sql -c "CHECKPOINT"
 }
 
@@ -663,7 +663,7 @@ if [ $profile -eq 1 ]; then
 			declare -A pf=()
 			for n in $prof_short $prof_long; do
 				su_sql -c "SELECT bench.reset()" >/dev/null
-				su_sql -c "VACUUM ANALYZE bench.payments, bench.keys, bench.outbox, idem.keys, idem.outbox, idem.runs, idem.run_steps"
+				su_sql -c "VACUUM ANALYZE bench.payments, bench.keys, bench.outbox, idem.keys, idem.outbox, idem.runs"
 				# with only the server's own processes left, the profiles
 				# written after pgbench are those of its connections
 				quiesce

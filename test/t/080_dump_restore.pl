@@ -12,7 +12,7 @@
 #    written by an ordinary role); a different request under an old key is
 #    still rejected; an expired key still counts as absent; new keys get
 #    fresh ids from the restored sequences.
-#    A workflow run (idem.runs and idem.run_steps are configuration tables
+#    A workflow run (idem.runs is a configuration table
 #    too) resumes where it stopped: its completed step replays, the next one
 #    executes and completes it.  idem_key() and idem_state_hash() give the
 #    same strings as in the source, also for values of types the restore

@@ -117,7 +117,7 @@ foreach my $crash_step (@steps)
 
 	# what the crash left: the steps before it, nothing of it
 	my $before = $node->safe_psql('postgres',
-		"SELECT count(*) FROM idem.run_steps WHERE run_id = '$run'");
+		"SELECT cardinality(done_steps) FROM idem.runs WHERE run_id = '$run'");
 	my $index = 0;
 	$index++ while $steps[$index] ne $crash_step;
 	is($before, $index,
