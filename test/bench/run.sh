@@ -51,6 +51,8 @@ max_load=""
 max_wait=1200
 install=1
 profile=0
+default_profile_workloads="0 8 5 6 1 2 4 3 9"
+profile_workloads=$default_profile_workloads
 purge_autovacuum="off on"
 
 usage() {
@@ -74,6 +76,8 @@ usage: $0 [options]
   --max-wait S        ... but at most S seconds (default $max_wait), then run anyway
   --profile           also count instructions per transaction under callgrind
                       (needs valgrind) and list what dominates idem's calls
+  --profile-workloads "L"  the workloads --profile counts (default
+                      "$profile_workloads"; the ratios need 0 2 3 4 5 6 8 9)
   --no-install        do not build and install idem first
 EOF
 }
@@ -96,6 +100,7 @@ while [ $# -gt 0 ]; do
 		--max-wait) max_wait=$2; shift ;;
 		--no-install) install=0 ;;
 		--profile) profile=1 ;;
+		--profile-workloads) profile_workloads=$2; shift ;;
 		-h|--help) usage; exit 0 ;;
 		*) usage >&2; exit 2 ;;
 	esac
@@ -225,7 +230,7 @@ run_pgbench() {
 	[ "$j" -gt 4 ] && j=4
 	run env PGOPTIONS="-c synchronous_commit=$sync -c idem.outbox_topic=payments" \
 		pgbench -n -M prepared -h "$dir" -p $port -U bench \
-		-c "$c" -j "$j" -T "$secs" -D owner="$owner" -D seeds="$seeds" \
+		-c "$c" -j "$j" -T "$secs" -D owner="$owner" -D seeds="$seeds" -D i=0 \
 		-f "$bench/$script.sql" "$@" $db >"$logf" 2>&1 || true
 }
 
@@ -618,6 +623,9 @@ if [ $profile -eq 1 ]; then
 	else
 		log "profile: restarting the cluster under callgrind"
 		prof="$new/latest-profile.txt"
+		# a subset of the workloads does not replace the full profile
+		[ "$profile_workloads" = "$default_profile_workloads" ] ||
+			prof="$new/latest-profile-subset.txt"
 		run pg_ctl -D "$dir/data" -w -m fast stop >/dev/null
 		mkdir -p "$dir/cg"
 		[ "$(id -u)" -eq 0 ] && chown postgres: "$dir/cg"
@@ -659,7 +667,7 @@ if [ $profile -eq 1 ]; then
 			echo "difference of a ${prof_long}- and a ${prof_short}-transaction session, so connection start-up is excluded)"
 			echo
 		} >"$prof"
-		for w in 0 8 5 6 1 2 4 3 9; do
+		for w in $profile_workloads; do
 			declare -A pf=()
 			for n in $prof_short $prof_long; do
 				su_sql -c "SELECT bench.reset()" >/dev/null
@@ -670,7 +678,7 @@ if [ $profile -eq 1 ]; then
 				before=$(ls "$dir/cg" | sort)
 				run env PGOPTIONS="-c synchronous_commit=off -c idem.outbox_topic=payments" \
 					pgbench -n -M prepared -h "$dir" -p $port -U bench -c 1 -j 1 -t $n \
-					-D owner="$owner" -D seeds="$seeds" -f "$bench/${scripts[$w]}.sql" $db \
+					-D owner="$owner" -D seeds="$seeds" -D i=0 -f "$bench/${scripts[$w]}.sql" $db \
 					>"$out/profile-${scripts[$w]}-$n.log" 2>&1
 				quiesce
 				# pgbench's own short set-up connection leaves a profile too:
@@ -710,14 +718,16 @@ if [ $profile -eq 1 ]; then
 		wait "$valgrind_pid" || true
 		{
 			printf "%-22s %12s %10s\n" workload "instr/tx" "x round trip"
-			for w in 0 8 5 6 1 2 4 3 9; do
-				printf "%-22s %12d %10.2f\n" "$w ${names[$w]}" "${ir[$w]}" "$(awk -v a="${ir[$w]}" -v b="${ir[0]}" 'BEGIN { print a / b }')"
+			for w in $profile_workloads; do
+				printf "%-22s %12d %10s\n" "$w ${names[$w]}" "${ir[$w]}" "$(awk -v a="${ir[$w]}" -v b="${ir[0]:-0}" 'BEGIN { print b > 0 ? sprintf("%.2f", a / b) : "-" }')"
 			done
 			echo
-			awk -v a="${ir[4]}" -v b="${ir[2]}" -v c="${ir[3]}" -v d="${ir[5]}" -v e="${ir[0]}" -v f="${ir[6]}" -v g="${ir[8]}" -v h="${ir[9]}" 'BEGIN {
-				printf "instruction ratios (lower is cheaper): idem new key / floor %.2f, / plpgsql %.2f;\n", a / b, a / c
-				printf "idem replay / round trip %.2f, / replay call shape %.2f, / plpgsql replay %.2f\n", d / e, d / g, d / f
-				printf "idem step new key / idem new key %.2f\n", h / a }'
+			awk -v a="${ir[4]:-0}" -v b="${ir[2]:-0}" -v c="${ir[3]:-0}" -v d="${ir[5]:-0}" -v e="${ir[0]:-0}" -v f="${ir[6]:-0}" -v g="${ir[8]:-0}" -v h="${ir[9]:-0}" '
+			function r(x, y) { return y > 0 ? sprintf("%.2f", x / y) : "-" }
+			BEGIN {
+				printf "instruction ratios (lower is cheaper): idem new key / floor %s, / plpgsql %s;\n", r(a, b), r(a, c)
+				printf "idem replay / round trip %s, / replay call shape %s, / plpgsql replay %s\n", r(d, e), r(d, g), r(d, f)
+				printf "idem step new key / idem new key %s\n", r(h, a) }'
 			echo
 			cat "$out/profile-functions.txt"
 		} >>"$prof"

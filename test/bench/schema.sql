@@ -106,10 +106,6 @@ AS $$
 		idem.runs;
 	INSERT INTO idem.keys SELECT * FROM bench.idem_seed;
 	INSERT INTO bench.keys SELECT * FROM bench.plpgsql_seed;
-	-- one run per pgbench client (client_id 0..63), for workload 9
-	INSERT INTO idem.runs (run_id, owner, status, started_at, done_steps, attempts)
-	SELECT 'bench-' || i, 'bench'::regrole, 'running', now(), '{}', '{}'
-	  FROM generate_series(0, 63) AS i;
 $$;
 
 --
