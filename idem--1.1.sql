@@ -271,3 +271,16 @@ CREATE FUNCTION @extschema@.idem_dry_run(key text, sql text,
 RETURNS record
 AS 'MODULE_PATHNAME', 'idem_dry_run'
 LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+-- One statement, one round trip: the call and its options (for this call
+-- only); args are typed by the statement.  With run_id and step (key NULL)
+-- it is a workflow step.
+CREATE FUNCTION @extschema@.idem_call(key text, sql text,
+	args text[] DEFAULT '{}'::pg_catalog.text[],
+	outbox_topic text DEFAULT NULL, ttl interval DEFAULT NULL,
+	wait boolean DEFAULT NULL, run_id text DEFAULT NULL, step text DEFAULT NULL,
+	OUT response pg_catalog.jsonb, OUT replayed boolean,
+	OUT first_executed_at timestamptz)
+RETURNS record
+AS 'MODULE_PATHNAME', 'idem_call'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;

@@ -64,13 +64,6 @@ typedef struct InflightKey
 
 static InflightKey *inflight_keys = NULL;
 
-typedef struct IdemResult
-{
-	Jsonb	   *response;
-	bool		replayed;
-	TimestampTz first_executed_at;
-} IdemResult;
-
 void
 idem_check_can_write(const char *what)
 {
@@ -136,6 +129,38 @@ type_untyped_args(IdemRequest *req, char **untyped)
 }
 
 /*
+ * idem_collect_array
+ *		Bind the elements of an array as the arguments; untyped: they are
+ *		text to be typed as the statement infers (the text[] forms).
+ */
+void
+idem_collect_array(ArrayType *arr, bool untyped, IdemRequest *req)
+{
+	Oid			elemtype = ARR_ELEMTYPE(arr);
+	int16		typlen;
+	bool		typbyval;
+	char		typalign;
+	bool	   *isnull;
+	char	  **texts;
+
+	get_typlenbyvalalign(elemtype, &typlen, &typbyval, &typalign);
+	deconstruct_array(arr, elemtype, typlen, typbyval, typalign,
+					  &req->values, &isnull, &req->nargs);
+	req->argtypes = palloc(Max(req->nargs, 1) * sizeof(Oid));
+	req->nulls = palloc(Max(req->nargs, 1) * sizeof(char));
+	texts = palloc0(Max(req->nargs, 1) * sizeof(char *));
+	for (int i = 0; i < req->nargs; i++)
+	{
+		req->argtypes[i] = untyped ? UNKNOWNOID : elemtype;
+		req->nulls[i] = isnull[i] ? 'n' : ' ';
+		if (untyped && !isnull[i])
+			texts[i] = TextDatumGetCString(req->values[i]);
+	}
+	if (untyped && req->nargs > 0)
+		type_untyped_args(req, texts);
+}
+
+/*
  * idem_collect_args
  *		Bind the arguments from position first on.
  *
@@ -159,40 +184,14 @@ idem_collect_args(FunctionCallInfo fcinfo, int first, IdemRequest *req)
 	if (get_fn_expr_variadic(fcinfo->flinfo))
 	{
 		ArrayType  *arr;
-		Oid			elemtype;
-		int16		typlen;
-		bool		typbyval;
-		char		typalign;
-		bool	   *isnull;
-		bool		text_overload;
 
 		/* like format(): VARIADIC NULL means no arguments */
 		if (PG_ARGISNULL(first))
 			return;
 		arr = PG_GETARG_ARRAYTYPE_P(first);
-		elemtype = ARR_ELEMTYPE(arr);
-		get_typlenbyvalalign(elemtype, &typlen, &typbyval, &typalign);
-		deconstruct_array(arr, elemtype, typlen, typbyval, typalign,
-						  &req->values, &isnull, &req->nargs);
-		text_overload = elemtype == TEXTOID &&
-			get_func_variadictype(fcinfo->flinfo->fn_oid) == TEXTOID;
-		req->argtypes = palloc(Max(req->nargs, 1) * sizeof(Oid));
-		req->nulls = palloc(Max(req->nargs, 1) * sizeof(char));
-		untyped = palloc0(Max(req->nargs, 1) * sizeof(char *));
-		for (int i = 0; i < req->nargs; i++)
-		{
-			req->argtypes[i] = elemtype;
-			req->nulls[i] = isnull[i] ? 'n' : ' ';
-			if (text_overload)
-			{
-				req->argtypes[i] = UNKNOWNOID;
-				if (!isnull[i])
-					untyped[i] = TextDatumGetCString(req->values[i]);
-				any_untyped = true;
-			}
-		}
-		if (any_untyped)
-			type_untyped_args(req, untyped);
+		idem_collect_array(arr, ARR_ELEMTYPE(arr) == TEXTOID &&
+						   get_func_variadictype(fcinfo->flinfo->fn_oid) == TEXTOID,
+						   req);
 		return;
 	}
 
@@ -504,28 +503,38 @@ static void
 idem_execute_internal(FunctionCallInfo fcinfo, IdemResult *result)
 {
 	IdemRequest req;
+
+	idem_keyed_request(fcinfo, "idem_execute()", &req);
+	idem_execute_request(&req, result);
+}
+
+/*
+ * idem_execute_request
+ *		Replay or execute req, a checked request under a key.
+ */
+void
+idem_execute_request(IdemRequest *req, IdemResult *result)
+{
 	IdemStatement *stmt;
 	uint8		fingerprint[IDEM_FINGERPRINT_LEN];
 	TimestampTz now = GetCurrentTransactionStartTimestamp();
 
-	idem_keyed_request(fcinfo, "idem_execute()", &req);
-
-	stmt = idem_statement_acquire(req.sql, req.nargs, req.argtypes);
+	stmt = idem_statement_acquire(req->sql, req->nargs, req->argtypes);
 	PG_TRY();
 	{
 		IdemRecord	rec;
 
-		idem_statement_fingerprint(stmt, &req, fingerprint);
-		if (idem_find_record(stmt, &req, fingerprint, now, &rec))
+		idem_statement_fingerprint(stmt, req, fingerprint);
+		if (idem_find_record(stmt, req, fingerprint, now, &rec))
 		{
 			result->response = rec.response;
 			result->replayed = true;
 			result->first_executed_at = rec.created_at;
 			if (idem_durable_replay)
-				idem_make_replay_durable(&req);
+				idem_make_replay_durable(req);
 		}
 		else
-			execute_and_record(stmt, &req, fingerprint, now, result);
+			execute_and_record(stmt, req, fingerprint, now, result);
 	}
 	PG_FINALLY();
 	{

@@ -102,14 +102,24 @@ typedef struct IdemRecord
 
 typedef struct IdemStatement IdemStatement;
 
+/* What a call returns. */
+typedef struct IdemResult
+{
+	Jsonb	   *response;
+	bool		replayed;
+	TimestampTz first_executed_at;
+} IdemResult;
+
 /* execute.c: the parts of a call that workflow steps share */
 extern void idem_check_can_write(const char *what);
 extern char *idem_name_arg(FunctionCallInfo fcinfo, int argno,
 						   const char *what);
 extern void idem_collect_args(FunctionCallInfo fcinfo, int first,
 							  IdemRequest *req);
+extern void idem_collect_array(ArrayType *arr, bool untyped, IdemRequest *req);
 extern void idem_keyed_request(FunctionCallInfo fcinfo, const char *fname,
 							   IdemRequest *req);
+extern void idem_execute_request(IdemRequest *req, IdemResult *result);
 extern void idem_check_not_inflight(IdemRequest *req);
 extern void idem_check_visible(IdemRequest *req, IdemRecord *rec);
 extern bool idem_record_matches(IdemStatement *stmt, IdemRequest *req,
@@ -170,6 +180,12 @@ extern bool idem_cache_errors_check(char **newval, void **extra,
 extern void idem_cache_errors_assign(const char *newval, void *extra);
 extern Jsonb *idem_execute_caching_errors(IdemStatement *stmt,
 										  IdemRequest *req, bool *cached);
+
+/* run.c: workflow steps, also for idem_call() */
+extern void idem_step_key_request(const char *run_id, const char *step,
+								  IdemRequest *req);
+extern void idem_step_request(IdemRequest *req, const char *run_id,
+							  const char *step, IdemResult *result);
 
 /* advice.c: what a client should do after an error */
 extern const char *idem_retry_advice_for(int sqlerrcode);

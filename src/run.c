@@ -288,11 +288,12 @@ count_attempt(IdemRunRow *run, int pos)
 /*
  * One step of a run, as a statement (stmt) or as a result recorded from
  * outside (result).  req->key is the step's key; fingerprint identifies the
- * request.  Returns the step's response.
+ * request.  Fills out.
  */
-static Jsonb *
+static void
 run_step(IdemRequest *req, IdemStatement *stmt, Jsonb *result,
-		 const char *run_id, const char *step, const uint8 *fingerprint)
+		 const char *run_id, const char *step, const uint8 *fingerprint,
+		 IdemResult *out)
 {
 	TimestampTz now = GetCurrentTransactionStartTimestamp();
 	TimestampTz never;
@@ -323,7 +324,10 @@ run_step(IdemRequest *req, IdemStatement *stmt, Jsonb *result,
 		}
 		if (idem_durable_replay)
 			idem_make_replay_durable(req);
-		return rec.response;
+		out->response = rec.response;
+		out->replayed = true;
+		out->first_executed_at = rec.created_at;
+		return;
 	}
 
 	check_step_may_run(&run, step, ordinal);
@@ -335,20 +339,54 @@ run_step(IdemRequest *req, IdemStatement *stmt, Jsonb *result,
 	record_step(&run, step, now);
 	if (topic != NULL)
 		idem_insert_outbox(req->key, req->owner, topic, response, now);
-	return response;
+	out->response = response;
+	out->replayed = false;
+	out->first_executed_at = now;
+}
+
+/* A step's request: the caller's role and the step's key. */
+void
+idem_step_key_request(const char *run_id, const char *step, IdemRequest *req)
+{
+	req->owner = GetUserId();
+	req->ttl = 0;
+	req->key = derive_step_key(run_id, step);
+	req->keylen = strlen(req->key);
+	req->nargs = 0;
 }
 
 static void
 step_request(FunctionCallInfo fcinfo, IdemRequest *req, char **run_id,
 			 char **step)
 {
-	req->owner = GetUserId();
-	req->ttl = 0;
 	*run_id = idem_name_arg(fcinfo, 0, "run id");
 	*step = idem_name_arg(fcinfo, 1, "step name");
-	req->key = derive_step_key(*run_id, *step);
-	req->keylen = strlen(req->key);
-	req->nargs = 0;
+	idem_step_key_request(*run_id, *step, req);
+}
+
+/*
+ * idem_step_request
+ *		Replay or execute req (its statement and arguments collected, its
+ *		key made by idem_step_key_request()) as step of run_id.
+ */
+void
+idem_step_request(IdemRequest *req, const char *run_id, const char *step,
+				  IdemResult *result)
+{
+	IdemStatement *stmt;
+	uint8		fingerprint[IDEM_FINGERPRINT_LEN];
+
+	stmt = idem_statement_acquire(req->sql, req->nargs, req->argtypes);
+	PG_TRY();
+	{
+		idem_statement_fingerprint(stmt, req, fingerprint);
+		run_step(req, stmt, NULL, run_id, step, fingerprint, result);
+	}
+	PG_FINALLY();
+	{
+		idem_statement_release(stmt);
+	}
+	PG_END_TRY();
 }
 
 /*
@@ -359,11 +397,9 @@ Datum
 idem_step(PG_FUNCTION_ARGS)
 {
 	IdemRequest req;
-	IdemStatement *stmt;
 	char	   *run_id;
 	char	   *step;
-	uint8		fingerprint[IDEM_FINGERPRINT_LEN];
-	Jsonb	   *response = NULL;
+	IdemResult	result;
 
 	idem_check_can_write("idem_step()");
 	step_request(fcinfo, &req, &run_id, &step);
@@ -374,19 +410,8 @@ idem_step(PG_FUNCTION_ARGS)
 				 idem_errhint(ERRCODE_NULL_VALUE_NOT_ALLOWED, NULL)));
 	req.sql = text_to_cstring(PG_GETARG_TEXT_PP(2));
 	idem_collect_args(fcinfo, STEP_FIXED_ARGS, &req);
-
-	stmt = idem_statement_acquire(req.sql, req.nargs, req.argtypes);
-	PG_TRY();
-	{
-		idem_statement_fingerprint(stmt, &req, fingerprint);
-		response = run_step(&req, stmt, NULL, run_id, step, fingerprint);
-	}
-	PG_FINALLY();
-	{
-		idem_statement_release(stmt);
-	}
-	PG_END_TRY();
-	PG_RETURN_JSONB_P(response);
+	idem_step_request(&req, run_id, step, &result);
+	PG_RETURN_JSONB_P(result.response);
 }
 
 /*
@@ -404,6 +429,7 @@ idem_step_complete(PG_FUNCTION_ARGS)
 	char	   *step;
 	Jsonb	   *result;
 	uint8		fingerprint[IDEM_FINGERPRINT_LEN];
+	IdemResult	out;
 
 	idem_check_can_write("idem_step_complete()");
 	step_request(fcinfo, &req, &run_id, &step);
@@ -417,7 +443,8 @@ idem_step_complete(PG_FUNCTION_ARGS)
 
 	idem_value_digest("idem_step_complete", JSONBOID, JsonbPGetDatum(result),
 					  fingerprint);
-	PG_RETURN_JSONB_P(run_step(&req, NULL, result, run_id, step, fingerprint));
+	run_step(&req, NULL, result, run_id, step, fingerprint, &out);
+	PG_RETURN_JSONB_P(out.response);
 }
 
 /*

@@ -1,0 +1,149 @@
+/*-------------------------------------------------------------------------
+ *
+ * call.c
+ *		idem_call(): a call and its options in one statement, so a client
+ *		needs one round trip where BEGIN; SET LOCAL ...; SELECT; COMMIT
+ *		needs four.
+ *
+ * The options are the settings a call reads (idem.outbox_topic, idem.ttl,
+ * idem.wait), set for the duration of this call only, the way a function's
+ * SET clause sets them: a GUC nest level that is unwound when the call
+ * returns, and by the transaction's abort if it fails.  The arguments are
+ * a text[] typed by the statement, as untyped driver parameters are, so a
+ * client passes a plain array of strings.  With run_id and step instead of
+ * a key, the call is a workflow step.
+ *
+ * Copyright (c) 2026, idem authors
+ *
+ * IDENTIFICATION
+ *	  src/call.c
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "access/htup_details.h"
+#include "fmgr.h"
+#include "funcapi.h"
+#include "miscadmin.h"
+#include "utils/builtins.h"
+#include "utils/guc.h"
+#include "utils/timestamp.h"
+
+#include "compat.h"
+#include "idem.h"
+
+PG_FUNCTION_INFO_V1(idem_call);
+
+/* idem_call()'s parameters */
+enum
+{
+	CALL_KEY,
+	CALL_SQL,
+	CALL_ARGS,
+	CALL_OUTBOX_TOPIC,
+	CALL_TTL,
+	CALL_WAIT,
+	CALL_RUN_ID,
+	CALL_STEP
+};
+
+static void
+set_option(const char *name, const char *value)
+{
+	(void) set_config_option(name, value,
+							 superuser() ? PGC_SUSET : PGC_USERSET,
+							 PGC_S_SESSION, GUC_ACTION_SAVE, true, 0, false);
+}
+
+/* A ttl option as whole seconds, the unit of idem.ttl. */
+static char *
+ttl_seconds(Interval *ttl)
+{
+	float8		secs = DatumGetFloat8(DirectFunctionCall2(interval_part,
+														  CStringGetTextDatum("epoch"),
+														  IntervalPGetDatum(ttl)));
+
+	if (secs < 1 || secs > INT_MAX)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("ttl must be between 1 second and %d seconds", INT_MAX),
+				 idem_errhint(ERRCODE_INVALID_PARAMETER_VALUE, NULL)));
+	return psprintf("%.0f", secs);
+}
+
+/*
+ * idem_call(key text, sql text, args text[] DEFAULT '{}',
+ *		outbox_topic text, ttl interval, wait boolean, run_id text, step text,
+ *		OUT response jsonb, OUT replayed boolean,
+ *		OUT first_executed_at timestamptz) returns record
+ */
+Datum
+idem_call(PG_FUNCTION_ARGS)
+{
+	IdemRequest req;
+	IdemResult	result;
+	TupleDesc	tupdesc;
+	Datum		values[3];
+	bool		nulls[3] = {false, false, false};
+	int			nestlevel;
+	bool		is_step = !PG_ARGISNULL(CALL_RUN_ID) || !PG_ARGISNULL(CALL_STEP);
+	char	   *run_id = NULL;
+	char	   *step = NULL;
+
+	if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE)
+		elog(ERROR, "return type must be a row type");
+	idem_check_can_write("idem_call()");
+
+	if (is_step && !PG_ARGISNULL(CALL_KEY))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("idem_call() takes either a key or a run_id and a step"),
+				 errdetail("A step's key is idem_step_key(run_id, step)."),
+				 idem_errhint(ERRCODE_INVALID_PARAMETER_VALUE, "Pass NULL as the key of a step.")));
+	if (PG_ARGISNULL(CALL_SQL))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("statement passed to idem_call() must not be null"),
+				 idem_errhint(ERRCODE_NULL_VALUE_NOT_ALLOWED, NULL)));
+
+	/* the options, for this call only */
+	nestlevel = NewGUCNestLevel();
+	if (!PG_ARGISNULL(CALL_OUTBOX_TOPIC))
+		set_option("idem.outbox_topic", text_to_cstring(PG_GETARG_TEXT_PP(CALL_OUTBOX_TOPIC)));
+	if (!PG_ARGISNULL(CALL_TTL))
+		set_option("idem.ttl", ttl_seconds(PG_GETARG_INTERVAL_P(CALL_TTL)));
+	if (!PG_ARGISNULL(CALL_WAIT))
+		set_option("idem.wait", PG_GETARG_BOOL(CALL_WAIT) ? "on" : "off");
+
+	if (is_step)
+	{
+		run_id = idem_name_arg(fcinfo, CALL_RUN_ID, "run id");
+		step = idem_name_arg(fcinfo, CALL_STEP, "step name");
+		idem_step_key_request(run_id, step, &req);
+	}
+	else
+	{
+		req.owner = GetUserId();
+		req.ttl = idem_checked_ttl();
+		req.key = idem_name_arg(fcinfo, CALL_KEY, "idempotency key");
+		req.keylen = strlen(req.key);
+	}
+	req.sql = text_to_cstring(PG_GETARG_TEXT_PP(CALL_SQL));
+	req.nargs = 0;
+	if (!PG_ARGISNULL(CALL_ARGS))
+		idem_collect_array(PG_GETARG_ARRAYTYPE_P(CALL_ARGS), true, &req);
+
+	if (is_step)
+		idem_step_request(&req, run_id, step, &result);
+	else
+		idem_execute_request(&req, &result);
+
+	AtEOXact_GUC(true, nestlevel);
+
+	values[0] = JsonbPGetDatum(result.response);
+	values[1] = BoolGetDatum(result.replayed);
+	values[2] = TimestampTzGetDatum(result.first_executed_at);
+	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(BlessTupleDesc(tupdesc),
+													  values, nulls)));
+}
