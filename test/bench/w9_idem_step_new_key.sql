@@ -4,10 +4,10 @@
 -- declared list): every 8th transaction begins the client's next run
 -- first, so a run's own cost is in the figure, spread over its steps.
 -- :i counts the client's transactions (pgbench -D i=0).
-\set i :i + 1
 \set a random(1, 1000000)
 \set r :i / 8
 \set s :i % 8
+\set i :i + 1
 \if :s = 0
 SELECT status FROM idem_run_begin('bench-' || :client_id || '-' || :r);
 \endif
