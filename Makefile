@@ -10,7 +10,8 @@ OBJS = \
 	src/statement.o \
 	src/catalog.o \
 	src/expiry.o \
-	src/response.o
+	src/response.o \
+	src/outbox.o
 DATA		= $(wildcard $(EXTENSION)--*.sql)
 PGFILEDESC	= "idem - idempotent business writes"
 

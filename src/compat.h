@@ -149,4 +149,22 @@ idem_sha256_end(idem_sha256_ctx ctx, uint8 *dest)
 }
 #endif
 
+
+/*
+ * A uniform double in [0, 1) for backoff jitter (the per-backend global
+ * generator, seeded at backend start), and this backend's local
+ * transaction id.
+ */
+#if PG_VERSION_NUM >= 150000
+#include "common/pg_prng.h"
+#define idem_random_double() pg_prng_double(&pg_global_prng_state)
+#else
+#define idem_random_double() ((double) random() / ((double) MAX_RANDOM_VALUE + 1.0))
+#endif
+#if PG_VERSION_NUM >= 170000
+#define IDEM_MY_LXID (MyProc->vxid.lxid)
+#else
+#define IDEM_MY_LXID (MyProc->lxid)
+#endif
+
 #endif							/* IDEM_COMPAT_H */

@@ -302,7 +302,11 @@ execute_and_record(IdemStatement *stmt, IdemRequest *req,
 	 * against idem.max_ttl on entry.
 	 */
 	if (idem_outbox_topic != NULL && idem_outbox_topic[0] != '\0')
+	{
 		topic = pstrdup(idem_outbox_topic);
+		/* a topic the role may not publish to fails before anything runs */
+		idem_outbox_check_publish(topic, owner);
+	}
 
 	self.owner = owner;
 	self.key = req->key;
@@ -316,7 +320,8 @@ execute_and_record(IdemStatement *stmt, IdemRequest *req,
 	idem_insert_key(req->key, owner, fingerprint, result->response, now,
 					idem_new_record_expiry(owner, req->key, req->ttl));
 	if (topic != NULL)
-		idem_insert_outbox(req->key, owner, topic, result->response, now);
+		idem_insert_outbox(req->key, owner, topic, result->response, now,
+						   NULL, NULL);
 	result->replayed = false;
 	result->first_executed_at = now;
 }
