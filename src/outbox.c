@@ -237,6 +237,98 @@ idem_outbox_check_publish(const char *topic, Oid role)
  * ------------------------------------------------------------------------
  */
 
+/*
+ * Topics this transaction wrote events to, by the subtransaction that
+ * wrote them, in TopTransactionContext.  The NOTIFY is sent at PRE_COMMIT,
+ * not at the write: PostgreSQL refuses to PREPARE a transaction that has
+ * notified, and idem's calls must keep working in prepared transactions
+ * (their events then wake nobody; consumers also poll).  A rolled-back
+ * subtransaction's topics are forgotten, so only committed events wake.
+ */
+typedef struct NotifyTopic
+{
+	char	   *topic;
+	SubTransactionId subid;
+	struct NotifyTopic *next;
+} NotifyTopic;
+
+static NotifyTopic *notify_topics = NULL;
+static bool notify_callbacks_registered = false;
+
+static void
+notify_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
+						SubTransactionId parentSubid, void *arg)
+{
+	NotifyTopic **link = &notify_topics;
+
+	if (event != SUBXACT_EVENT_ABORT_SUB && event != SUBXACT_EVENT_COMMIT_SUB)
+		return;
+	while (*link != NULL)
+	{
+		NotifyTopic *n = *link;
+
+		if (n->subid == mySubid && event == SUBXACT_EVENT_ABORT_SUB)
+		{
+			*link = n->next;
+			continue;
+		}
+		if (n->subid == mySubid)
+			n->subid = parentSubid;
+		link = &n->next;
+	}
+}
+
+static void
+notify_xact_callback(XactEvent event, void *arg)
+{
+	switch (event)
+	{
+		case XACT_EVENT_PRE_COMMIT:
+			/* PostgreSQL folds duplicates of one channel and payload */
+			for (NotifyTopic *n = notify_topics; n != NULL; n = n->next)
+				Async_Notify(OUTBOX_CHANNEL, n->topic);
+			notify_topics = NULL;
+			break;
+		case XACT_EVENT_PRE_PREPARE:
+		case XACT_EVENT_COMMIT:
+		case XACT_EVENT_ABORT:
+		case XACT_EVENT_PREPARE:
+		case XACT_EVENT_PARALLEL_COMMIT:
+		case XACT_EVENT_PARALLEL_ABORT:
+			notify_topics = NULL;
+			break;
+		default:
+			break;
+	}
+}
+
+static void
+remember_notify(const char *topic)
+{
+	SubTransactionId subid = GetCurrentSubTransactionId();
+	MemoryContext oldcxt;
+	NotifyTopic *n;
+
+	if (!notify_callbacks_registered)
+	{
+		RegisterXactCallback(notify_xact_callback, NULL);
+		RegisterSubXactCallback(notify_subxact_callback, NULL);
+		notify_callbacks_registered = true;
+	}
+	for (n = notify_topics; n != NULL; n = n->next)
+	{
+		if (n->subid == subid && strcmp(n->topic, topic) == 0)
+			return;
+	}
+	oldcxt = MemoryContextSwitchTo(TopTransactionContext);
+	n = palloc(sizeof(NotifyTopic));
+	n->topic = pstrdup(topic);
+	n->subid = subid;
+	n->next = notify_topics;
+	notify_topics = n;
+	MemoryContextSwitchTo(oldcxt);
+}
+
 static Datum
 random_uuid(void)
 {
@@ -298,9 +390,9 @@ emit_logical_message(Datum event_id, const char *key, Oid owner,
 /*
  * idem_insert_outbox
  *		Append an outbox event in the caller's transaction: the row (due at
- *		once), a NOTIFY that PostgreSQL delivers at commit (one per topic
- *		and transaction), and with idem.outbox_logical_message the logical
- *		decoding message.  run_id and step may be NULL.
+ *		once), a NOTIFY at commit (one per topic and transaction), and with
+ *		idem.outbox_logical_message the logical decoding message.  run_id
+ *		and step may be NULL.
  */
 void
 idem_insert_outbox(const char *key, Oid owner, const char *topic,
@@ -338,7 +430,7 @@ idem_insert_outbox(const char *key, Oid owner, const char *topic,
 
 	idem_catalog_insert(relid, values, nulls);
 
-	Async_Notify(OUTBOX_CHANNEL, topic);
+	remember_notify(topic);
 	if (idem_outbox_logical_message)
 		emit_logical_message(values[Anum_outbox_event_id - 1], key, owner,
 							 topic, payload, created_at, run_id, step);
@@ -416,7 +508,7 @@ static OutboxQuery q_lock = {
 
 static OutboxQuery q_retry = {
 	"UPDATE idem.outbox"
-	"   SET state = $2, next_attempt_at = pg_catalog.coalesce($3, next_attempt_at),"
+	"   SET state = $2, next_attempt_at = COALESCE($3, next_attempt_at),"
 	"       lease_token = NULL, last_error = $4"
 	" WHERE ctid OPERATOR(pg_catalog.=) $1",
 	4, {TIDOID, TEXTOID, TIMESTAMPTZOID, TEXTOID}
