@@ -342,12 +342,12 @@ SELECT count(*) AS failed,
 --
 SELECT count(idem_outbox_ack(event_id, lease_token)) AS acked
   FROM idem_outbox_claim('mail', 10, '30 s');
-SELECT state, count(*) FROM idem.outbox GROUP BY state ORDER BY state;
+SELECT state, count(*) FROM idem.outbox WHERE key LIKE 'ob:%' GROUP BY state ORDER BY state;
 SELECT idem_outbox_purge() AS purged_within_retention;
 SET idem.outbox_retention = 0;
 SELECT idem_outbox_purge(1) AS purged;
 SELECT idem_outbox_purge() AS purged;
-SELECT state, count(*) FROM idem.outbox GROUP BY state ORDER BY state;
+SELECT state, count(*) FROM idem.outbox WHERE key LIKE 'ob:%' GROUP BY state ORDER BY state;
 RESET idem.outbox_retention;
 RESET idem.outbox_jitter;
 RESET idem.outbox_backoff_base;
