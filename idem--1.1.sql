@@ -170,6 +170,12 @@ RETURNS void
 AS 'MODULE_PATHNAME', 'idem_outbox_ack'
 LANGUAGE C VOLATILE PARALLEL UNSAFE;
 
+-- The acks of a batch in one statement, all or nothing.
+CREATE FUNCTION @extschema@.idem_outbox_ack_batch(event_ids uuid[], lease_tokens uuid[])
+RETURNS integer
+AS 'MODULE_PATHNAME', 'idem_outbox_ack_batch'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
 CREATE FUNCTION @extschema@.idem_outbox_fail(event_id uuid, lease_token uuid,
 	error text, retry_after interval DEFAULT NULL)
 RETURNS timestamptz
@@ -228,6 +234,7 @@ SELECT o.event_id, o.topic, o.key, o.owner, o.run_id, o.step,
 -- administrator, never to PUBLIC.
 REVOKE ALL ON FUNCTION @extschema@.idem_outbox_claim(text, integer, interval, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION @extschema@.idem_outbox_ack(uuid, uuid) FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.idem_outbox_ack_batch(uuid[], uuid[]) FROM PUBLIC;
 REVOKE ALL ON FUNCTION @extschema@.idem_outbox_fail(uuid, uuid, text, interval) FROM PUBLIC;
 REVOKE ALL ON FUNCTION @extschema@.idem_outbox_requeue(uuid) FROM PUBLIC;
 REVOKE ALL ON FUNCTION @extschema@.idem_outbox_purge(integer) FROM PUBLIC;

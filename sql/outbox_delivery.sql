@@ -27,7 +27,8 @@ SELECT p.oid::regprocedure AS function,
   FROM pg_proc p WHERE p.proname LIKE 'idem_outbox%' ORDER BY 1::text;
 SELECT has_table_privilege('regress_ob_other', 'idem_outbox_events', 'SELECT') AS other_may_read_view;
 GRANT EXECUTE ON FUNCTION idem_outbox_claim(text, integer, interval, text),
-	idem_outbox_ack(uuid, uuid), idem_outbox_fail(uuid, uuid, text, interval)
+	idem_outbox_ack(uuid, uuid), idem_outbox_ack_batch(uuid[], uuid[]),
+	idem_outbox_fail(uuid, uuid, text, interval)
 	TO regress_ob_consumer, regress_ob_other;
 -- an administrator may be given topic administration without superuser
 GRANT EXECUTE ON FUNCTION idem_outbox_create_topic(text, regrole[], regrole[]),
@@ -338,6 +339,35 @@ SELECT count(*) AS failed,
   FROM ob_jitter;
 
 --
+-- the acks of a batch in one call: all or nothing
+--
+SELECT pg_sleep(1.1);		-- the jitter events are due again
+DELETE FROM ob_claimed;
+INSERT INTO ob_claimed
+SELECT 'b', event_id, lease_token, attempt, lease_until, key, owner
+  FROM idem_outbox_claim('pay', 5, '30 s') WHERE key LIKE 'ob:j:%';
+SELECT count(*) AS claimed FROM ob_claimed WHERE who = 'b';
+SELECT * FROM ob_digest \gset before_
+\set VERBOSITY sqlstate
+-- one forged token: nothing is delivered
+SELECT idem_outbox_ack_batch(array_agg(event_id ORDER BY key),
+	   array_agg(CASE WHEN key = (SELECT max(key) FROM ob_claimed) THEN gen_random_uuid() ELSE token END ORDER BY key))
+  FROM ob_claimed WHERE who = 'b';
+SELECT idem_outbox_ack_batch(array_agg(event_id), (array_agg(token))[1:4]) FROM ob_claimed WHERE who = 'b';
+SELECT idem_outbox_ack_batch(array_agg(event_id), array_agg(token) || NULL::uuid) FROM ob_claimed WHERE who = 'b';
+SELECT idem_outbox_ack_batch(array_agg(event_id), NULL::uuid[]) FROM ob_claimed WHERE who = 'b';
+SELECT idem_outbox_ack_batch(array_agg(event_id) || array_agg(event_id), array_agg(token) || array_agg(token)) FROM ob_claimed WHERE who = 'b';
+\set VERBOSITY default
+SELECT (SELECT digest FROM ob_digest) = :'before_digest' AS outbox_unchanged;
+SELECT idem_outbox_ack_batch('{}'::uuid[], '{}'::uuid[]) AS none;
+SELECT idem_outbox_ack_batch(array_agg(event_id), array_agg(token)) AS acked FROM ob_claimed WHERE who = 'b';
+\set VERBOSITY sqlstate
+SELECT idem_outbox_ack_batch(array_agg(event_id), array_agg(token)) AS acked FROM ob_claimed WHERE who = 'b';
+\set VERBOSITY default
+SELECT state, count(*) FROM idem.outbox o JOIN ob_claimed c USING (event_id) GROUP BY state;
+DELETE FROM ob_claimed;
+
+--
 -- purge of delivered events after idem.outbox_retention
 --
 SELECT count(idem_outbox_ack(event_id, lease_token)) AS acked
@@ -360,7 +390,8 @@ DELETE FROM idem.outbox WHERE key LIKE 'ob:%';
 DELETE FROM idem.keys WHERE key LIKE 'ob:%';
 DELETE FROM idem.outbox_topics WHERE topic IN ('pay', 'mail');
 REVOKE ALL ON FUNCTION idem_outbox_claim(text, integer, interval, text),
-	idem_outbox_ack(uuid, uuid), idem_outbox_fail(uuid, uuid, text, interval)
+	idem_outbox_ack(uuid, uuid), idem_outbox_ack_batch(uuid[], uuid[]),
+	idem_outbox_fail(uuid, uuid, text, interval)
 	FROM regress_ob_consumer, regress_ob_other;
 REVOKE ALL ON FUNCTION idem_outbox_create_topic(text, regrole[], regrole[]),
 	idem_outbox_grant(text, regrole, text), idem_outbox_revoke(text, regrole, text)

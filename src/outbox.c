@@ -68,6 +68,7 @@
 
 PG_FUNCTION_INFO_V1(idem_outbox_claim);
 PG_FUNCTION_INFO_V1(idem_outbox_ack);
+PG_FUNCTION_INFO_V1(idem_outbox_ack_batch);
 PG_FUNCTION_INFO_V1(idem_outbox_fail);
 PG_FUNCTION_INFO_V1(idem_outbox_requeue);
 PG_FUNCTION_INFO_V1(idem_outbox_purge);
@@ -93,17 +94,17 @@ typedef enum TopicPrivilege
 static const char *const privilege_names[] = {"publish", "consume"};
 
 /*
- * The last publish check that passed, so that idem_execute()'s check
- * before the business statement and the writer's own check after it cost
- * one lookup.  Valid for one transaction: a grant or revoke commits in
- * another.
+ * The last check of each privilege that passed, so that idem_execute()'s
+ * check before the business statement and the writer's own after it, or
+ * the acks of one batch, cost one lookup.  Valid for one transaction: a
+ * grant or revoke commits in another.
  */
 static struct
 {
 	LocalTransactionId lxid;
 	Oid			role;
 	char		topic[OUTBOX_MAX_NAME_BYTES + 1];
-} publish_ok;
+} topic_ok[2];
 
 /* ------------------------------------------------------------------------
  * Topics
@@ -188,8 +189,12 @@ topic_allows(const char *topic, Oid role, TopicPrivilege priv, bool *exists)
 static void
 check_topic(const char *topic, Oid role, TopicPrivilege priv)
 {
+	LocalTransactionId lxid = IDEM_MY_LXID;
 	bool		exists;
 
+	if (topic_ok[priv].lxid == lxid && topic_ok[priv].role == role &&
+		strcmp(topic_ok[priv].topic, topic) == 0)
+		return;
 	if (!topic_allows(topic, role, priv, &exists))
 	{
 		if (!exists)
@@ -207,6 +212,9 @@ check_topic(const char *topic, Oid role, TopicPrivilege priv)
 				 errhint("An administrator grants it with idem_outbox_grant('%s', role, '%s').",
 						 topic, privilege_names[priv])));
 	}
+	topic_ok[priv].lxid = lxid;
+	topic_ok[priv].role = role;
+	strlcpy(topic_ok[priv].topic, topic, sizeof(topic_ok[priv].topic));
 }
 
 /*
@@ -220,16 +228,8 @@ check_topic(const char *topic, Oid role, TopicPrivilege priv)
 void
 idem_outbox_check_publish(const char *topic, Oid role)
 {
-	LocalTransactionId lxid = IDEM_MY_LXID;
-
-	if (publish_ok.lxid == lxid && publish_ok.role == role &&
-		strcmp(publish_ok.topic, topic) == 0)
-		return;
 	check_name("outbox topic", topic);
 	check_topic(topic, role, TOPIC_PUBLISH);
-	publish_ok.lxid = lxid;
-	publish_ok.role = role;
-	strlcpy(publish_ok.topic, topic, sizeof(publish_ok.topic));
 }
 
 /* ------------------------------------------------------------------------
@@ -496,6 +496,18 @@ static OutboxQuery q_ack = {
 	"   AND state OPERATOR(pg_catalog.=) 'leased'"
 	" RETURNING topic",
 	3, {UUIDOID, UUIDOID, TIMESTAMPTZOID}
+};
+
+/* A batch ack: every pair whose lease holds becomes delivered. */
+static OutboxQuery q_ack_batch = {
+	"UPDATE idem.outbox o"
+	"   SET state = 'delivered', delivered_at = $3"
+	"  FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2)) AS u(e, t)"
+	" WHERE o.event_id OPERATOR(pg_catalog.=) u.e"
+	"   AND o.lease_token OPERATOR(pg_catalog.=) u.t"
+	"   AND o.state OPERATOR(pg_catalog.=) 'leased'"
+	" RETURNING o.event_id, o.topic",
+	3, {UUIDARRAYOID, UUIDARRAYOID, TIMESTAMPTZOID}
 };
 
 /* An event, locked, for fail/requeue and to say why an ack found nothing. */
@@ -881,6 +893,125 @@ idem_outbox_ack(PG_FUNCTION_ARGS)
 	check_topic(ev.topic, caller, TOPIC_CONSUME);
 	report_not_leased(values[0], &ev, "acknowledge");
 	PG_RETURN_VOID();
+}
+
+static Datum *
+uuid_array_arg(FunctionCallInfo fcinfo, int argno, const char *name, int *n)
+{
+	ArrayType  *arr;
+	Datum	   *elems;
+	bool	   *nulls;
+
+	arg_not_null(fcinfo, argno, name);
+	arr = PG_GETARG_ARRAYTYPE_P(argno);
+	if (ARR_NDIM(arr) > 1)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("%s must be a one-dimensional array", name)));
+	deconstruct_array(arr, UUIDOID, UUID_LEN, false, TYPALIGN_CHAR,
+					  &elems, &nulls, n);
+	for (int i = 0; i < *n; i++)
+	{
+		if (nulls[i])
+			ereport(ERROR,
+					(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+					 errmsg("%s must not contain nulls", name)));
+	}
+	return elems;
+}
+
+/*
+ * idem_outbox_ack(event_ids uuid[], lease_tokens uuid[]) returns integer
+ *
+ * The acks of a batch in one statement, all or nothing: if any pair's
+ * lease does not hold, the error is the one the single ack would raise for
+ * the first such pair, and nothing is delivered.  Returns how many.
+ */
+Datum
+idem_outbox_ack_batch(PG_FUNCTION_ARGS)
+{
+	Oid			caller = GetUserId();
+	Datum	   *ids;
+	Datum	   *tokens;
+	int			nids;
+	int			ntokens;
+	Datum		values[3];
+	char		nulls[3] = {' ', ' ', ' '};
+	OutboxSPI	spi;
+	uint64		done;
+	char	  **topics;
+	pg_uuid_t **acked;
+
+	ids = uuid_array_arg(fcinfo, 0, "event_ids", &nids);
+	tokens = uuid_array_arg(fcinfo, 1, "lease_tokens", &ntokens);
+	if (nids != ntokens)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("event_ids and lease_tokens must have the same length"),
+				 errdetail("There are %d event ids and %d lease tokens.",
+						   nids, ntokens)));
+	if (nids > OUTBOX_MAX_CLAIM)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("at most %d events can be acknowledged at once",
+						OUTBOX_MAX_CLAIM)));
+	check_can_write("idem_outbox_ack()");
+	if (nids == 0)
+		PG_RETURN_INT32(0);
+
+	values[0] = PG_GETARG_DATUM(0);
+	values[1] = PG_GETARG_DATUM(1);
+	values[2] = TimestampTzGetDatum(GetCurrentTimestamp());
+
+	outbox_spi_begin(&spi);
+	outbox_spi_run(&q_ack_batch, values, nulls, 0);
+	done = SPI_processed;
+	topics = MemoryContextAlloc(spi.callercxt, sizeof(char *) * Max(done, 1));
+	acked = MemoryContextAlloc(spi.callercxt, sizeof(pg_uuid_t *) * Max(done, 1));
+	for (uint64 i = 0; i < done; i++)
+	{
+		bool		isnull;
+		MemoryContext oldcxt = MemoryContextSwitchTo(spi.callercxt);
+
+		acked[i] = palloc(UUID_LEN);
+		memcpy(acked[i], DatumGetUUIDP(SPI_getbinval(SPI_tuptable->vals[i],
+													 SPI_tuptable->tupdesc, 1,
+													 &isnull)), UUID_LEN);
+		topics[i] = TextDatumGetCString(SPI_getbinval(SPI_tuptable->vals[i],
+													  SPI_tuptable->tupdesc, 2,
+													  &isnull));
+		MemoryContextSwitchTo(oldcxt);
+	}
+	if (done < (uint64) nids)
+	{
+		/* the first pair that was not delivered says why */
+		for (int i = 0; i < nids; i++)
+		{
+			bool		was_acked = false;
+			LockedEvent ev;
+
+			for (uint64 j = 0; j < done && !was_acked; j++)
+				was_acked = memcmp(acked[j], DatumGetUUIDP(ids[i]), UUID_LEN) == 0;
+			if (was_acked)
+				continue;
+			if (!lock_event(&spi, ids[i], tokens[i], false, &ev))
+			{
+				outbox_spi_end(&spi);
+				report_not_found(ids[i]);
+			}
+			outbox_spi_end(&spi);
+			check_topic(ev.topic, caller, TOPIC_CONSUME);
+			report_not_leased(ids[i], &ev, "acknowledge");
+		}
+		outbox_spi_end(&spi);
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("event_ids must not contain an event twice")));
+	}
+	outbox_spi_end(&spi);
+	for (uint64 i = 0; i < done; i++)
+		check_topic(topics[i], caller, TOPIC_CONSUME);
+	PG_RETURN_INT32((int32) done);
 }
 
 /*
