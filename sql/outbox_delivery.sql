@@ -373,6 +373,19 @@ DELETE FROM ob_claimed;
 SELECT count(idem_outbox_ack(event_id, lease_token)) AS acked
   FROM idem_outbox_claim('mail', 10, '30 s');
 SELECT state, count(*) FROM idem.outbox WHERE key LIKE 'ob:%' GROUP BY state ORDER BY state;
+-- the partial indexes hold only what their predicates say: events written
+-- pending are not in the index of delivered ones
+SET idem.outbox_topic = 'pay';
+SELECT idem_execute('ob:idx', 'SELECT 1 AS one') ->> 'command';
+RESET idem.outbox_topic;
+SET enable_seqscan = off;
+SET enable_bitmapscan = off;
+EXPLAIN (costs off) SELECT count(*) FROM idem.outbox WHERE state = 'delivered' AND key LIKE 'ob:%';
+SELECT count(*) AS delivered_by_index FROM idem.outbox WHERE state = 'delivered' AND key LIKE 'ob:%';
+EXPLAIN (costs off) SELECT count(*) FROM idem.outbox WHERE topic = 'pay' AND state IN ('pending', 'leased');
+SELECT count(*) AS due_or_leased_by_index FROM idem.outbox WHERE topic = 'pay' AND state IN ('pending', 'leased');
+RESET enable_seqscan;
+RESET enable_bitmapscan;
 SELECT idem_outbox_purge() AS purged_within_retention;
 SET idem.outbox_retention = 0;
 SELECT idem_outbox_purge(1) AS purged;

@@ -624,16 +624,6 @@ idem_catalog_outbox_topics(Oid *pkey)
 }
 
 /*
- * idem_catalog_insert
- *		Insert a row into one of idem's tables, resolved by the caller.
- */
-void
-idem_catalog_insert(Oid relid, Datum *values, bool *nulls)
-{
-	insert_row(relid, values, nulls);
-}
-
-/*
  * Delete up to limit records that an index scan with skey finds.  A record
  * whose key is locked by a running call is skipped: that call owns it.
  * Each key's lock is released as soon as its row is deleted, so a purge of

@@ -167,4 +167,14 @@ idem_sha256_end(idem_sha256_ctx ctx, uint8 *dest)
 #define IDEM_MY_LXID (MyProc->lxid)
 #endif
 
+
+/* Index entries of a new heap tuple, partial index predicates checked. */
+#if PG_VERSION_NUM >= 160000
+#define idem_insert_index_tuples(rri, slot, estate) \
+	ExecInsertIndexTuples((rri), (slot), (estate), false, false, NULL, NIL, false)
+#else
+#define idem_insert_index_tuples(rri, slot, estate) \
+	ExecInsertIndexTuples((rri), (slot), (estate), false, false, NULL, NIL)
+#endif
+
 #endif							/* IDEM_COMPAT_H */

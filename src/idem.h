@@ -148,7 +148,6 @@ extern void idem_insert_key(const char *key, Oid owner,
 							TimestampTz created_at, TimestampTz expires_at);
 extern Oid	idem_catalog_outbox(void);
 extern Oid	idem_catalog_outbox_topics(Oid *pkey);
-extern void idem_catalog_insert(Oid relid, Datum *values, bool *nulls);
 extern bool idem_restamp_key(Oid owner, const char *key,
 							 TimestampTz expires_at);
 extern int64 idem_purge_expired(int batch_size);
