@@ -94,7 +94,7 @@ ALTER SYSTEM SET idem.outbox_logical_message = on;
 });
 	$node->reload;
 	($ret, $out, $err) = $node->psql('postgres',
-		"\\set VERBOSITY verbose\nSET ROLE alice;\nSET idem.outbox_logical_message = off;\n"
+		"\\set ON_ERROR_STOP 0\n\\set VERBOSITY verbose\nSET ROLE alice;\nSET idem.outbox_logical_message = off;\n"
 		  . "SET idem.outbox_topic = 'pay';\nSELECT idem_execute('ev-1', 'SELECT 1 AS one') ->> 'command';\n"
 		  . "SHOW idem.outbox_logical_message;");
 	is($out, "SELECT\non", "$label: alice publishes; the CDC setting stays on");

@@ -150,7 +150,12 @@ for d in $designs; do
 	kill $purger 2>/dev/null || true
 	wait $purger 2>/dev/null || true
 
-	awk -v d="$d" -v b="$batch" '/^progress: / { gsub(/,/, ""); printf "%s,%d,%.0f\n", d, $2, $4 * b }' \
+	# pgbench prints no progress line for the interval that ends the run:
+	# that one is the total less the intervals reported
+	awk -v d="$d" -v b="$batch" -v secs="$seconds" -v iv="$interval" '
+		/^progress: / { gsub(/,/, ""); printf "%s,%d,%.0f\n", d, $2, $4 * b; done += $4 * iv; t = $2 }
+		/^number of transactions actually processed: / { n = $6 }
+		END { if (secs - t > 0 && n > done) printf "%s,%d,%.0f\n", d, secs, (n - done) / (secs - t) * b }' \
 		"$out/consumer-$d.log" >>"$csv"
 	first=$(awk -F, -v d="$d" '$1 == d { print $3; exit }' "$csv")
 	last=$(awk -F, -v d="$d" '$1 == d { v = $3 } END { print v }' "$csv")
