@@ -18,7 +18,7 @@ $$;
 CREATE EXTENSION idem;
 SELECT idem_outbox_create_topic('payments', publishers => '{bench}', consumers => '{bench}');
 GRANT EXECUTE ON FUNCTION idem_outbox_claim(text, integer, interval, text),
-	idem_outbox_ack(uuid, uuid) TO bench;
+	idem_outbox_ack(uuid, uuid), idem_outbox_ack_batch(uuid[], uuid[]) TO bench;
 CREATE SCHEMA bench AUTHORIZATION bench;
 CREATE TABLE bench.payments (
 	id			bigserial PRIMARY KEY,
