@@ -16,7 +16,8 @@ OBJS = \
 	src/dryrun.o \
 	src/cache.o \
 	src/call.o \
-	src/run.o
+	src/run.o \
+	src/outbox.o
 DATA		= $(wildcard $(EXTENSION)--*.sql)
 PGFILEDESC	= "idem - idempotent business writes"
 
@@ -27,7 +28,8 @@ PG_CFLAGS	= -Wall -Wmissing-prototypes -Werror
 
 # pg_regress: one file per feature, sql/<feature>.sql <-> expected/<feature>.out
 REGRESS		= install execute fingerprint identity errors atomicity nesting \
-			  expiry security tamper outbox plancache upgrade runs derive advice dryrun cache untyped call
+			  expiry security tamper outbox outbox_delivery plancache upgrade \
+			  runs derive advice dryrun cache untyped call
 REGRESS_OPTS = --temp-instance=./tmp_check --temp-config=$(srcdir)/test/idem.conf
 
 # isolationtester specs live in test/specs with their output in test/expected

@@ -284,3 +284,148 @@ CREATE FUNCTION @extschema@.idem_call(key text, sql text,
 RETURNS record
 AS 'MODULE_PATHNAME', 'idem_call'
 LANGUAGE C VOLATILE PARALLEL UNSAFE;
+/*
+ * ------------------------------------------------------------------------
+ * Outbox delivery (issue 10): leases, retries, dead letters, topic
+ * registry, states view, purge of delivered events.  src/outbox.c
+ * implements the functions; it reaches the tables by OID (writer, topic
+ * check) or through SPI with schema-qualified names and operators.
+ * ------------------------------------------------------------------------
+ */
+
+-- Topics and the roles that may publish to / consume from each.  A topic
+-- that is not registered here cannot be written or claimed, by anyone.
+-- Membership counts (a role granted to a listed role may use the topic);
+-- superusers may use every registered topic.
+CREATE TABLE idem.outbox_topics (
+	topic		text COLLATE "C" NOT NULL,
+	publishers	regrole[] NOT NULL,
+	consumers	regrole[] NOT NULL,
+	created_at	timestamptz NOT NULL,
+	CONSTRAINT outbox_topics_pkey PRIMARY KEY (topic)
+);
+SELECT pg_catalog.pg_extension_config_dump('idem.outbox_topics', '');
+
+-- Delivery state of each event.  next_attempt_at is the due time: a claim
+-- moves it to the end of the lease, so leased events leave the head of the
+-- claim's index scan and an expired lease is simply due again.
+ALTER TABLE idem.outbox
+	ADD COLUMN run_id text,
+	ADD COLUMN step text,
+	ADD COLUMN state text NOT NULL DEFAULT 'pending',
+	ADD COLUMN attempts integer NOT NULL DEFAULT 0,
+	ADD COLUMN next_attempt_at timestamptz NOT NULL DEFAULT '-infinity',
+	ADD COLUMN lease_token uuid,
+	ADD COLUMN leased_by regrole,
+	ADD COLUMN lease_holder text,
+	ADD COLUMN last_error text,
+	ADD COLUMN delivered_at timestamptz,
+	ADD CONSTRAINT outbox_state_check
+		CHECK (state OPERATOR(pg_catalog.=) ANY
+			   (ARRAY['pending', 'leased', 'delivered', 'dead']::pg_catalog.text[]));
+UPDATE idem.outbox SET next_attempt_at = created_at;
+ALTER TABLE idem.outbox
+	ALTER COLUMN state DROP DEFAULT,
+	ALTER COLUMN attempts DROP DEFAULT,
+	ALTER COLUMN next_attempt_at DROP DEFAULT;
+-- Events written before delivery existed belong to topics that must exist.
+INSERT INTO idem.outbox_topics (topic, publishers, consumers, created_at)
+SELECT DISTINCT topic, '{}'::pg_catalog.regrole[], '{}'::pg_catalog.regrole[],
+	pg_catalog.now() FROM idem.outbox;
+
+-- No reader used it, and every non-HOT update (claim, ack) would pay it.
+DROP INDEX idem.outbox_created_at_idx;
+-- The claim's scan: due events of a topic, oldest due first.
+CREATE INDEX outbox_due_idx ON idem.outbox (topic, next_attempt_at)
+	WHERE state OPERATOR(pg_catalog.=) ANY
+		  (ARRAY['pending', 'leased']::pg_catalog.text[]);
+-- The purge's scan: delivered events by delivery time.
+CREATE INDEX outbox_delivered_idx ON idem.outbox (delivered_at)
+	WHERE state OPERATOR(pg_catalog.=) 'delivered'::pg_catalog.text;
+
+CREATE FUNCTION @extschema@.idem_outbox_claim(topic text,
+	max_events integer DEFAULT 10, lease interval DEFAULT '30 s',
+	consumer text DEFAULT NULL)
+RETURNS TABLE (event_id uuid, key text, owner regrole, topic text,
+	payload pg_catalog.jsonb, run_id text, step text, attempt integer,
+	lease_token uuid, created_at timestamptz, lease_until timestamptz)
+AS 'MODULE_PATHNAME', 'idem_outbox_claim'
+LANGUAGE C VOLATILE PARALLEL UNSAFE ROWS 10;
+
+CREATE FUNCTION @extschema@.idem_outbox_ack(event_id uuid, lease_token uuid)
+RETURNS void
+AS 'MODULE_PATHNAME', 'idem_outbox_ack'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+-- The acks of a batch in one statement, all or nothing.
+CREATE FUNCTION @extschema@.idem_outbox_ack_batch(event_ids uuid[], lease_tokens uuid[])
+RETURNS integer
+AS 'MODULE_PATHNAME', 'idem_outbox_ack_batch'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+CREATE FUNCTION @extschema@.idem_outbox_fail(event_id uuid, lease_token uuid,
+	error text, retry_after interval DEFAULT NULL)
+RETURNS timestamptz
+AS 'MODULE_PATHNAME', 'idem_outbox_fail'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+CREATE FUNCTION @extschema@.idem_outbox_requeue(event_id uuid)
+RETURNS void
+AS 'MODULE_PATHNAME', 'idem_outbox_requeue'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+CREATE FUNCTION @extschema@.idem_outbox_purge(batch_size integer DEFAULT 10000)
+RETURNS bigint
+AS 'MODULE_PATHNAME', 'idem_outbox_purge'
+LANGUAGE C STRICT VOLATILE PARALLEL UNSAFE;
+
+CREATE FUNCTION @extschema@.idem_outbox_create_topic(topic text,
+	publishers regrole[] DEFAULT '{}', consumers regrole[] DEFAULT '{}')
+RETURNS void
+AS 'MODULE_PATHNAME', 'idem_outbox_create_topic'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+CREATE FUNCTION @extschema@.idem_outbox_grant(topic text, role regrole,
+	privilege text)
+RETURNS void
+AS 'MODULE_PATHNAME', 'idem_outbox_grant'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+CREATE FUNCTION @extschema@.idem_outbox_revoke(topic text, role regrole,
+	privilege text)
+RETURNS void
+AS 'MODULE_PATHNAME', 'idem_outbox_revoke'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+-- One row per event for operators.  An expired lease shows as pending: the
+-- event is due again.
+CREATE VIEW @extschema@.idem_outbox_events AS
+SELECT o.event_id, o.topic, o.key, o.owner, o.run_id, o.step,
+	   CASE WHEN o.state OPERATOR(pg_catalog.=) 'leased'
+				 AND o.next_attempt_at OPERATOR(pg_catalog.<=) pg_catalog.now()
+			THEN 'pending'::pg_catalog.text ELSE o.state END AS state,
+	   o.attempts,
+	   CASE WHEN o.state OPERATOR(pg_catalog.=) ANY
+				 (ARRAY['pending', 'leased']::pg_catalog.text[])
+			THEN o.next_attempt_at END AS next_attempt_at,
+	   CASE WHEN o.state OPERATOR(pg_catalog.=) 'leased'
+			THEN o.next_attempt_at END AS lease_until,
+	   CASE WHEN o.state OPERATOR(pg_catalog.=) 'leased'
+			THEN o.leased_by END AS leased_by,
+	   CASE WHEN o.state OPERATOR(pg_catalog.=) 'leased'
+			THEN o.lease_holder END AS lease_holder,
+	   o.last_error, o.created_at, o.delivered_at
+  FROM idem.outbox o;
+
+-- Consuming, operating and administering topics are granted by an
+-- administrator, never to PUBLIC.
+REVOKE ALL ON FUNCTION @extschema@.idem_outbox_claim(text, integer, interval, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.idem_outbox_ack(uuid, uuid) FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.idem_outbox_ack_batch(uuid[], uuid[]) FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.idem_outbox_fail(uuid, uuid, text, interval) FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.idem_outbox_requeue(uuid) FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.idem_outbox_purge(integer) FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.idem_outbox_create_topic(text, regrole[], regrole[]) FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.idem_outbox_grant(text, regrole, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.idem_outbox_revoke(text, regrole, text) FROM PUBLIC;
+REVOKE ALL ON @extschema@.idem_outbox_events FROM PUBLIC;

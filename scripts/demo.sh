@@ -26,6 +26,7 @@ CREATE TABLE payments (
     amount     numeric(12,2) NOT NULL,
     paid_at    timestamptz NOT NULL DEFAULT now()
 );
+SELECT idem_outbox_create_topic('payments');
 SET idem.outbox_topic = 'payments';
 
 \echo '--- attempt 1: the agent pays invoice 4471 (then its connection times out)'

@@ -3,6 +3,7 @@
 -- commit or roll back together, with the caller's transaction
 --
 CREATE TABLE orders (id serial PRIMARY KEY, sku text NOT NULL);
+SELECT idem_outbox_create_topic('orders');
 SET idem.outbox_topic = 'orders';
 
 -- the caller rolls back: nothing is recorded, and the retry executes

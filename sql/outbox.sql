@@ -2,6 +2,9 @@
 -- outbox: an event per executed call, written with the key record
 --
 CREATE TABLE shipments (id serial PRIMARY KEY, parcel text NOT NULL);
+-- topics are registered (the superuser may publish to every registered one)
+SELECT idem_outbox_create_topic('shipping');
+SELECT idem_outbox_create_topic('returns');
 
 -- without a topic no event is written
 SELECT idem_execute('out:0', 'INSERT INTO shipments(parcel) VALUES ($1) RETURNING parcel', 'p0') ->> 'rowcount';

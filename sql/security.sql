@@ -56,6 +56,7 @@ SELECT key, owner::regrole FROM idem.keys WHERE key LIKE 'sec:%' ORDER BY key;
 -- schema searched first changes nothing idem does
 CREATE SCHEMA evil;
 GRANT USAGE, CREATE ON SCHEMA evil TO regress_idem_bob;
+SELECT idem_outbox_create_topic('billing', publishers => '{regress_idem_bob}');
 SET ROLE regress_idem_bob;
 CREATE TABLE evil.keys (key text, owner oid, fingerprint bytea,
 	response jsonb, created_at timestamptz, expires_at timestamptz);

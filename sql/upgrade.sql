@@ -24,6 +24,11 @@ up:alice:3	regress_idem_alice	\\xc457d38a3f8bae340cc7f08779defedfc5dfec1d7bfdbb2
 up:bob:1	regress_idem_bob	\\x50d25196df83ddce9d8a3c5a9c959f3fc13dfa7f16b27c818e01c3f94be075a8	{"rows": [{"id": 3, "who": "regress_idem_bob", "amount": 7.25}], "command": "INSERT", "rowcount": 1}	2026-12-01 09:18:38.550029+00	2094-12-19 12:32:45.550029+00
 up:alice:4	regress_idem_alice	\\x3273d6cc306aa55dd9f093c956738703e579a3dbdd5e69e323e61de120705e8c	{"rows": [{"c": 5}], "command": "SELECT", "rowcount": 1}	2026-12-01 09:18:42.098068+00	2094-12-19 12:32:49.098068+00
 \.
+-- outbox events as 1.0 wrote them (idem 1.0's table shape)
+COPY idem.outbox (event_id, key, owner, topic, payload, created_at) FROM stdin;
+7b7b0f4e-3c7a-4e0c-9a53-0d5c1a1e0001	up:alice:1	regress_idem_alice	payments	{"rows": [{"id": 1, "who": "regress_idem_alice", "amount": 10.50}], "command": "INSERT", "rowcount": 1}	2026-12-01 09:18:38.54635+00
+7b7b0f4e-3c7a-4e0c-9a53-0d5c1a1e0002	up:bob:1	regress_idem_bob	mail	{"rows": [{"id": 3, "who": "regress_idem_bob", "amount": 7.25}], "command": "INSERT", "rowcount": 1}	2026-12-01 09:18:38.550029+00
+\.
 COPY public.up_pay (id, who, amount) FROM stdin;
 1	regress_idem_alice	10.50
 2	regress_idem_alice	20.00
@@ -51,6 +56,34 @@ SELECT attnum, attname, atttypid::regtype, attnotnull
 SELECT indexrelid::regclass AS index, pg_get_indexdef(indexrelid) AS definition
   FROM pg_index WHERE indrelid = 'idem.keys'::regclass ORDER BY 1::text;
 SELECT key, owner, fingerprint_version FROM idem.keys ORDER BY key;
+
+-- 1.0's outbox events are pending, due since they were written, and their
+-- topics are registered (publishers and consumers: superusers until an
+-- administrator grants them)
+SELECT key, owner, topic, state, attempts, next_attempt_at = created_at AS due_since_written,
+	   run_id, step, lease_token, last_error, delivered_at
+  FROM idem.outbox ORDER BY key;
+SELECT topic, publishers, consumers FROM idem.outbox_topics ORDER BY topic;
+BEGIN;
+SELECT key, attempt FROM idem_outbox_claim('payments');
+ROLLBACK;
+
+-- every object of the updated extension is the one a fresh 1.1 creates:
+-- members, columns, constraints, indexes, functions and their grants,
+-- the view, the configuration tables
+\set describe_idem 'SELECT d FROM (SELECT format($$member %s$$, pg_describe_object(classid, objid, objsubid)) FROM pg_depend WHERE refclassid = $$pg_extension$$::regclass AND refobjid = (SELECT oid FROM pg_extension WHERE extname = $$idem$$) AND deptype = $$e$$ UNION ALL SELECT format($$column %s.%s %s %s %s %s %s$$, a.attrelid::regclass, a.attname, a.attnum, format_type(a.atttypid, a.atttypmod), a.attnotnull, a.attcollation::regcollation, pg_get_expr(d.adbin, d.adrelid)) FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum WHERE c.relnamespace = $$idem$$::regnamespace AND c.relkind IN ($$r$$, $$v$$) AND a.attnum > 0 AND NOT a.attisdropped UNION ALL SELECT format($$constraint %s %s %s$$, conrelid::regclass, conname, pg_get_constraintdef(oid)) FROM pg_constraint WHERE connamespace = $$idem$$::regnamespace UNION ALL SELECT format($$index %s$$, pg_get_indexdef(indexrelid)) FROM pg_index WHERE indrelid IN (SELECT oid FROM pg_class WHERE relnamespace = $$idem$$::regnamespace) UNION ALL SELECT format($$relation %s %s %s$$, oid::regclass, relkind, relacl) FROM pg_class WHERE relnamespace = $$idem$$::regnamespace OR relname LIKE $$idem%$$ UNION ALL SELECT format($$function %s %s (%s) %s %s %s %s %s %s %s$$, oid::regprocedure, pg_get_function_result(oid), pg_get_function_arguments(oid), prosrc, provolatile, proparallel, prosecdef, proisstrict, proacl, proconfig) FROM pg_proc WHERE proname LIKE $$idem%$$ UNION ALL SELECT format($$view %s %s$$, oid::regclass, md5(pg_get_viewdef(oid))) FROM pg_class WHERE relkind = $$v$$ AND relname LIKE $$idem%$$ UNION ALL SELECT format($$config %s %s$$, extconfig::regclass[], extcondition) FROM pg_extension WHERE extname = $$idem$$) s(d)'
+SELECT string_agg(d, chr(30) ORDER BY d) AS upgraded_objects FROM (:describe_idem) x \gset
+SELECT count(*) > 50 AS described FROM (:describe_idem) x;
+CREATE DATABASE idem_fresh;
+\c idem_fresh
+CREATE EXTENSION idem;
+-- in the fresh installation but not the updated one, and the other way
+SELECT d AS only_fresh FROM (:describe_idem) x
+EXCEPT SELECT unnest(string_to_array(:'upgraded_objects', chr(30)));
+SELECT unnest(string_to_array(:'upgraded_objects', chr(30))) AS only_upgraded
+EXCEPT SELECT d FROM (:describe_idem) x;
+\c idem_upgrade
+DROP DATABASE idem_fresh;
 
 -- old keys replay, byte for byte, for their own role
 SET ROLE regress_idem_alice;

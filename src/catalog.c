@@ -1,8 +1,9 @@
 /*-------------------------------------------------------------------------
  *
  * catalog.c
- *		idem's own tables (idem.keys, idem.outbox, idem.runs) and the
- *		per-key advisory lock.
+ *		idem's own tables (idem.keys, idem.outbox, idem.outbox_topics,
+ *		idem.runs) and the per-key advisory lock.  What is written to the
+ *		outbox, and when, is src/outbox.c's.
  *
  * The tables are reached by OID, cached and reset by a relcache callback, so
  * no search_path can redirect idem's reads or writes.  Access is direct:
@@ -55,7 +56,6 @@
 #include "utils/rel.h"
 #include "utils/snapmgr.h"
 #include "utils/syscache.h"
-#include "utils/uuid.h"
 
 #include "compat.h"
 #include "idem.h"
@@ -83,21 +83,14 @@
 #define Anum_runs_attempts		10
 #define Natts_runs				10
 
-/* Column numbers of idem.outbox */
-#define Anum_outbox_event_id	1
-#define Anum_outbox_key			2
-#define Anum_outbox_owner		3
-#define Anum_outbox_topic		4
-#define Anum_outbox_payload		5
-#define Anum_outbox_created_at	6
-#define Natts_outbox			6
-
 typedef struct IdemCatalog
 {
 	Oid			keys;
 	Oid			keys_pkey;
 	Oid			keys_expires;
 	Oid			outbox;
+	Oid			outbox_topics;
+	Oid			outbox_topics_pkey;
 	Oid			lock_seed_rel;
 	uint64		lock_seed;		/* keys the hash in each key's lock tag */
 	Oid			runs;
@@ -119,8 +112,18 @@ static const ColumnShape keys_shape[Natts_keys] = {
 };
 static const ColumnShape outbox_shape[Natts_outbox] = {
 	{"event_id", UUIDOID}, {"key", TEXTOID}, {"owner", REGROLEOID},
-	{"topic", TEXTOID}, {"payload", JSONBOID}, {"created_at", TIMESTAMPTZOID}
+	{"topic", TEXTOID}, {"payload", JSONBOID}, {"created_at", TIMESTAMPTZOID},
+	{"run_id", TEXTOID, true}, {"step", TEXTOID, true},
+	{"state", TEXTOID}, {"attempts", INT4OID},
+	{"next_attempt_at", TIMESTAMPTZOID}, {"lease_token", UUIDOID, true},
+	{"leased_by", REGROLEOID, true}, {"lease_holder", TEXTOID, true},
+	{"last_error", TEXTOID, true}, {"delivered_at", TIMESTAMPTZOID, true}
 };
+static const ColumnShape outbox_topics_shape[Natts_outbox_topics] = {
+	{"topic", TEXTOID}, {"publishers", REGROLEARRAYOID},
+	{"consumers", REGROLEARRAYOID}, {"created_at", TIMESTAMPTZOID}
+};
+static const int16 outbox_topics_pkey_columns[] = {Anum_outbox_topics_topic};
 static const ColumnShape lock_seed_shape[1] = {{"seed", INT8OID}};
 static const ColumnShape runs_shape[Natts_runs] = {
 	{"run_id", TEXTOID}, {"owner", REGROLEOID}, {"steps", TEXTARRAYOID, true},
@@ -147,7 +150,8 @@ catalog_invalidate(Datum arg, Oid relid)
 {
 	if (relid == InvalidOid || relid == catalog.keys ||
 		relid == catalog.keys_pkey || relid == catalog.keys_expires ||
-		relid == catalog.outbox || relid == catalog.lock_seed_rel)
+		relid == catalog.outbox || relid == catalog.outbox_topics ||
+		relid == catalog.outbox_topics_pkey || relid == catalog.lock_seed_rel)
 		catalog_valid = false;
 }
 
@@ -307,6 +311,13 @@ catalog_resolve(void)
 	catalog.keys = catalog_table("keys", nspid, extoid, keys_shape, Natts_keys);
 	catalog.outbox = catalog_table("outbox", nspid, extoid, outbox_shape,
 								   Natts_outbox);
+	catalog.outbox_topics = catalog_table("outbox_topics", nspid, extoid,
+										  outbox_topics_shape,
+										  Natts_outbox_topics);
+	catalog.outbox_topics_pkey = catalog_index("outbox_topics_pkey", nspid,
+											   catalog.outbox_topics, true,
+											   outbox_topics_pkey_columns,
+											   lengthof(outbox_topics_pkey_columns));
 	catalog.keys_pkey = catalog_index("keys_pkey", nspid, catalog.keys, true,
 									  keys_pkey_columns,
 									  lengthof(keys_pkey_columns));
@@ -647,39 +658,27 @@ idem_restamp_key(Oid owner, const char *key, TimestampTz expires_at)
 	return done;
 }
 
-static Datum
-random_uuid(void)
+/*
+ * idem_catalog_outbox
+ *		The OID of idem.outbox, checked.
+ */
+Oid
+idem_catalog_outbox(void)
 {
-	pg_uuid_t  *uuid = palloc(UUID_LEN);
-
-	idem_random_id(uuid->data);
-	/* RFC 4122 version 4, variant 1 */
-	uuid->data[6] = (uuid->data[6] & 0x0f) | 0x40;
-	uuid->data[8] = (uuid->data[8] & 0x3f) | 0x80;
-	return UUIDPGetDatum(uuid);
+	catalog_resolve();
+	return catalog.outbox;
 }
 
 /*
- * idem_insert_outbox
- *		Append an outbox event in the caller's transaction.
+ * idem_catalog_outbox_topics
+ *		The OIDs of idem.outbox_topics and its primary key, checked.
  */
-void
-idem_insert_outbox(const char *key, Oid owner, const char *topic,
-				   Jsonb *payload, TimestampTz created_at)
+Oid
+idem_catalog_outbox_topics(Oid *pkey)
 {
-	Datum		values[Natts_outbox];
-	bool		nulls[Natts_outbox] = {0};
-
 	catalog_resolve();
-
-	values[Anum_outbox_event_id - 1] = random_uuid();
-	values[Anum_outbox_key - 1] = CStringGetTextDatum(key);
-	values[Anum_outbox_owner - 1] = ObjectIdGetDatum(owner);
-	values[Anum_outbox_topic - 1] = CStringGetTextDatum(topic);
-	values[Anum_outbox_payload - 1] = JsonbPGetDatum(payload);
-	values[Anum_outbox_created_at - 1] = TimestampTzGetDatum(created_at);
-
-	insert_row(catalog.outbox, values, nulls);
+	*pkey = catalog.outbox_topics_pkey;
+	return catalog.outbox_topics;
 }
 
 /*

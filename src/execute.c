@@ -429,15 +429,21 @@ idem_execute_statement(IdemStatement *stmt, IdemRequest *req)
 }
 
 /*
- * The outbox topic a call writes to, read before the business statement
- * runs: the statement could change it with set_config().
+ * The outbox topic a call by owner writes to, read before the business
+ * statement runs (it could change it with set_config()) and checked
+ * against the topic's publishers, so a refused call runs nothing.
  */
 char *
-idem_current_topic(void)
+idem_current_topic(Oid owner)
 {
-	if (idem_outbox_topic != NULL && idem_outbox_topic[0] != '\0')
-		return pstrdup(idem_outbox_topic);
-	return NULL;
+	char	   *topic;
+
+	if (idem_outbox_topic == NULL || idem_outbox_topic[0] == '\0')
+		return NULL;
+	topic = pstrdup(idem_outbox_topic);
+	/* a topic the role may not publish to fails before anything runs */
+	idem_outbox_check_publish(topic, owner);
+	return topic;
 }
 
 static void
@@ -446,7 +452,7 @@ execute_and_record(IdemStatement *stmt, IdemRequest *req,
 				   IdemResult *result)
 {
 	Oid			owner = req->owner;
-	char	   *topic = idem_current_topic();
+	char	   *topic = idem_current_topic(owner);
 	bool		cached_error;
 
 	result->response = idem_execute_caching_errors(stmt, req, &cached_error);
@@ -457,7 +463,8 @@ execute_and_record(IdemStatement *stmt, IdemRequest *req,
 	idem_insert_key(req->key, owner, fingerprint, result->response, now,
 					idem_new_record_expiry(owner, req->key, req->ttl));
 	if (topic != NULL)
-		idem_insert_outbox(req->key, owner, topic, result->response, now);
+		idem_insert_outbox(req->key, owner, topic, result->response, now,
+						   NULL, NULL);
 	result->replayed = false;
 	result->first_executed_at = now;
 }

@@ -10,7 +10,10 @@
  * works; the ceilings that protect the database from a caller
  * (idem.max_ttl, idem.max_response_size, idem.statement_cache_memory) are
  * SUSET: only a superuser, ALTER SYSTEM, or ALTER ROLE/DATABASE ... SET by
- * one, changes them.
+ * one, changes them.  So are the outbox's delivery policy (a consumer must
+ * not shorten backoff, drop jitter or hold leases longer than allowed) and
+ * the change data capture switch (a producer must not hide its events from
+ * the WAL stream).
  *
  * Copyright (c) 2026, idem authors
  *
@@ -41,6 +44,14 @@ int			idem_statement_cache_size = 256;
 int			idem_statement_cache_memory = 32 * 1024;
 bool		idem_durable_replay = false;
 char	   *idem_cache_errors = NULL;
+int			idem_outbox_max_attempts = 10;
+int			idem_outbox_backoff_base = 1000;
+int			idem_outbox_backoff_cap = 3600 * 1000;
+bool		idem_outbox_jitter = true;
+int			idem_outbox_max_lease = 3600;
+int			idem_outbox_max_retry_after = 86400;
+int			idem_outbox_retention = 7 * 86400;
+bool		idem_outbox_logical_message = false;
 
 void		_PG_init(void);
 
@@ -161,6 +172,69 @@ _PG_init(void)
 							   PGC_USERSET, GUC_LIST_INPUT,
 							   idem_cache_errors_check, idem_cache_errors_assign,
 							   NULL);
+	DefineCustomIntVariable("idem.outbox_max_attempts",
+							"Deliveries of an outbox event before it becomes a dead letter.",
+							"A failure or an expired lease on the last attempt moves the event to the dead state.",
+							&idem_outbox_max_attempts,
+							10, 1, 1000,
+							PGC_SUSET, 0,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("idem.outbox_backoff_base",
+							"Backoff window after the first failed delivery of an outbox event.",
+							"The window doubles with every attempt, up to idem.outbox_backoff_cap.",
+							&idem_outbox_backoff_base,
+							1000, 1, INT_MAX,
+							PGC_SUSET, GUC_UNIT_MS,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("idem.outbox_backoff_cap",
+							"Largest backoff window of a failed outbox delivery.",
+							NULL,
+							&idem_outbox_backoff_cap,
+							3600 * 1000, 1, INT_MAX,
+							PGC_SUSET, GUC_UNIT_MS,
+							NULL, NULL, NULL);
+
+	DefineCustomBoolVariable("idem.outbox_jitter",
+							 "Whether a retry is scheduled at a random point of its backoff window.",
+							 "When off, the retry is due at the end of the window.",
+							 &idem_outbox_jitter,
+							 true,
+							 PGC_SUSET, 0,
+							 NULL, NULL, NULL);
+
+	DefineCustomIntVariable("idem.outbox_max_lease",
+							"Longest lease a claim of outbox events may take.",
+							NULL,
+							&idem_outbox_max_lease,
+							3600, 1, INT_MAX,
+							PGC_SUSET, GUC_UNIT_S,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("idem.outbox_max_retry_after",
+							"Longest retry_after a failed outbox delivery may ask for.",
+							NULL,
+							&idem_outbox_max_retry_after,
+							86400, 0, INT_MAX,
+							PGC_SUSET, GUC_UNIT_S,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("idem.outbox_retention",
+							"How long delivered outbox events are kept before a purge deletes them.",
+							NULL,
+							&idem_outbox_retention,
+							7 * 86400, 0, INT_MAX,
+							PGC_SUSET, GUC_UNIT_S,
+							NULL, NULL, NULL);
+
+	DefineCustomBoolVariable("idem.outbox_logical_message",
+							 "Whether each outbox event is also written as a transactional logical decoding message.",
+							 "The message has the prefix idem.outbox and the event as JSON.",
+							 &idem_outbox_logical_message,
+							 false,
+							 PGC_SUSET, 0,
+							 NULL, NULL, NULL);
 
 	MarkGUCPrefixReserved("idem");
 }

@@ -31,6 +31,12 @@
 #define ERRCODE_IDEM_KEY_REUSED			MAKE_SQLSTATE('I','D','4','2','2')
 /* same key still being executed elsewhere: the draft's 409 */
 #define ERRCODE_IDEM_IN_PROGRESS		MAKE_SQLSTATE('I','D','4','0','9')
+/* outbox: no such event */
+#define ERRCODE_IDEM_EVENT_NOT_FOUND	MAKE_SQLSTATE('I','D','4','0','4')
+/* outbox: the event was delivered already */
+#define ERRCODE_IDEM_EVENT_DELIVERED	MAKE_SQLSTATE('I','D','4','1','0')
+/* outbox: the lease token is not the event's current lease (fenced off) */
+#define ERRCODE_IDEM_LEASE_LOST			MAKE_SQLSTATE('I','D','4','1','2')
 
 /* a call under a key whose own statement is running: HTTP's 508 Loop Detected */
 #define ERRCODE_IDEM_NESTED_KEY			MAKE_SQLSTATE('I','D','5','0','8')
@@ -69,6 +75,40 @@ extern int	idem_statement_cache_size;
 extern int	idem_statement_cache_memory;
 extern bool idem_durable_replay;
 extern char *idem_cache_errors;
+extern int	idem_outbox_max_attempts;
+extern int	idem_outbox_backoff_base;
+extern int	idem_outbox_backoff_cap;
+extern bool idem_outbox_jitter;
+extern int	idem_outbox_max_lease;
+extern int	idem_outbox_max_retry_after;
+extern int	idem_outbox_retention;
+extern bool idem_outbox_logical_message;
+
+/* Column numbers of idem.outbox (catalog.c checks the shape, outbox.c writes) */
+#define Anum_outbox_event_id		1
+#define Anum_outbox_key				2
+#define Anum_outbox_owner			3
+#define Anum_outbox_topic			4
+#define Anum_outbox_payload			5
+#define Anum_outbox_created_at		6
+#define Anum_outbox_run_id			7
+#define Anum_outbox_step			8
+#define Anum_outbox_state			9
+#define Anum_outbox_attempts		10
+#define Anum_outbox_next_attempt_at	11
+#define Anum_outbox_lease_token		12
+#define Anum_outbox_leased_by		13
+#define Anum_outbox_lease_holder	14
+#define Anum_outbox_last_error		15
+#define Anum_outbox_delivered_at	16
+#define Natts_outbox				16
+
+/* Column numbers of idem.outbox_topics */
+#define Anum_outbox_topics_topic		1
+#define Anum_outbox_topics_publishers	2
+#define Anum_outbox_topics_consumers	3
+#define Anum_outbox_topics_created_at	4
+#define Natts_outbox_topics				4
 
 /*
  * A business statement as idem_execute() received it.  A key's identity is
@@ -129,7 +169,7 @@ extern bool idem_find_record(IdemStatement *stmt, IdemRequest *req,
 							 IdemRecord *rec);
 extern Jsonb *idem_execute_statement(IdemStatement *stmt, IdemRequest *req);
 extern void idem_check_response_size(Jsonb *response, const char *what);
-extern char *idem_current_topic(void);
+extern char *idem_current_topic(Oid owner);
 extern void idem_make_replay_durable(IdemRequest *req);
 
 /* A run as found in idem.runs (arrays and strings copied). */
@@ -203,14 +243,21 @@ extern void idem_delete_key(IdemRecord *rec);
 extern void idem_insert_key(const char *key, Oid owner,
 							const uint8 *fingerprint, Jsonb *response,
 							TimestampTz created_at, TimestampTz expires_at);
-extern void idem_insert_outbox(const char *key, Oid owner, const char *topic,
-							   Jsonb *payload, TimestampTz created_at);
+extern Oid	idem_catalog_outbox(void);
+extern Oid	idem_catalog_outbox_topics(Oid *pkey);
 extern bool idem_restamp_key(Oid owner, const char *key,
 							 TimestampTz expires_at);
 extern int64 idem_purge_expired(int batch_size);
 extern bool idem_lookup_run(Oid owner, const char *run_id, IdemRunRow *row);
 extern void idem_insert_run(IdemRunRow *row);
 extern void idem_update_run(IdemRunRow *row);
+
+/* outbox.c: outbox events, topics, delivery */
+extern void idem_outbox_check_publish(const char *topic, Oid role);
+extern void idem_insert_outbox(const char *key, Oid owner, const char *topic,
+							   Jsonb *payload, TimestampTz created_at,
+							   const char *run_id, const char *step);
+extern int64 idem_outbox_purge_delivered(int batch_size);
 
 /* expiry.c: when a new record expires */
 extern int	idem_checked_ttl(void);

@@ -331,14 +331,15 @@ run_step(IdemRequest *req, IdemStatement *stmt, Jsonb *result,
 	}
 
 	check_step_may_run(&run, step, ordinal);
-	topic = idem_current_topic();
+	topic = idem_current_topic(req->owner);
 	response = stmt != NULL ? idem_execute_statement(stmt, req) : result;
 
 	TIMESTAMP_NOEND(never);
 	idem_insert_key(req->key, req->owner, fingerprint, response, now, never);
 	record_step(&run, step, now);
 	if (topic != NULL)
-		idem_insert_outbox(req->key, req->owner, topic, response, now);
+		idem_insert_outbox(req->key, req->owner, topic, response, now,
+						   run_id, step);
 	out->response = response;
 	out->replayed = false;
 	out->first_executed_at = now;

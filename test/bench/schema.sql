@@ -18,6 +18,7 @@ BEGIN
 END
 $$;
 CREATE EXTENSION idem;
+SELECT idem_outbox_create_topic('payments', publishers => '{bench}', consumers => '{bench}');
 CREATE SCHEMA bench AUTHORIZATION bench;
 
 -- the business table

@@ -149,6 +149,8 @@ sub idem_setup_db
 	$node->safe_psql(
 		$db, q{
 CREATE EXTENSION idem;
+SELECT idem_outbox_create_topic('orders');
+SELECT idem_outbox_create_topic('workflow');
 CREATE TABLE biz (
 	id		bigserial PRIMARY KEY,
 	key		text NOT NULL,

@@ -37,6 +37,7 @@ $node->start;
 
 my $schema = q{
 CREATE EXTENSION idem;
+SELECT idem_outbox_create_topic('workflow');
 CREATE TABLE stock (sku text PRIMARY KEY, qty int NOT NULL);
 CREATE TABLE account (name text PRIMARY KEY, balance numeric NOT NULL);
 CREATE TABLE orders (id bigserial PRIMARY KEY, ref text NOT NULL,

@@ -44,6 +44,8 @@ $node->safe_psql('postgres', 'CREATE ROLE zed LOGIN; CREATE ROLE app LOGIN');
 idem_setup_db($node, 'src');
 $node->safe_psql('src',
 	'GRANT INSERT, SELECT ON biz TO app, zed; GRANT USAGE ON SEQUENCE biz_id_seq TO app, zed');
+$node->safe_psql('src',
+	"SELECT idem_outbox_grant('orders', 'app', 'publish'), idem_outbox_grant('orders', 'zed', 'publish')");
 
 sub call
 {

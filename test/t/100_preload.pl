@@ -83,6 +83,28 @@ ALTER SYSTEM SET idem.max_response_size = '4kB';
 			"SET ROLE alice;\nSELECT replayed FROM idem_execute_ex('late', 'SELECT 1 AS one');"),
 		't', "$label: a call committed after its ttl still replays");
 
+	# outbox delivery: publish, claim, ack; a role's placeholder cannot
+	# turn off the CDC messages an administrator turned on
+	$node->safe_psql('postgres', q{
+SELECT idem_outbox_create_topic('pay', publishers => '{alice}', consumers => '{bob}');
+GRANT EXECUTE ON FUNCTION idem_outbox_claim(text, integer, interval, text),
+	idem_outbox_ack(uuid, uuid) TO bob;
+LOAD 'idem';
+ALTER SYSTEM SET idem.outbox_logical_message = on;
+});
+	$node->reload;
+	($ret, $out, $err) = $node->psql('postgres',
+		"\\set ON_ERROR_STOP 0\n\\set VERBOSITY verbose\nSET ROLE alice;\nSET idem.outbox_logical_message = off;\n"
+		  . "SET idem.outbox_topic = 'pay';\nSELECT idem_execute('ev-1', 'SELECT 1 AS one') ->> 'command';\n"
+		  . "SHOW idem.outbox_logical_message;");
+	is($out, "SELECT\non", "$label: alice publishes; the CDC setting stays on");
+	is( $node->safe_psql('postgres',
+			"SET ROLE bob;\nSELECT count(idem_outbox_ack(event_id, lease_token)) FROM idem_outbox_claim('pay');"),
+		'1', "$label: bob claims and acknowledges the event");
+	is( $node->safe_psql('postgres',
+			"SELECT owner || ' ' || state FROM idem.outbox WHERE key = 'ev-1'"),
+		'alice delivered', "$label: delivered, produced by alice");
+
 	$node->stop;
 }
 

@@ -1,0 +1,1331 @@
+/*-------------------------------------------------------------------------
+ *
+ * outbox.c
+ *		Outbox events: who may publish to a topic, writing an event (with
+ *		its NOTIFY and, optionally, its logical decoding message), and
+ *		delivering it: claim under a lease, ack, fail with backoff and
+ *		jitter, dead letters, requeue, and the purge of delivered events.
+ *
+ * The writer is on idem_execute()'s hot path and reaches idem.outbox and
+ * idem.outbox_topics by OID (catalog.c), like the key record.  Delivery
+ * runs fixed statements through SPI, prepared once per backend, as the
+ * owner of idem.outbox (the callers have no privilege on schema idem) and
+ * with every name, operator and function schema-qualified, so that no
+ * caller's search_path can reach into them.
+ *
+ * An event's next_attempt_at is its due time.  A claim moves it to the end
+ * of the lease, so leased events fall out of the head of the claim's index
+ * scan (outbox_due_idx) instead of being re-read by every later claim, and
+ * an expired lease needs no sweeper: the event is simply due again.  Every
+ * claim gives the event a new random lease token; ack and fail must present
+ * the current one, which fences off a consumer whose lease expired and was
+ * taken over.
+ *
+ * Copyright (c) 2026, idem authors
+ *
+ * IDENTIFICATION
+ *	  src/outbox.c
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include <math.h>
+
+#include "access/genam.h"
+#include "access/heapam.h"
+#include "access/htup_details.h"
+#include "access/stratnum.h"
+#include "access/table.h"
+#include "access/tableam.h"
+#include "access/xact.h"
+#include "catalog/pg_authid.h"
+#include "catalog/pg_type.h"
+#include "commands/async.h"
+#include "executor/executor.h"
+#include "executor/spi.h"
+#include "nodes/makefuncs.h"
+#include "fmgr.h"
+#include "funcapi.h"
+#include "miscadmin.h"
+#include "replication/message.h"
+#include "storage/lmgr.h"
+#include "storage/proc.h"
+#include "tcop/utility.h"
+#include "utils/acl.h"
+#include "utils/array.h"
+#include "utils/builtins.h"
+#include "utils/datetime.h"
+#include "utils/fmgroids.h"
+#include "utils/json.h"
+#include "utils/lsyscache.h"
+#include "utils/rel.h"
+#include "utils/snapmgr.h"
+#include "utils/syscache.h"
+#include "utils/timestamp.h"
+#include "utils/tuplestore.h"
+#include "utils/uuid.h"
+
+#include "compat.h"
+#include "idem.h"
+
+PG_FUNCTION_INFO_V1(idem_outbox_claim);
+PG_FUNCTION_INFO_V1(idem_outbox_ack);
+PG_FUNCTION_INFO_V1(idem_outbox_ack_batch);
+PG_FUNCTION_INFO_V1(idem_outbox_fail);
+PG_FUNCTION_INFO_V1(idem_outbox_requeue);
+PG_FUNCTION_INFO_V1(idem_outbox_purge);
+PG_FUNCTION_INFO_V1(idem_outbox_create_topic);
+PG_FUNCTION_INFO_V1(idem_outbox_grant);
+PG_FUNCTION_INFO_V1(idem_outbox_revoke);
+
+/* The channel every event's transaction notifies, with the topic as payload. */
+#define OUTBOX_CHANNEL			"idem_outbox"
+/* The prefix of the logical decoding message of an event. */
+#define OUTBOX_MESSAGE_PREFIX	"idem.outbox"
+/* Longest topic name and consumer label, in bytes (like a key). */
+#define OUTBOX_MAX_NAME_BYTES	255
+/* Most events one claim may lease. */
+#define OUTBOX_MAX_CLAIM		10000
+
+typedef enum TopicPrivilege
+{
+	TOPIC_PUBLISH,
+	TOPIC_CONSUME
+} TopicPrivilege;
+
+static const char *const privilege_names[] = {"publish", "consume"};
+
+/*
+ * The last check of each privilege that passed, so that idem_execute()'s
+ * check before the business statement and the writer's own after it, or
+ * the acks of one batch, cost one lookup.  Valid for one transaction: a
+ * grant or revoke commits in another.
+ */
+static struct
+{
+	LocalTransactionId lxid;
+	Oid			role;
+	char		topic[OUTBOX_MAX_NAME_BYTES + 1];
+} topic_ok[2];
+
+/* ------------------------------------------------------------------------
+ * Topics
+ * ------------------------------------------------------------------------
+ */
+
+static void
+check_name(const char *what, const char *name)
+{
+	size_t		len = strlen(name);
+
+	if (len == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("%s must not be empty", what)));
+	if (len > OUTBOX_MAX_NAME_BYTES)
+		ereport(ERROR,
+				(errcode(ERRCODE_STRING_DATA_RIGHT_TRUNCATION),
+				 errmsg("%s is too long", what),
+				 errdetail("It is %zu bytes long; the limit is %d bytes.",
+						   len, OUTBOX_MAX_NAME_BYTES)));
+}
+
+static bool
+role_in(Oid role, Datum array)
+{
+	ArrayType  *arr = DatumGetArrayTypeP(array);
+	Datum	   *elems;
+	bool	   *nulls;
+	int			n;
+
+	deconstruct_array(arr, REGROLEOID, sizeof(Oid), true, TYPALIGN_INT,
+					  &elems, &nulls, &n);
+	for (int i = 0; i < n; i++)
+	{
+		if (!nulls[i] && has_privs_of_role(role, DatumGetObjectId(elems[i])))
+			return true;
+	}
+	return false;
+}
+
+/*
+ * Whether the topic is registered, and whether role may use it as asked.
+ * A superuser may use every registered topic.
+ */
+static bool
+topic_allows(const char *topic, Oid role, TopicPrivilege priv, bool *exists)
+{
+	Oid			pkey;
+	Oid			relid = idem_catalog_outbox_topics(&pkey);
+	Relation	rel = table_open(relid, AccessShareLock);
+	Relation	idx = index_open(pkey, AccessShareLock);
+	TupleTableSlot *slot = table_slot_create(rel, NULL);
+	IndexScanDesc scan;
+	ScanKeyData skey;
+	text	   *topictext = cstring_to_text(topic);
+	bool		allowed = false;
+
+	ScanKeyInit(&skey, 1, BTEqualStrategyNumber, F_TEXTEQ,
+				PointerGetDatum(topictext));
+	scan = index_beginscan(rel, idx, SnapshotSelf, 1, 0);
+	index_rescan(scan, &skey, 1, NULL, 0);
+	*exists = index_getnext_slot(scan, ForwardScanDirection, slot);
+	if (*exists)
+	{
+		bool		isnull;
+		Datum		roles;
+
+		roles = slot_getattr(slot, priv == TOPIC_PUBLISH ?
+							 Anum_outbox_topics_publishers :
+							 Anum_outbox_topics_consumers, &isnull);
+		allowed = superuser_arg(role) || (!isnull && role_in(role, roles));
+	}
+	index_endscan(scan);
+	ExecDropSingleTupleTableSlot(slot);
+	index_close(idx, AccessShareLock);
+	table_close(rel, AccessShareLock);
+	pfree(topictext);
+	return allowed;
+}
+
+static void
+check_topic(const char *topic, Oid role, TopicPrivilege priv)
+{
+	LocalTransactionId lxid = IDEM_MY_LXID;
+	bool		exists;
+
+	if (topic_ok[priv].lxid == lxid && topic_ok[priv].role == role &&
+		strcmp(topic_ok[priv].topic, topic) == 0)
+		return;
+	if (!topic_allows(topic, role, priv, &exists))
+	{
+		if (!exists)
+			ereport(ERROR,
+					(errcode(ERRCODE_UNDEFINED_OBJECT),
+					 errmsg("outbox topic \"%s\" does not exist", topic),
+					 errhint("An administrator registers topics with idem_outbox_create_topic().")));
+		ereport(ERROR,
+				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+				 errmsg("permission denied to %s outbox topic \"%s\"",
+						privilege_names[priv], topic),
+				 errdetail("Role \"%s\" is not among the topic's %s.",
+						   GetUserNameFromId(role, false),
+						   priv == TOPIC_PUBLISH ? "publishers" : "consumers"),
+				 errhint("An administrator grants it with idem_outbox_grant('%s', role, '%s').",
+						 topic, privilege_names[priv])));
+	}
+	topic_ok[priv].lxid = lxid;
+	topic_ok[priv].role = role;
+	strlcpy(topic_ok[priv].topic, topic, sizeof(topic_ok[priv].topic));
+}
+
+/*
+ * idem_outbox_check_publish
+ *		Fail unless role may publish events to topic.
+ *
+ * Callers check before the business statement runs, so that a refused call
+ * writes nothing at all; idem_insert_outbox() checks again (for free after
+ * a check in the same transaction), so no path writes an unchecked event.
+ */
+void
+idem_outbox_check_publish(const char *topic, Oid role)
+{
+	check_name("outbox topic", topic);
+	check_topic(topic, role, TOPIC_PUBLISH);
+}
+
+/* ------------------------------------------------------------------------
+ * Writing an event
+ * ------------------------------------------------------------------------
+ */
+
+/*
+ * Topics this transaction wrote events to, by the subtransaction that
+ * wrote them, in TopTransactionContext.  The NOTIFY is sent at PRE_COMMIT,
+ * not at the write: PostgreSQL refuses to PREPARE a transaction that has
+ * notified, and idem's calls must keep working in prepared transactions
+ * (their events then wake nobody; consumers also poll).  A rolled-back
+ * subtransaction's topics are forgotten, so only committed events wake.
+ */
+typedef struct NotifyTopic
+{
+	char	   *topic;
+	SubTransactionId subid;
+	struct NotifyTopic *next;
+} NotifyTopic;
+
+static NotifyTopic *notify_topics = NULL;
+static bool notify_callbacks_registered = false;
+
+static void
+notify_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
+						SubTransactionId parentSubid, void *arg)
+{
+	NotifyTopic **link = &notify_topics;
+
+	if (event != SUBXACT_EVENT_ABORT_SUB && event != SUBXACT_EVENT_COMMIT_SUB)
+		return;
+	while (*link != NULL)
+	{
+		NotifyTopic *n = *link;
+
+		if (n->subid == mySubid && event == SUBXACT_EVENT_ABORT_SUB)
+		{
+			*link = n->next;
+			continue;
+		}
+		if (n->subid == mySubid)
+			n->subid = parentSubid;
+		link = &n->next;
+	}
+}
+
+static void
+notify_xact_callback(XactEvent event, void *arg)
+{
+	switch (event)
+	{
+		case XACT_EVENT_PRE_COMMIT:
+			/* PostgreSQL folds duplicates of one channel and payload */
+			for (NotifyTopic *n = notify_topics; n != NULL; n = n->next)
+				Async_Notify(OUTBOX_CHANNEL, n->topic);
+			notify_topics = NULL;
+			break;
+		case XACT_EVENT_PRE_PREPARE:
+		case XACT_EVENT_COMMIT:
+		case XACT_EVENT_ABORT:
+		case XACT_EVENT_PREPARE:
+		case XACT_EVENT_PARALLEL_COMMIT:
+		case XACT_EVENT_PARALLEL_ABORT:
+			notify_topics = NULL;
+			break;
+		default:
+			break;
+	}
+}
+
+static void
+remember_notify(const char *topic)
+{
+	SubTransactionId subid = GetCurrentSubTransactionId();
+	MemoryContext oldcxt;
+	NotifyTopic *n;
+
+	if (!notify_callbacks_registered)
+	{
+		RegisterXactCallback(notify_xact_callback, NULL);
+		RegisterSubXactCallback(notify_subxact_callback, NULL);
+		notify_callbacks_registered = true;
+	}
+	for (n = notify_topics; n != NULL; n = n->next)
+	{
+		if (n->subid == subid && strcmp(n->topic, topic) == 0)
+			return;
+	}
+	oldcxt = MemoryContextSwitchTo(TopTransactionContext);
+	n = palloc(sizeof(NotifyTopic));
+	n->topic = pstrdup(topic);
+	n->subid = subid;
+	n->next = notify_topics;
+	notify_topics = n;
+	MemoryContextSwitchTo(oldcxt);
+}
+
+static Datum
+random_uuid(void)
+{
+	pg_uuid_t  *uuid = palloc(UUID_LEN);
+
+	idem_random_id(uuid->data);
+	/* RFC 4122 version 4, variant 1 */
+	uuid->data[6] = (uuid->data[6] & 0x0f) | 0x40;
+	uuid->data[8] = (uuid->data[8] & 0x3f) | 0x80;
+	return UUIDPGetDatum(uuid);
+}
+
+static void
+json_field(StringInfo buf, const char *name, const char *value, bool first)
+{
+	if (!first)
+		appendStringInfoString(buf, ", ");
+	escape_json(buf, name);
+	appendStringInfoString(buf, ": ");
+	if (value == NULL)
+		appendStringInfoString(buf, "null");
+	else
+		escape_json(buf, value);
+}
+
+/*
+ * The event as one JSON object, for the WAL stream: every column a consumer
+ * gets from a claim, the timestamp in UTC whatever the session's TimeZone.
+ */
+static void
+emit_logical_message(Datum event_id, const char *key, Oid owner,
+					 const char *topic, Jsonb *payload, TimestampTz created_at,
+					 const char *run_id, const char *step)
+{
+	StringInfoData buf;
+	char		ts[MAXDATELEN + 1];
+	int			utc = 0;
+
+	initStringInfo(&buf);
+	appendStringInfoChar(&buf, '{');
+	json_field(&buf, "event_id",
+			   DatumGetCString(DirectFunctionCall1(uuid_out, event_id)), true);
+	json_field(&buf, "key", key, false);
+	json_field(&buf, "owner", GetUserNameFromId(owner, false), false);
+	json_field(&buf, "topic", topic, false);
+	json_field(&buf, "run_id", run_id, false);
+	json_field(&buf, "step", step, false);
+	JsonEncodeDateTime(ts, TimestampTzGetDatum(created_at), TIMESTAMPTZOID,
+					   &utc);
+	json_field(&buf, "created_at", ts, false);
+	appendStringInfoString(&buf, ", \"payload\": ");
+	(void) JsonbToCString(&buf, &payload->root, VARSIZE(payload));
+	appendStringInfoChar(&buf, '}');
+
+	LogTransactionalMessage(OUTBOX_MESSAGE_PREFIX, buf.data, buf.len);
+	pfree(buf.data);
+}
+
+/*
+ * Insert an event and its index entries, and make it visible to the rest
+ * of the transaction.  Not CatalogTupleInsert(): that inserts into every
+ * index, partial or not, and idem.outbox's indexes are partial (a pending
+ * event in the index of delivered events would be counted, and served, as
+ * delivered).  The executor's index insertion checks each predicate.
+ */
+static void
+insert_event(Oid relid, Datum *values, bool *nulls)
+{
+	Relation	rel = table_open(relid, RowExclusiveLock);
+	EState	   *estate = CreateExecutorState();
+	ResultRelInfo *rri = makeNode(ResultRelInfo);
+	TupleTableSlot *slot;
+	HeapTuple	tuple;
+
+	InitResultRelInfo(rri, rel, 1, NULL, 0);
+	ExecOpenIndices(rri, false);
+	tuple = heap_form_tuple(RelationGetDescr(rel), values, nulls);
+	simple_heap_insert(rel, tuple);
+	slot = ExecInitExtraTupleSlot(estate, RelationGetDescr(rel),
+								  &TTSOpsHeapTuple);
+	ExecStoreHeapTuple(tuple, slot, false);
+	list_free(idem_insert_index_tuples(rri, slot, estate));
+	ExecResetTupleTable(estate->es_tupleTable, false);
+	ExecCloseIndices(rri);
+	FreeExecutorState(estate);
+	heap_freetuple(tuple);
+	table_close(rel, RowExclusiveLock);
+	CommandCounterIncrement();
+}
+
+/*
+ * idem_insert_outbox
+ *		Append an outbox event in the caller's transaction: the row (due at
+ *		once), a NOTIFY at commit (one per topic and transaction), and with
+ *		idem.outbox_logical_message the logical decoding message.  run_id
+ *		and step may be NULL.
+ */
+void
+idem_insert_outbox(const char *key, Oid owner, const char *topic,
+				   Jsonb *payload, TimestampTz created_at,
+				   const char *run_id, const char *step)
+{
+	Datum		values[Natts_outbox];
+	bool		nulls[Natts_outbox] = {0};
+	Oid			relid = idem_catalog_outbox();
+
+	idem_outbox_check_publish(topic, owner);
+
+	values[Anum_outbox_event_id - 1] = random_uuid();
+	values[Anum_outbox_key - 1] = CStringGetTextDatum(key);
+	values[Anum_outbox_owner - 1] = ObjectIdGetDatum(owner);
+	values[Anum_outbox_topic - 1] = CStringGetTextDatum(topic);
+	values[Anum_outbox_payload - 1] = JsonbPGetDatum(payload);
+	values[Anum_outbox_created_at - 1] = TimestampTzGetDatum(created_at);
+	if (run_id != NULL)
+		values[Anum_outbox_run_id - 1] = CStringGetTextDatum(run_id);
+	else
+		nulls[Anum_outbox_run_id - 1] = true;
+	if (step != NULL)
+		values[Anum_outbox_step - 1] = CStringGetTextDatum(step);
+	else
+		nulls[Anum_outbox_step - 1] = true;
+	values[Anum_outbox_state - 1] = CStringGetTextDatum("pending");
+	values[Anum_outbox_attempts - 1] = Int32GetDatum(0);
+	values[Anum_outbox_next_attempt_at - 1] = TimestampTzGetDatum(created_at);
+	nulls[Anum_outbox_lease_token - 1] = true;
+	nulls[Anum_outbox_leased_by - 1] = true;
+	nulls[Anum_outbox_lease_holder - 1] = true;
+	nulls[Anum_outbox_last_error - 1] = true;
+	nulls[Anum_outbox_delivered_at - 1] = true;
+
+	insert_event(relid, values, nulls);
+
+	remember_notify(topic);
+	if (idem_outbox_logical_message)
+		emit_logical_message(values[Anum_outbox_event_id - 1], key, owner,
+							 topic, payload, created_at, run_id, step);
+}
+
+/* ------------------------------------------------------------------------
+ * Delivery through SPI
+ * ------------------------------------------------------------------------
+ */
+
+typedef struct OutboxQuery
+{
+	const char *sql;
+	int			nargs;
+	Oid			argtypes[8];
+	SPIPlanPtr	plan;
+} OutboxQuery;
+
+/*
+ * Due events of a topic, oldest due first, locked without waiting for
+ * those another claim holds, then leased: due time moved to the end of the
+ * lease, attempt counted, a new token.  An event whose last allowed attempt
+ * ended with an expired lease becomes a dead letter instead.
+ */
+static OutboxQuery q_claim = {
+	"WITH c AS ("
+	"  SELECT o.ctid AS tid, o.next_attempt_at AS due"
+	"    FROM idem.outbox o"
+	"   WHERE o.topic OPERATOR(pg_catalog.=) $1"
+	"     AND o.state OPERATOR(pg_catalog.=) ANY (ARRAY['pending', 'leased']::pg_catalog.text[])"
+	"     AND o.next_attempt_at OPERATOR(pg_catalog.<=) $2"
+	"   ORDER BY o.next_attempt_at"
+	"   LIMIT $3"
+	"   FOR UPDATE SKIP LOCKED),"
+	" u AS ("
+	"  UPDATE idem.outbox o"
+	"     SET state = CASE WHEN o.attempts OPERATOR(pg_catalog.>=) $5 THEN 'dead' ELSE 'leased' END,"
+	"         attempts = CASE WHEN o.attempts OPERATOR(pg_catalog.>=) $5 THEN o.attempts"
+	"                    ELSE o.attempts OPERATOR(pg_catalog.+) 1 END,"
+	"         next_attempt_at = $4,"
+	"         lease_token = CASE WHEN o.attempts OPERATOR(pg_catalog.>=) $5 THEN NULL"
+	"                       ELSE pg_catalog.gen_random_uuid() END,"
+	"         leased_by = $6,"
+	"         lease_holder = $7,"
+	"         last_error = CASE WHEN o.attempts OPERATOR(pg_catalog.>=) $5"
+	"                      THEN 'lease expired on the last attempt' ELSE o.last_error END"
+	"    FROM c WHERE o.ctid OPERATOR(pg_catalog.=) c.tid"
+	"  RETURNING o.event_id, o.key, o.owner, o.topic, o.payload, o.run_id, o.step,"
+	"            o.attempts, o.lease_token, o.created_at, o.next_attempt_at, o.state, c.due)"
+	" SELECT event_id, key, owner, topic, payload, run_id, step, attempts,"
+	"        lease_token, created_at, next_attempt_at"
+	"   FROM u WHERE state OPERATOR(pg_catalog.=) 'leased'"
+	"  ORDER BY due, created_at",
+	7, {TEXTOID, TIMESTAMPTZOID, INT4OID, TIMESTAMPTZOID, INT4OID, REGROLEOID, TEXTOID}
+};
+
+/* The fast path of an ack: the current lease's event becomes delivered. */
+static OutboxQuery q_ack = {
+	"UPDATE idem.outbox"
+	"   SET state = 'delivered', delivered_at = $3"
+	" WHERE event_id OPERATOR(pg_catalog.=) $1"
+	"   AND lease_token OPERATOR(pg_catalog.=) $2"
+	"   AND state OPERATOR(pg_catalog.=) 'leased'"
+	" RETURNING topic",
+	3, {UUIDOID, UUIDOID, TIMESTAMPTZOID}
+};
+
+/* A batch ack: every pair whose lease holds becomes delivered. */
+static OutboxQuery q_ack_batch = {
+	"UPDATE idem.outbox o"
+	"   SET state = 'delivered', delivered_at = $3"
+	"  FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2)) AS u(e, t)"
+	" WHERE o.event_id OPERATOR(pg_catalog.=) u.e"
+	"   AND o.lease_token OPERATOR(pg_catalog.=) u.t"
+	"   AND o.state OPERATOR(pg_catalog.=) 'leased'"
+	" RETURNING o.event_id, o.topic",
+	3, {UUIDARRAYOID, UUIDARRAYOID, TIMESTAMPTZOID}
+};
+
+/* An event, locked, for fail/requeue and to say why an ack found nothing. */
+static OutboxQuery q_lock = {
+	"SELECT state, lease_token OPERATOR(pg_catalog.=) $2, attempts, topic, ctid"
+	"  FROM idem.outbox WHERE event_id OPERATOR(pg_catalog.=) $1"
+	"   FOR UPDATE",
+	2, {UUIDOID, UUIDOID}
+};
+
+static OutboxQuery q_retry = {
+	"UPDATE idem.outbox"
+	"   SET state = $2, next_attempt_at = COALESCE($3, next_attempt_at),"
+	"       lease_token = NULL, last_error = $4"
+	" WHERE ctid OPERATOR(pg_catalog.=) $1",
+	4, {TIDOID, TEXTOID, TIMESTAMPTZOID, TEXTOID}
+};
+
+static OutboxQuery q_requeue = {
+	"UPDATE idem.outbox"
+	"   SET state = 'pending', attempts = 0, next_attempt_at = $2,"
+	"       lease_token = NULL"
+	" WHERE ctid OPERATOR(pg_catalog.=) $1",
+	2, {TIDOID, TIMESTAMPTZOID}
+};
+
+static OutboxQuery q_purge = {
+	"DELETE FROM idem.outbox"
+	" WHERE ctid OPERATOR(pg_catalog.=) ANY (ARRAY("
+	"   SELECT ctid FROM idem.outbox"
+	"    WHERE state OPERATOR(pg_catalog.=) 'delivered'"
+	"      AND delivered_at OPERATOR(pg_catalog.<=) $1"
+	"    ORDER BY delivered_at"
+	"    LIMIT $2"
+	"    FOR UPDATE SKIP LOCKED))",
+	2, {TIMESTAMPTZOID, INT4OID}
+};
+
+static OutboxQuery q_topic_insert = {
+	"INSERT INTO idem.outbox_topics (topic, publishers, consumers, created_at)"
+	" VALUES ($1, $2, $3, pg_catalog.now())"
+	" ON CONFLICT (topic) DO NOTHING",
+	3, {TEXTOID, REGROLEARRAYOID, REGROLEARRAYOID}
+};
+
+static OutboxQuery q_topic_grant = {
+	"UPDATE idem.outbox_topics"
+	"   SET publishers = CASE WHEN $3 AND NOT $2 OPERATOR(pg_catalog.=) ANY (publishers)"
+	"                    THEN pg_catalog.array_append(publishers, $2) ELSE publishers END,"
+	"       consumers = CASE WHEN NOT $3 AND NOT $2 OPERATOR(pg_catalog.=) ANY (consumers)"
+	"                   THEN pg_catalog.array_append(consumers, $2) ELSE consumers END"
+	" WHERE topic OPERATOR(pg_catalog.=) $1",
+	3, {TEXTOID, REGROLEOID, BOOLOID}
+};
+
+static OutboxQuery q_topic_revoke = {
+	"UPDATE idem.outbox_topics"
+	"   SET publishers = CASE WHEN $3 THEN pg_catalog.array_remove(publishers, $2)"
+	"                    ELSE publishers END,"
+	"       consumers = CASE WHEN NOT $3 THEN pg_catalog.array_remove(consumers, $2)"
+	"                   ELSE consumers END"
+	" WHERE topic OPERATOR(pg_catalog.=) $1",
+	3, {TEXTOID, REGROLEOID, BOOLOID}
+};
+
+typedef struct OutboxSPI
+{
+	MemoryContext callercxt;	/* for results that outlive the connection */
+	Oid			save_userid;
+	int			save_sec_context;
+} OutboxSPI;
+
+/*
+ * Connect to SPI and become the owner of idem.outbox (restricted: no
+ * temporary objects, no SET ROLE), which the callers are not.  An error
+ * before outbox_spi_end() leaves the transaction or subtransaction abort to
+ * restore the user.
+ */
+static void
+outbox_spi_begin(OutboxSPI *s)
+{
+	Oid			relid = idem_catalog_outbox();
+	HeapTuple	tuple;
+	Oid			owner;
+
+	tuple = SearchSysCache1(RELOID, ObjectIdGetDatum(relid));
+	if (!HeapTupleIsValid(tuple))
+		elog(ERROR, "cache lookup failed for relation %u", relid);
+	owner = ((Form_pg_class) GETSTRUCT(tuple))->relowner;
+	ReleaseSysCache(tuple);
+
+	s->callercxt = CurrentMemoryContext;
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+	GetUserIdAndSecContext(&s->save_userid, &s->save_sec_context);
+	SetUserIdAndSecContext(owner, s->save_sec_context |
+						   SECURITY_LOCAL_USERID_CHANGE |
+						   SECURITY_RESTRICTED_OPERATION);
+}
+
+static void
+outbox_spi_end(OutboxSPI *s)
+{
+	SetUserIdAndSecContext(s->save_userid, s->save_sec_context);
+	SPI_finish();
+}
+
+static int
+outbox_spi_run(OutboxQuery *q, Datum *values, const char *nulls, long limit)
+{
+	int			rc;
+
+	if (q->plan == NULL)
+	{
+		SPIPlanPtr	plan = SPI_prepare(q->sql, q->nargs, q->argtypes);
+
+		if (plan == NULL)
+			elog(ERROR, "SPI_prepare failed: %s",
+				 SPI_result_code_string(SPI_result));
+		if (SPI_keepplan(plan) != 0)
+			elog(ERROR, "SPI_keepplan failed");
+		q->plan = plan;
+	}
+	rc = SPI_execute_plan(q->plan, values, nulls, false, limit);
+	if (rc < 0)
+		elog(ERROR, "SPI_execute_plan failed: %s", SPI_result_code_string(rc));
+	return rc;
+}
+
+static void
+check_can_write(const char *what)
+{
+	PreventCommandDuringRecovery(what);
+	PreventCommandIfReadOnly(what);
+	PreventCommandIfParallelMode(what);
+}
+
+static void
+arg_not_null(FunctionCallInfo fcinfo, int argno, const char *name)
+{
+	if (PG_ARGISNULL(argno))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("%s must not be null", name)));
+}
+
+/* An interval as microseconds, months as 30 days (as interval comparison). */
+static int64
+interval_usecs(Interval *iv)
+{
+	return iv->time + (int64) iv->day * USECS_PER_DAY +
+		(int64) iv->month * DAYS_PER_MONTH * USECS_PER_DAY;
+}
+
+/* ------------------------------------------------------------------------
+ * Claim
+ * ------------------------------------------------------------------------
+ */
+
+/*
+ * idem_outbox_claim(topic text, max_events integer, lease interval,
+ *					 consumer text) returns setof (event_id, key, owner,
+ *					 topic, payload, run_id, step, attempt, lease_token,
+ *					 created_at, lease_until)
+ */
+Datum
+idem_outbox_claim(PG_FUNCTION_ARGS)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	Oid			caller = GetUserId();
+	char	   *topic;
+	int32		max_events;
+	Interval   *lease;
+	int64		lease_us;
+	char	   *consumer;
+	TimestampTz now;
+	TupleDesc	tupdesc;
+	Tuplestorestate *store;
+	MemoryContext oldcxt;
+	OutboxSPI	spi;
+	Datum		values[7];
+	char		nulls[7] = {' ', ' ', ' ', ' ', ' ', ' ', ' '};
+
+	if (rsinfo == NULL || !IsA(rsinfo, ReturnSetInfo) ||
+		(rsinfo->allowedModes & SFRM_Materialize) == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("idem_outbox_claim() must be called in a context that accepts a set")));
+
+	arg_not_null(fcinfo, 0, "topic");
+	arg_not_null(fcinfo, 1, "max_events");
+	arg_not_null(fcinfo, 2, "lease");
+	topic = text_to_cstring(PG_GETARG_TEXT_PP(0));
+	max_events = PG_GETARG_INT32(1);
+	lease = PG_GETARG_INTERVAL_P(2);
+	consumer = PG_ARGISNULL(3) ? psprintf("pid %d", MyProcPid) :
+		text_to_cstring(PG_GETARG_TEXT_PP(3));
+
+	if (max_events <= 0 || max_events > OUTBOX_MAX_CLAIM)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("max_events must be between 1 and %d", OUTBOX_MAX_CLAIM),
+				 errdetail("max_events is %d.", max_events)));
+	lease_us = interval_usecs(lease);
+	if (lease_us <= 0 || lease_us > (int64) idem_outbox_max_lease * USECS_PER_SEC)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("lease must be greater than zero and at most idem.outbox_max_lease"),
+				 errdetail("idem.outbox_max_lease is %d s.", idem_outbox_max_lease)));
+	check_name("consumer", consumer);
+	check_name("outbox topic", topic);
+	check_can_write("idem_outbox_claim()");
+	check_topic(topic, caller, TOPIC_CONSUME);
+
+	if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE)
+		elog(ERROR, "return type must be a row type");
+
+	oldcxt = MemoryContextSwitchTo(rsinfo->econtext->ecxt_per_query_memory);
+	tupdesc = CreateTupleDescCopy(tupdesc);
+	store = tuplestore_begin_heap(true, false, work_mem);
+	MemoryContextSwitchTo(oldcxt);
+
+	/*
+	 * Clock time, not the transaction's start: a consumer loop in one
+	 * procedure call must see events that became due since, and its lease
+	 * must run from now.
+	 */
+	now = GetCurrentTimestamp();
+	values[0] = PointerGetDatum(cstring_to_text(topic));
+	values[1] = TimestampTzGetDatum(now);
+	values[2] = Int32GetDatum(max_events);
+	values[3] = TimestampTzGetDatum(now + lease_us);
+	values[4] = Int32GetDatum(idem_outbox_max_attempts);
+	values[5] = ObjectIdGetDatum(caller);
+	values[6] = PointerGetDatum(cstring_to_text(consumer));
+
+	outbox_spi_begin(&spi);
+	outbox_spi_run(&q_claim, values, nulls, 0);
+	for (uint64 i = 0; i < SPI_processed; i++)
+	{
+		Datum		row[11];
+		bool		rownulls[11];
+
+		heap_deform_tuple(SPI_tuptable->vals[i], SPI_tuptable->tupdesc,
+						  row, rownulls);
+		tuplestore_putvalues(store, tupdesc, row, rownulls);
+	}
+	outbox_spi_end(&spi);
+
+	rsinfo->returnMode = SFRM_Materialize;
+	rsinfo->setResult = store;
+	rsinfo->setDesc = tupdesc;
+	return (Datum) 0;
+}
+
+/* ------------------------------------------------------------------------
+ * Ack, fail, requeue
+ * ------------------------------------------------------------------------
+ */
+
+typedef struct LockedEvent
+{
+	char	   *state;
+	bool		token_matches;
+	int32		attempts;
+	char	   *topic;
+	ItemPointerData tid;
+} LockedEvent;
+
+/* Lock the event; false if there is none.  Inside an SPI connection. */
+static bool
+lock_event(OutboxSPI *spi, Datum event_id, Datum token, bool token_null,
+		   LockedEvent *ev)
+{
+	Datum		values[2] = {event_id, token};
+	char		nulls[2] = {' ', token_null ? 'n' : ' '};
+	bool		isnull;
+	HeapTuple	tup;
+	TupleDesc	desc;
+	MemoryContext oldcxt;
+
+	outbox_spi_run(&q_lock, values, nulls, 1);
+	if (SPI_processed == 0)
+		return false;
+	tup = SPI_tuptable->vals[0];
+	desc = SPI_tuptable->tupdesc;
+	oldcxt = MemoryContextSwitchTo(spi->callercxt);
+	ev->state = TextDatumGetCString(SPI_getbinval(tup, desc, 1, &isnull));
+	ev->token_matches = DatumGetBool(SPI_getbinval(tup, desc, 2, &isnull));
+	if (isnull)
+		ev->token_matches = false;
+	ev->attempts = DatumGetInt32(SPI_getbinval(tup, desc, 3, &isnull));
+	ev->topic = TextDatumGetCString(SPI_getbinval(tup, desc, 4, &isnull));
+	ItemPointerCopy((ItemPointer) DatumGetPointer(SPI_getbinval(tup, desc, 5, &isnull)),
+					&ev->tid);
+	MemoryContextSwitchTo(oldcxt);
+	return true;
+}
+
+static void
+report_not_found(Datum event_id)
+{
+	ereport(ERROR,
+			(errcode(ERRCODE_IDEM_EVENT_NOT_FOUND),
+			 errmsg("outbox event %s does not exist",
+					DatumGetCString(DirectFunctionCall1(uuid_out, event_id))),
+			 errdetail("It was never written, or it was delivered and purged.")));
+}
+
+/*
+ * Why the lease token does not (or no longer) give the right to ack or
+ * fail the event; the event is left as it is.
+ */
+static void
+report_not_leased(Datum event_id, LockedEvent *ev, const char *what)
+{
+	char	   *id = DatumGetCString(DirectFunctionCall1(uuid_out, event_id));
+
+	if (strcmp(ev->state, "delivered") == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_IDEM_EVENT_DELIVERED),
+				 errmsg("outbox event %s was already delivered", id),
+				 errdetail(ev->token_matches ?
+						   "It was acknowledged under this lease." :
+						   "It was acknowledged under another lease.")));
+	if (strcmp(ev->state, "leased") == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_IDEM_LEASE_LOST),
+				 errmsg("lease token does not hold outbox event %s", id),
+				 errdetail("The event is leased under another token: the lease was taken over after it expired, or the token is not one a claim returned."),
+				 errhint("Do not %s the event; its current holder delivers it.", what)));
+	ereport(ERROR,
+			(errcode(ERRCODE_IDEM_LEASE_LOST),
+			 errmsg("lease token does not hold outbox event %s", id),
+			 errdetail("The event is %s: no lease holds it.", ev->state),
+			 errhint("Claim the event again before you %s it.", what)));
+}
+
+/*
+ * idem_outbox_ack(event_id uuid, lease_token uuid) returns void
+ *
+ * A lease that expired but was not taken over still holds: the delivery
+ * happened, and accepting it spares a duplicate.
+ */
+Datum
+idem_outbox_ack(PG_FUNCTION_ARGS)
+{
+	Oid			caller = GetUserId();
+	Datum		values[3];
+	char		nulls[3] = {' ', ' ', ' '};
+	OutboxSPI	spi;
+	char	   *topic = NULL;
+	LockedEvent ev;
+	bool		found;
+
+	arg_not_null(fcinfo, 0, "event_id");
+	arg_not_null(fcinfo, 1, "lease_token");
+	check_can_write("idem_outbox_ack()");
+	values[0] = PG_GETARG_DATUM(0);
+	values[1] = PG_GETARG_DATUM(1);
+	values[2] = TimestampTzGetDatum(GetCurrentTimestamp());
+
+	outbox_spi_begin(&spi);
+	outbox_spi_run(&q_ack, values, nulls, 0);
+	if (SPI_processed == 1)
+	{
+		bool		isnull;
+		MemoryContext oldcxt = MemoryContextSwitchTo(spi.callercxt);
+
+		topic = TextDatumGetCString(SPI_getbinval(SPI_tuptable->vals[0],
+												  SPI_tuptable->tupdesc, 1,
+												  &isnull));
+		MemoryContextSwitchTo(oldcxt);
+		outbox_spi_end(&spi);
+		/* an error here rolls the ack back with the caller's transaction */
+		check_topic(topic, caller, TOPIC_CONSUME);
+		PG_RETURN_VOID();
+	}
+	found = lock_event(&spi, values[0], values[1], false, &ev);
+	outbox_spi_end(&spi);
+	if (!found)
+		report_not_found(values[0]);
+	check_topic(ev.topic, caller, TOPIC_CONSUME);
+	report_not_leased(values[0], &ev, "acknowledge");
+	PG_RETURN_VOID();
+}
+
+static Datum *
+uuid_array_arg(FunctionCallInfo fcinfo, int argno, const char *name, int *n)
+{
+	ArrayType  *arr;
+	Datum	   *elems;
+	bool	   *nulls;
+
+	arg_not_null(fcinfo, argno, name);
+	arr = PG_GETARG_ARRAYTYPE_P(argno);
+	if (ARR_NDIM(arr) > 1)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("%s must be a one-dimensional array", name)));
+	deconstruct_array(arr, UUIDOID, UUID_LEN, false, TYPALIGN_CHAR,
+					  &elems, &nulls, n);
+	for (int i = 0; i < *n; i++)
+	{
+		if (nulls[i])
+			ereport(ERROR,
+					(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+					 errmsg("%s must not contain nulls", name)));
+	}
+	return elems;
+}
+
+/*
+ * idem_outbox_ack(event_ids uuid[], lease_tokens uuid[]) returns integer
+ *
+ * The acks of a batch in one statement, all or nothing: if any pair's
+ * lease does not hold, the error is the one the single ack would raise for
+ * the first such pair, and nothing is delivered.  Returns how many.
+ */
+Datum
+idem_outbox_ack_batch(PG_FUNCTION_ARGS)
+{
+	Oid			caller = GetUserId();
+	Datum	   *ids;
+	Datum	   *tokens;
+	int			nids;
+	int			ntokens;
+	Datum		values[3];
+	char		nulls[3] = {' ', ' ', ' '};
+	OutboxSPI	spi;
+	uint64		done;
+	char	  **topics;
+	pg_uuid_t **acked;
+
+	ids = uuid_array_arg(fcinfo, 0, "event_ids", &nids);
+	tokens = uuid_array_arg(fcinfo, 1, "lease_tokens", &ntokens);
+	if (nids != ntokens)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("event_ids and lease_tokens must have the same length"),
+				 errdetail("There are %d event ids and %d lease tokens.",
+						   nids, ntokens)));
+	if (nids > OUTBOX_MAX_CLAIM)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("at most %d events can be acknowledged at once",
+						OUTBOX_MAX_CLAIM)));
+	check_can_write("idem_outbox_ack()");
+	if (nids == 0)
+		PG_RETURN_INT32(0);
+
+	values[0] = PG_GETARG_DATUM(0);
+	values[1] = PG_GETARG_DATUM(1);
+	values[2] = TimestampTzGetDatum(GetCurrentTimestamp());
+
+	outbox_spi_begin(&spi);
+	outbox_spi_run(&q_ack_batch, values, nulls, 0);
+	done = SPI_processed;
+	topics = MemoryContextAlloc(spi.callercxt, sizeof(char *) * Max(done, 1));
+	acked = MemoryContextAlloc(spi.callercxt, sizeof(pg_uuid_t *) * Max(done, 1));
+	for (uint64 i = 0; i < done; i++)
+	{
+		bool		isnull;
+		MemoryContext oldcxt = MemoryContextSwitchTo(spi.callercxt);
+
+		acked[i] = palloc(UUID_LEN);
+		memcpy(acked[i], DatumGetUUIDP(SPI_getbinval(SPI_tuptable->vals[i],
+													 SPI_tuptable->tupdesc, 1,
+													 &isnull)), UUID_LEN);
+		topics[i] = TextDatumGetCString(SPI_getbinval(SPI_tuptable->vals[i],
+													  SPI_tuptable->tupdesc, 2,
+													  &isnull));
+		MemoryContextSwitchTo(oldcxt);
+	}
+	if (done < (uint64) nids)
+	{
+		/* the first pair that was not delivered says why */
+		for (int i = 0; i < nids; i++)
+		{
+			bool		was_acked = false;
+			LockedEvent ev;
+
+			for (uint64 j = 0; j < done && !was_acked; j++)
+				was_acked = memcmp(acked[j], DatumGetUUIDP(ids[i]), UUID_LEN) == 0;
+			if (was_acked)
+				continue;
+			if (!lock_event(&spi, ids[i], tokens[i], false, &ev))
+			{
+				outbox_spi_end(&spi);
+				report_not_found(ids[i]);
+			}
+			outbox_spi_end(&spi);
+			check_topic(ev.topic, caller, TOPIC_CONSUME);
+			report_not_leased(ids[i], &ev, "acknowledge");
+		}
+		outbox_spi_end(&spi);
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("event_ids must not contain an event twice")));
+	}
+	outbox_spi_end(&spi);
+	for (uint64 i = 0; i < done; i++)
+		check_topic(topics[i], caller, TOPIC_CONSUME);
+	PG_RETURN_INT32((int32) done);
+}
+
+/*
+ * When the next attempt after a failure is due: a random point of the
+ * backoff window (full jitter), never before retry_after.  The window of
+ * the n-th attempt's failure is min(cap, base * 2^(n-1)).
+ */
+static TimestampTz
+next_attempt(TimestampTz now, int32 attempts, int64 retry_after_us)
+{
+	double		window_ms;
+	double		delay_ms;
+	int64		delay_us;
+
+	window_ms = (double) idem_outbox_backoff_base *
+		pow(2.0, (double) Max(attempts - 1, 0));
+	window_ms = Min(window_ms, (double) idem_outbox_backoff_cap);
+	delay_ms = idem_outbox_jitter ? idem_random_double() * window_ms : window_ms;
+	delay_us = (int64) (delay_ms * 1000.0);
+	delay_us = Max(delay_us, retry_after_us);
+	return now + delay_us;
+}
+
+/*
+ * idem_outbox_fail(event_id uuid, lease_token uuid, error text,
+ *					retry_after interval) returns timestamptz
+ *
+ * Returns when the event is due again, or NULL if it became a dead letter.
+ */
+Datum
+idem_outbox_fail(PG_FUNCTION_ARGS)
+{
+	Oid			caller = GetUserId();
+	int64		retry_after_us = 0;
+	char	   *error;
+	TimestampTz now = GetCurrentTimestamp();
+	TimestampTz next = 0;
+	bool		dead;
+	OutboxSPI	spi;
+	LockedEvent ev;
+	Datum		values[4];
+	char		nulls[4] = {' ', ' ', ' ', ' '};
+
+	arg_not_null(fcinfo, 0, "event_id");
+	arg_not_null(fcinfo, 1, "lease_token");
+	arg_not_null(fcinfo, 2, "error");
+	error = text_to_cstring(PG_GETARG_TEXT_PP(2));
+	if (!PG_ARGISNULL(3))
+	{
+		retry_after_us = interval_usecs(PG_GETARG_INTERVAL_P(3));
+		if (retry_after_us < 0 ||
+			retry_after_us > (int64) idem_outbox_max_retry_after * USECS_PER_SEC)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("retry_after must be between zero and idem.outbox_max_retry_after"),
+					 errdetail("idem.outbox_max_retry_after is %d s.",
+							   idem_outbox_max_retry_after)));
+	}
+	check_can_write("idem_outbox_fail()");
+
+	outbox_spi_begin(&spi);
+	if (!lock_event(&spi, PG_GETARG_DATUM(0), PG_GETARG_DATUM(1), false, &ev))
+	{
+		outbox_spi_end(&spi);
+		report_not_found(PG_GETARG_DATUM(0));
+	}
+	if (strcmp(ev.state, "leased") != 0 || !ev.token_matches)
+	{
+		outbox_spi_end(&spi);
+		check_topic(ev.topic, caller, TOPIC_CONSUME);
+		report_not_leased(PG_GETARG_DATUM(0), &ev, "fail");
+	}
+
+	dead = ev.attempts >= idem_outbox_max_attempts;
+	if (!dead)
+		next = next_attempt(now, ev.attempts, retry_after_us);
+	values[0] = PointerGetDatum(&ev.tid);
+	values[1] = CStringGetTextDatum(dead ? "dead" : "pending");
+	values[2] = TimestampTzGetDatum(next);
+	nulls[2] = dead ? 'n' : ' ';
+	values[3] = CStringGetTextDatum(error);
+	outbox_spi_run(&q_retry, values, nulls, 0);
+	outbox_spi_end(&spi);
+	check_topic(ev.topic, caller, TOPIC_CONSUME);
+
+	if (dead)
+		PG_RETURN_NULL();
+	PG_RETURN_TIMESTAMPTZ(next);
+}
+
+/*
+ * idem_outbox_requeue(event_id uuid) returns void
+ *
+ * A dead letter becomes pending and due now, with a fresh attempt count;
+ * its last error stays for the record.
+ */
+Datum
+idem_outbox_requeue(PG_FUNCTION_ARGS)
+{
+	OutboxSPI	spi;
+	LockedEvent ev;
+	Datum		values[2];
+	char		nulls[2] = {' ', ' '};
+
+	arg_not_null(fcinfo, 0, "event_id");
+	check_can_write("idem_outbox_requeue()");
+
+	outbox_spi_begin(&spi);
+	if (!lock_event(&spi, PG_GETARG_DATUM(0), (Datum) 0, true, &ev))
+	{
+		outbox_spi_end(&spi);
+		report_not_found(PG_GETARG_DATUM(0));
+	}
+	if (strcmp(ev.state, "dead") != 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("outbox event %s is not a dead letter",
+						DatumGetCString(DirectFunctionCall1(uuid_out, PG_GETARG_DATUM(0)))),
+				 errdetail("The event is %s.", ev.state),
+				 errhint("Only dead events are requeued.")));
+	values[0] = PointerGetDatum(&ev.tid);
+	values[1] = TimestampTzGetDatum(GetCurrentTimestamp());
+	outbox_spi_run(&q_requeue, values, nulls, 0);
+	outbox_spi_end(&spi);
+	PG_RETURN_VOID();
+}
+
+/* ------------------------------------------------------------------------
+ * Purge
+ * ------------------------------------------------------------------------
+ */
+
+/*
+ * idem_outbox_purge_delivered
+ *		Delete up to batch_size events delivered more than
+ *		idem.outbox_retention ago; return how many.
+ *
+ * Pending, leased and dead events are never purged.  Rows another purge
+ * has locked are skipped, so concurrent purges share the work.  Needs a
+ * transaction with a snapshot, as any SPI caller.
+ */
+int64
+idem_outbox_purge_delivered(int batch_size)
+{
+	OutboxSPI	spi;
+	Datum		values[2];
+	char		nulls[2] = {' ', ' '};
+	int64		deleted;
+
+	values[0] = TimestampTzGetDatum(GetCurrentTimestamp() -
+									(int64) idem_outbox_retention * USECS_PER_SEC);
+	values[1] = Int32GetDatum(batch_size);
+	outbox_spi_begin(&spi);
+	outbox_spi_run(&q_purge, values, nulls, 0);
+	deleted = (int64) SPI_processed;
+	outbox_spi_end(&spi);
+	return deleted;
+}
+
+/*
+ * idem_outbox_purge(batch_size integer) returns bigint
+ */
+Datum
+idem_outbox_purge(PG_FUNCTION_ARGS)
+{
+	int32		batch_size = PG_GETARG_INT32(0);
+
+	if (batch_size <= 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("batch_size must be greater than zero")));
+	check_can_write("idem_outbox_purge()");
+	PG_RETURN_INT64(idem_outbox_purge_delivered(batch_size));
+}
+
+/* ------------------------------------------------------------------------
+ * Topic administration
+ * ------------------------------------------------------------------------
+ */
+
+static Datum
+checked_roles(FunctionCallInfo fcinfo, int argno, const char *name)
+{
+	ArrayType  *arr;
+
+	arg_not_null(fcinfo, argno, name);
+	arr = PG_GETARG_ARRAYTYPE_P(argno);
+	if (ARR_NDIM(arr) > 1 || array_contains_nulls(arr))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("%s must be a one-dimensional array without nulls", name)));
+	return PointerGetDatum(arr);
+}
+
+/*
+ * idem_outbox_create_topic(topic text, publishers regrole[],
+ *							consumers regrole[]) returns void
+ */
+Datum
+idem_outbox_create_topic(PG_FUNCTION_ARGS)
+{
+	OutboxSPI	spi;
+	char	   *topic;
+	Datum		values[3];
+	char		nulls[3] = {' ', ' ', ' '};
+	uint64		inserted;
+
+	arg_not_null(fcinfo, 0, "topic");
+	topic = text_to_cstring(PG_GETARG_TEXT_PP(0));
+	check_name("outbox topic", topic);
+	values[0] = PointerGetDatum(cstring_to_text(topic));
+	values[1] = checked_roles(fcinfo, 1, "publishers");
+	values[2] = checked_roles(fcinfo, 2, "consumers");
+	check_can_write("idem_outbox_create_topic()");
+
+	outbox_spi_begin(&spi);
+	outbox_spi_run(&q_topic_insert, values, nulls, 0);
+	inserted = SPI_processed;
+	outbox_spi_end(&spi);
+	if (inserted == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_DUPLICATE_OBJECT),
+				 errmsg("outbox topic \"%s\" already exists", topic),
+				 errhint("Use idem_outbox_grant() to add roles to it.")));
+	PG_RETURN_VOID();
+}
+
+static void
+change_topic(FunctionCallInfo fcinfo, OutboxQuery *q, const char *what)
+{
+	OutboxSPI	spi;
+	char	   *topic;
+	char	   *privilege;
+	Datum		values[3];
+	char		nulls[3] = {' ', ' ', ' '};
+	uint64		updated;
+
+	arg_not_null(fcinfo, 0, "topic");
+	arg_not_null(fcinfo, 1, "role");
+	arg_not_null(fcinfo, 2, "privilege");
+	topic = text_to_cstring(PG_GETARG_TEXT_PP(0));
+	privilege = text_to_cstring(PG_GETARG_TEXT_PP(2));
+	if (strcmp(privilege, "publish") != 0 && strcmp(privilege, "consume") != 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("unrecognized outbox topic privilege \"%s\"", privilege),
+				 errhint("The privileges are \"publish\" and \"consume\".")));
+	check_can_write(what);
+	values[0] = PointerGetDatum(cstring_to_text(topic));
+	values[1] = PG_GETARG_DATUM(1);
+	values[2] = BoolGetDatum(strcmp(privilege, "publish") == 0);
+
+	outbox_spi_begin(&spi);
+	outbox_spi_run(q, values, nulls, 0);
+	updated = SPI_processed;
+	outbox_spi_end(&spi);
+	if (updated == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_OBJECT),
+				 errmsg("outbox topic \"%s\" does not exist", topic),
+				 errhint("An administrator registers topics with idem_outbox_create_topic().")));
+}
+
+/*
+ * idem_outbox_grant(topic text, role regrole, privilege text) returns void
+ */
+Datum
+idem_outbox_grant(PG_FUNCTION_ARGS)
+{
+	change_topic(fcinfo, &q_topic_grant, "idem_outbox_grant()");
+	PG_RETURN_VOID();
+}
+
+/*
+ * idem_outbox_revoke(topic text, role regrole, privilege text) returns void
+ */
+Datum
+idem_outbox_revoke(PG_FUNCTION_ARGS)
+{
+	change_topic(fcinfo, &q_topic_revoke, "idem_outbox_revoke()");
+	PG_RETURN_VOID();
+}
