@@ -30,7 +30,8 @@ SELECT * FROM state;
 -- listed: the error is the response, recorded, and the statement's own
 -- writes (the ledger row) are undone
 SET idem.cache_errors = '23, P0001';
-SET idem.outbox_topic = 'payments';
+SELECT idem_outbox_create_topic('cache_payments');
+SET idem.outbox_topic = 'cache_payments';
 SELECT response, replayed FROM idem_execute_ex('w:1', 'SELECT withdraw($1, $2) AS balance', 1, 500::numeric);
 SELECT * FROM state;
 -- a retry replays the same error, without running; so does one with the

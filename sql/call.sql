@@ -3,9 +3,10 @@
 -- this call only, and a plain array of strings typed by the statement
 --
 CREATE TABLE payments (id serial PRIMARY KEY, invoice text NOT NULL, amount numeric NOT NULL);
+SELECT idem_outbox_create_topic('call_payments');
 SELECT response, replayed FROM idem_call('c:1',
        'INSERT INTO payments (invoice, amount) VALUES ($1, $2) RETURNING invoice, amount',
-       ARRAY['inv-1', '25.00'], outbox_topic => 'payments', ttl => '2 hours');
+       ARRAY['inv-1', '25.00'], outbox_topic => 'call_payments', ttl => '2 hours');
 -- the retry replays; the options changed nothing in the session
 SELECT response, replayed FROM idem_call('c:1',
        'INSERT INTO payments (invoice, amount) VALUES ($1, $2) RETURNING invoice, amount',
@@ -52,7 +53,7 @@ SELECT * FROM idem_call('c:9', 'INSERT INTO payments (invoice, amount) VALUES ($
 \echo :LAST_ERROR_SQLSTATE
 BEGIN;
 SAVEPOINT s;
-SELECT * FROM idem_call('c:9', 'SELECT 1 / 0', outbox_topic => 'leak', ttl => '1 min');
+SELECT * FROM idem_call('c:9', 'SELECT 1 / 0', outbox_topic => 'call_payments', ttl => '1 min');
 ROLLBACK TO SAVEPOINT s;
 SHOW idem.outbox_topic;
 SHOW idem.ttl;

@@ -135,13 +135,14 @@ SELECT idem_step('ret-3', 'y', 'SELECT 1');
 SELECT ordinal, step, state FROM idem_run_steps('ret-3');
 
 -- outbox events written by a step
-SET idem.outbox_topic = 'returns';
+SELECT idem_outbox_create_topic('run_returns');
+SET idem.outbox_topic = 'run_returns';
 SELECT status, next_step, created FROM idem_run_begin('ret-4', steps => ARRAY['notify']);
 SELECT idem_step('ret-4', 'notify', 'SELECT $1 AS return_id', 'ret-4');
 SELECT idem_step('ret-4', 'notify', 'SELECT $1 AS return_id', 'ret-4');
 RESET idem.outbox_topic;
-SELECT key = idem_step_key('ret-4', 'notify') AS step_key, topic, payload FROM idem.outbox
- WHERE key LIKE 'idem.step:%';
+SELECT key = idem_step_key('ret-4', 'notify') AS step_key, run_id, step, topic, payload
+  FROM idem.outbox WHERE key LIKE 'idem.step:%';
 
 -- bad input: a documented SQLSTATE, and nothing changes
 SELECT * FROM idem_run_begin(NULL);

@@ -190,6 +190,9 @@ InitMaterializedSRF(FunctionCallInfo fcinfo, bits32 flags)
 #if PG_VERSION_NUM < 150000
 #define parse_analyze_varparams(raw, sql, types, n, env) \
 	parse_analyze_varparams((raw), (sql), (types), (n))
+#endif
+
+
 /*
  * A uniform double in [0, 1) for backoff jitter (the per-backend global
  * generator, seeded at backend start), and this backend's local

@@ -122,13 +122,15 @@ check_name(const char *what, const char *name)
 	if (len == 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("%s must not be empty", what)));
+				 errmsg("%s must not be empty", what),
+				 idem_errhint(ERRCODE_INVALID_PARAMETER_VALUE, NULL)));
 	if (len > OUTBOX_MAX_NAME_BYTES)
 		ereport(ERROR,
 				(errcode(ERRCODE_STRING_DATA_RIGHT_TRUNCATION),
 				 errmsg("%s is too long", what),
 				 errdetail("It is %zu bytes long; the limit is %d bytes.",
-						   len, OUTBOX_MAX_NAME_BYTES)));
+						   len, OUTBOX_MAX_NAME_BYTES),
+				 idem_errhint(ERRCODE_STRING_DATA_RIGHT_TRUNCATION, NULL)));
 }
 
 static bool
@@ -204,7 +206,7 @@ check_topic(const char *topic, Oid role, TopicPrivilege priv)
 			ereport(ERROR,
 					(errcode(ERRCODE_UNDEFINED_OBJECT),
 					 errmsg("outbox topic \"%s\" does not exist", topic),
-					 errhint("An administrator registers topics with idem_outbox_create_topic().")));
+					 idem_errhint(ERRCODE_UNDEFINED_OBJECT, "An administrator registers topics with idem_outbox_create_topic().")));
 		ereport(ERROR,
 				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
 				 errmsg("permission denied to %s outbox topic \"%s\"",
@@ -212,8 +214,8 @@ check_topic(const char *topic, Oid role, TopicPrivilege priv)
 				 errdetail("Role \"%s\" is not among the topic's %s.",
 						   GetUserNameFromId(role, false),
 						   priv == TOPIC_PUBLISH ? "publishers" : "consumers"),
-				 errhint("An administrator grants it with idem_outbox_grant('%s', role, '%s').",
-						 topic, privilege_names[priv])));
+				 idem_errhint(ERRCODE_INSUFFICIENT_PRIVILEGE, psprintf("An administrator grants it with idem_outbox_grant('%s', role, '%s').",
+						 topic, privilege_names[priv]))));
 	}
 	topic_ok[priv].lxid = lxid;
 	topic_ok[priv].role = role;
@@ -686,7 +688,8 @@ arg_not_null(FunctionCallInfo fcinfo, int argno, const char *name)
 	if (PG_ARGISNULL(argno))
 		ereport(ERROR,
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("%s must not be null", name)));
+				 errmsg("%s must not be null", name),
+				 idem_errhint(ERRCODE_NULL_VALUE_NOT_ALLOWED, NULL)));
 }
 
 /* An interval as microseconds, months as 30 days (as interval comparison). */
@@ -730,7 +733,8 @@ idem_outbox_claim(PG_FUNCTION_ARGS)
 		(rsinfo->allowedModes & SFRM_Materialize) == 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
-				 errmsg("idem_outbox_claim() must be called in a context that accepts a set")));
+				 errmsg("idem_outbox_claim() must be called in a context that accepts a set"),
+				 idem_errhint(ERRCODE_FEATURE_NOT_SUPPORTED, NULL)));
 
 	arg_not_null(fcinfo, 0, "topic");
 	arg_not_null(fcinfo, 1, "max_events");
@@ -745,13 +749,15 @@ idem_outbox_claim(PG_FUNCTION_ARGS)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("max_events must be between 1 and %d", OUTBOX_MAX_CLAIM),
-				 errdetail("max_events is %d.", max_events)));
+				 errdetail("max_events is %d.", max_events),
+				 idem_errhint(ERRCODE_INVALID_PARAMETER_VALUE, NULL)));
 	lease_us = interval_usecs(lease);
 	if (lease_us <= 0 || lease_us > (int64) idem_outbox_max_lease * USECS_PER_SEC)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("lease must be greater than zero and at most idem.outbox_max_lease"),
-				 errdetail("idem.outbox_max_lease is %d s.", idem_outbox_max_lease)));
+				 errdetail("idem.outbox_max_lease is %d s.", idem_outbox_max_lease),
+				 idem_errhint(ERRCODE_INVALID_PARAMETER_VALUE, NULL)));
 	check_name("consumer", consumer);
 	check_name("outbox topic", topic);
 	check_can_write("idem_outbox_claim()");
@@ -849,7 +855,8 @@ report_not_found(Datum event_id)
 			(errcode(ERRCODE_IDEM_EVENT_NOT_FOUND),
 			 errmsg("outbox event %s does not exist",
 					DatumGetCString(DirectFunctionCall1(uuid_out, event_id))),
-			 errdetail("It was never written, or it was delivered and purged.")));
+			 errdetail("It was never written, or it was delivered and purged."),
+			 idem_errhint(ERRCODE_IDEM_EVENT_NOT_FOUND, NULL)));
 }
 
 /*
@@ -867,18 +874,19 @@ report_not_leased(Datum event_id, LockedEvent *ev, const char *what)
 				 errmsg("outbox event %s was already delivered", id),
 				 errdetail(ev->token_matches ?
 						   "It was acknowledged under this lease." :
-						   "It was acknowledged under another lease.")));
+						   "It was acknowledged under another lease."),
+				 idem_errhint(ERRCODE_IDEM_EVENT_DELIVERED, NULL)));
 	if (strcmp(ev->state, "leased") == 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_IDEM_LEASE_LOST),
 				 errmsg("lease token does not hold outbox event %s", id),
 				 errdetail("The event is leased under another token: the lease was taken over after it expired, or the token is not one a claim returned."),
-				 errhint("Do not %s the event; its current holder delivers it.", what)));
+				 idem_errhint(ERRCODE_IDEM_LEASE_LOST, psprintf("Do not %s the event; its current holder delivers it.", what))));
 	ereport(ERROR,
 			(errcode(ERRCODE_IDEM_LEASE_LOST),
 			 errmsg("lease token does not hold outbox event %s", id),
 			 errdetail("The event is %s: no lease holds it.", ev->state),
-			 errhint("Claim the event again before you %s it.", what)));
+			 idem_errhint(ERRCODE_IDEM_LEASE_LOST, psprintf("Claim the event again before you %s it.", what))));
 }
 
 /*
@@ -942,7 +950,8 @@ uuid_array_arg(FunctionCallInfo fcinfo, int argno, const char *name, int *n)
 	if (ARR_NDIM(arr) > 1)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("%s must be a one-dimensional array", name)));
+				 errmsg("%s must be a one-dimensional array", name),
+				 idem_errhint(ERRCODE_INVALID_PARAMETER_VALUE, NULL)));
 	deconstruct_array(arr, UUIDOID, UUID_LEN, false, TYPALIGN_CHAR,
 					  &elems, &nulls, n);
 	for (int i = 0; i < *n; i++)
@@ -950,7 +959,8 @@ uuid_array_arg(FunctionCallInfo fcinfo, int argno, const char *name, int *n)
 		if (nulls[i])
 			ereport(ERROR,
 					(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-					 errmsg("%s must not contain nulls", name)));
+					 errmsg("%s must not contain nulls", name),
+					 idem_errhint(ERRCODE_NULL_VALUE_NOT_ALLOWED, NULL)));
 	}
 	return elems;
 }
@@ -984,12 +994,14 @@ idem_outbox_ack_batch(PG_FUNCTION_ARGS)
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("event_ids and lease_tokens must have the same length"),
 				 errdetail("There are %d event ids and %d lease tokens.",
-						   nids, ntokens)));
+						   nids, ntokens),
+				 idem_errhint(ERRCODE_INVALID_PARAMETER_VALUE, NULL)));
 	if (nids > OUTBOX_MAX_CLAIM)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("at most %d events can be acknowledged at once",
-						OUTBOX_MAX_CLAIM)));
+						OUTBOX_MAX_CLAIM),
+				 idem_errhint(ERRCODE_INVALID_PARAMETER_VALUE, NULL)));
 	check_can_write("idem_outbox_ack()");
 	if (nids == 0)
 		PG_RETURN_INT32(0);
@@ -1041,7 +1053,8 @@ idem_outbox_ack_batch(PG_FUNCTION_ARGS)
 		outbox_spi_end(&spi);
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("event_ids must not contain an event twice")));
+				 errmsg("event_ids must not contain an event twice"),
+				 idem_errhint(ERRCODE_INVALID_PARAMETER_VALUE, NULL)));
 	}
 	outbox_spi_end(&spi);
 	for (uint64 i = 0; i < done; i++)
@@ -1103,7 +1116,8 @@ idem_outbox_fail(PG_FUNCTION_ARGS)
 					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 					 errmsg("retry_after must be between zero and idem.outbox_max_retry_after"),
 					 errdetail("idem.outbox_max_retry_after is %d s.",
-							   idem_outbox_max_retry_after)));
+							   idem_outbox_max_retry_after),
+					 idem_errhint(ERRCODE_INVALID_PARAMETER_VALUE, NULL)));
 	}
 	check_can_write("idem_outbox_fail()");
 
@@ -1166,7 +1180,7 @@ idem_outbox_requeue(PG_FUNCTION_ARGS)
 				 errmsg("outbox event %s is not a dead letter",
 						DatumGetCString(DirectFunctionCall1(uuid_out, PG_GETARG_DATUM(0)))),
 				 errdetail("The event is %s.", ev.state),
-				 errhint("Only dead events are requeued.")));
+				 idem_errhint(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE, "Only dead events are requeued.")));
 	values[0] = PointerGetDatum(&ev.tid);
 	values[1] = TimestampTzGetDatum(GetCurrentTimestamp());
 	outbox_spi_run(&q_requeue, values, nulls, 0);
@@ -1217,7 +1231,8 @@ idem_outbox_purge(PG_FUNCTION_ARGS)
 	if (batch_size <= 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("batch_size must be greater than zero")));
+				 errmsg("batch_size must be greater than zero"),
+				 idem_errhint(ERRCODE_INVALID_PARAMETER_VALUE, NULL)));
 	check_can_write("idem_outbox_purge()");
 	PG_RETURN_INT64(idem_outbox_purge_delivered(batch_size));
 }
@@ -1237,7 +1252,8 @@ checked_roles(FunctionCallInfo fcinfo, int argno, const char *name)
 	if (ARR_NDIM(arr) > 1 || array_contains_nulls(arr))
 		ereport(ERROR,
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("%s must be a one-dimensional array without nulls", name)));
+				 errmsg("%s must be a one-dimensional array without nulls", name),
+				 idem_errhint(ERRCODE_NULL_VALUE_NOT_ALLOWED, NULL)));
 	return PointerGetDatum(arr);
 }
 
@@ -1270,7 +1286,7 @@ idem_outbox_create_topic(PG_FUNCTION_ARGS)
 		ereport(ERROR,
 				(errcode(ERRCODE_DUPLICATE_OBJECT),
 				 errmsg("outbox topic \"%s\" already exists", topic),
-				 errhint("Use idem_outbox_grant() to add roles to it.")));
+				 idem_errhint(ERRCODE_DUPLICATE_OBJECT, "Use idem_outbox_grant() to add roles to it.")));
 	PG_RETURN_VOID();
 }
 
@@ -1293,7 +1309,7 @@ change_topic(FunctionCallInfo fcinfo, OutboxQuery *q, const char *what)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("unrecognized outbox topic privilege \"%s\"", privilege),
-				 errhint("The privileges are \"publish\" and \"consume\".")));
+				 idem_errhint(ERRCODE_INVALID_PARAMETER_VALUE, "The privileges are \"publish\" and \"consume\".")));
 	check_can_write(what);
 	values[0] = PointerGetDatum(cstring_to_text(topic));
 	values[1] = PG_GETARG_DATUM(1);
@@ -1307,7 +1323,7 @@ change_topic(FunctionCallInfo fcinfo, OutboxQuery *q, const char *what)
 		ereport(ERROR,
 				(errcode(ERRCODE_UNDEFINED_OBJECT),
 				 errmsg("outbox topic \"%s\" does not exist", topic),
-				 errhint("An administrator registers topics with idem_outbox_create_topic().")));
+				 idem_errhint(ERRCODE_UNDEFINED_OBJECT, "An administrator registers topics with idem_outbox_create_topic().")));
 }
 
 /*

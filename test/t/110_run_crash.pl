@@ -27,6 +27,7 @@ $node->start;
 $node->safe_psql(
 	'postgres', q{
 CREATE EXTENSION idem;
+SELECT idem_outbox_create_topic('notifications');
 CREATE TABLE effects (id serial PRIMARY KEY, run_id text NOT NULL, step text NOT NULL);
 CREATE TABLE carrier_attempts (id serial PRIMARY KEY, idem_key text NOT NULL);
 CREATE TABLE carrier_labels (idem_key text PRIMARY KEY, label text NOT NULL);
