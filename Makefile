@@ -10,7 +10,10 @@ OBJS = \
 	src/statement.o \
 	src/catalog.o \
 	src/expiry.o \
-	src/response.o
+	src/response.o \
+	src/stats.o \
+	src/audit.o \
+	src/worker.o
 DATA		= $(wildcard $(EXTENSION)--*.sql)
 PGFILEDESC	= "idem - idempotent business writes"
 
@@ -21,7 +24,7 @@ PG_CFLAGS	= -Wall -Wmissing-prototypes -Werror
 
 # pg_regress: one file per feature, sql/<feature>.sql <-> expected/<feature>.out
 REGRESS		= install execute fingerprint identity errors atomicity nesting \
-			  expiry security tamper outbox plancache upgrade
+			  expiry security tamper outbox plancache upgrade ops
 REGRESS_OPTS = --temp-instance=./tmp_check --temp-config=$(srcdir)/test/idem.conf
 
 # isolationtester specs live in test/specs with their output in test/expected

@@ -1,8 +1,8 @@
 /*-------------------------------------------------------------------------
  *
  * catalog.c
- *		idem's own tables (idem.keys, idem.outbox) and the per-key
- *		advisory lock.
+ *		idem's own tables (idem.keys, idem.outbox, idem.audit) and the
+ *		per-key advisory lock.
  *
  * The tables are reached by OID, cached and reset by a relcache callback, so
  * no search_path can redirect idem's reads or writes.  Access is direct:
@@ -48,6 +48,7 @@
 #include "miscadmin.h"
 #include "storage/lmgr.h"
 #include "storage/lock.h"
+#include "utils/timestamp.h"
 #include "utils/builtins.h"
 #include "utils/fmgroids.h"
 #include "utils/inval.h"
@@ -79,12 +80,17 @@
 #define Anum_outbox_created_at	6
 #define Natts_outbox			6
 
+/* Columns of idem.audit (audit.c fills them) */
+#define Natts_audit				12
+
 typedef struct IdemCatalog
 {
 	Oid			keys;
 	Oid			keys_pkey;
 	Oid			keys_expires;
 	Oid			outbox;
+	Oid			audit;
+	Oid			audit_at;
 	Oid			lock_seed_rel;
 	uint64		lock_seed;		/* keys the hash in each key's lock tag */
 } IdemCatalog;
@@ -94,6 +100,7 @@ typedef struct ColumnShape
 {
 	const char *name;
 	Oid			type;
+	bool		nullable;
 } ColumnShape;
 
 static const ColumnShape keys_shape[Natts_keys] = {
@@ -106,6 +113,15 @@ static const ColumnShape outbox_shape[Natts_outbox] = {
 	{"topic", TEXTOID}, {"payload", JSONBOID}, {"created_at", TIMESTAMPTZOID}
 };
 static const ColumnShape lock_seed_shape[1] = {{"seed", INT8OID}};
+static const ColumnShape audit_shape[Natts_audit] = {
+	{"at", TIMESTAMPTZOID}, {"key", TEXTOID}, {"owner", REGROLEOID},
+	{"run_id", TEXTOID, true}, {"step", TEXTOID, true},
+	{"outcome", TEXTOID}, {"fingerprint", BYTEAOID, true},
+	{"sqlstate", TEXTOID, true}, {"xid", XID8OID, true},
+	{"pid", INT4OID}, {"application_name", TEXTOID, true},
+	{"client_addr", INETOID, true}
+};
+static const int16 audit_at_columns[] = {1};
 static const int16 keys_pkey_columns[] = {Anum_keys_owner, Anum_keys_key};
 static const int16 keys_expires_columns[] = {Anum_keys_expires_at};
 
@@ -123,7 +139,8 @@ catalog_invalidate(Datum arg, Oid relid)
 {
 	if (relid == InvalidOid || relid == catalog.keys ||
 		relid == catalog.keys_pkey || relid == catalog.keys_expires ||
-		relid == catalog.outbox || relid == catalog.lock_seed_rel)
+		relid == catalog.outbox || relid == catalog.lock_seed_rel ||
+		relid == catalog.audit || relid == catalog.audit_at)
 		catalog_valid = false;
 }
 
@@ -181,7 +198,8 @@ catalog_table(const char *relname, Oid nspid, Oid extoid,
 			continue;
 		if (i >= natts || live != i ||
 			strcmp(NameStr(att->attname), shape[i].name) != 0 ||
-			att->atttypid != shape[i].type || !att->attnotnull)
+			att->atttypid != shape[i].type ||
+			att->attnotnull == shape[i].nullable)
 			catalog_damaged(relname, "Its columns differ from those the extension defines.");
 		live++;
 	}
@@ -292,6 +310,11 @@ catalog_resolve(void)
 	catalog.lock_seed_rel = catalog_table("lock_seed", nspid, extoid,
 										  lock_seed_shape, 1);
 	catalog.lock_seed = catalog_lock_seed(catalog.lock_seed_rel);
+	catalog.audit = catalog_table("audit", nspid, extoid, audit_shape,
+								  Natts_audit);
+	catalog.audit_at = catalog_index("audit_at_idx", nspid, catalog.audit,
+									 false, audit_at_columns,
+									 lengthof(audit_at_columns));
 	catalog_valid = true;
 }
 
@@ -327,7 +350,21 @@ idem_lock_key(Oid owner, const char *key, int keylen, bool wait)
 
 	catalog_resolve();
 	set_key_locktag(&tag, owner, key, keylen);
-	if (LockAcquire(&tag, ExclusiveLock, false, !wait) == LOCKACQUIRE_NOT_AVAIL)
+	if (LockAcquire(&tag, ExclusiveLock, false, true) != LOCKACQUIRE_NOT_AVAIL)
+		return;
+	if (wait)
+	{
+		/* counted when it starts: a wait may end in an error */
+		TimestampTz start = GetCurrentTimestamp();
+		long		secs;
+		int			usecs;
+
+		idem_stats_count(IDEM_STAT_LOCK_WAITS, 1);
+		(void) LockAcquire(&tag, ExclusiveLock, false, false);
+		TimestampDifference(start, GetCurrentTimestamp(), &secs, &usecs);
+		idem_stats_count(IDEM_STAT_LOCK_WAIT_US, (uint64) secs * 1000000 + usecs);
+	}
+	else
 		ereport(ERROR,
 				(errcode(ERRCODE_IDEM_IN_PROGRESS),
 				 errmsg("idempotency key \"%s\" is in use by another transaction",
@@ -620,6 +657,7 @@ idem_insert_outbox(const char *key, Oid owner, const char *topic,
 	values[Anum_outbox_created_at - 1] = TimestampTzGetDatum(created_at);
 
 	insert_row(catalog.outbox, values, nulls);
+	idem_stats_count(IDEM_STAT_OUTBOX_WRITTEN, 1);
 }
 
 /*
@@ -736,5 +774,35 @@ idem_purge_expired(int batch_size)
 
 	table_close(rel, RowExclusiveLock);
 	CommandCounterIncrement();
+	idem_stats_count(IDEM_STAT_PURGED_KEYS, deleted);
 	return deleted;
+}
+
+/*
+ * idem_audit_relid, idem_audit_at_index
+ *		idem.audit and its index on at, checked like the other tables.
+ */
+Oid
+idem_audit_relid(void)
+{
+	catalog_resolve();
+	return catalog.audit;
+}
+
+Oid
+idem_audit_at_index(void)
+{
+	catalog_resolve();
+	return catalog.audit_at;
+}
+
+/*
+ * idem_insert_audit_row
+ *		Append one audit entry in the current transaction.
+ */
+void
+idem_insert_audit_row(Datum *values, bool *nulls)
+{
+	catalog_resolve();
+	insert_row(catalog.audit, values, nulls);
 }

@@ -343,6 +343,8 @@ idem_execute_internal(FunctionCallInfo fcinfo, IdemResult *result)
 	InflightKey *saved_inflight = inflight_keys;
 	uint8		fingerprint[IDEM_FINGERPRINT_LEN];
 	TimestampTz now = GetCurrentTransactionStartTimestamp();
+	volatile bool fingerprinted = false;
+	volatile bool executing = false;
 
 	check_can_write();
 	req.ttl = idem_checked_ttl();
@@ -363,6 +365,7 @@ idem_execute_internal(FunctionCallInfo fcinfo, IdemResult *result)
 		IdemRecord	rec;
 
 		idem_statement_fingerprint(stmt, &req, fingerprint);
+		fingerprinted = true;
 		check_not_inflight(&req);
 		idem_lock_key(req.owner, req.key, req.keylen, idem_wait);
 
@@ -376,14 +379,26 @@ idem_execute_internal(FunctionCallInfo fcinfo, IdemResult *result)
 				make_replay_durable(&req);
 		}
 		else
+		{
+			executing = true;
 			execute_and_record(stmt, &req, fingerprint, now, result);
+		}
 	}
-	PG_FINALLY();
+	PG_CATCH();
 	{
+		int			code = geterrcode();
+
+		idem_note_outcome(idem_error_outcome(code, executing), &req,
+						  fingerprinted ? fingerprint : NULL, NULL, NULL, code);
 		inflight_keys = saved_inflight;
 		idem_statement_release(stmt);
+		PG_RE_THROW();
 	}
 	PG_END_TRY();
+	inflight_keys = saved_inflight;
+	idem_statement_release(stmt);
+	idem_note_outcome(result->replayed ? IDEM_OUTCOME_REPLAYED : IDEM_OUTCOME_EXECUTED,
+					  &req, fingerprint, NULL, NULL, 0);
 }
 
 /*
