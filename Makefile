@@ -14,7 +14,7 @@ OBJS = \
 	src/stats.o \
 	src/audit.o \
 	src/worker.o
-DATA		= $(wildcard $(EXTENSION)--*.sql)
+DATA		= $(wildcard $(EXTENSION)--*.sql) monitoring/idem_postgres_exporter.yaml
 PGFILEDESC	= "idem - idempotent business writes"
 
 PG_CPPFLAGS	= -I$(srcdir)/src
