@@ -151,7 +151,12 @@ SELECT 'ops:expired:' || g, 'regress_idem_payer', '\x00', '{}', now() - interval
   FROM generate_series(1, 25) g;
 UPDATE idem.audit SET at = at - interval '2 days' WHERE key = 'ops:3';
 SELECT count(*) AS live_before FROM idem.keys WHERE expires_at > now() AND owner = 'regress_idem_payer'::regrole;
+-- each batch is a transaction: the 25 expired keys take 3 batches of 10 and
+-- the old entry 1, so the transaction counter moves by at least 4 (one
+-- transaction for all would move it by 1)
+SELECT txid_current() AS xid_before \gset
 CALL idem_purge_all(10);
+SELECT txid_current() - :xid_before >= 4 AS committed_per_batch;
 SELECT count(*) AS expired_left FROM idem.keys WHERE expires_at <= now();
 SELECT count(*) AS live_after FROM idem.keys WHERE expires_at > now() AND owner = 'regress_idem_payer'::regrole;
 SELECT count(*) AS old_entries_left FROM idem.audit WHERE at < now() - interval '1 day';

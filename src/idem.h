@@ -30,6 +30,9 @@ struct Latch;
 /* same key still being executed elsewhere: the draft's 409 */
 #define ERRCODE_IDEM_IN_PROGRESS		MAKE_SQLSTATE('I','D','4','0','9')
 
+/* The extension version whose SQL definitions this library serves. */
+#define IDEM_SQL_VERSION		"1.1"
+
 /* Longest key accepted, in bytes (Stripe's limit is 255 characters). */
 #define IDEM_MAX_KEY_BYTES		255
 

@@ -7,8 +7,9 @@
  * With shared_preload_libraries = 'idem' the postmaster starts one
  * launcher ("idem launcher" in pg_stat_activity.backend_type), connected
  * to no database.  Every idem.purge_interval, or sooner when the audit
- * queue is half full, it lists the databases that accept connections and
- * starts one "idem purge worker" per database, one after the other.  The
+ * queue is half full, it lists the databases that accept connections (not
+ * templates) and starts one "idem purge worker" per database, one after
+ * the other.  The
  * worker connects, does nothing if the extension is not installed there
  * (dropping that database's queued audit entries), and otherwise runs one
  * purge cycle (purge_cycle()) in small transactions, then exits.
@@ -35,12 +36,15 @@
  */
 #include "postgres.h"
 
+#include "access/genam.h"
 #include "access/heapam.h"
 #include "access/htup_details.h"
 #include "access/table.h"
 #include "access/tableam.h"
 #include "access/xact.h"
+#include "access/stratnum.h"
 #include "catalog/pg_database.h"
+#include "catalog/pg_extension.h"
 #include "commands/extension.h"
 #include "miscadmin.h"
 #include "pgstat.h"
@@ -50,6 +54,8 @@
 #include "storage/latch.h"
 #include "storage/proc.h"
 #include "tcop/tcopprot.h"
+#include "utils/builtins.h"
+#include "utils/fmgroids.h"
 #include "utils/guc.h"
 #include "utils/memutils.h"
 #include "utils/snapmgr.h"
@@ -103,7 +109,12 @@ list_databases(int *ndbs)
 	{
 		Form_pg_database db = (Form_pg_database) GETSTRUCT(tup);
 
-		if (!db->datallowconn || db->datconnlimit == DATCONNLIMIT_INVALID_DB)
+		/*
+		 * Not templates: a connection to one makes CREATE DATABASE from it
+		 * fail, and nobody calls idem there.
+		 */
+		if (!db->datallowconn || db->datistemplate ||
+			db->datconnlimit == DATCONNLIMIT_INVALID_DB)
 			continue;
 		if (n == cap)
 		{
@@ -199,11 +210,44 @@ idem_launcher_main(Datum main_arg)
 	}
 }
 
-/* Whether the extension is installed here and usable (pg_cron's test). */
+/* The installed version of the extension, or NULL. */
+static char *
+extension_version(Oid extoid)
+{
+	Relation	rel = table_open(ExtensionRelationId, AccessShareLock);
+	ScanKeyData key;
+	SysScanDesc scan;
+	HeapTuple	tup;
+	char	   *version = NULL;
+
+	ScanKeyInit(&key, Anum_pg_extension_oid, BTEqualStrategyNumber,
+				F_OIDEQ, ObjectIdGetDatum(extoid));
+	scan = systable_beginscan(rel, ExtensionOidIndexId, true, NULL, 1, &key);
+	tup = systable_getnext(scan);
+	if (HeapTupleIsValid(tup))
+	{
+		bool		isnull;
+		Datum		d = heap_getattr(tup, Anum_pg_extension_extversion,
+									 RelationGetDescr(rel), &isnull);
+
+		if (!isnull)
+			version = TextDatumGetCString(d);
+	}
+	systable_endscan(scan);
+	table_close(rel, AccessShareLock);
+	return version;
+}
+
+/*
+ * Whether the extension is installed here and usable (pg_cron's test), at
+ * the version this library writes: a database still at 1.0 has none of
+ * the tables a cycle touches, and is left alone until it is updated.
+ */
 static bool
 extension_ready(void)
 {
 	Oid			extoid;
+	char	   *version;
 
 	if (RecoveryInProgress())
 		return false;
@@ -212,7 +256,8 @@ extension_ready(void)
 		return false;
 	if (creating_extension && CurrentExtensionObject == extoid)
 		return false;
-	return true;
+	version = extension_version(extoid);
+	return version != NULL && strcmp(version, IDEM_SQL_VERSION) == 0;
 }
 
 typedef int64 (*PurgeStep) (int batch_size);

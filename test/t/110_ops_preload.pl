@@ -9,12 +9,14 @@
 # 2. The launcher is in pg_stat_activity as "idem launcher"; its purge
 #    worker removes expired keys in batches and never a live key, and shows
 #    up as "idem purge worker" while it works.
-# 3. The audit queue under concurrency: 16 clients provoking mismatches
-#    and in-progress rejections with idem.audit = all; the entries the
+# 3. The audit queue under concurrency: 16 clients provoking mismatches,
+#    in-progress rejections, conflicts (a business statement failing with
+#    40001) and business errors with idem.audit = all; the entries the
 #    worker writes plus the dropped counter equal the attempts made.
 # 4. kill -9 of the launcher: the server restarts it, and purging goes on.
 # 5. DROP DATABASE of a database the worker purges succeeds; DROP and
-#    CREATE EXTENSION are picked up at the next cycle.
+#    CREATE EXTENSION are picked up at the next cycle; templates are not
+#    visited, nor databases still at 1.0.
 # 6. A fast shutdown stops the launcher cleanly.
 
 use strict;
@@ -39,6 +41,7 @@ restart_after_crash = on
 idem.purge_interval = 1
 idem.purge_batch_size = 1000
 idem.audit_queue_size = 64
+idem.stats_max_databases = 2
 });
 $node->start;
 idem_setup_db($node, 'postgres');
@@ -153,11 +156,36 @@ $node->safe_psql('postgres',
 	"ALTER SYSTEM SET idem.audit = 'all'; SELECT pg_reload_conf();");
 $node->poll_query_until('postgres', "SELECT current_setting('idem.audit') = 'all'");
 $node->safe_psql('postgres', "SELECT idem_execute('storm-base', 'SELECT \$1::int AS n', 0)");
+# a business statement that fails as a serialization failure would
+$node->safe_psql('postgres', q{
+CREATE FUNCTION storm_conflict() RETURNS int LANGUAGE plpgsql AS $$
+BEGIN
+	RAISE EXCEPTION 'simulated conflict' USING ERRCODE = '40001';
+END $$;
+});
 $node->safe_psql('postgres', 'SELECT idem_stats_reset()');
 
 $holder = $node->background_psql('postgres');
 $holder->query_safe('BEGIN');
 $holder->query_safe("SELECT idem_execute('storm-held', 'SELECT 1 AS one')");
+
+# one of each, in order, first: nothing is dropped
+$node->psql('postgres', "SET application_name = 'one-each'; SET idem.wait = off;\n"
+	  . "SELECT idem_execute('storm-base', 'SELECT \$1::int AS n', 1);\n"
+	  . "SELECT idem_execute('storm-held', 'SELECT 1 AS one');\n"
+	  . "SELECT idem_execute('one-c', 'SELECT storm_conflict()');\n"
+	  . "SELECT idem_execute('one-e', 'SELECT 1/0');\n"
+	  . "SELECT idem_execute('storm-base', 'SELECT \$1::int AS n', 0);\n",
+	on_error_stop => 0);
+$node->poll_query_until('postgres',
+	"SELECT count(*) = 5 FROM idem_audit WHERE application_name = 'one-each'")
+  or die 'the worker did not write the rejected attempts';
+is( $node->safe_psql('postgres',
+		"SELECT string_agg(key || ':' || outcome || ':' || coalesce(sqlstate, '-') || ':' || (fingerprint IS NOT NULL), ',' ORDER BY at) FROM idem_audit WHERE application_name = 'one-each'"
+	),
+	'storm-base:mismatch:ID422:true,storm-held:in_progress:ID409:true,one-c:conflict:40001:true,one-e:error:22012:true,storm-base:replayed:-:true',
+	'audit = all: each rejected attempt through the queue, the replay in its transaction, in order');
+$node->safe_psql('postgres', 'SELECT idem_stats_reset()');
 
 my $nclients = 16;
 my $per_kind = 25;
@@ -170,6 +198,8 @@ for my $c (1 .. $nclients)
 		$script .= "SELECT idem_execute('storm-base', 'SELECT \$1::int AS n', "
 		  . ($c * 1000 + $i) . ");\n";
 		$script .= "SELECT idem_execute('storm-held', 'SELECT 1 AS one');\n";
+		$script .= "SELECT idem_execute('storm-c-$c-$i', 'SELECT storm_conflict()');\n";
+		$script .= "SELECT idem_execute('storm-e-$c-$i', 'SELECT 1/0');\n";
 	}
 	my ($o, $e);
 	push @h,
@@ -181,8 +211,8 @@ $_->finish for @h;
 $holder->query_safe('ROLLBACK');
 $holder->quit;
 
-my $attempts = $nclients * $per_kind * 2;
-is(stats('postgres', 'mismatches + in_progress'),
+my $attempts = $nclients * $per_kind * 4;
+is(stats('postgres', 'mismatches + in_progress + conflicts + errors'),
 	$attempts, "$attempts rejected attempts counted");
 is(stats('postgres', 'audit_queued + audit_dropped'),
 	$attempts, 'each one queued for the audit trail or counted as dropped');
@@ -194,9 +224,9 @@ is( $node->safe_psql('postgres',
 	$attempts,
 	'audit entries of the storm + dropped = attempts');
 is( $node->safe_psql('postgres',
-		"SELECT string_agg(DISTINCT outcome || ':' || sqlstate, ',' ORDER BY outcome || ':' || sqlstate) FROM idem_audit WHERE application_name = 'storm'"),
-	'in_progress:ID409,mismatch:ID422',
-	'entries say what was rejected and why');
+		"SELECT count(*) FROM idem_audit WHERE application_name = 'storm' AND (outcome, sqlstate) NOT IN (('conflict', '40001'), ('error', '22012'), ('in_progress', 'ID409'), ('mismatch', 'ID422'))"),
+	'0',
+	'every entry says what was rejected and why');
 note('audit entries dropped in the storm: '
 	  . stats('postgres', 'audit_dropped'));
 $node->safe_psql('postgres',
@@ -248,6 +278,52 @@ $node->poll_query_until('postgres',
 	"SELECT count(*) = 0 FROM idem.keys WHERE key LIKE 'old-%'")
   or die 'no purge after DROP/CREATE EXTENSION';
 pass('after DROP and CREATE EXTENSION the worker purges the new catalog');
+
+# Two purges of postgres seen from outside: at least one whole cycle over
+# every database ran after the caller's last change.
+sub two_full_cycles
+{
+	for my $i (1 .. 2)
+	{
+		$node->safe_psql('postgres', sprintf($expired, 10));
+		$node->poll_query_until('postgres',
+			"SELECT count(*) = 0 FROM idem.keys WHERE key LIKE 'old-%'")
+		  or die 'no purge cycle';
+	}
+	return;
+}
+
+# templates are left alone: a connection would make CREATE DATABASE fail
+$node->safe_psql('template1', 'CREATE EXTENSION idem');
+$node->safe_psql('template1', sprintf($expired, 10));
+two_full_cycles();
+is($node->safe_psql('template1', "SELECT count(*) FROM idem.keys WHERE key LIKE 'old-%'"),
+	'10', 'after two full cycles the expired keys in template1 are still there');
+$node->safe_psql('template1', 'DROP EXTENSION idem');
+
+# a database still at 1.0 is left alone until it is updated
+$node->safe_psql('postgres', 'CREATE DATABASE old10');
+$node->safe_psql('old10', "CREATE EXTENSION idem VERSION '1.0'");
+$node->safe_psql('old10', q{
+INSERT INTO idem.keys (key, owner, fingerprint, response, created_at, expires_at)
+SELECT 'old-' || g, current_user::regrole, '\x00', '{}', now() - interval '2 days', now() - interval '1 day'
+  FROM generate_series(1, 10) g;
+});
+my $logpos = -s $node->logfile;
+two_full_cycles();
+is($node->safe_psql('old10', "SELECT count(*) FROM idem.keys"),
+	'10', 'a database at 1.0 is not purged');
+ok(!$node->log_contains(qr/ERROR|FATAL/, $logpos), 'nor does its visit log an error');
+$node->safe_psql('old10', 'ALTER EXTENSION idem UPDATE');
+$node->poll_query_until('old10', "SELECT count(*) = 0 FROM idem.keys")
+  or die 'no purge after the update';
+pass('after ALTER EXTENSION idem UPDATE it is');
+# postgres and other took the two rows idem.stats_max_databases allows
+is( $node->safe_psql('postgres',
+		"SELECT string_agg(coalesce(datname, '(overflow)') || ':' || purged_keys, ',' ORDER BY dbid) FROM idem_stats WHERE dbid IS NULL OR datname = 'old10'"),
+	'(overflow):10',
+	'a database beyond idem.stats_max_databases counts in the overflow row');
+$node->safe_psql('postgres', 'DROP DATABASE old10');
 
 my $log = slurp_file($node->logfile);
 ok($log !~ /PANIC|TRAP|"idem purge worker[^"]*" \(PID \d+\) (was terminated by signal|exited with exit code [2-9])/,
