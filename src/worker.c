@@ -129,6 +129,8 @@ list_databases(int *ndbs)
 	table_endscan(scan);
 	table_close(rel, AccessShareLock);
 	CommitTransactionCommand();
+	/* the commit leaves TopMemoryContext current: back to the cycle's */
+	MemoryContextSwitchTo(cxt);
 	*ndbs = n;
 	return dbs;
 }
@@ -159,9 +161,8 @@ run_purge_worker(Oid dbid)
 				 errhint("Raise max_worker_processes.")));
 		return;
 	}
-	if (WaitForBackgroundWorkerStartup(handle, &pid) != BGWH_STARTED)
-		return;
-	(void) WaitForBackgroundWorkerShutdown(handle);
+	if (WaitForBackgroundWorkerStartup(handle, &pid) == BGWH_STARTED)
+		(void) WaitForBackgroundWorkerShutdown(handle);
 	pfree(handle);
 }
 
