@@ -17,8 +17,11 @@ OBJS = \
 	src/cache.o \
 	src/call.o \
 	src/run.o \
-	src/outbox.o
-DATA		= $(wildcard $(EXTENSION)--*.sql)
+	src/outbox.o \
+	src/stats.o \
+	src/audit.o \
+	src/worker.o
+DATA		= $(wildcard $(EXTENSION)--*.sql) monitoring/idem_postgres_exporter.yaml
 PGFILEDESC	= "idem - idempotent business writes"
 
 PG_CPPFLAGS	= -I$(srcdir)/src
@@ -29,7 +32,7 @@ PG_CFLAGS	= -Wall -Wmissing-prototypes -Werror
 # pg_regress: one file per feature, sql/<feature>.sql <-> expected/<feature>.out
 REGRESS		= install execute fingerprint identity errors atomicity nesting \
 			  expiry security tamper outbox outbox_delivery plancache upgrade \
-			  runs derive advice dryrun cache untyped call
+			  runs derive advice dryrun cache untyped call ops
 REGRESS_OPTS = --temp-instance=./tmp_check --temp-config=$(srcdir)/test/idem.conf
 
 # isolationtester specs live in test/specs with their output in test/expected

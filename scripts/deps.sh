@@ -11,12 +11,20 @@
 # postgresql-server-dev-15.  So a machine with postgresql-15 and no -dev
 # package has every tool and cannot compile.  pg_config itself may be
 # missing, and the other paths come from it, so it is checked first.
-# With --bench it also makes sure of gnuplot, which only test/bench/run.sh
-# needs (its chart); the quick start does not.
+# With --test it also makes sure of what only the suite needs: Debian's
+# prometheus-postgres-exporter and curl (test/t/120_exporter.pl scrapes the
+# exporter).  With --bench it also makes sure of gnuplot, which only
+# test/bench/run.sh needs (its chart).  The quick start needs neither.
 set -euo pipefail
 
 bench=0
-[ "${1:-}" = --bench ] && bench=1
+tests=0
+for arg in "$@"; do
+	case $arg in
+		--bench) bench=1 ;;
+		--test) tests=1 ;;
+	esac
+done
 
 pgbin=/usr/lib/postgresql/15/bin
 pg_config=$pgbin/pg_config
@@ -75,6 +83,11 @@ missing() {
 	command -v prove >/dev/null || echo "perl prove"
 	perl -MIPC::Run -e1 2>/dev/null || echo "libipc-run-perl perl module IPC::Run"
 	command -v runuser >/dev/null || echo "util-linux runuser"
+	if [ $tests -eq 1 ]; then
+		[ -x /usr/bin/prometheus-postgres-exporter ] ||
+			echo "prometheus-postgres-exporter /usr/bin/prometheus-postgres-exporter (test/t/120_exporter.pl)"
+		command -v curl >/dev/null || echo "curl curl (test/t/120_exporter.pl)"
+	fi
 	if [ $bench -eq 1 ]; then
 		command -v gnuplot >/dev/null || echo "gnuplot-nox gnuplot (test/bench)"
 	fi

@@ -6,7 +6,7 @@
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 "$top/scripts/check-meta.sh"
-"$top/scripts/deps.sh"
+"$top/scripts/deps.sh" --test
 . "$top/scripts/env.sh"
 
 idem_build_install "$top"

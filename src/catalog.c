@@ -2,8 +2,8 @@
  *
  * catalog.c
  *		idem's own tables (idem.keys, idem.outbox, idem.outbox_topics,
- *		idem.runs) and the per-key advisory lock.  What is written to the
- *		outbox, and when, is src/outbox.c's.
+ *		idem.runs, idem.audit) and the per-key advisory lock.  What is
+ *		written to the outbox, and when, is src/outbox.c's.
  *
  * The tables are reached by OID, cached and reset by a relcache callback, so
  * no search_path can redirect idem's reads or writes.  Access is direct:
@@ -49,6 +49,7 @@
 #include "miscadmin.h"
 #include "storage/lmgr.h"
 #include "storage/lock.h"
+#include "utils/timestamp.h"
 #include "utils/builtins.h"
 #include "utils/fmgroids.h"
 #include "utils/inval.h"
@@ -83,6 +84,9 @@
 #define Anum_runs_attempts		10
 #define Natts_runs				10
 
+/* Columns of idem.audit (audit.c fills them) */
+#define Natts_audit				12
+
 typedef struct IdemCatalog
 {
 	Oid			keys;
@@ -91,6 +95,8 @@ typedef struct IdemCatalog
 	Oid			outbox;
 	Oid			outbox_topics;
 	Oid			outbox_topics_pkey;
+	Oid			audit;
+	Oid			audit_at;
 	Oid			lock_seed_rel;
 	uint64		lock_seed;		/* keys the hash in each key's lock tag */
 	Oid			runs;
@@ -133,6 +139,15 @@ static const ColumnShape runs_shape[Natts_runs] = {
 	{"attempts", INT4ARRAYOID}
 };
 static const int16 runs_pkey_columns[] = {Anum_runs_owner, Anum_runs_run_id};
+static const ColumnShape audit_shape[Natts_audit] = {
+	{"at", TIMESTAMPTZOID}, {"key", TEXTOID}, {"owner", REGROLEOID},
+	{"run_id", TEXTOID, true}, {"step", TEXTOID, true},
+	{"outcome", TEXTOID}, {"fingerprint", BYTEAOID, true},
+	{"sqlstate", TEXTOID, true}, {"xid", XID8OID, true},
+	{"pid", INT4OID}, {"application_name", TEXTOID, true},
+	{"client_addr", INETOID, true}
+};
+static const int16 audit_at_columns[] = {1};
 static const int16 keys_pkey_columns[] = {Anum_keys_owner, Anum_keys_key};
 static const int16 keys_expires_columns[] = {Anum_keys_expires_at};
 
@@ -151,7 +166,9 @@ catalog_invalidate(Datum arg, Oid relid)
 	if (relid == InvalidOid || relid == catalog.keys ||
 		relid == catalog.keys_pkey || relid == catalog.keys_expires ||
 		relid == catalog.outbox || relid == catalog.outbox_topics ||
-		relid == catalog.outbox_topics_pkey || relid == catalog.lock_seed_rel)
+		relid == catalog.outbox_topics_pkey || relid == catalog.lock_seed_rel ||
+		relid == catalog.runs || relid == catalog.runs_pkey ||
+		relid == catalog.audit || relid == catalog.audit_at)
 		catalog_valid = false;
 }
 
@@ -332,6 +349,11 @@ catalog_resolve(void)
 	catalog.runs_pkey = catalog_index("runs_pkey", nspid, catalog.runs, true,
 									  runs_pkey_columns,
 									  lengthof(runs_pkey_columns));
+	catalog.audit = catalog_table("audit", nspid, extoid, audit_shape,
+								  Natts_audit);
+	catalog.audit_at = catalog_index("audit_at_idx", nspid, catalog.audit,
+									 false, audit_at_columns,
+									 lengthof(audit_at_columns));
 	catalog_valid = true;
 }
 
@@ -378,7 +400,21 @@ idem_lock_key(Oid owner, const char *key, int keylen, bool wait)
 
 	catalog_resolve();
 	set_key_locktag(&tag, owner, key, keylen);
-	if (LockAcquire(&tag, ExclusiveLock, false, !wait) == LOCKACQUIRE_NOT_AVAIL)
+	if (LockAcquire(&tag, ExclusiveLock, false, true) != LOCKACQUIRE_NOT_AVAIL)
+		return;
+	if (wait)
+	{
+		/* counted when it starts: a wait may end in an error */
+		TimestampTz start = GetCurrentTimestamp();
+		long		secs;
+		int			usecs;
+
+		idem_stats_count(IDEM_STAT_LOCK_WAITS, 1);
+		(void) LockAcquire(&tag, ExclusiveLock, false, false);
+		TimestampDifference(start, GetCurrentTimestamp(), &secs, &usecs);
+		idem_stats_count(IDEM_STAT_LOCK_WAIT_US, (uint64) secs * 1000000 + usecs);
+	}
+	else
 		ereport(ERROR,
 				(errcode(ERRCODE_IDEM_IN_PROGRESS),
 				 errmsg("idempotency key \"%s\" is in use by another transaction",
@@ -795,6 +831,7 @@ idem_purge_expired(int batch_size)
 
 	table_close(rel, RowExclusiveLock);
 	CommandCounterIncrement();
+	idem_stats_count(IDEM_STAT_PURGED_KEYS, deleted);
 	return deleted;
 }
 
@@ -922,4 +959,33 @@ idem_update_run(IdemRunRow *row)
 	heap_freetuple(tuple);
 	table_close(rel, RowExclusiveLock);
 	CommandCounterIncrement();
+}
+
+/*
+ * idem_audit_relid, idem_audit_at_index
+ *		idem.audit and its index on at, checked like the other tables.
+ */
+Oid
+idem_audit_relid(void)
+{
+	catalog_resolve();
+	return catalog.audit;
+}
+
+Oid
+idem_audit_at_index(void)
+{
+	catalog_resolve();
+	return catalog.audit_at;
+}
+
+/*
+ * idem_insert_audit_row
+ *		Append one audit entry in the current transaction.
+ */
+void
+idem_insert_audit_row(Datum *values, bool *nulls)
+{
+	catalog_resolve();
+	insert_row(catalog.audit, values, nulls);
 }

@@ -525,6 +525,8 @@ idem_execute_request(IdemRequest *req, IdemResult *result)
 	IdemStatement *stmt;
 	uint8		fingerprint[IDEM_FINGERPRINT_LEN];
 	TimestampTz now = GetCurrentTransactionStartTimestamp();
+	volatile bool fingerprinted = false;
+	volatile bool executing = false;
 
 	stmt = idem_statement_acquire(req->sql, req->nargs, req->argtypes);
 	PG_TRY();
@@ -532,6 +534,7 @@ idem_execute_request(IdemRequest *req, IdemResult *result)
 		IdemRecord	rec;
 
 		idem_statement_fingerprint(stmt, req, fingerprint);
+		fingerprinted = true;
 		if (idem_find_record(stmt, req, fingerprint, now, &rec))
 		{
 			result->response = rec.response;
@@ -541,13 +544,24 @@ idem_execute_request(IdemRequest *req, IdemResult *result)
 				idem_make_replay_durable(req);
 		}
 		else
+		{
+			executing = true;
 			execute_and_record(stmt, req, fingerprint, now, result);
+		}
 	}
-	PG_FINALLY();
+	PG_CATCH();
 	{
+		int			code = geterrcode();
+
+		idem_note_outcome(idem_error_outcome(code, executing), req,
+						  fingerprinted ? fingerprint : NULL, NULL, NULL, code);
 		idem_statement_release(stmt);
+		PG_RE_THROW();
 	}
 	PG_END_TRY();
+	idem_statement_release(stmt);
+	idem_note_outcome(result->replayed ? IDEM_OUTCOME_REPLAYED : IDEM_OUTCOME_EXECUTED,
+					  req, fingerprint, NULL, NULL, 0);
 }
 
 /*

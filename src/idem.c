@@ -5,7 +5,10 @@
  *		parameters, and the entry points of SQL definitions older than the
  *		library.
  *
- * idem needs no shared memory, so it works without shared_preload_libraries.
+ * idem works without shared_preload_libraries.  Loaded at server start it
+ * also asks for shared memory (stats.c's counters, audit.c's queue) and
+ * registers the purge launcher (worker.c); the settings only these use
+ * and that cannot change after start (PGC_POSTMASTER) exist only then.
  * The parameters a caller tunes per call are USERSET so that SET LOCAL
  * works; the ceilings that protect the database from a caller
  * (idem.max_ttl, idem.max_response_size, idem.statement_cache_memory) are
@@ -27,6 +30,10 @@
 #include <limits.h>
 
 #include "fmgr.h"
+#include "miscadmin.h"
+#include "storage/ipc.h"
+#include "storage/lwlock.h"
+#include "storage/shmem.h"
 #include "utils/guc.h"
 #include "utils/memutils.h"
 
@@ -52,6 +59,21 @@ int			idem_outbox_max_lease = 3600;
 int			idem_outbox_max_retry_after = 86400;
 int			idem_outbox_retention = 7 * 86400;
 bool		idem_outbox_logical_message = false;
+int			idem_audit_level = IDEM_AUDIT_OFF;
+int			idem_audit_retention = 0;
+int			idem_audit_queue_size = 1024;
+int			idem_purge_interval = 60;
+int			idem_purge_batch_size = 10000;
+
+static const struct config_enum_entry audit_level_options[] = {
+	{"off", IDEM_AUDIT_OFF, false},
+	{"executions", IDEM_AUDIT_EXECUTIONS, false},
+	{"all", IDEM_AUDIT_ALL, false},
+	{NULL, 0, false}
+};
+
+static shmem_request_hook_type prev_shmem_request_hook = NULL;
+static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
 
 void		_PG_init(void);
 
@@ -95,6 +117,28 @@ idem_purge(PG_FUNCTION_ARGS)
 {
 	refuse_old_definitions();
 	PG_RETURN_NULL();
+}
+
+static void
+idem_shmem_request(void)
+{
+	if (prev_shmem_request_hook)
+		prev_shmem_request_hook();
+	RequestAddinShmemSpace(add_size(idem_stats_shmem_size(),
+									idem_audit_shmem_size()));
+	RequestNamedLWLockTranche("idem stats", 1);
+	RequestNamedLWLockTranche("idem audit queue", 1);
+}
+
+static void
+idem_shmem_startup(void)
+{
+	if (prev_shmem_startup_hook)
+		prev_shmem_startup_hook();
+	LWLockAcquire(AddinShmemInitLock, LW_EXCLUSIVE);
+	idem_stats_shmem_init();
+	idem_audit_shmem_init();
+	LWLockRelease(AddinShmemInitLock);
 }
 
 void
@@ -235,6 +279,71 @@ _PG_init(void)
 							 false,
 							 PGC_SUSET, 0,
 							 NULL, NULL, NULL);
+	/*
+	 * Only a superuser (or ALTER ROLE/DATABASE ... SET by one) sets the audit
+	 * level, so a role can neither lower the level imposed on it nor switch
+	 * an audit on that slows others' calls.
+	 */
+	DefineCustomEnumVariable("idem.audit",
+							 "Which calls idem records in its audit trail.",
+							 "off: none; executions: executions and replays; all: also every rejected attempt.",
+							 &idem_audit_level,
+							 IDEM_AUDIT_OFF, audit_level_options,
+							 PGC_SUSET, 0,
+							 NULL, NULL, NULL);
+
+	DefineCustomIntVariable("idem.audit_retention",
+							"How long audit entries are kept; 0 keeps them forever.",
+							"Older entries are removed by the purge worker and by idem_purge_all().",
+							&idem_audit_retention,
+							0, 0, INT_MAX,
+							PGC_SUSET, GUC_UNIT_S,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("idem.purge_interval",
+							"Time between two purge rounds of idem's background worker.",
+							NULL,
+							&idem_purge_interval,
+							60, 1, 86400,
+							PGC_SIGHUP, GUC_UNIT_S,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("idem.purge_batch_size",
+							"How many rows one purge transaction removes at most.",
+							"The background worker and idem_purge_all() commit after each batch.",
+							&idem_purge_batch_size,
+							10000, 1, 1000000,
+							PGC_SIGHUP, 0,
+							NULL, NULL, NULL);
+
+	if (process_shared_preload_libraries_in_progress)
+	{
+		/* can't define PGC_POSTMASTER variables after startup */
+		DefineCustomIntVariable("idem.stats_max_databases",
+								"How many databases idem keeps statistics for.",
+								"Further databases are counted together in one row with no database.",
+								&idem_stats_max_databases,
+								64, 1, 10000,
+								PGC_POSTMASTER, 0,
+								NULL, NULL, NULL);
+
+		DefineCustomIntVariable("idem.audit_queue_size",
+								"How many rejected attempts the audit queue holds until the worker writes them.",
+								"An attempt that finds the queue full is not recorded; idem_stats counts it as dropped.",
+								&idem_audit_queue_size,
+								1024, 16, 1024 * 1024,
+								PGC_POSTMASTER, 0,
+								NULL, NULL, NULL);
+	}
 
 	MarkGUCPrefixReserved("idem");
+
+	if (process_shared_preload_libraries_in_progress)
+	{
+		prev_shmem_request_hook = shmem_request_hook;
+		shmem_request_hook = idem_shmem_request;
+		prev_shmem_startup_hook = shmem_startup_hook;
+		shmem_startup_hook = idem_shmem_startup;
+		idem_worker_register();
+	}
 }

@@ -23,6 +23,8 @@
 #include "utils/jsonb.h"
 #include "utils/timestamp.h"
 
+struct Latch;
+
 /*
  * SQLSTATEs of idem's own.  Class "ID" is in the implementation-defined
  * range (SQL standard: classes beginning with I-Z) and unused by PostgreSQL.
@@ -46,6 +48,9 @@
 #define ERRCODE_IDEM_STEP_UNDECLARED	MAKE_SQLSTATE('I','D','4','0','0')
 #define ERRCODE_IDEM_RUN_NOT_RUNNING	MAKE_SQLSTATE('I','D','4','2','3')
 #define ERRCODE_IDEM_STEP_OUT_OF_SEQUENCE MAKE_SQLSTATE('I','D','4','2','5')
+
+/* The extension version whose SQL definitions this library serves. */
+#define IDEM_SQL_VERSION		"1.1"
 
 /* Longest key accepted, in bytes (Stripe's limit is 255 characters). */
 #define IDEM_MAX_KEY_BYTES		255
@@ -266,5 +271,96 @@ extern TimestampTz idem_new_record_expiry(Oid owner, const char *key, int ttl);
 /* response.c */
 extern Jsonb *idem_build_response(const char *command, uint64 processed,
 								  SPITupleTable *tuptable);
+
+/*
+ * Operations (issue 11): what became of one idem_execute() call, counted
+ * in shared memory (stats.c) and written to the audit trail (audit.c).
+ */
+typedef enum IdemOutcome
+{
+	IDEM_OUTCOME_EXECUTED,		/* the business statement ran and was recorded */
+	IDEM_OUTCOME_REPLAYED,		/* the stored response was returned */
+	IDEM_OUTCOME_MISMATCH,		/* ID422: the key holds another request */
+	IDEM_OUTCOME_IN_PROGRESS,	/* ID409: the key is being executed elsewhere */
+	IDEM_OUTCOME_CONFLICT,		/* class 40: serialization failure, deadlock */
+	IDEM_OUTCOME_SEQUENCING,	/* a workflow step out of order (issue 9) */
+	IDEM_OUTCOME_ERROR			/* the business statement (or recording) failed */
+} IdemOutcome;
+
+/* Counters of idem_stats besides the outcomes' (stats.c) */
+typedef enum IdemStatCounter
+{
+	IDEM_STAT_EXECUTIONS,
+	IDEM_STAT_REPLAYS,
+	IDEM_STAT_MISMATCHES,
+	IDEM_STAT_IN_PROGRESS,
+	IDEM_STAT_CONFLICTS,
+	IDEM_STAT_SEQUENCING,
+	IDEM_STAT_ERRORS,
+	IDEM_STAT_LOCK_WAITS,
+	IDEM_STAT_LOCK_WAIT_US,
+	IDEM_STAT_PURGED_KEYS,
+	IDEM_STAT_PURGED_AUDIT,
+	IDEM_STAT_OUTBOX_WRITTEN,
+	IDEM_STAT_AUDIT_WRITTEN,
+	IDEM_STAT_AUDIT_QUEUED,
+	IDEM_STAT_AUDIT_DROPPED,
+	IDEM_STAT_NCOUNTERS
+} IdemStatCounter;
+
+/* audit.c: idem.audit */
+typedef enum IdemAuditLevel
+{
+	IDEM_AUDIT_OFF,
+	IDEM_AUDIT_EXECUTIONS,
+	IDEM_AUDIT_ALL
+} IdemAuditLevel;
+
+extern int	idem_audit_level;
+extern int	idem_audit_retention;
+extern int	idem_audit_queue_size;
+extern int	idem_purge_interval;
+extern int	idem_purge_batch_size;
+extern int	idem_stats_max_databases;
+
+/*
+ * The one hook every outcome of a call goes through: counts it and, at the
+ * idem.audit level that asks for it, writes the audit entry.  run_id and
+ * step may be NULL (calls outside a workflow), fingerprint too (unknown
+ * yet); sqlerrcode is 0 for executions and replays.  For a rejected
+ * attempt it is called from a PG_CATCH block: it neither allocates nor
+ * raises there.
+ */
+extern void idem_note_outcome(IdemOutcome outcome, const IdemRequest *req,
+							  const uint8 *fingerprint, const char *run_id,
+							  const char *step, int sqlerrcode);
+
+/* stats.c: counters per database in shared memory */
+extern IdemOutcome idem_error_outcome(int sqlerrcode, bool executing);
+extern bool idem_stats_active(void);
+extern void idem_stats_count(IdemStatCounter counter, uint64 n);
+extern void idem_stats_count_db(Oid dbid, IdemStatCounter counter, uint64 n);
+extern Size idem_stats_shmem_size(void);
+extern void idem_stats_shmem_init(void);
+
+/* audit.c: the audit trail and its queue for rejected attempts */
+extern void idem_audit_note(IdemOutcome outcome, const IdemRequest *req,
+							const uint8 *fingerprint, const char *run_id,
+							const char *step, int sqlerrcode);
+extern Size idem_audit_shmem_size(void);
+extern void idem_audit_shmem_init(void);
+extern int64 idem_audit_drain(int batch_size);
+extern int64 idem_audit_purge_expired(int batch_size);
+extern void idem_audit_set_launcher_latch(struct Latch *latch);
+extern void idem_audit_discard_other(const Oid *dbids, int ndbs);
+extern void idem_audit_discard_db(Oid dbid);
+
+/* worker.c: the purge launcher and its per-database workers */
+extern void idem_worker_register(void);
+
+/* catalog.c: idem.audit, for audit.c */
+extern Oid	idem_audit_relid(void);
+extern Oid	idem_audit_at_index(void);
+extern void idem_insert_audit_row(Datum *values, bool *nulls);
 
 #endif							/* IDEM_H */

@@ -466,6 +466,7 @@ idem_insert_outbox(const char *key, Oid owner, const char *topic,
 	nulls[Anum_outbox_delivered_at - 1] = true;
 
 	insert_event(relid, values, nulls);
+	idem_stats_count(IDEM_STAT_OUTBOX_WRITTEN, 1);
 
 	remember_notify(topic);
 	if (idem_outbox_logical_message)

@@ -293,7 +293,7 @@ count_attempt(IdemRunRow *run, int pos)
 static void
 run_step(IdemRequest *req, IdemStatement *stmt, Jsonb *result,
 		 const char *run_id, const char *step, const uint8 *fingerprint,
-		 IdemResult *out)
+		 IdemResult *out, volatile bool *executing)
 {
 	TimestampTz now = GetCurrentTransactionStartTimestamp();
 	TimestampTz never;
@@ -332,6 +332,7 @@ run_step(IdemRequest *req, IdemStatement *stmt, Jsonb *result,
 
 	check_step_may_run(&run, step, ordinal);
 	topic = idem_current_topic(req->owner);
+	*executing = true;
 	response = stmt != NULL ? idem_execute_statement(stmt, req) : result;
 
 	TIMESTAMP_NOEND(never);
@@ -354,6 +355,35 @@ idem_step_key_request(const char *run_id, const char *step, IdemRequest *req)
 	req->key = derive_step_key(run_id, step);
 	req->keylen = strlen(req->key);
 	req->nargs = 0;
+}
+
+/*
+ * run_step(), with its outcome counted and audited (run id and step
+ * included) whether it succeeds or fails.
+ */
+static void
+run_step_noted(IdemRequest *req, IdemStatement *stmt, Jsonb *result,
+			   const char *run_id, const char *step,
+			   const uint8 *fingerprint, IdemResult *out)
+{
+	volatile bool executing = false;
+
+	PG_TRY();
+	{
+		run_step(req, stmt, result, run_id, step, fingerprint, out,
+				 &executing);
+	}
+	PG_CATCH();
+	{
+		int			code = geterrcode();
+
+		idem_note_outcome(idem_error_outcome(code, executing), req,
+						  fingerprint, run_id, step, code);
+		PG_RE_THROW();
+	}
+	PG_END_TRY();
+	idem_note_outcome(out->replayed ? IDEM_OUTCOME_REPLAYED : IDEM_OUTCOME_EXECUTED,
+					  req, fingerprint, run_id, step, 0);
 }
 
 static void
@@ -381,7 +411,7 @@ idem_step_request(IdemRequest *req, const char *run_id, const char *step,
 	PG_TRY();
 	{
 		idem_statement_fingerprint(stmt, req, fingerprint);
-		run_step(req, stmt, NULL, run_id, step, fingerprint, result);
+		run_step_noted(req, stmt, NULL, run_id, step, fingerprint, result);
 	}
 	PG_FINALLY();
 	{
@@ -444,7 +474,7 @@ idem_step_complete(PG_FUNCTION_ARGS)
 
 	idem_value_digest("idem_step_complete", JSONBOID, JsonbPGetDatum(result),
 					  fingerprint);
-	run_step(&req, NULL, result, run_id, step, fingerprint, &out);
+	run_step_noted(&req, NULL, result, run_id, step, fingerprint, &out);
 	PG_RETURN_JSONB_P(out.response);
 }
 

@@ -1,0 +1,542 @@
+/*-------------------------------------------------------------------------
+ *
+ * audit.c
+ *		The audit trail (idem.audit, read through the idem_audit view):
+ *		entries written in the caller's transaction, the shared-memory
+ *		queue for rejected attempts, its draining, and retention.
+ *
+ * idem.audit = executions writes one row per execution and per replay
+ * into idem.audit in the caller's own transaction: it commits or vanishes
+ * with the call's effect.  idem.audit = all also records every rejected
+ * attempt (ID422, ID409, class 40 conflicts, sequencing and business
+ * errors).  That transaction aborts, so its entry goes into a queue in
+ * shared memory instead, which the background worker writes out for each
+ * database (worker.c).  Entries are lost if the server stops or crashes
+ * while they are queued or being written, and an attempt that finds the
+ * queue full is not queued; idem_stats counts both kinds it can see
+ * (audit_dropped): a full queue, a database whose extension is gone, a
+ * worker's failed write.  Without shared_preload_libraries there is no
+ * queue: rejected attempts are not recorded, and the first one in a
+ * session says so.
+ *
+ * Queue locking: one LWLock ("idem audit queue") covers the whole array;
+ * a producer holds it to copy one entry in, a worker to copy its
+ * database's entries out.  No catalog access or allocation happens under
+ * it, and a producer calls in from a PG_CATCH block, so queueing neither
+ * allocates nor raises.
+ *
+ * Copyright (c) 2026, idem authors
+ *
+ * IDENTIFICATION
+ *	  src/audit.c
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include <sys/socket.h>
+
+#include "access/genam.h"
+#include "access/heapam.h"
+#include "access/stratnum.h"
+#include "access/table.h"
+#include "access/tableam.h"
+#include "access/transam.h"
+#include "access/xact.h"
+#include "common/ip.h"
+#include "miscadmin.h"
+#include "storage/latch.h"
+#include "storage/lwlock.h"
+#include "storage/shmem.h"
+#include "utils/backend_status.h"
+#include "utils/builtins.h"
+#include "utils/fmgroids.h"
+#include "utils/guc.h"
+#include "utils/inet.h"
+#include "utils/snapmgr.h"
+#include "utils/timestamp.h"
+#include "utils/xid8.h"
+
+#include "compat.h"
+#include "idem.h"
+
+/* Columns of idem.audit, as idem--1.1.sql creates it */
+#define Anum_audit_at			1
+#define Anum_audit_key			2
+#define Anum_audit_owner		3
+#define Anum_audit_run_id		4
+#define Anum_audit_step			5
+#define Anum_audit_outcome		6
+#define Anum_audit_fingerprint	7
+#define Anum_audit_sqlstate		8
+#define Anum_audit_xid			9
+#define Anum_audit_pid			10
+#define Anum_audit_appname		11
+#define Anum_audit_client_addr	12
+#define Natts_audit				12
+
+/* Longest run id and step a queued entry keeps (longer ones are cut). */
+#define AUDIT_NAME_LEN			128
+#define AUDIT_ADDR_LEN			64
+
+typedef struct AuditEntry
+{
+	Oid			dbid;			/* InvalidOid: free slot */
+	uint64		seq;			/* queue order */
+	TimestampTz at;
+	Oid			owner;
+	int			outcome;
+	int			sqlerrcode;
+	int			pid;
+	uint64		xid;			/* FullTransactionId, 0 if none */
+	bool		has_fingerprint;
+	uint8		fingerprint[IDEM_FINGERPRINT_LEN];
+	char		key[IDEM_MAX_KEY_BYTES + 1];
+	char		run_id[AUDIT_NAME_LEN];
+	char		step[AUDIT_NAME_LEN];
+	char		appname[NAMEDATALEN];
+	char		client_addr[AUDIT_ADDR_LEN];
+} AuditEntry;
+
+typedef struct AuditQueue
+{
+	LWLock	   *lock;
+	Latch	   *launcher_latch; /* set when the queue fills up */
+	int			size;
+	int			used;
+	int			hint;			/* where a producer starts looking */
+	uint64		next_seq;
+	AuditEntry	entries[FLEXIBLE_ARRAY_MEMBER];
+} AuditQueue;
+
+static AuditQueue *queue = NULL;
+
+PG_FUNCTION_INFO_V1(idem_purge_audit_1_1);
+
+static const char *const outcome_names[] = {
+	[IDEM_OUTCOME_EXECUTED] = "executed",
+	[IDEM_OUTCOME_REPLAYED] = "replayed",
+	[IDEM_OUTCOME_MISMATCH] = "mismatch",
+	[IDEM_OUTCOME_IN_PROGRESS] = "in_progress",
+	[IDEM_OUTCOME_CONFLICT] = "conflict",
+	[IDEM_OUTCOME_SEQUENCING] = "sequencing",
+	[IDEM_OUTCOME_ERROR] = "error",
+};
+
+/* the client's address, as text, worked out once per session */
+static char client_addr[AUDIT_ADDR_LEN];
+static bool client_addr_known = false;
+static bool told_no_queue = false;
+
+Size
+idem_audit_shmem_size(void)
+{
+	return add_size(offsetof(AuditQueue, entries),
+					mul_size(idem_audit_queue_size, sizeof(AuditEntry)));
+}
+
+/* Caller holds AddinShmemInitLock. */
+void
+idem_audit_shmem_init(void)
+{
+	bool		found;
+
+	queue = ShmemInitStruct("idem audit queue", idem_audit_shmem_size(), &found);
+	if (!found)
+	{
+		queue->lock = &(GetNamedLWLockTranche("idem audit queue"))->lock;
+		queue->launcher_latch = NULL;
+		queue->size = idem_audit_queue_size;
+		queue->used = 0;
+		queue->hint = 0;
+		queue->next_seq = 1;
+		for (int i = 0; i < queue->size; i++)
+			queue->entries[i].dbid = InvalidOid;
+	}
+}
+
+void
+idem_audit_set_launcher_latch(Latch *latch)
+{
+	if (queue == NULL)
+		return;
+	LWLockAcquire(queue->lock, LW_EXCLUSIVE);
+	queue->launcher_latch = latch;
+	LWLockRelease(queue->lock);
+}
+
+/* The client's address as text, or NULL for a Unix socket or a worker. */
+static const char *
+get_client_addr(void)
+{
+	if (!client_addr_known)
+	{
+		client_addr_known = true;
+		client_addr[0] = '\0';
+		/* pgstat's copy of the address: libpq-be.h needs GSSAPI headers */
+		if (MyBEEntry != NULL &&
+			(MyBEEntry->st_clientaddr.addr.ss_family == AF_INET ||
+			 MyBEEntry->st_clientaddr.addr.ss_family == AF_INET6))
+		{
+			if (pg_getnameinfo_all(&MyBEEntry->st_clientaddr.addr,
+								   MyBEEntry->st_clientaddr.salen,
+								   client_addr, sizeof(client_addr),
+								   NULL, 0, NI_NUMERICHOST) != 0)
+				client_addr[0] = '\0';
+		}
+	}
+	return client_addr[0] ? client_addr : NULL;
+}
+
+static void
+copy_name(char *dst, const char *src, int size)
+{
+	if (src == NULL)
+		dst[0] = '\0';
+	else
+		strlcpy(dst, src, size);
+}
+
+/*
+ * Queue a rejected attempt for the worker.  Runs in a PG_CATCH block:
+ * no allocation, no error.
+ */
+static void
+queue_entry(IdemOutcome outcome, const IdemRequest *req,
+			const uint8 *fingerprint, const char *run_id, const char *step,
+			int sqlerrcode)
+{
+	AuditEntry *e = NULL;
+	bool		wake = false;
+	Latch	   *latch = NULL;
+	FullTransactionId fxid = GetTopFullTransactionIdIfAny();
+	const char *addr = get_client_addr();
+
+	LWLockAcquire(queue->lock, LW_EXCLUSIVE);
+	if (queue->used < queue->size)
+	{
+		for (int n = 0; n < queue->size; n++)
+		{
+			int			i = (queue->hint + n) % queue->size;
+
+			if (!OidIsValid(queue->entries[i].dbid))
+			{
+				e = &queue->entries[i];
+				queue->hint = (i + 1) % queue->size;
+				break;
+			}
+		}
+	}
+	if (e != NULL)
+	{
+		e->dbid = MyDatabaseId;
+		e->seq = queue->next_seq++;
+		e->at = GetCurrentTimestamp();
+		e->owner = req->owner;
+		e->outcome = outcome;
+		e->sqlerrcode = sqlerrcode;
+		e->pid = MyProcPid;
+		e->xid = FullTransactionIdIsValid(fxid) ? U64FromFullTransactionId(fxid) : 0;
+		e->has_fingerprint = fingerprint != NULL;
+		if (fingerprint != NULL)
+			memcpy(e->fingerprint, fingerprint, IDEM_FINGERPRINT_LEN);
+		copy_name(e->key, req->key, sizeof(e->key));
+		copy_name(e->run_id, run_id, sizeof(e->run_id));
+		copy_name(e->step, step, sizeof(e->step));
+		copy_name(e->appname, application_name, sizeof(e->appname));
+		copy_name(e->client_addr, addr, sizeof(e->client_addr));
+		queue->used++;
+		wake = queue->used >= queue->size / 2;
+		latch = queue->launcher_latch;
+	}
+	LWLockRelease(queue->lock);
+
+	if (e == NULL)
+		idem_stats_count(IDEM_STAT_AUDIT_DROPPED, 1);
+	else
+	{
+		idem_stats_count(IDEM_STAT_AUDIT_QUEUED, 1);
+		if (wake && latch != NULL)
+			SetLatch(latch);
+	}
+}
+
+static Datum
+fingerprint_datum(const uint8 *fingerprint)
+{
+	bytea	   *fp = palloc(VARHDRSZ + IDEM_FINGERPRINT_LEN);
+
+	SET_VARSIZE(fp, VARHDRSZ + IDEM_FINGERPRINT_LEN);
+	memcpy(VARDATA(fp), fingerprint, IDEM_FINGERPRINT_LEN);
+	return PointerGetDatum(fp);
+}
+
+static void
+set_text(Datum *values, bool *nulls, int attno, const char *s)
+{
+	if (s == NULL || s[0] == '\0')
+		nulls[attno - 1] = true;
+	else
+		values[attno - 1] = CStringGetTextDatum(s);
+}
+
+/* Write one entry into idem.audit in the current transaction. */
+static void
+insert_entry(TimestampTz at, Oid owner, const char *key, const char *run_id,
+			 const char *step, int outcome, const uint8 *fingerprint,
+			 int sqlerrcode, uint64 xid, int pid, const char *appname,
+			 const char *addr)
+{
+	Datum		values[Natts_audit];
+	bool		nulls[Natts_audit] = {0};
+
+	values[Anum_audit_at - 1] = TimestampTzGetDatum(at);
+	values[Anum_audit_key - 1] = CStringGetTextDatum(key);
+	values[Anum_audit_owner - 1] = ObjectIdGetDatum(owner);
+	set_text(values, nulls, Anum_audit_run_id, run_id);
+	set_text(values, nulls, Anum_audit_step, step);
+	values[Anum_audit_outcome - 1] = CStringGetTextDatum(outcome_names[outcome]);
+	if (fingerprint != NULL)
+		values[Anum_audit_fingerprint - 1] = fingerprint_datum(fingerprint);
+	else
+		nulls[Anum_audit_fingerprint - 1] = true;
+	if (sqlerrcode != 0)
+		values[Anum_audit_sqlstate - 1] = CStringGetTextDatum(unpack_sql_state(sqlerrcode));
+	else
+		nulls[Anum_audit_sqlstate - 1] = true;
+	if (xid != 0)
+		values[Anum_audit_xid - 1] = FullTransactionIdGetDatum(FullTransactionIdFromU64(xid));
+	else
+		nulls[Anum_audit_xid - 1] = true;
+	values[Anum_audit_pid - 1] = Int32GetDatum(pid);
+	set_text(values, nulls, Anum_audit_appname, appname);
+	if (addr != NULL && addr[0] != '\0')
+		values[Anum_audit_client_addr - 1] = DirectFunctionCall1(inet_in, CStringGetDatum(addr));
+	else
+		nulls[Anum_audit_client_addr - 1] = true;
+
+	idem_insert_audit_row(values, nulls);
+}
+
+/*
+ * idem_audit_note
+ *		Audit one call's outcome at the level idem.audit asks for.
+ */
+void
+idem_audit_note(IdemOutcome outcome, const IdemRequest *req,
+				const uint8 *fingerprint, const char *run_id,
+				const char *step, int sqlerrcode)
+{
+	if (outcome == IDEM_OUTCOME_EXECUTED || outcome == IDEM_OUTCOME_REPLAYED)
+	{
+		FullTransactionId fxid;
+
+		/* the entry's own insert gives the transaction its id */
+		fxid = GetTopFullTransactionId();
+		insert_entry(GetCurrentTimestamp(), req->owner, req->key, run_id, step,
+					 outcome, fingerprint, sqlerrcode,
+					 U64FromFullTransactionId(fxid), MyProcPid,
+					 application_name, get_client_addr());
+		idem_stats_count(IDEM_STAT_AUDIT_WRITTEN, 1);
+		return;
+	}
+
+	if (idem_audit_level != IDEM_AUDIT_ALL)
+		return;
+	if (queue != NULL)
+		queue_entry(outcome, req, fingerprint, run_id, step, sqlerrcode);
+	else if (!told_no_queue)
+	{
+		told_no_queue = true;
+		ereport(NOTICE,
+				(errmsg("idem.audit = all cannot record rejected attempts in this session"),
+				 errdetail("Rejected attempts reach the audit trail through shared memory, which idem has only when it is loaded at server start; executions and replays are recorded."),
+				 errhint("Add idem to shared_preload_libraries and restart the server.")));
+	}
+}
+
+static int
+entry_seq_cmp(const void *a, const void *b)
+{
+	uint64		sa = ((const AuditEntry *) a)->seq;
+	uint64		sb = ((const AuditEntry *) b)->seq;
+
+	return (sa > sb) - (sa < sb);
+}
+
+/*
+ * idem_audit_drain
+ *		Move up to batch_size queued entries of this database into
+ *		idem.audit, in the current transaction; return how many.
+ *
+ * If the transaction then fails, those entries are lost: the caller
+ * counts them as dropped.
+ */
+int64
+idem_audit_drain(int batch_size)
+{
+	AuditEntry *taken;
+	int			n = 0;
+
+	if (queue == NULL)
+		return 0;
+	(void) idem_audit_relid();	/* the table must be sound before we take */
+
+	taken = palloc(sizeof(AuditEntry) * Min(batch_size, queue->size));
+	LWLockAcquire(queue->lock, LW_EXCLUSIVE);
+	for (int i = 0; i < queue->size && n < batch_size && n < queue->size; i++)
+	{
+		AuditEntry *e = &queue->entries[i];
+
+		if (e->dbid != MyDatabaseId)
+			continue;
+		memcpy(&taken[n++], e, sizeof(AuditEntry));
+		e->dbid = InvalidOid;
+		queue->used--;
+	}
+	LWLockRelease(queue->lock);
+
+	qsort(taken, n, sizeof(AuditEntry), entry_seq_cmp);
+	PG_TRY();
+	{
+		for (int i = 0; i < n; i++)
+		{
+			AuditEntry *e = &taken[i];
+
+			insert_entry(e->at, e->owner, e->key, e->run_id, e->step,
+						 e->outcome, e->has_fingerprint ? e->fingerprint : NULL,
+						 e->sqlerrcode, e->xid, e->pid, e->appname,
+						 e->client_addr);
+		}
+	}
+	PG_CATCH();
+	{
+		idem_stats_count(IDEM_STAT_AUDIT_DROPPED, n);
+		PG_RE_THROW();
+	}
+	PG_END_TRY();
+	idem_stats_count(IDEM_STAT_AUDIT_WRITTEN, n);
+	pfree(taken);
+	return n;
+}
+
+/* Free queued entries that match; count them as dropped. */
+static void
+discard_entries(bool (*match) (Oid dbid, const Oid *dbids, int ndbs),
+				const Oid *dbids, int ndbs)
+{
+	if (queue == NULL)
+		return;
+	LWLockAcquire(queue->lock, LW_EXCLUSIVE);
+	for (int i = 0; i < queue->size; i++)
+	{
+		AuditEntry *e = &queue->entries[i];
+
+		if (OidIsValid(e->dbid) && match(e->dbid, dbids, ndbs))
+		{
+			idem_stats_count_db(e->dbid, IDEM_STAT_AUDIT_DROPPED, 1);
+			e->dbid = InvalidOid;
+			queue->used--;
+		}
+	}
+	LWLockRelease(queue->lock);
+}
+
+static bool
+not_in_list(Oid dbid, const Oid *dbids, int ndbs)
+{
+	for (int i = 0; i < ndbs; i++)
+		if (dbids[i] == dbid)
+			return false;
+	return true;
+}
+
+static bool
+is_first(Oid dbid, const Oid *dbids, int ndbs)
+{
+	return dbid == dbids[0];
+}
+
+/*
+ * idem_audit_discard_other
+ *		Drop queued entries of databases not in the list (dropped ones).
+ */
+void
+idem_audit_discard_other(const Oid *dbids, int ndbs)
+{
+	discard_entries(not_in_list, dbids, ndbs);
+}
+
+/*
+ * idem_audit_discard_db
+ *		Drop queued entries of a database without the extension.
+ */
+void
+idem_audit_discard_db(Oid dbid)
+{
+	discard_entries(is_first, &dbid, 1);
+}
+
+/*
+ * idem_audit_purge_expired
+ *		Delete up to batch_size entries older than idem.audit_retention;
+ *		return how many.  0 retention keeps everything.
+ */
+int64
+idem_audit_purge_expired(int batch_size)
+{
+	Relation	rel;
+	Relation	idx;
+	TupleTableSlot *slot;
+	IndexScanDesc scan;
+	ScanKeyData skey;
+	int64		deleted = 0;
+	TimestampTz cutoff;
+
+	if (idem_audit_retention <= 0)
+		return 0;
+	cutoff = TimestampTzPlusMilliseconds(GetCurrentTransactionStartTimestamp(),
+										 -((int64) idem_audit_retention) * 1000);
+
+	/* self-conflicting: two purges never race for the same rows */
+	rel = table_open(idem_audit_relid(), ShareUpdateExclusiveLock);
+	idx = index_open(idem_audit_at_index(), AccessShareLock);
+	slot = table_slot_create(rel, NULL);
+	scan = index_beginscan(rel, idx, SnapshotSelf, 1, 0);
+	ScanKeyInit(&skey, 1, BTLessStrategyNumber, F_TIMESTAMPTZ_LT,
+				TimestampTzGetDatum(cutoff));
+	index_rescan(scan, &skey, 1, NULL, 0);
+	while (deleted < batch_size &&
+		   index_getnext_slot(scan, ForwardScanDirection, slot))
+	{
+		CHECK_FOR_INTERRUPTS();
+		simple_heap_delete(rel, &slot->tts_tid);
+		deleted++;
+	}
+	index_endscan(scan);
+	ExecDropSingleTupleTableSlot(slot);
+	index_close(idx, AccessShareLock);
+	table_close(rel, ShareUpdateExclusiveLock);
+	CommandCounterIncrement();
+	idem_stats_count(IDEM_STAT_PURGED_AUDIT, deleted);
+	return deleted;
+}
+
+/*
+ * idem_purge_audit(batch_size integer) returns bigint
+ */
+Datum
+idem_purge_audit_1_1(PG_FUNCTION_ARGS)
+{
+	int32		batch_size = PG_GETARG_INT32(0);
+
+	if (batch_size <= 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("batch_size must be greater than zero"),
+				 idem_errhint(ERRCODE_INVALID_PARAMETER_VALUE, NULL)));
+	PreventCommandDuringRecovery("idem_purge_audit()");
+	PreventCommandIfReadOnly("idem_purge_audit()");
+
+	PG_RETURN_INT64(idem_audit_purge_expired(batch_size));
+}

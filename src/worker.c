@@ -1,0 +1,332 @@
+/*-------------------------------------------------------------------------
+ *
+ * worker.c
+ *		idem's background workers: the launcher, and the purge worker it
+ *		starts for each database in turn.
+ *
+ * With shared_preload_libraries = 'idem' the postmaster starts one
+ * launcher ("idem launcher" in pg_stat_activity.backend_type), connected
+ * to no database.  Every idem.purge_interval, or sooner when the audit
+ * queue is half full, it lists the databases that accept connections (not
+ * templates) and starts one "idem purge worker" per database, one after
+ * the other.  The
+ * worker connects, does nothing if the extension is not installed there
+ * (dropping that database's queued audit entries), and otherwise runs one
+ * purge cycle (purge_cycle()) in small transactions, then exits.
+ *
+ * A worker lives only for its cycle, so no idem process sits in a
+ * database between cycles: DROP DATABASE is not refused because of idem
+ * (at worst it waits for a running cycle, which it does for up to five
+ * seconds), and DROP/CREATE EXTENSION are seen at the next cycle.  The
+ * launcher is restarted by the postmaster if it fails (after 10 s) and
+ * after a crash of any process; a purge worker that fails is not
+ * restarted, the next cycle starts a new one.  Both exit on SIGTERM, so a
+ * shutdown never waits for a purge.
+ *
+ * Nothing here ever deletes a live key: purging goes through
+ * idem_purge_expired() (catalog.c), which only takes expired records and
+ * skips any key a running call holds.
+ *
+ * Copyright (c) 2026, idem authors
+ *
+ * IDENTIFICATION
+ *	  src/worker.c
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "access/genam.h"
+#include "access/heapam.h"
+#include "access/htup_details.h"
+#include "access/table.h"
+#include "access/tableam.h"
+#include "access/xact.h"
+#include "access/stratnum.h"
+#include "catalog/pg_database.h"
+#include "catalog/pg_extension.h"
+#include "commands/extension.h"
+#include "miscadmin.h"
+#include "pgstat.h"
+#include "postmaster/bgworker.h"
+#include "postmaster/interrupt.h"
+#include "storage/ipc.h"
+#include "storage/latch.h"
+#include "storage/proc.h"
+#include "tcop/tcopprot.h"
+#include "utils/builtins.h"
+#include "utils/fmgroids.h"
+#include "utils/guc.h"
+#include "utils/memutils.h"
+#include "utils/snapmgr.h"
+
+#include "compat.h"
+#include "idem.h"
+
+PGDLLEXPORT void idem_launcher_main(Datum main_arg);
+PGDLLEXPORT void idem_purge_worker_main(Datum main_arg);
+
+/*
+ * idem_worker_register
+ *		Register the launcher; called from _PG_init while preloading.
+ */
+void
+idem_worker_register(void)
+{
+	BackgroundWorker worker;
+
+	if (IsBinaryUpgrade)
+		return;
+	memset(&worker, 0, sizeof(worker));
+	worker.bgw_flags = BGWORKER_SHMEM_ACCESS | BGWORKER_BACKEND_DATABASE_CONNECTION;
+	worker.bgw_start_time = BgWorkerStart_RecoveryFinished;
+	worker.bgw_restart_time = 10;
+	snprintf(worker.bgw_library_name, BGW_MAXLEN, "idem");
+	snprintf(worker.bgw_function_name, BGW_MAXLEN, "idem_launcher_main");
+	snprintf(worker.bgw_name, BGW_MAXLEN, "idem launcher");
+	snprintf(worker.bgw_type, BGW_MAXLEN, "idem launcher");
+	RegisterBackgroundWorker(&worker);
+}
+
+/* The databases a worker may connect to, from the shared pg_database. */
+static Oid *
+list_databases(int *ndbs)
+{
+	Relation	rel;
+	TableScanDesc scan;
+	HeapTuple	tup;
+	int			n = 0;
+	int			cap = 16;
+	Oid		   *dbs;
+	MemoryContext cxt = CurrentMemoryContext;
+
+	dbs = palloc(cap * sizeof(Oid));
+	StartTransactionCommand();
+	(void) GetTransactionSnapshot();
+	rel = table_open(DatabaseRelationId, AccessShareLock);
+	scan = table_beginscan_catalog(rel, 0, NULL);
+	while ((tup = heap_getnext(scan, ForwardScanDirection)) != NULL)
+	{
+		Form_pg_database db = (Form_pg_database) GETSTRUCT(tup);
+
+		/*
+		 * Not templates: a connection to one makes CREATE DATABASE from it
+		 * fail, and nobody calls idem there.
+		 */
+		if (!db->datallowconn || db->datistemplate ||
+			db->datconnlimit == DATCONNLIMIT_INVALID_DB)
+			continue;
+		if (n == cap)
+		{
+			MemoryContext old = MemoryContextSwitchTo(cxt);
+
+			cap *= 2;
+			dbs = repalloc(dbs, cap * sizeof(Oid));
+			MemoryContextSwitchTo(old);
+		}
+		dbs[n++] = db->oid;
+	}
+	table_endscan(scan);
+	table_close(rel, AccessShareLock);
+	CommitTransactionCommand();
+	/* the commit leaves TopMemoryContext current: back to the cycle's */
+	MemoryContextSwitchTo(cxt);
+	*ndbs = n;
+	return dbs;
+}
+
+/* Start the purge worker for one database and wait until it is done. */
+static void
+run_purge_worker(Oid dbid)
+{
+	BackgroundWorker worker;
+	BackgroundWorkerHandle *handle;
+	pid_t		pid;
+
+	memset(&worker, 0, sizeof(worker));
+	worker.bgw_flags = BGWORKER_SHMEM_ACCESS | BGWORKER_BACKEND_DATABASE_CONNECTION;
+	worker.bgw_start_time = BgWorkerStart_RecoveryFinished;
+	worker.bgw_restart_time = BGW_NEVER_RESTART;
+	snprintf(worker.bgw_library_name, BGW_MAXLEN, "idem");
+	snprintf(worker.bgw_function_name, BGW_MAXLEN, "idem_purge_worker_main");
+	snprintf(worker.bgw_name, BGW_MAXLEN, "idem purge worker for database %u", dbid);
+	snprintf(worker.bgw_type, BGW_MAXLEN, "idem purge worker");
+	worker.bgw_main_arg = ObjectIdGetDatum(dbid);
+	worker.bgw_notify_pid = MyProcPid;
+
+	if (!RegisterDynamicBackgroundWorker(&worker, &handle))
+	{
+		ereport(LOG,
+				(errmsg("idem launcher could not start a purge worker"),
+				 errhint("Raise max_worker_processes.")));
+		return;
+	}
+	if (WaitForBackgroundWorkerStartup(handle, &pid) == BGWH_STARTED)
+		(void) WaitForBackgroundWorkerShutdown(handle);
+	pfree(handle);
+}
+
+void
+idem_launcher_main(Datum main_arg)
+{
+	MemoryContext cycle_cxt;
+
+	pqsignal(SIGHUP, SignalHandlerForConfigReload);
+	pqsignal(SIGTERM, die);
+	BackgroundWorkerUnblockSignals();
+	BackgroundWorkerInitializeConnection(NULL, NULL, 0);
+	pgstat_report_appname("idem launcher");
+	idem_audit_set_launcher_latch(MyLatch);
+
+	cycle_cxt = AllocSetContextCreate(TopMemoryContext, "idem launcher cycle",
+									  ALLOCSET_DEFAULT_SIZES);
+	for (;;)
+	{
+		Oid		   *dbs;
+		int			ndbs;
+		MemoryContext old;
+
+		CHECK_FOR_INTERRUPTS();
+		if (ConfigReloadPending)
+		{
+			ConfigReloadPending = false;
+			ProcessConfigFile(PGC_SIGHUP);
+		}
+
+		old = MemoryContextSwitchTo(cycle_cxt);
+		dbs = list_databases(&ndbs);
+		idem_audit_discard_other(dbs, ndbs);
+		for (int i = 0; i < ndbs; i++)
+		{
+			CHECK_FOR_INTERRUPTS();
+			run_purge_worker(dbs[i]);
+		}
+		MemoryContextSwitchTo(old);
+		MemoryContextReset(cycle_cxt);
+
+		(void) WaitLatch(MyLatch,
+						 WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
+						 (long) idem_purge_interval * 1000L, PG_WAIT_EXTENSION);
+		ResetLatch(MyLatch);
+	}
+}
+
+/* The installed version of the extension, or NULL. */
+static char *
+extension_version(Oid extoid)
+{
+	Relation	rel = table_open(ExtensionRelationId, AccessShareLock);
+	ScanKeyData key;
+	SysScanDesc scan;
+	HeapTuple	tup;
+	char	   *version = NULL;
+
+	ScanKeyInit(&key, Anum_pg_extension_oid, BTEqualStrategyNumber,
+				F_OIDEQ, ObjectIdGetDatum(extoid));
+	scan = systable_beginscan(rel, ExtensionOidIndexId, true, NULL, 1, &key);
+	tup = systable_getnext(scan);
+	if (HeapTupleIsValid(tup))
+	{
+		bool		isnull;
+		Datum		d = heap_getattr(tup, Anum_pg_extension_extversion,
+									 RelationGetDescr(rel), &isnull);
+
+		if (!isnull)
+			version = TextDatumGetCString(d);
+	}
+	systable_endscan(scan);
+	table_close(rel, AccessShareLock);
+	return version;
+}
+
+/*
+ * Whether the extension is installed here and usable (pg_cron's test), at
+ * the version this library writes: a database still at 1.0 has none of
+ * the tables a cycle touches, and is left alone until it is updated.
+ */
+static bool
+extension_ready(void)
+{
+	Oid			extoid;
+	char	   *version;
+
+	if (RecoveryInProgress())
+		return false;
+	extoid = get_extension_oid("idem", true);
+	if (!OidIsValid(extoid))
+		return false;
+	if (creating_extension && CurrentExtensionObject == extoid)
+		return false;
+	version = extension_version(extoid);
+	return version != NULL && strcmp(version, IDEM_SQL_VERSION) == 0;
+}
+
+typedef int64 (*PurgeStep) (int batch_size);
+
+/*
+ * Run one kind of purge in transactions of at most batch_size rows until
+ * a batch comes back short.
+ */
+static int64
+purge_in_batches(const char *what, PurgeStep step)
+{
+	int64		total = 0;
+	int64		n;
+
+	do
+	{
+		CHECK_FOR_INTERRUPTS();
+		SetCurrentStatementStartTimestamp();
+		StartTransactionCommand();
+		PushActiveSnapshot(GetTransactionSnapshot());
+		pgstat_report_activity(STATE_RUNNING, what);
+		n = step(idem_purge_batch_size);
+		PopActiveSnapshot();
+		CommitTransactionCommand();
+		pgstat_report_stat(false);
+		total += n;
+	} while (n >= idem_purge_batch_size);
+	pgstat_report_activity(STATE_IDLE, NULL);
+	return total;
+}
+
+/*
+ * One cycle of the purge worker in its database, each kind in turn.
+ *
+ * The audit queue is drained first, so that no entry waits behind a long
+ * purge.  Issue 10 (outbox delivery) adds its purge of delivered events
+ * here, at the marked place.
+ */
+static void
+purge_cycle(void)
+{
+	purge_in_batches("idem: writing queued audit entries", idem_audit_drain);
+	purge_in_batches("idem: purging expired keys", idem_purge_expired);
+	purge_in_batches("idem: purging audit entries past idem.audit_retention",
+					 idem_audit_purge_expired);
+	/* MERGE POINT (issue 10): purge_in_batches("idem: purging delivered outbox events", idem_outbox_purge_delivered); */
+}
+
+void
+idem_purge_worker_main(Datum main_arg)
+{
+	Oid			dbid = DatumGetObjectId(main_arg);
+	bool		ready;
+
+	pqsignal(SIGHUP, SignalHandlerForConfigReload);
+	pqsignal(SIGTERM, die);
+	BackgroundWorkerUnblockSignals();
+	/* FATAL, and no restart, if the database was dropped meanwhile */
+	BackgroundWorkerInitializeConnectionByOid(dbid, InvalidOid, 0);
+	pgstat_report_appname("idem purge worker");
+
+	StartTransactionCommand();
+	ready = extension_ready();
+	CommitTransactionCommand();
+
+	if (ready)
+		purge_cycle();
+	else
+		idem_audit_discard_db(dbid);
+	proc_exit(0);
+}

@@ -1,0 +1,83 @@
+
+# Copyright (c) 2026, idem authors
+
+# Monitoring (issue 11): Debian's prometheus-postgres-exporter, given the
+# custom-queries file that make install put in the extension directory,
+# exposes idem_stats as Prometheus metrics.  The exporter serves on
+# loopback, reads a throwaway preloaded cluster over its Unix socket, and
+# its /metrics (fetched with curl) follows the calls made.
+
+use strict;
+use warnings FATAL => 'all';
+
+use FindBin;
+use lib "$FindBin::RealBin/../perl";
+
+use IdemTAP;
+use IPC::Run;
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+use Time::HiRes qw(usleep);
+
+my $timeout = $PostgreSQL::Test::Utils::timeout_default;
+my $exporter = '/usr/bin/prometheus-postgres-exporter';
+
+my $node = idem_node('exporter');
+$node->append_conf('postgresql.conf', "shared_preload_libraries = 'idem'");
+$node->start;
+idem_setup_db($node, 'postgres');
+
+my $queries = $node->config_data('--sharedir') . '/extension/idem_postgres_exporter.yaml';
+ok(-f $queries, 'make install put the custom-queries file in the extension directory');
+
+my $port = PostgreSQL::Test::Cluster::get_free_port();
+my $dsn = sprintf('host=%s port=%d dbname=postgres user=%s sslmode=disable',
+	$node->host, $node->port, scalar(getpwuid($<)));
+my ($eout, $eerr) = ('', '');
+my $h = IPC::Run::start(
+	[
+		$exporter, "--web.listen-address=127.0.0.1:$port",
+		"--extend.query-path=$queries", '--disable-default-metrics',
+		'--disable-settings-metrics'
+	],
+	'<', \undef, '>', \$eout, '2>', \$eerr,
+	init => sub { $ENV{DATA_SOURCE_NAME} = $dsn; });
+
+# one scrape: the idem_stats_* samples of database postgres, by name
+sub scrape
+{
+	my ($stdout, $stderr);
+	IPC::Run::run([ 'curl', '-sS', '--max-time', '10', "http://127.0.0.1:$port/metrics" ],
+		'>', \$stdout, '2>', \$stderr);
+	my %m;
+	for (split /\n/, $stdout // '')
+	{
+		$m{$1} = $2 if /^(idem_stats_\w+)\{[^}]*datname="postgres"[^}]*\} (\S+)$/;
+	}
+	return \%m;
+}
+
+my $m;
+my $deadline = time + $timeout;
+do { usleep(200_000); $m = scrape(); }
+  until exists $m->{idem_stats_executions} or time > $deadline;
+ok(exists $m->{idem_stats_executions}, 'the exporter serves idem_stats_executions')
+  or diag("exporter stderr:\n$eerr");
+is($m->{idem_stats_executions} // '', '0', 'no executions yet');
+ok(exists $m->{$_}, "and $_")
+  for qw(idem_stats_replays idem_stats_mismatches idem_stats_in_progress
+  idem_stats_conflicts idem_stats_errors idem_stats_lock_waits
+  idem_stats_lock_wait_seconds idem_stats_purged_keys idem_stats_audit_dropped);
+
+$node->safe_psql('postgres', call_sql("m-$_", 0, $_)) for 1 .. 3;
+$node->safe_psql('postgres', call_sql('m-1', 0, 1)) for 1 .. 2;
+$node->psql('postgres', call_sql('m-1', 0, 99));
+
+$m = scrape();
+is($m->{idem_stats_executions}, '3', 'three executions show up in /metrics');
+is($m->{idem_stats_replays}, '2', 'two replays');
+is($m->{idem_stats_mismatches}, '1', 'one mismatch');
+
+$h->kill_kill;
+done_testing();
