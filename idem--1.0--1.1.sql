@@ -490,7 +490,8 @@ AS 'MODULE_PATHNAME', 'idem_purge_audit_1_1'
 LANGUAGE C STRICT VOLATILE PARALLEL UNSAFE;
 REVOKE ALL ON FUNCTION @extschema@.idem_purge_audit(integer) FROM PUBLIC;
 
--- Everything the purge worker does, for installations without
+-- Everything the purge worker does (expired keys, old audit entries,
+-- delivered outbox events past idem.outbox_retention), for installations without
 -- shared_preload_libraries (a pg_cron job: CALL idem_purge_all()).  It
 -- commits after each batch, so it must be CALLed outside a transaction
 -- block, and cannot carry a SET search_path clause (a procedure with one
@@ -514,7 +515,11 @@ BEGIN
 		COMMIT;
 		EXIT WHEN n OPERATOR(pg_catalog.<) batch;
 	END LOOP;
-	-- MERGE POINT (issue 10): delivered outbox events past retention
+	LOOP
+		n := @extschema@.idem_outbox_purge(batch);
+		COMMIT;
+		EXIT WHEN n OPERATOR(pg_catalog.<) batch;
+	END LOOP;
 END
 $$;
 REVOKE ALL ON PROCEDURE @extschema@.idem_purge_all(integer) FROM PUBLIC;

@@ -304,7 +304,8 @@ purge_cycle(void)
 	purge_in_batches("idem: purging expired keys", idem_purge_expired);
 	purge_in_batches("idem: purging audit entries past idem.audit_retention",
 					 idem_audit_purge_expired);
-	/* MERGE POINT (issue 10): purge_in_batches("idem: purging delivered outbox events", idem_outbox_purge_delivered); */
+	purge_in_batches("idem: purging delivered outbox events",
+					 idem_outbox_purge_delivered);
 }
 
 void
