@@ -528,15 +528,5 @@ idem_audit_purge_expired(int batch_size)
 Datum
 idem_purge_audit_1_1(PG_FUNCTION_ARGS)
 {
-	int32		batch_size = PG_GETARG_INT32(0);
-
-	if (batch_size <= 0)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("batch_size must be greater than zero"),
-				 idem_errhint(ERRCODE_INVALID_PARAMETER_VALUE, NULL)));
-	PreventCommandDuringRecovery("idem_purge_audit()");
-	PreventCommandIfReadOnly("idem_purge_audit()");
-
-	PG_RETURN_INT64(idem_audit_purge_expired(batch_size));
+	PG_RETURN_INT64(idem_audit_purge_expired(idem_purge_batch_arg(fcinfo, "idem_purge_audit()")));
 }

@@ -606,6 +606,17 @@ idem_execute_ex_1_1(PG_FUNCTION_ARGS)
 Datum
 idem_purge_1_1(PG_FUNCTION_ARGS)
 {
+	PG_RETURN_INT64(idem_purge_expired(idem_purge_batch_arg(fcinfo, "idem_purge()")));
+}
+
+/*
+ * idem_purge_batch_arg
+ *		The batch_size argument of a purge function (fname), checked, once
+ *		the transaction is known to be able to write.
+ */
+int32
+idem_purge_batch_arg(FunctionCallInfo fcinfo, const char *fname)
+{
 	int32		batch_size = PG_GETARG_INT32(0);
 
 	if (batch_size <= 0)
@@ -613,8 +624,6 @@ idem_purge_1_1(PG_FUNCTION_ARGS)
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("batch_size must be greater than zero"),
 				 idem_errhint(ERRCODE_INVALID_PARAMETER_VALUE, NULL)));
-	PreventCommandDuringRecovery("idem_purge()");
-	PreventCommandIfReadOnly("idem_purge()");
-
-	PG_RETURN_INT64(idem_purge_expired(batch_size));
+	idem_check_can_write(fname);
+	return batch_size;
 }

@@ -676,14 +676,6 @@ outbox_spi_run(OutboxQuery *q, Datum *values, const char *nulls, long limit)
 }
 
 static void
-check_can_write(const char *what)
-{
-	PreventCommandDuringRecovery(what);
-	PreventCommandIfReadOnly(what);
-	PreventCommandIfParallelMode(what);
-}
-
-static void
 arg_not_null(FunctionCallInfo fcinfo, int argno, const char *name)
 {
 	if (PG_ARGISNULL(argno))
@@ -761,7 +753,7 @@ idem_outbox_claim(PG_FUNCTION_ARGS)
 				 idem_errhint(ERRCODE_INVALID_PARAMETER_VALUE, NULL)));
 	check_name("consumer", consumer);
 	check_name("outbox topic", topic);
-	check_can_write("idem_outbox_claim()");
+	idem_check_can_write("idem_outbox_claim()");
 	check_topic(topic, caller, TOPIC_CONSUME);
 
 	if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE)
@@ -909,7 +901,7 @@ idem_outbox_ack(PG_FUNCTION_ARGS)
 
 	arg_not_null(fcinfo, 0, "event_id");
 	arg_not_null(fcinfo, 1, "lease_token");
-	check_can_write("idem_outbox_ack()");
+	idem_check_can_write("idem_outbox_ack()");
 	values[0] = PG_GETARG_DATUM(0);
 	values[1] = PG_GETARG_DATUM(1);
 	values[2] = TimestampTzGetDatum(GetCurrentTimestamp());
@@ -1003,7 +995,7 @@ idem_outbox_ack_batch(PG_FUNCTION_ARGS)
 				 errmsg("at most %d events can be acknowledged at once",
 						OUTBOX_MAX_CLAIM),
 				 idem_errhint(ERRCODE_INVALID_PARAMETER_VALUE, NULL)));
-	check_can_write("idem_outbox_ack()");
+	idem_check_can_write("idem_outbox_ack()");
 	if (nids == 0)
 		PG_RETURN_INT32(0);
 
@@ -1120,7 +1112,7 @@ idem_outbox_fail(PG_FUNCTION_ARGS)
 							   idem_outbox_max_retry_after),
 					 idem_errhint(ERRCODE_INVALID_PARAMETER_VALUE, NULL)));
 	}
-	check_can_write("idem_outbox_fail()");
+	idem_check_can_write("idem_outbox_fail()");
 
 	outbox_spi_begin(&spi);
 	if (!lock_event(&spi, PG_GETARG_DATUM(0), PG_GETARG_DATUM(1), false, &ev))
@@ -1167,7 +1159,7 @@ idem_outbox_requeue(PG_FUNCTION_ARGS)
 	char		nulls[2] = {' ', ' '};
 
 	arg_not_null(fcinfo, 0, "event_id");
-	check_can_write("idem_outbox_requeue()");
+	idem_check_can_write("idem_outbox_requeue()");
 
 	outbox_spi_begin(&spi);
 	if (!lock_event(&spi, PG_GETARG_DATUM(0), (Datum) 0, true, &ev))
@@ -1227,15 +1219,7 @@ idem_outbox_purge_delivered(int batch_size)
 Datum
 idem_outbox_purge(PG_FUNCTION_ARGS)
 {
-	int32		batch_size = PG_GETARG_INT32(0);
-
-	if (batch_size <= 0)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("batch_size must be greater than zero"),
-				 idem_errhint(ERRCODE_INVALID_PARAMETER_VALUE, NULL)));
-	check_can_write("idem_outbox_purge()");
-	PG_RETURN_INT64(idem_outbox_purge_delivered(batch_size));
+	PG_RETURN_INT64(idem_outbox_purge_delivered(idem_purge_batch_arg(fcinfo, "idem_outbox_purge()")));
 }
 
 /* ------------------------------------------------------------------------
@@ -1277,7 +1261,7 @@ idem_outbox_create_topic(PG_FUNCTION_ARGS)
 	values[0] = PointerGetDatum(cstring_to_text(topic));
 	values[1] = checked_roles(fcinfo, 1, "publishers");
 	values[2] = checked_roles(fcinfo, 2, "consumers");
-	check_can_write("idem_outbox_create_topic()");
+	idem_check_can_write("idem_outbox_create_topic()");
 
 	outbox_spi_begin(&spi);
 	outbox_spi_run(&q_topic_insert, values, nulls, 0);
@@ -1311,7 +1295,7 @@ change_topic(FunctionCallInfo fcinfo, OutboxQuery *q, const char *what)
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("unrecognized outbox topic privilege \"%s\"", privilege),
 				 idem_errhint(ERRCODE_INVALID_PARAMETER_VALUE, "The privileges are \"publish\" and \"consume\".")));
-	check_can_write(what);
+	idem_check_can_write(what);
 	values[0] = PointerGetDatum(cstring_to_text(topic));
 	values[1] = PG_GETARG_DATUM(1);
 	values[2] = BoolGetDatum(strcmp(privilege, "publish") == 0);
