@@ -51,6 +51,7 @@ int			idem_outbox_max_lease = 3600;
 int			idem_outbox_max_retry_after = 86400;
 int			idem_outbox_retention = 7 * 86400;
 bool		idem_outbox_logical_message = false;
+bool		idem_outbox_notify = true;
 
 void		_PG_init(void);
 
@@ -225,6 +226,14 @@ _PG_init(void)
 							 &idem_outbox_logical_message,
 							 false,
 							 PGC_SUSET, 0,
+							 NULL, NULL, NULL);
+
+	DefineCustomBoolVariable("idem.outbox_notify",
+							 "Whether a transaction that wrote outbox events sends NOTIFY idem_outbox at commit.",
+							 "PostgreSQL commits notifying transactions one at a time, including their wait for a synchronous standby.",
+							 &idem_outbox_notify,
+							 true,
+							 PGC_USERSET, 0,
 							 NULL, NULL, NULL);
 
 	MarkGUCPrefixReserved("idem");

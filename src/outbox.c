@@ -465,7 +465,8 @@ idem_insert_outbox(const char *key, Oid owner, const char *topic,
 
 	insert_event(relid, values, nulls);
 
-	remember_notify(topic);
+	if (idem_outbox_notify)
+		remember_notify(topic);
 	if (idem_outbox_logical_message)
 		emit_logical_message(values[Anum_outbox_event_id - 1], key, owner,
 							 topic, payload, created_at, run_id, step);
