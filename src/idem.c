@@ -74,6 +74,7 @@ static const struct config_enum_entry audit_level_options[] = {
 
 static shmem_request_hook_type prev_shmem_request_hook = NULL;
 static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
+bool		idem_outbox_notify = true;
 
 void		_PG_init(void);
 
@@ -335,6 +336,14 @@ _PG_init(void)
 								PGC_POSTMASTER, 0,
 								NULL, NULL, NULL);
 	}
+
+	DefineCustomBoolVariable("idem.outbox_notify",
+							 "Whether a transaction that wrote outbox events sends NOTIFY idem_outbox at commit.",
+							 "PostgreSQL commits notifying transactions one at a time, including their wait for a synchronous standby.",
+							 &idem_outbox_notify,
+							 true,
+							 PGC_USERSET, 0,
+							 NULL, NULL, NULL);
 
 	MarkGUCPrefixReserved("idem");
 

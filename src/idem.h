@@ -88,6 +88,7 @@ extern int	idem_outbox_max_lease;
 extern int	idem_outbox_max_retry_after;
 extern int	idem_outbox_retention;
 extern bool idem_outbox_logical_message;
+extern bool idem_outbox_notify;
 
 /* Column numbers of idem.outbox (catalog.c checks the shape, outbox.c writes) */
 #define Anum_outbox_event_id		1

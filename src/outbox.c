@@ -468,7 +468,8 @@ idem_insert_outbox(const char *key, Oid owner, const char *topic,
 	insert_event(relid, values, nulls);
 	idem_stats_count(IDEM_STAT_OUTBOX_WRITTEN, 1);
 
-	remember_notify(topic);
+	if (idem_outbox_notify)
+		remember_notify(topic);
 	if (idem_outbox_logical_message)
 		emit_logical_message(values[Anum_outbox_event_id - 1], key, owner,
 							 topic, payload, created_at, run_id, step);
@@ -484,6 +485,7 @@ typedef struct OutboxQuery
 	const char *sql;
 	int			nargs;
 	Oid			argtypes[8];
+	int			cursor_options;
 	SPIPlanPtr	plan;
 } OutboxQuery;
 
@@ -492,10 +494,16 @@ typedef struct OutboxQuery
  * those another claim holds, then leased: due time moved to the end of the
  * lease, attempt counted, a new token.  An event whose last allowed attempt
  * ended with an expired lease becomes a dead letter instead.
+ *
+ * Always the generic plan, whose shape does not depend on the values: the
+ * update reaches the locked rows by TID whatever LIMIT the planner assumes,
+ * and no call is planned with "now" as a constant, which makes the planner
+ * probe the due index for its actual bounds, walking the dead entries that
+ * earlier claims left at its head.
  */
 static OutboxQuery q_claim = {
 	"WITH c AS ("
-	"  SELECT o.ctid AS tid, o.next_attempt_at AS due"
+	"  SELECT o.ctid AS tid, o.event_id, o.next_attempt_at AS due"
 	"    FROM idem.outbox o"
 	"   WHERE o.topic OPERATOR(pg_catalog.=) $1"
 	"     AND o.state OPERATOR(pg_catalog.=) ANY (ARRAY['pending', 'leased']::pg_catalog.text[])"
@@ -515,14 +523,16 @@ static OutboxQuery q_claim = {
 	"         lease_holder = $7,"
 	"         last_error = CASE WHEN o.attempts OPERATOR(pg_catalog.>=) $5"
 	"                      THEN 'lease expired on the last attempt' ELSE o.last_error END"
-	"    FROM c WHERE o.ctid OPERATOR(pg_catalog.=) c.tid"
+	"   WHERE o.ctid OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT tid FROM c))"
 	"  RETURNING o.event_id, o.key, o.owner, o.topic, o.payload, o.run_id, o.step,"
-	"            o.attempts, o.lease_token, o.created_at, o.next_attempt_at, o.state, c.due)"
-	" SELECT event_id, key, owner, topic, payload, run_id, step, attempts,"
-	"        lease_token, created_at, next_attempt_at"
-	"   FROM u WHERE state OPERATOR(pg_catalog.=) 'leased'"
-	"  ORDER BY due, created_at",
-	7, {TEXTOID, TIMESTAMPTZOID, INT4OID, TIMESTAMPTZOID, INT4OID, REGROLEOID, TEXTOID}
+	"            o.attempts, o.lease_token, o.created_at, o.next_attempt_at, o.state)"
+	" SELECT u.event_id, u.key, u.owner, u.topic, u.payload, u.run_id, u.step, u.attempts,"
+	"        u.lease_token, u.created_at, u.next_attempt_at"
+	"   FROM u JOIN c ON c.event_id OPERATOR(pg_catalog.=) u.event_id"
+	"  WHERE u.state OPERATOR(pg_catalog.=) 'leased'"
+	"  ORDER BY c.due, u.created_at",
+	7, {TEXTOID, TIMESTAMPTZOID, INT4OID, TIMESTAMPTZOID, INT4OID, REGROLEOID, TEXTOID},
+	CURSOR_OPT_GENERIC_PLAN
 };
 
 /* The fast path of an ack: the current lease's event becomes delivered. */
@@ -660,7 +670,8 @@ outbox_spi_run(OutboxQuery *q, Datum *values, const char *nulls, long limit)
 
 	if (q->plan == NULL)
 	{
-		SPIPlanPtr	plan = SPI_prepare(q->sql, q->nargs, q->argtypes);
+		SPIPlanPtr	plan = SPI_prepare_cursor(q->sql, q->nargs, q->argtypes,
+											  q->cursor_options);
 
 		if (plan == NULL)
 			elog(ERROR, "SPI_prepare failed: %s",
