@@ -29,6 +29,7 @@ __all__ = [
     "Result", "execute", "step", "retry", "retry_advice", "to_arg",
     "IdemError", "KeyReused", "InProgress", "NestedKey", "RunNotFound",
     "StepUndeclared", "RunNotRunning", "OutOfSequence", "CachedError",
+    "consume", "RetryAfter",
 ]
 
 
@@ -246,3 +247,69 @@ def retry(connect: Callable[[], psycopg.Connection],
                 on_retry(e, delay)
             sleep(delay)
     raise AssertionError("unreachable")
+
+
+class RetryAfter(Exception):
+    """Raised by an outbox handler: the downstream asked to be called again
+    no earlier than ``seconds`` from now (its Retry-After)."""
+
+    def __init__(self, seconds: float, message: str = "retry after"):
+        super().__init__(message)
+        self.seconds = seconds
+
+
+def consume(connect: Callable[[], psycopg.Connection], topic: str,
+            handler: Callable[[dict], None], *, max_events: int = 10,
+            lease: float = 30, consumer: Optional[str] = None,
+            idle: float = 1.0, stop=None) -> int:
+    """Outbox consumer loop (the delivery API of issue 10: idem_outbox_claim,
+    idem_outbox_ack, idem_outbox_fail, LISTEN idem_outbox).
+
+    Claims up to ``max_events`` due events of ``topic`` under a lease, calls
+    ``handler(event)`` for each outside any transaction, acks it, or fails it
+    with the handler's RetryAfter (or the error's text, leaving the backoff
+    to the server).  Sleeps on LISTEN idem_outbox when nothing is due, waking
+    at least every ``idle`` seconds to look at ``stop`` (a
+    threading.Event-like object; SIGTERM/SIGINT set it when none is given).
+    LISTEN needs a session: connect directly, not through a transaction
+    pooler.  Returns the number of events acknowledged.
+
+    Not tested on branch clients: the delivery API is not on main yet."""
+    import select
+    import signal
+    import threading
+
+    if stop is None:
+        stop = threading.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: stop.set())
+    conn = connect()
+    conn.autocommit = True
+    conn.execute("LISTEN idem_outbox")
+    acked = 0
+    while not stop.is_set():
+        events = conn.execute(
+            "SELECT event_id, key, topic, payload::text, run_id, step, attempt, lease_token"
+            " FROM idem_outbox_claim(%s, max_events => %s, lease => %s::interval,"
+            " consumer => %s)", (topic, max_events, f"{lease} seconds", consumer)).fetchall()
+        for event_id, key, top, payload, run_id, step_name, attempt, token in events:
+            if stop.is_set():
+                break   # the rest come back when their lease ends
+            event = {"event_id": event_id, "key": key, "topic": top, "run_id": run_id,
+                     "step": step_name, "attempt": attempt,
+                     "payload": json.loads(payload, parse_float=decimal.Decimal)}
+            try:
+                handler(event)
+            except RetryAfter as e:
+                conn.execute("SELECT idem_outbox_fail(%s, %s, %s, %s::interval)",
+                             (event_id, token, str(e), f"{e.seconds} seconds"))
+            except Exception as e:  # the handler's failure is the event's, not the loop's
+                conn.execute("SELECT idem_outbox_fail(%s, %s, %s)", (event_id, token, repr(e)))
+            else:
+                conn.execute("SELECT idem_outbox_ack(%s, %s)", (event_id, token))
+                acked += 1
+        if not events:
+            # a NOTIFY makes the socket readable; the next claim reads it
+            select.select([conn.fileno()], [], [], idle)
+    conn.close()
+    return acked
