@@ -4,11 +4,6 @@
 # it owns.  Arguments go to bench.py (--seconds, --rounds, --procs, --sync).
 set -euo pipefail
 top=$(cd "$(dirname "$0")/../../.." && pwd)
-"$top/scripts/deps.sh"
 . "$top/scripts/env.sh"
-idem_build_install "$top"
-work=$(mktemp -d /tmp/idem-clientbench.XXXXXX)
-trap 'rm -rf "$work"' EXIT
-tar -C "$top" --exclude=.git -cf - . | tar -C "$work" -xf -
-[ "$(id -u)" -eq 0 ] && chown -R postgres: "$work"
+idem_install_and_copy "$top" clientbench
 run env PG_CONFIG="$PG_CONFIG" /usr/bin/python3 "$work/test/bench/clients/bench.py" "$@"
