@@ -154,9 +154,10 @@ async function retryAdvice(client, sqlstate) {
 
 function sqlstateOf(err) {
   const e = err instanceof IdemError && err.cause ? err.cause : err;
-  if (e && typeof e.code === 'string' && /^[0-9A-Z]{5}$/.test(e.code)) return e.code;
+  // a server's error has a severity; a socket's code (EPIPE) is no SQLSTATE
+  if (e && e.severity && typeof e.code === 'string') return e.code;
   // the connection went away without an error message: class 08
-  if (e && /Connection terminated|ECONNRESET|EPIPE|not queryable/i.test(`${e.message} ${e.code}`)) return '08006';
+  if (e && (e.syscall || /Connection terminated|not queryable/i.test(e.message))) return '08006';
   return null;
 }
 
@@ -197,4 +198,4 @@ async function retry(connect, fn, { attempts = 8, base = 0.05, cap = 5, client =
   }
 }
 
-module.exports = { execute, step, retry, retryAdvice, parseExact, toArg, ...errors };
+module.exports = { execute, step, retry, retryAdvice, sqlstateOf, parseExact, toArg, ...errors };

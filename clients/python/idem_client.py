@@ -204,7 +204,7 @@ def _sqlstate(exc: BaseException, conn) -> Optional[str]:
     state = getattr(exc, "sqlstate", None)
     if state:
         return state
-    if isinstance(exc, psycopg.OperationalError) and (conn is None or conn.closed):
+    if isinstance(exc, psycopg.OperationalError) and (conn is None or conn.closed or conn.broken):
         # the connection went away without an error message: class 08
         return "08006"
     return None

@@ -200,3 +200,14 @@ describe('pgbouncer session', () => {
     }
   });
 });
+
+describe('sqlstate of an error', () => {
+  it('reads a server error, and treats a socket error as a lost connection', async () => {
+    // EPIPE looks like a SQLSTATE (five capitals) but is not one
+    const epipe = Object.assign(new Error('write EPIPE'), { code: 'EPIPE', errno: -32, syscall: 'write' });
+    assert.equal(idem.sqlstateOf(epipe), '08006');
+    assert.equal(idem.sqlstateOf(Object.assign(new Error('x'), { code: '40001', severity: 'ERROR' })), '40001');
+    assert.equal(idem.sqlstateOf(new Error('Connection terminated unexpectedly')), '08006');
+    assert.equal(idem.sqlstateOf(new TypeError('a bug')), null);
+  });
+});
