@@ -135,7 +135,7 @@ for (const target of ['direct', 'pgbouncer']) {
         seen.push(r.replayed);
         if (seen.length === 1) {
           const pid = (await c.query('SELECT pg_backend_pid() AS p')).rows[0].p;
-          await env.admin.query('SELECT pg_terminate_backend($1)', [pid]);
+          await env.admin.query('SELECT pg_terminate_backend($1, 10000)', [pid]); // waits until it is gone
           await c.query('SELECT 1');
         }
         return r;

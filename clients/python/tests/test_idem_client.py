@@ -160,7 +160,8 @@ def test_retry_after_connection_killed_mid_transaction(connect, table, admin):
         attempts.append(r.replayed)
         if len(attempts) == 1:
             pid = conn.execute("SELECT pg_backend_pid()").fetchone()[0]
-            admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+            # wait (up to 10 s) until the backend is gone
+            admin.execute("SELECT pg_terminate_backend(%s, 10000)", (pid,))
             conn.execute("SELECT 1")     # the connection is gone
         return r
 
