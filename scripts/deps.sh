@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install what building and testing idem needs, from Debian's archive:
 # PostgreSQL 15 with its PGXS build kit (server headers, pg_regress,
-# isolationtester, the TAP modules), a C compiler, make and IPC::Run.
+# isolationtester, the TAP modules), a C compiler, make and IPC::Run, and
+# for the client helpers' tests psycopg 3, pytest, PgBouncer, Node and npm.
 # Does nothing when all is there.
 #
 # Each check looks for the file the build or the tests use, not for a
@@ -83,10 +84,17 @@ missing() {
 	command -v prove >/dev/null || echo "perl prove"
 	perl -MIPC::Run -e1 2>/dev/null || echo "libipc-run-perl perl module IPC::Run"
 	command -v runuser >/dev/null || echo "util-linux runuser"
+	# the agent demo (scripts/agent-demo.sh) uses the Python helper
+	/usr/bin/python3 -c 'import psycopg' 2>/dev/null || echo "python3-psycopg python3 module psycopg"
 	if [ $tests -eq 1 ]; then
 		[ -x /usr/bin/prometheus-postgres-exporter ] ||
 			echo "prometheus-postgres-exporter /usr/bin/prometheus-postgres-exporter (test/t/120_exporter.pl)"
 		command -v curl >/dev/null || echo "curl curl (test/t/120_exporter.pl)"
+		# the client helpers' tests (scripts/test-clients.sh)
+		/usr/bin/python3 -c 'import pytest' 2>/dev/null || echo "python3-pytest python3 module pytest"
+		[ -x /usr/sbin/pgbouncer ] || echo "pgbouncer /usr/sbin/pgbouncer"
+		command -v node >/dev/null || echo "nodejs node"
+		command -v npm >/dev/null || echo "npm npm"
 	fi
 	if [ $bench -eq 1 ]; then
 		command -v gnuplot >/dev/null || echo "gnuplot-nox gnuplot (test/bench)"

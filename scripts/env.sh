@@ -33,3 +33,16 @@ idem_throwaway_cluster() {
 	trap 'run pg_ctl -D "$dir/data" -m immediate stop >/dev/null 2>&1 || true; rm -rf "$dir"' EXIT
 	run initdb -D "$dir/data" -A trust -U postgres >/dev/null
 }
+
+# Build and install idem from $1, then copy the tree (without .git) into a
+# new directory /tmp/idem-$2.XXXXXX owned by the cluster user, stored in
+# $work and removed when the calling script exits.
+idem_install_and_copy() {
+	"$1/scripts/deps.sh"
+	idem_build_install "$1"
+	work=$(mktemp -d "/tmp/idem-$2.XXXXXX")
+	trap 'rm -rf "$work"' EXIT
+	tar -C "$1" --exclude=.git -cf - . | tar -C "$work" -xf -
+	[ "$(id -u)" -eq 0 ] && chown -R postgres: "$work"
+	return 0
+}

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Build and install idem, then run the whole suite: pg_regress, the
 # isolation specs and the TAP tests (make installcheck).  Each part starts
-# its own throwaway cluster on a Unix socket.  Works as root: the tests run
+# its own throwaway cluster on a Unix socket; then the client helpers'
+# tests (scripts/test-clients.sh).  Works as root: the tests run
 # as the unprivileged postgres user, in a copy of the tree it owns.
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
@@ -18,6 +19,10 @@ tar -C "$top" --exclude=.git -cf - . | tar -C "$work" -xf -
 
 status=0
 "${IDEM_RUNAS[@]}" make -C "$work" PG_CONFIG="$PG_CONFIG" installcheck || status=$?
+# the Python and Node helpers, directly and through PgBouncer
+"${IDEM_RUNAS[@]}" env PG_CONFIG="$PG_CONFIG" HOME="$work" "$work/scripts/test-clients.sh" || {
+	[ $status -ne 0 ] || status=1
+}
 if [ $status -ne 0 ]; then
 	for f in "$work/regression.diffs" "$work/output_iso/regression.diffs"; do
 		[ -f "$f" ] && { echo "=== $f"; cat "$f"; }

@@ -1,0 +1,201 @@
+'use strict';
+// idem from Node: node-postgres (pg) helpers for idempotent business writes.
+//
+// A small helper, not a framework.  execute() and step() run inside the
+// application's transaction (the caller commits); retry() re-runs a whole
+// transaction function for exactly the errors idem_retry_advice says to
+// retry.  Every argument is sent as a string (null stays NULL) and typed by
+// the statement; per-call options go into idem_call itself, never into a
+// session SET that would leak through a pooler; queries are unnamed, so
+// PgBouncer in transaction mode works as it is.
+//
+// JSON numbers in responses are kept exact the way pg keeps numeric
+// columns: a number with a fraction or exponent, or beyond 2^53, comes
+// back as the string the server wrote ('25.00'); small integers as numbers.
+
+class IdemError extends Error {
+  constructor(message, { sqlstate, detail, hint, cause } = {}) {
+    super(message, cause ? { cause } : undefined);
+    this.name = this.constructor.name;
+    this.sqlstate = sqlstate || this.constructor.sqlstate;
+    this.detail = detail;
+    this.hint = hint;
+  }
+}
+const kinds = {
+  KeyReused: 'ID422', // the key was used for a different request
+  InProgress: 'ID409', // the key is held by a concurrent transaction (wait off)
+  NestedKey: 'ID508', // a business statement called idem with its own key
+  RunNotFound: 'ID404', // no such run for the current role
+  StepUndeclared: 'ID400', // a step name the run did not declare
+  RunNotRunning: 'ID423', // the run is failed or completed
+  OutOfSequence: 'ID425', // earlier declared steps have not all completed
+};
+const errors = { IdemError };
+const bySqlstate = {};
+for (const [name, sqlstate] of Object.entries(kinds)) {
+  const cls = { [name]: class extends IdemError {} }[name];
+  cls.sqlstate = sqlstate;
+  errors[name] = bySqlstate[sqlstate] = cls;
+}
+
+// The key's recorded outcome is a business error (idem.cache_errors):
+// thrown on the execution that recorded it and on every replay.
+class CachedError extends IdemError {
+  constructor(error, replayed) {
+    super(error.message, error);
+    this.replayed = replayed;
+  }
+}
+errors.CachedError = CachedError;
+
+function parseExact(text) {
+  let i = 0;
+  const ws = () => { while (' \t\n\r'.includes(text[i])) i++; };
+  function value() {
+    ws();
+    const c = text[i];
+    if (c === '{') {
+      const o = {};
+      i++; ws();
+      if (text[i] === '}') { i++; return o; }
+      for (;;) {
+        ws();
+        const k = string();
+        ws(); i++; // ':'
+        o[k] = value();
+        ws();
+        if (text[i++] === '}') return o;
+      }
+    }
+    if (c === '[') {
+      const a = [];
+      i++; ws();
+      if (text[i] === ']') { i++; return a; }
+      for (;;) {
+        a.push(value());
+        ws();
+        if (text[i++] === ']') return a;
+      }
+    }
+    if (c === '"') return string();
+    for (const [word, v] of [['true', true], ['false', false], ['null', null]]) {
+      if (text.startsWith(word, i)) { i += word.length; return v; }
+    }
+    const m = /^-?\d+(\.\d+)?([eE][+-]?\d+)?/.exec(text.slice(i, i + 400));
+    if (!m) throw new SyntaxError(`bad JSON at ${i}`);
+    i += m[0].length;
+    const n = Number(m[0]);
+    return !m[1] && !m[2] && Number.isSafeInteger(n) ? n : m[0];
+  }
+  function string() {
+    const start = i;
+    i++;
+    while (text[i] !== '"') i += text[i] === '\\' ? 2 : 1;
+    i++;
+    return JSON.parse(text.slice(start, i));
+  }
+  return value();
+}
+
+function toArg(v) {
+  if (v === null || v === undefined) return null;
+  if (typeof v === 'string') return v;
+  if (v instanceof Date) return v.toISOString();
+  if (typeof v === 'object') return JSON.stringify(v);
+  return String(v);
+}
+
+function translate(err) {
+  const cls = err && bySqlstate[err.code];
+  return cls ? new cls(err.message, { detail: err.detail, hint: err.hint, cause: err }) : err;
+}
+
+const CALL = 'SELECT response::text AS response, replayed, first_executed_at FROM idem_call(' +
+  'key => $1, sql => $2, args => $3::text[], outbox_topic => $4, ttl => $5::interval,' +
+  ' wait => $6::boolean, run_id => $7, step => $8)';
+
+async function call(client, key, runId, stepName, sql, args, opts) {
+  const ttl = typeof opts.ttl === 'number' ? `${opts.ttl} seconds` : opts.ttl;
+  const wait = opts.wait === undefined || opts.wait === null ? null : String(Boolean(opts.wait));
+  let res;
+  try {
+    res = await client.query(CALL, [key, sql, args.map(toArg), opts.outboxTopic ?? null,
+      ttl ?? null, wait, runId, stepName]);
+  } catch (e) {
+    throw translate(e);
+  }
+  const row = res.rows[0];
+  const response = parseExact(row.response);
+  if (response.error && !response.command) throw new CachedError(response.error, row.replayed);
+  return { rows: response.rows, rowcount: response.rowcount, replayed: row.replayed,
+    firstExecutedAt: row.first_executed_at };
+}
+
+// Run sql once for key in the client's current transaction.
+// opts: { outboxTopic, ttl (seconds or an interval string), wait }, for this call only.
+function execute(client, key, sql, args = [], opts = {}) {
+  return call(client, key, null, null, sql, args, opts);
+}
+
+// Run one step of a workflow run (idem_run_begin) in the current transaction.
+function step(client, runId, stepName, sql, args = [], opts = {}) {
+  return call(client, null, runId, stepName, sql, args, opts);
+}
+
+const adviceCache = new Map();
+async function retryAdvice(client, sqlstate) {
+  if (!adviceCache.has(sqlstate)) {
+    const r = await client.query('SELECT idem_retry_advice($1) AS a', [sqlstate]);
+    adviceCache.set(sqlstate, r.rows[0].a);
+  }
+  return adviceCache.get(sqlstate);
+}
+
+function sqlstateOf(err) {
+  const e = err instanceof IdemError && err.cause ? err.cause : err;
+  // a server's error has a severity; a socket's code (EPIPE) is no SQLSTATE
+  if (e && e.severity && typeof e.code === 'string') return e.code;
+  // the connection went away without an error message: class 08
+  if (e && (e.syscall || /Connection terminated|not queryable/i.test(e.message))) return '08006';
+  return null;
+}
+
+// Run fn(client) between BEGIN and COMMIT; on an error idem_retry_advice
+// says to retry, roll back and run all of it again, after
+// uniform(0, min(cap, base * 2^n)) seconds (from the doubled base for
+// 'retry_later').  A broken connection is replaced by connect().  Returns
+// { result, client }.
+async function retry(connect, fn, { attempts = 8, base = 0.05, cap = 5, client = null,
+  onRetry = null, sleep = (s) => new Promise((r) => setTimeout(r, s * 1000)) } = {}) {
+  for (let attempt = 0; ; attempt++) {
+    let broken = false;
+    if (!client) {
+      client = await connect();
+      client.on('error', () => {}); // a terminated backend: seen by the next query
+    }
+    try {
+      await client.query('BEGIN');
+      const result = await fn(client);
+      await client.query('COMMIT');
+      return { result, client };
+    } catch (err) {
+      const state = sqlstateOf(err);
+      try { await client.query('ROLLBACK'); } catch (e) { broken = true; }
+      if (err instanceof CachedError || state === null || attempt === attempts - 1) throw err;
+      if (broken) {
+        client.end().catch(() => {});
+        client = await connect();
+        client.on('error', () => {});
+      }
+      const advice = await retryAdvice(client, state);
+      if (advice === 'never') throw err;
+      const shift = attempt + (advice === 'retry_later' ? 1 : 0);
+      const delay = Math.random() * Math.min(cap, base * 2 ** shift);
+      if (onRetry) onRetry(err, delay);
+      await sleep(delay);
+    }
+  }
+}
+
+module.exports = { execute, step, retry, retryAdvice, sqlstateOf, parseExact, toArg, ...errors };
