@@ -54,6 +54,8 @@ async function start() {
   const admin = new pg.Client(direct);
   await admin.connect();
   await admin.query('CREATE EXTENSION idem');
+  // publishing needs a registered topic (see the README's Outbox)
+  await admin.query("SELECT idem_outbox_create_topic('refunds')");
 
   const bport = await freePort();
   const users = path.join(dir, 'users.txt');

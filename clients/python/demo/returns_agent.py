@@ -209,7 +209,8 @@ def main():
                 CREATE TABLE stock (sku text PRIMARY KEY, on_hand int);
                 CREATE TABLE refunds (id serial PRIMARY KEY, return_id text, amount numeric);
                 INSERT INTO returns VALUES ('ret-4471', 25.00, 'approved');
-                INSERT INTO stock VALUES ('sku-1', 3);""")
+                INSERT INTO stock VALUES ('sku-1', 3);
+                SELECT idem_outbox_create_topic('customer-notifications');""")
         t0 = time.time()
         starts = 0
         crashlog = os.path.join(cluster.dir, "crashes")

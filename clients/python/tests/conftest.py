@@ -61,6 +61,8 @@ class Cluster:
             c.execute(f"CREATE DATABASE {DBNAME}")
         with psycopg.connect(self.dsn(), autocommit=True) as c:
             c.execute("CREATE EXTENSION idem")
+            # publishing needs a registered topic (see the README's Outbox)
+            c.execute("SELECT idem_outbox_create_topic('refunds')")
 
     def dsn(self):
         return f"host={self.dir} port={self.port} user=postgres dbname={DBNAME}"
