@@ -115,10 +115,11 @@ done
 [ $install -eq 1 ] && idem_build_install "$top"
 
 names=("round trip" "bare" "floor" "plpgsql" "idem new key" "idem replay"
-	   "plpgsql replay" "hot keys" "replay call shape" "idem step new key")
+	   "plpgsql replay" "hot keys" "replay call shape" "idem step new key"
+	   "idem new key, cache_errors")
 scripts=(w0_round_trip w1_bare w2_floor w3_plpgsql w4_idem_new_key
 		 w5_idem_replay w6_plpgsql_replay w7_hot_keys w8_replay_call_shape
-		 w9_idem_step_new_key)
+		 w9_idem_step_new_key w10_idem_new_key_cache_errors)
 declare -a ir=()
 
 stamp=$(date -u +%Y%m%dT%H%M%SZ)
@@ -222,13 +223,20 @@ reset_state() {
 	su_sql -c "CHECKPOINT"
 }
 
+# Session settings a workload needs besides the common ones.
+script_options() {
+	case "$1" in
+		w10_*) echo "-c idem.cache_errors=23" ;;
+	esac
+}
+
 # run_pgbench LOG CLIENTS SYNC SECONDS SCRIPT [pgbench options...]
 run_pgbench() {
 	local logf=$1 c=$2 sync=$3 secs=$4 script=$5
 	shift 5
 	local j=$c
 	[ "$j" -gt 4 ] && j=4
-	run env PGOPTIONS="-c synchronous_commit=$sync -c idem.outbox_topic=payments" \
+	run env PGOPTIONS="-c synchronous_commit=$sync -c idem.outbox_topic=payments $(script_options "$script")" \
 		pgbench -n -M prepared -h "$dir" -p $port -U bench \
 		-c "$c" -j "$j" -T "$secs" -D owner="$owner" -D seeds="$seeds" -D i=0 \
 		-f "$bench/$script.sql" "$@" $db >"$logf" 2>&1 || true
@@ -321,7 +329,7 @@ END {
 		sync = s ? "on" : "off"
 		if (!(sync in seen_sync)) continue
 		bare = ((sync SUBSEP 1) in tps) ? median(tps[sync, 1]) : 0
-		for (w = 0; w <= 9; w++) {
+		for (w = 0; w <= 10; w++) {
 			k = sync SUBSEP w
 			if (!(k in tps)) continue
 			m = median(tps[k])
@@ -408,7 +416,7 @@ md="$new/latest.md"
 	  if ($11 != "") x[k] = $11 }
 	END {
 		printf "%-17s %-8s %-26s %-7s %-26s %-7s\n", "workload", "clients", "sync=off TPS", "x bare", "sync=on TPS", "x bare"
-		for (i = 0; i <= 9; i++) if (i in w)
+		for (i = 0; i <= 10; i++) if (i in w)
 			printf "%-17s %-8s %-26s %-7s %-26s %-7s%s\n", i " " w[i], c[i], t[i, "off"], r[i, "off"], t[i, "on"], r[i, "on"],
 				(i in x) ? "  (share executed " x[i] ")" : ""
 	}' "$summary"
@@ -432,7 +440,7 @@ md="$new/latest.md"
 	echo "| workload | clients | sync=off TPS (min-max) | x bare | sync=on TPS (min-max) | x bare |"
 	echo "|---|---|---|---|---|---|"
 	awk -F, 'NR > 1 { k = $1; w[k] = $2; c[k] = $4; t[k, $3] = sprintf("%d (%d-%d)", $6, $7, $8); r[k, $3] = $9 }
-	END { for (i = 0; i <= 9; i++) if (i in w)
+	END { for (i = 0; i <= 10; i++) if (i in w)
 		printf "| %d %s | %s | %s | %s | %s | %s |\n", i, w[i], c[i], t[i, "off"], r[i, "off"], t[i, "on"], r[i, "on"] }' "$summary"
 	echo
 	echo "| target (synchronous_commit=off unless noted) | threshold | measured | paired | met |"
@@ -676,7 +684,7 @@ if [ $profile -eq 1 ]; then
 				# written after pgbench are those of its connections
 				quiesce
 				before=$(ls "$dir/cg" | sort)
-				run env PGOPTIONS="-c synchronous_commit=off -c idem.outbox_topic=payments" \
+				run env PGOPTIONS="-c synchronous_commit=off -c idem.outbox_topic=payments $(script_options "${scripts[$w]}")" \
 					pgbench -n -M prepared -h "$dir" -p $port -U bench -c 1 -j 1 -t $n \
 					-D owner="$owner" -D seeds="$seeds" -D i=0 -f "$bench/${scripts[$w]}.sql" $db \
 					>"$out/profile-${scripts[$w]}-$n.log" 2>&1

@@ -89,8 +89,10 @@ BEGIN
 
 	INSERT INTO bench.keys (key, owner, fingerprint, response, created_at, expires_at, fingerprint_version)
 	VALUES (p_key, v_owner, v_fp, v_response, now(), now() + interval '1 day', 2);
-	INSERT INTO bench.outbox (event_id, key, owner, topic, payload, created_at)
-	VALUES (gen_random_uuid(), p_key, v_owner, 'payments', v_response, now());
+	INSERT INTO bench.outbox (event_id, key, owner, topic, payload, created_at,
+							  state, attempts, next_attempt_at)
+	VALUES (gen_random_uuid(), p_key, v_owner, 'payments', v_response, now(),
+			'pending', 0, now());
 	RETURN v_response;
 END
 $$;

@@ -16,5 +16,7 @@ WITH p AS (
 	  FROM p
 	RETURNING key, owner, response
 )
-INSERT INTO bench.outbox (event_id, key, owner, topic, payload, created_at)
-SELECT gen_random_uuid(), key, owner, 'payments', response, now() FROM k;
+INSERT INTO bench.outbox (event_id, key, owner, topic, payload, created_at,
+						 state, attempts, next_attempt_at)
+SELECT gen_random_uuid(), key, owner, 'payments', response, now(),
+	   'pending', 0, now() FROM k;

@@ -197,7 +197,7 @@ def main():
     print(f"returns agent: seed {seed}, {a.crashes} crashes planned: {', '.join(plan) or 'none'}")
 
     sys.path.insert(0, os.path.join(here, "..", "tests"))
-    from conftest import Cluster
+    from clusters import Cluster
     cluster = Cluster()
     carrier = Carrier(seed)
     threading.Thread(target=carrier.serve_forever, daemon=True).start()

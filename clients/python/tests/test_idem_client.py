@@ -253,7 +253,7 @@ def test_lost_commit_acknowledgement_replays(cluster, table, admin):
     """The COMMIT succeeds and its reply is lost (a proxy drops the
     connection): the wrapper cannot know, runs the transaction again, and
     idem replays instead of refunding twice."""
-    from conftest import AckLosingProxy
+    from clusters import AckLosingProxy
     proxy = AckLosingProxy(cluster.port)
     key = f"{table}:ack"
     seen = []
