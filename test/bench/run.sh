@@ -727,7 +727,7 @@ if [ $profile -eq 1 ]; then
 		{
 			printf "%-22s %12s %10s\n" workload "instr/tx" "x round trip"
 			for w in $profile_workloads; do
-				printf "%-22s %12d %10s\n" "$w ${names[$w]}" "${ir[$w]}" "$(awk -v a="${ir[$w]}" -v b="${ir[0]:-0}" 'BEGIN { print b > 0 ? sprintf("%.2f", a / b) : "-" }')"
+				printf "%-22s %12d %10s\n" "$w ${names[$w]}" "${ir[$w]}" "$(awk -v a="${ir[$w]}" -v b="${ir[0]:-0}" 'BEGIN { print (b > 0 ? sprintf("%.2f", a / b) : "-") }')"
 			done
 			echo
 			awk -v a="${ir[4]:-0}" -v b="${ir[2]:-0}" -v c="${ir[3]:-0}" -v d="${ir[5]:-0}" -v e="${ir[0]:-0}" -v f="${ir[6]:-0}" -v g="${ir[8]:-0}" -v h="${ir[9]:-0}" '
