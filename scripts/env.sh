@@ -3,7 +3,8 @@
 # another installation (e.g. a relocated copy of Debian's tree, so that
 # two work trees can install and test side by side).
 export PG_CONFIG=${PG_CONFIG:-/usr/lib/postgresql/15/bin/pg_config}
-PATH=$("$PG_CONFIG" --bindir):$PATH
+# pg_config sits in the bindir (and may not exist yet: deps.sh installs it)
+PATH=$(dirname "$PG_CONFIG"):$PATH
 export PATH
 if [ "$(id -u)" -eq 0 ]; then
 	IDEM_RUNAS=(runuser -u postgres --)

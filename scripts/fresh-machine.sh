@@ -307,12 +307,25 @@ for f in /etc/apt/apt.conf /etc/apt/apt.conf.d/*; do
 done
 cp /etc/resolv.conf "$base/etc/resolv.conf"
 cp /etc/hosts "$base/etc/hosts"
+# likewise the certificate authorities the host adds to Debian's (this
+# network's TLS egress proxy signs with one), which npm needs to reach its
+# registry; ca-certificates puts them in the root's bundle
+mkdir -p "$base/usr/local/share/ca-certificates"
+for f in /usr/local/share/ca-certificates/*.crt; do
+	[ -f "$f" ] && cp "$f" "$base/usr/local/share/ca-certificates/"
+done
 mount_root "$base"
 in_root "$base" "$logs/base.log" apt-get update -qq
-in_root "$base" "$logs/base.log" apt-get install -y -qq git
+in_root "$base" "$logs/base.log" apt-get install -y -qq git ca-certificates
 kill_in_root "$base"
 unmount_under "$base"
 phase_end "base root: apt sources, policy-rc.d, git"
+
+# Node (npm) trusts only its own CA list unless told: point it at the root's
+# bundle, as this host's environment points its own Node at the host's.
+tls_env=()
+[ -n "${NODE_EXTRA_CA_CERTS:-}" ] &&
+	tls_env+=("NODE_EXTRA_CA_CERTS=/etc/ssl/certs/ca-certificates.crt")
 
 # --- the variants ------------------------------------------------------------
 # Run one command of variant $1 in its root $2, as root, from directory $4
@@ -326,7 +339,8 @@ run_step() {	# variant root number dir command [VAR=value...]
 	say "variant $v: $cmd"
 	t=$(date +%s)
 	in_bg "$log" chroot "$root" /usr/bin/env -i HOME=/root LANG=C.UTF-8 \
-		PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin "$@" \
+		PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+		"${tls_env[@]}" "$@" \
 		/bin/bash -c "cd $dir && $cmd" || rc=$?
 	t=$(( $(date +%s) - t ))
 	summary+=("$(printf '  %-44s exit %-3d %4ds' "$cmd" "$rc" "$t")")
