@@ -70,7 +70,8 @@ SELECT idem_execute('ops:2', 'INSERT INTO ops_pay (amount) VALUES ($1) RETURNING
 ROLLBACK;
 RESET ROLE;
 SELECT key, owner, outcome, sqlstate, run_id, step, application_name,
-       client_addr, backend_pid = pg_backend_pid() AS this_backend,
+       client_addr IS NOT DISTINCT FROM inet_client_addr() AS client_addr,
+       backend_pid = pg_backend_pid() AS this_backend,
        xid IS NOT NULL AS has_xid, length(fingerprint) AS fingerprint_bytes
   FROM idem_audit ORDER BY at;
 -- the replay's entry carries the fingerprint of the request it replayed
