@@ -321,10 +321,10 @@ kill_in_root "$base"
 unmount_under "$base"
 phase_end "base root: apt sources, policy-rc.d, git"
 
-# Node (npm) trusts only its own CA list unless told: point it at the root's
-# bundle, as this host's environment points its own Node at the host's.
+# Node (npm) trusts only its own CA list unless told: where the host added
+# authorities of its own, point Node at the root's bundle, which has them.
 tls_env=()
-[ -n "${NODE_EXTRA_CA_CERTS:-}" ] &&
+compgen -G "$base/usr/local/share/ca-certificates/*.crt" >/dev/null &&
 	tls_env+=("NODE_EXTRA_CA_CERTS=/etc/ssl/certs/ca-certificates.crt")
 
 # --- the variants ------------------------------------------------------------
