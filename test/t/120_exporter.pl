@@ -45,11 +45,19 @@ my $h = IPC::Run::start(
 	init => sub { $ENV{DATA_SOURCE_NAME} = $dsn; });
 
 # one scrape: the idem_stats_* samples of database postgres, by name
+my $last_curl_error = '';
 sub scrape
 {
 	my ($stdout, $stderr);
-	IPC::Run::run([ 'curl', '-sS', '--max-time', '10', "http://127.0.0.1:$port/metrics" ],
+	# loopback is never reached through a proxy, whatever the environment
+	# says (autopkgtest passes apt's proxy on to the tests)
+	IPC::Run::run(
+		[
+			'curl', '-sS', '--noproxy', '*', '--max-time', '10',
+			"http://127.0.0.1:$port/metrics"
+		],
 		'>', \$stdout, '2>', \$stderr);
+	$last_curl_error = $stderr // '';
 	my %m;
 	for (split /\n/, $stdout // '')
 	{
@@ -63,7 +71,7 @@ my $deadline = time + $timeout;
 do { usleep(200_000); $m = scrape(); }
   until exists $m->{idem_stats_executions} or time > $deadline;
 ok(exists $m->{idem_stats_executions}, 'the exporter serves idem_stats_executions')
-  or diag("exporter stderr:\n$eerr");
+  or diag("exporter stderr:\n$eerr\ncurl stderr:\n$last_curl_error");
 is($m->{idem_stats_executions} // '', '0', 'no executions yet');
 ok(exists $m->{$_}, "and $_")
   for qw(idem_stats_replays idem_stats_mismatches idem_stats_in_progress
