@@ -358,17 +358,6 @@ catalog_resolve(void)
 }
 
 /*
- * idem_catalog_check
- *		Make sure idem's tables are the extension's own, with their shape,
- *		before reading them by name (run.c's readers take no key lock).
- */
-void
-idem_catalog_check(void)
-{
-	catalog_resolve();
-}
-
-/*
  * A key's lock names its owner in full and the key by a 32-bit hash keyed
  * by the database's lock seed, so two roles never share a lock: no wait,
  * timeout or ID409 can tell one role anything about another's keys, and

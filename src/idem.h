@@ -242,7 +242,6 @@ extern int	idem_errhint(int sqlerrcode, const char *hint);
 extern char *idem_derive_key(int nparts, const char *const *parts);
 
 /* catalog.c: idem's tables and the key lock */
-extern void idem_catalog_check(void);
 extern void idem_lock_key(Oid owner, const char *key, int keylen, bool wait);
 extern bool idem_try_lock_key(Oid owner, const char *key, int keylen);
 extern bool idem_lookup_key(Oid owner, const char *key, IdemRecord *rec);
