@@ -59,8 +59,9 @@ def hand(conn, key, invoice, amount):
     conn.execute("INSERT INTO bench.keys (key, owner, fingerprint, response, created_at,"
                  " expires_at, fingerprint_version) VALUES (%s, current_user::regrole, %s,"
                  " %s, now(), now() + interval '1 day', 2)", (key, fp, response))
-    conn.execute("INSERT INTO bench.outbox (event_id, key, owner, topic, payload, created_at)"
-                 " VALUES (gen_random_uuid(), %s, current_user::regrole, 'payments', %s, now())",
+    conn.execute("INSERT INTO bench.outbox (event_id, key, owner, topic, payload, created_at,"
+                 " state, attempts, next_attempt_at) VALUES (gen_random_uuid(), %s,"
+                 " current_user::regrole, 'payments', %s, now(), 'pending', 0, now())",
                  (key, response))
     conn.execute("COMMIT")
     return response
