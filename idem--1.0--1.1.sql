@@ -413,6 +413,11 @@ CREATE FUNCTION @extschema@.idem_stats(
 	OUT purged_keys bigint,
 	OUT purged_audit_entries bigint,
 	OUT outbox_written bigint,
+	OUT outbox_claimed bigint,
+	OUT outbox_acked bigint,
+	OUT outbox_failed bigint,
+	OUT outbox_dead bigint,
+	OUT purged_outbox_events bigint,
 	OUT audit_written bigint,
 	OUT audit_queued bigint,
 	OUT audit_dropped bigint,
@@ -425,7 +430,8 @@ CREATE VIEW @extschema@.idem_stats AS
 SELECT s.dbid, d.datname, s.executions, s.replays, s.mismatches,
 	   s.in_progress, s.conflicts, s.sequencing_errors, s.errors,
 	   s.lock_waits, s.lock_wait_time, s.purged_keys, s.purged_audit_entries,
-	   s.outbox_written, s.audit_written, s.audit_queued, s.audit_dropped,
+	   s.outbox_written, s.outbox_claimed, s.outbox_acked, s.outbox_failed,
+	   s.outbox_dead, s.purged_outbox_events, s.audit_written, s.audit_queued, s.audit_dropped,
 	   s.stats_reset
   FROM @extschema@.idem_stats() s
   LEFT JOIN pg_catalog.pg_database d ON d.oid OPERATOR(pg_catalog.=) s.dbid;

@@ -527,9 +527,9 @@ static OutboxQuery q_claim = {
 	"  RETURNING o.event_id, o.key, o.owner, o.topic, o.payload, o.run_id, o.step,"
 	"            o.attempts, o.lease_token, o.created_at, o.next_attempt_at, o.state)"
 	" SELECT u.event_id, u.key, u.owner, u.topic, u.payload, u.run_id, u.step, u.attempts,"
-	"        u.lease_token, u.created_at, u.next_attempt_at"
+	"        u.lease_token, u.created_at, u.next_attempt_at,"
+	"        u.state OPERATOR(pg_catalog.=) 'dead'"
 	"   FROM u JOIN c ON c.event_id OPERATOR(pg_catalog.=) u.event_id"
-	"  WHERE u.state OPERATOR(pg_catalog.=) 'leased'"
 	"  ORDER BY c.due, u.created_at",
 	7, {TEXTOID, TIMESTAMPTZOID, INT4OID, TIMESTAMPTZOID, INT4OID, REGROLEOID, TEXTOID},
 	CURSOR_OPT_GENERIC_PLAN
@@ -732,6 +732,7 @@ idem_outbox_claim(PG_FUNCTION_ARGS)
 	OutboxSPI	spi;
 	Datum		values[7];
 	char		nulls[7] = {' ', ' ', ' ', ' ', ' ', ' ', ' '};
+	uint64		dead = 0;
 
 	if (rsinfo == NULL || !IsA(rsinfo, ReturnSetInfo) ||
 		(rsinfo->allowedModes & SFRM_Materialize) == 0)
@@ -793,13 +794,19 @@ idem_outbox_claim(PG_FUNCTION_ARGS)
 	outbox_spi_run(&q_claim, values, nulls, 0);
 	for (uint64 i = 0; i < SPI_processed; i++)
 	{
-		Datum		row[11];
-		bool		rownulls[11];
+		Datum		row[12];
+		bool		rownulls[12];
 
 		heap_deform_tuple(SPI_tuptable->vals[i], SPI_tuptable->tupdesc,
 						  row, rownulls);
-		tuplestore_putvalues(store, tupdesc, row, rownulls);
+		/* the claim that finds a last lease expired makes it a dead letter */
+		if (DatumGetBool(row[11]))
+			dead++;
+		else
+			tuplestore_putvalues(store, tupdesc, row, rownulls);
 	}
+	idem_stats_count(IDEM_STAT_OUTBOX_CLAIMED, SPI_processed - dead);
+	idem_stats_count(IDEM_STAT_OUTBOX_DEAD, dead);
 	outbox_spi_end(&spi);
 
 	rsinfo->returnMode = SFRM_Materialize;
@@ -931,6 +938,7 @@ idem_outbox_ack(PG_FUNCTION_ARGS)
 		outbox_spi_end(&spi);
 		/* an error here rolls the ack back with the caller's transaction */
 		check_topic(topic, caller, TOPIC_CONSUME);
+		idem_stats_count(IDEM_STAT_OUTBOX_ACKED, 1);
 		PG_RETURN_VOID();
 	}
 	found = lock_event(&spi, values[0], values[1], false, &ev);
@@ -1063,6 +1071,7 @@ idem_outbox_ack_batch(PG_FUNCTION_ARGS)
 	outbox_spi_end(&spi);
 	for (uint64 i = 0; i < done; i++)
 		check_topic(topics[i], caller, TOPIC_CONSUME);
+	idem_stats_count(IDEM_STAT_OUTBOX_ACKED, done);
 	PG_RETURN_INT32((int32) done);
 }
 
@@ -1150,6 +1159,7 @@ idem_outbox_fail(PG_FUNCTION_ARGS)
 	outbox_spi_end(&spi);
 	check_topic(ev.topic, caller, TOPIC_CONSUME);
 
+	idem_stats_count(dead ? IDEM_STAT_OUTBOX_DEAD : IDEM_STAT_OUTBOX_FAILED, 1);
 	if (dead)
 		PG_RETURN_NULL();
 	PG_RETURN_TIMESTAMPTZ(next);
@@ -1221,6 +1231,7 @@ idem_outbox_purge_delivered(int batch_size)
 	outbox_spi_run(&q_purge, values, nulls, 0);
 	deleted = (int64) SPI_processed;
 	outbox_spi_end(&spi);
+	idem_stats_count(IDEM_STAT_PURGED_OUTBOX, deleted);
 	return deleted;
 }
 

@@ -109,6 +109,52 @@ $node->safe_psql('postgres', 'SELECT idem_stats_reset()');
 is(stats('postgres', 'executions + replays + mismatches + lock_waits'),
 	'0', 'idem_stats_reset() zeroes the counters');
 
+# outbox delivery: 4 events written, claimed, 3 acked (one alone, two in a
+# batch), one failed, claimed again and failed on its last attempt (dead);
+# a fifth one leased on its last attempt whose lease runs out (dead at the
+# next claim); the 3 delivered ones purged
+$node->safe_psql('postgres', q{
+SELECT idem_outbox_create_topic('stats', publishers => '{postgres}', consumers => '{postgres}');
+SET idem.outbox_topic = 'stats';
+SELECT idem_execute('ob-' || i, 'SELECT $1::int AS i', i) FROM generate_series(1, 4) i;
+});
+is(stats('postgres', 'outbox_written'), '4', 'outbox: 4 events written');
+$node->safe_psql('postgres', q{
+SET idem.outbox_max_attempts = 2;
+CREATE TEMP TABLE c AS SELECT * FROM idem_outbox_claim('stats', max_events => 10, lease => '1 min') ORDER BY key;
+SELECT idem_outbox_ack(event_id, lease_token) FROM c WHERE key = 'ob-1';
+SELECT idem_outbox_ack_batch(array_agg(event_id), array_agg(lease_token)) FROM c WHERE key IN ('ob-2', 'ob-3');
+SELECT idem_outbox_fail(event_id, lease_token, 'first') FROM c WHERE key = 'ob-4';
+UPDATE idem.outbox SET next_attempt_at = '-infinity' WHERE key = 'ob-4';
+SELECT idem_outbox_fail(event_id, lease_token, 'last')
+  FROM idem_outbox_claim('stats', max_events => 10, lease => '1 min');
+});
+is(stats('postgres', 'outbox_claimed, outbox_acked, outbox_failed, outbox_dead'),
+	'5|3|1|1', 'outbox: 5 claims, 3 acks, 1 failure, 1 dead letter after the last attempt');
+$node->safe_psql('postgres', q{
+SET idem.outbox_topic = 'stats';
+SELECT idem_execute('ob-5', 'SELECT 5 AS i');
+});
+$node->safe_psql('postgres', q{
+SET idem.outbox_max_attempts = 1;
+SELECT count(*) FROM idem_outbox_claim('stats', max_events => 10, lease => '10 ms');
+SELECT pg_sleep(0.1);
+SELECT count(*) FROM idem_outbox_claim('stats', max_events => 10, lease => '10 ms');
+});
+is(stats('postgres', 'outbox_claimed, outbox_dead'), '6|2',
+	'outbox: a claim that finds the last lease expired counts a dead letter, not a claim');
+is($node->safe_psql('postgres', "SELECT state FROM idem_outbox_events WHERE key = 'ob-5'"),
+	'dead', 'and the event is dead');
+$node->safe_psql('postgres', q{
+SET idem.outbox_retention = 0;
+SELECT idem_outbox_purge();
+});
+$node->poll_query_until('postgres',
+	"SELECT purged_outbox_events = 3 FROM idem_stats WHERE datname = current_database()")
+  or die 'purged_outbox_events never reached 3';
+pass('outbox: the 3 delivered events purged are counted');
+$node->safe_psql('postgres', 'SELECT idem_stats_reset()');
+
 ########################################################################
 # 2. The purge worker.
 ########################################################################
