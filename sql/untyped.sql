@@ -63,6 +63,25 @@ SELECT idem_execute('u:11', 'SELECT $1; SELECT 2', 'x');
 \echo :LAST_ERROR_SQLSTATE
 SELECT * FROM seen;
 
+-- the inferred types are kept per backend, but not from an analysis that
+-- failed: once the table exists, the same statement infers numeric
+SELECT idem_execute('u:12', 'INSERT INTO later (amount) VALUES ($1) RETURNING amount', '4.50');
+\echo :LAST_ERROR_SQLSTATE
+CREATE TABLE later (amount numeric);
+SELECT idem_execute('u:12', 'INSERT INTO later (amount) VALUES ($1) RETURNING amount', '4.50');
+-- and they are kept per search_path: the same text infers each schema's type
+CREATE SCHEMA u_int;
+CREATE SCHEMA u_text;
+CREATE TABLE u_int.t (v integer);
+CREATE TABLE u_text.t (v text);
+SET search_path = u_int, public;
+SELECT idem_execute('u:13', 'INSERT INTO t (v) VALUES ($1) RETURNING v', '7');
+SET search_path = u_text, public;
+SELECT idem_execute('u:14', 'INSERT INTO t (v) VALUES ($1) RETURNING v', '7');
+RESET search_path;
+DROP SCHEMA u_int, u_text CASCADE;
+DROP TABLE later;
+
 DEALLOCATE ALL;
 DROP VIEW seen;
 DROP TABLE refunds;

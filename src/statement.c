@@ -152,6 +152,8 @@ struct IdemStatement
 	uint8		settings[IDEM_FINGERPRINT_LEN]; /* settings it was made under */
 	uint8		ident[IDEM_FINGERPRINT_LEN];	/* v2 prefix: tag, digest, settings */
 	SPIPlanPtr	plan;			/* NULL until first executed */
+	Oid		   *inferred;		/* for argtypes with UNKNOWNOID: the types
+								 * the statement gave them, once inferred */
 	bool		plan_checked;	/* analyzed statement verified */
 	bool		resized;		/* plan may have grown since last measured */
 	Size		bytes;			/* memory charged to the cache */
@@ -835,35 +837,17 @@ idem_statement_plan(IdemStatement *stmt)
 }
 
 /*
- * idem_statement_infer_types
- *		Give each untyped argument the type the statement gives its $n, as
- *		PREPARE without types does.
- *
- * types[i] is the argument's own type, or UNKNOWNOID for an argument sent
- * without one (a literal without a cast, a driver parameter of type 0);
- * those are replaced by the inferred type, or text where the statement
- * leaves it open.  If the statement cannot be analyzed with them open (an
- * operator that becomes ambiguous, a missing table), they are text, as
- * without inference, and the statement's own error, if any, comes when it
- * is prepared.  Raises the statement's validation errors.
+ * Analyze a validated statement with its untyped parameters open.  False
+ * when it cannot be analyzed that way; the untyped ones are then text.
  */
-void
-idem_statement_infer_types(const char *sql, int nargs, Oid *types)
+static bool
+infer_types(const char *sql, int nargs, Oid *types)
 {
-	ErrorContextCallback errcallback;
-	RawStmt    *raw;
+	RawStmt    *raw = linitial_node(RawStmt, pg_parse_query(sql));
 	Oid		   *ptypes = palloc(nargs * sizeof(Oid));
 	int			nparams = nargs;
 	IdemSubxact sx;
 	bool		inferred = true;
-
-	errcallback.callback = statement_error_callback;
-	errcallback.arg = (void *) sql;
-	errcallback.previous = error_context_stack;
-	error_context_stack = &errcallback;
-	(void) check_statement(sql);
-	raw = linitial_node(RawStmt, pg_parse_query(sql));
-	error_context_stack = errcallback.previous;
 
 	for (int i = 0; i < nargs; i++)
 		ptypes[i] = types[i] == UNKNOWNOID ? InvalidOid : types[i];
@@ -890,6 +874,59 @@ idem_statement_infer_types(const char *sql, int nargs, Oid *types)
 			ptypes[i] != UNKNOWNOID)
 			types[i] = ptypes[i];
 	}
+	pfree(ptypes);
+	return inferred;
+}
+
+/*
+ * idem_statement_infer_types
+ *		Give each untyped argument the type the statement gives its $n, as
+ *		PREPARE without types does.
+ *
+ * types[i] is the argument's own type, or UNKNOWNOID for an argument sent
+ * without one (a literal without a cast, a driver parameter of type 0);
+ * those are replaced by the inferred type, or text where the statement
+ * leaves it open.  If the statement cannot be analyzed with them open (an
+ * operator that becomes ambiguous, a missing table), they are text, as
+ * without inference, and the statement's own error, if any, comes when it
+ * is prepared.  Raises the statement's validation errors.
+ *
+ * The answer is kept in the statement cache under the untyped signature,
+ * so a driver's repeated call parses and analyzes its statement once per
+ * backend.  Like a prepared statement's parameter types, it is not
+ * revisited when a table changes later; an analysis that failed is not
+ * kept, so a statement that ran before its table existed is inferred again.
+ */
+void
+idem_statement_infer_types(const char *sql, int nargs, Oid *types)
+{
+	IdemStatement *stmt = idem_statement_acquire(sql, nargs, types);
+
+	PG_TRY();
+	{
+		if (stmt->inferred == NULL)
+		{
+			Oid		   *inferred = palloc(nargs * sizeof(Oid));
+
+			memcpy(inferred, types, nargs * sizeof(Oid));
+			if (infer_types(sql, nargs, inferred))
+			{
+				stmt->inferred = MemoryContextAlloc(stmt->cxt,
+													nargs * sizeof(Oid));
+				memcpy(stmt->inferred, inferred, nargs * sizeof(Oid));
+				stmt->resized = true;
+			}
+			memcpy(types, inferred, nargs * sizeof(Oid));
+			pfree(inferred);
+		}
+		else
+			memcpy(types, stmt->inferred, nargs * sizeof(Oid));
+	}
+	PG_FINALLY();
+	{
+		idem_statement_release(stmt);
+	}
+	PG_END_TRY();
 }
 
 /* ---------------------------------------------------------------------

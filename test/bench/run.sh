@@ -116,10 +116,11 @@ done
 
 names=("round trip" "bare" "floor" "plpgsql" "idem new key" "idem replay"
 	   "plpgsql replay" "hot keys" "replay call shape" "idem step new key"
-	   "idem new key, cache_errors")
+	   "idem new key, cache_errors" "idem_call new key" "idem_call replay")
 scripts=(w0_round_trip w1_bare w2_floor w3_plpgsql w4_idem_new_key
 		 w5_idem_replay w6_plpgsql_replay w7_hot_keys w8_replay_call_shape
-		 w9_idem_step_new_key w10_idem_new_key_cache_errors)
+		 w9_idem_step_new_key w10_idem_new_key_cache_errors
+		 w11_idem_call_new_key w12_idem_call_replay)
 declare -a ir=()
 
 stamp=$(date -u +%Y%m%dT%H%M%SZ)
