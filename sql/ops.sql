@@ -184,6 +184,23 @@ SELECT idem_execute('ops:4', 'SELECT 1 AS one');
 ROLLBACK;
 \echo :LAST_ERROR_SQLSTATE
 
+-- the audit index's insert state is kept between entries: a REINDEX (a
+-- new relcache entry for the index) in between is picked up.  The REINDEX
+-- summarizes the first entry's range, so the index finds the second entry
+-- only if its insert widened that summary.
+TRUNCATE idem.audit;
+SET idem.audit = 'executions';
+SELECT idem_execute('ops:5', 'SELECT 5 AS five') ->> 'rowcount' AS rowcount;
+SELECT at AS first_at FROM idem.audit \gset
+REINDEX INDEX idem.audit_at_idx;
+SELECT idem_execute('ops:5', 'SELECT 5 AS five') ->> 'rowcount' AS rowcount;
+BEGIN;
+SET LOCAL idem.audit = 'off';
+SET LOCAL enable_seqscan = off;
+SELECT outcome FROM idem.audit WHERE at > :'first_at';
+ROLLBACK;
+SET idem.audit = 'off';
+
 RESET idem.audit_retention;
 RESET application_name;
 ALTER ROLE regress_idem_payer RESET ALL;

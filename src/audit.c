@@ -60,21 +60,6 @@
 #include "compat.h"
 #include "idem.h"
 
-/* Columns of idem.audit, as idem--1.1.sql creates it */
-#define Anum_audit_at			1
-#define Anum_audit_key			2
-#define Anum_audit_owner		3
-#define Anum_audit_run_id		4
-#define Anum_audit_step			5
-#define Anum_audit_outcome		6
-#define Anum_audit_fingerprint	7
-#define Anum_audit_sqlstate		8
-#define Anum_audit_xid			9
-#define Anum_audit_pid			10
-#define Anum_audit_appname		11
-#define Anum_audit_client_addr	12
-#define Natts_audit				12
-
 /* Longest run id and step a queued entry keeps (longer ones are cut). */
 #define AUDIT_NAME_LEN			128
 #define AUDIT_ADDR_LEN			64
@@ -478,46 +463,44 @@ idem_audit_discard_db(Oid dbid)
 }
 
 /*
+ * The oldest entries through the BRIN index on at (a bitmap scan, which a
+ * B-tree-only direct scan could not do); rows another purge has locked are
+ * skipped, so concurrent purges share the work.  No ORDER BY: entries are
+ * appended in time order, and every batch takes only expired ones.
+ */
+static IdemQuery q_purge_audit = {
+	"DELETE FROM idem.audit"
+	" WHERE ctid OPERATOR(pg_catalog.=) ANY (ARRAY("
+	"   SELECT ctid FROM idem.audit"
+	"    WHERE at OPERATOR(pg_catalog.<) $1"
+	"    LIMIT $2"
+	"    FOR UPDATE SKIP LOCKED))",
+	2, {TIMESTAMPTZOID, INT4OID}
+};
+
+/*
  * idem_audit_purge_expired
  *		Delete up to batch_size entries older than idem.audit_retention;
- *		return how many.  0 retention keeps everything.
+ *		return how many.  0 retention keeps everything.  Needs a
+ *		transaction with a snapshot, as any SPI caller.
  */
 int64
 idem_audit_purge_expired(int batch_size)
 {
-	Relation	rel;
-	Relation	idx;
-	TupleTableSlot *slot;
-	IndexScanDesc scan;
-	ScanKeyData skey;
-	int64		deleted = 0;
-	TimestampTz cutoff;
+	IdemOwnerSPI spi;
+	Datum		values[2];
+	char		nulls[2] = {' ', ' '};
+	int64		deleted;
 
 	if (idem_audit_retention <= 0)
 		return 0;
-	cutoff = TimestampTzPlusMilliseconds(GetCurrentTransactionStartTimestamp(),
-										 -((int64) idem_audit_retention) * 1000);
-
-	/* self-conflicting: two purges never race for the same rows */
-	rel = table_open(idem_audit_relid(), ShareUpdateExclusiveLock);
-	idx = index_open(idem_audit_at_index(), AccessShareLock);
-	slot = table_slot_create(rel, NULL);
-	scan = index_beginscan(rel, idx, SnapshotSelf, 1, 0);
-	ScanKeyInit(&skey, 1, BTLessStrategyNumber, F_TIMESTAMPTZ_LT,
-				TimestampTzGetDatum(cutoff));
-	index_rescan(scan, &skey, 1, NULL, 0);
-	while (deleted < batch_size &&
-		   index_getnext_slot(scan, ForwardScanDirection, slot))
-	{
-		CHECK_FOR_INTERRUPTS();
-		simple_heap_delete(rel, &slot->tts_tid);
-		deleted++;
-	}
-	index_endscan(scan);
-	ExecDropSingleTupleTableSlot(slot);
-	index_close(idx, AccessShareLock);
-	table_close(rel, ShareUpdateExclusiveLock);
-	CommandCounterIncrement();
+	values[0] = TimestampTzGetDatum(TimestampTzPlusMilliseconds(GetCurrentTransactionStartTimestamp(),
+																-((int64) idem_audit_retention) * 1000));
+	values[1] = Int32GetDatum(batch_size);
+	idem_owner_spi_begin(&spi, idem_audit_relid());
+	(void) idem_query_run(&q_purge_audit, values, nulls, 0);
+	deleted = (int64) SPI_processed;
+	idem_owner_spi_end(&spi);
 	idem_stats_count(IDEM_STAT_PURGED_AUDIT, deleted);
 	return deleted;
 }

@@ -38,6 +38,7 @@
 #include "access/xact.h"
 #include "catalog/dependency.h"
 #include "catalog/indexing.h"
+#include "catalog/index.h"
 #include "catalog/pg_am.h"
 #include "catalog/pg_type.h"
 #include "catalog/namespace.h"
@@ -54,6 +55,7 @@
 #include "utils/fmgroids.h"
 #include "utils/inval.h"
 #include "utils/lsyscache.h"
+#include "utils/memutils.h"
 #include "utils/rel.h"
 #include "utils/snapmgr.h"
 #include "utils/syscache.h"
@@ -83,9 +85,6 @@
 #define Anum_runs_done_steps	9
 #define Anum_runs_attempts		10
 #define Natts_runs				10
-
-/* Columns of idem.audit (audit.c fills them) */
-#define Natts_audit				12
 
 typedef struct IdemCatalog
 {
@@ -154,6 +153,10 @@ static const int16 keys_expires_columns[] = {Anum_keys_expires_at};
 static IdemCatalog catalog;
 static bool catalog_valid = false;
 static bool catalog_callback_registered = false;
+
+/* idem_insert_audit_row()'s index state, kept between rows */
+static MemoryContext audit_insert_cxt = NULL;
+static IndexInfo *audit_at_info = NULL;
 
 /*
  * Only mark the cache stale: an invalidation can arrive in the middle of an
@@ -239,15 +242,15 @@ catalog_table(const char *relname, Oid nspid, Oid extoid,
 
 /* A btree index of the table on exactly the given columns. */
 static Oid
-catalog_index(const char *relname, Oid nspid, Oid tableid, bool unique,
-			  const int16 *columns, int ncolumns)
+catalog_index(const char *relname, Oid nspid, Oid tableid, Oid am,
+			  bool unique, const int16 *columns, int ncolumns)
 {
 	Oid			relid = catalog_relid(relname, nspid);
 	Relation	idx = index_open(relid, AccessShareLock);
 	Form_pg_index form = idx->rd_index;
 	bool		ok;
 
-	ok = form->indrelid == tableid && idx->rd_rel->relam == BTREE_AM_OID &&
+	ok = form->indrelid == tableid && idx->rd_rel->relam == am &&
 		form->indisunique == unique && form->indisvalid &&
 		form->indnkeyatts == ncolumns && form->indnatts == ncolumns &&
 		RelationGetIndexExpressions(idx) == NIL &&
@@ -304,6 +307,11 @@ catalog_resolve(void)
 	if (catalog_valid)
 		return;
 
+	/* built from the audit index's relcache entry, which may be gone */
+	if (audit_insert_cxt != NULL)
+		MemoryContextReset(audit_insert_cxt);
+	audit_at_info = NULL;
+
 	if (!catalog_callback_registered)
 	{
 		CacheRegisterRelcacheCallback(catalog_invalidate, (Datum) 0);
@@ -332,27 +340,30 @@ catalog_resolve(void)
 										  outbox_topics_shape,
 										  Natts_outbox_topics);
 	catalog.outbox_topics_pkey = catalog_index("outbox_topics_pkey", nspid,
-											   catalog.outbox_topics, true,
+											   catalog.outbox_topics,
+											   BTREE_AM_OID, true,
 											   outbox_topics_pkey_columns,
 											   lengthof(outbox_topics_pkey_columns));
-	catalog.keys_pkey = catalog_index("keys_pkey", nspid, catalog.keys, true,
+	catalog.keys_pkey = catalog_index("keys_pkey", nspid, catalog.keys,
+									  BTREE_AM_OID, true,
 									  keys_pkey_columns,
 									  lengthof(keys_pkey_columns));
 	catalog.keys_expires = catalog_index("keys_expires_at_idx", nspid,
-										 catalog.keys, false,
+										 catalog.keys, BTREE_AM_OID, false,
 										 keys_expires_columns,
 										 lengthof(keys_expires_columns));
 	catalog.lock_seed_rel = catalog_table("lock_seed", nspid, extoid,
 										  lock_seed_shape, 1);
 	catalog.lock_seed = catalog_lock_seed(catalog.lock_seed_rel);
 	catalog.runs = catalog_table("runs", nspid, extoid, runs_shape, Natts_runs);
-	catalog.runs_pkey = catalog_index("runs_pkey", nspid, catalog.runs, true,
+	catalog.runs_pkey = catalog_index("runs_pkey", nspid, catalog.runs,
+									  BTREE_AM_OID, true,
 									  runs_pkey_columns,
 									  lengthof(runs_pkey_columns));
 	catalog.audit = catalog_table("audit", nspid, extoid, audit_shape,
 								  Natts_audit);
 	catalog.audit_at = catalog_index("audit_at_idx", nspid, catalog.audit,
-									 false, audit_at_columns,
+									 BRIN_AM_OID, false, audit_at_columns,
 									 lengthof(audit_at_columns));
 	catalog_valid = true;
 }
@@ -951,8 +962,8 @@ idem_update_run(IdemRunRow *row)
 }
 
 /*
- * idem_audit_relid, idem_audit_at_index
- *		idem.audit and its index on at, checked like the other tables.
+ * idem_audit_relid
+ *		idem.audit, checked like the other tables.
  */
 Oid
 idem_audit_relid(void)
@@ -961,20 +972,122 @@ idem_audit_relid(void)
 	return catalog.audit;
 }
 
-Oid
-idem_audit_at_index(void)
-{
-	catalog_resolve();
-	return catalog.audit_at;
-}
-
 /*
  * idem_insert_audit_row
  *		Append one audit entry in the current transaction.
+ *
+ * Audited replays write nothing else, so this is their whole cost of
+ * writing.  The index on at is BRIN, whose insert into a range not yet
+ * summarized does almost nothing, but only with its descriptor kept
+ * between inserts (in the IndexInfo's AM cache): CatalogTupleInsert()
+ * would build both afresh per row.  They are rebuilt when the catalog is
+ * resolved again, which any invalidation of the audit relations causes.
  */
 void
 idem_insert_audit_row(Datum *values, bool *nulls)
 {
+	Relation	rel;
+	Relation	idx;
+	HeapTuple	tuple;
+	Datum		idxvalue = values[Anum_audit_at - 1];
+	bool		idxnull = nulls[Anum_audit_at - 1];
+
 	catalog_resolve();
-	insert_row(catalog.audit, values, nulls);
+	rel = table_open(catalog.audit, RowExclusiveLock);
+	idx = index_open(catalog.audit_at, RowExclusiveLock);
+	if (!catalog_valid && audit_at_info != NULL)
+	{
+		/* invalidated while opening: rebuild from the entry just opened */
+		MemoryContextReset(audit_insert_cxt);
+		audit_at_info = NULL;
+	}
+	if (audit_at_info == NULL)
+	{
+		MemoryContext oldcxt;
+
+		if (audit_insert_cxt == NULL)
+			audit_insert_cxt = AllocSetContextCreate(TopMemoryContext,
+													 "idem audit insert",
+													 ALLOCSET_SMALL_SIZES);
+		oldcxt = MemoryContextSwitchTo(audit_insert_cxt);
+		audit_at_info = BuildIndexInfo(idx);
+		MemoryContextSwitchTo(oldcxt);
+	}
+	tuple = heap_form_tuple(RelationGetDescr(rel), values, nulls);
+	simple_heap_insert(rel, tuple);
+	(void) index_insert(idx, &idxvalue, &idxnull, &tuple->t_self, rel,
+						UNIQUE_CHECK_NO, false, audit_at_info);
+	heap_freetuple(tuple);
+	index_close(idx, RowExclusiveLock);
+	table_close(rel, RowExclusiveLock);
+	CommandCounterIncrement();
+}
+
+/* ---------------------------------------------------------------------
+ * SQL on idem's tables (the outbox's delivery, the audit trail's purge)
+ * ---------------------------------------------------------------------
+ */
+
+/*
+ * idem_owner_spi_begin
+ *		Connect to SPI and become the owner of relid (restricted: no
+ *		temporary objects, no SET ROLE), which the callers are not.
+ *
+ * An error before idem_owner_spi_end() leaves the transaction or
+ * subtransaction abort to restore the user.
+ */
+void
+idem_owner_spi_begin(IdemOwnerSPI *s, Oid relid)
+{
+	HeapTuple	tuple;
+	Oid			owner;
+
+	tuple = SearchSysCache1(RELOID, ObjectIdGetDatum(relid));
+	if (!HeapTupleIsValid(tuple))
+		elog(ERROR, "cache lookup failed for relation %u", relid);
+	owner = ((Form_pg_class) GETSTRUCT(tuple))->relowner;
+	ReleaseSysCache(tuple);
+
+	s->callercxt = CurrentMemoryContext;
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+	GetUserIdAndSecContext(&s->save_userid, &s->save_sec_context);
+	SetUserIdAndSecContext(owner, s->save_sec_context |
+						   SECURITY_LOCAL_USERID_CHANGE |
+						   SECURITY_RESTRICTED_OPERATION);
+}
+
+void
+idem_owner_spi_end(IdemOwnerSPI *s)
+{
+	SetUserIdAndSecContext(s->save_userid, s->save_sec_context);
+	SPI_finish();
+}
+
+/*
+ * idem_query_run
+ *		Execute q, prepared and kept on its first use.  Inside an SPI
+ *		connection.
+ */
+int
+idem_query_run(IdemQuery *q, Datum *values, const char *nulls, long limit)
+{
+	int			rc;
+
+	if (q->plan == NULL)
+	{
+		SPIPlanPtr	plan = SPI_prepare_cursor(q->sql, q->nargs, q->argtypes,
+											  q->cursor_options);
+
+		if (plan == NULL)
+			elog(ERROR, "SPI_prepare failed: %s",
+				 SPI_result_code_string(SPI_result));
+		if (SPI_keepplan(plan) != 0)
+			elog(ERROR, "SPI_keepplan failed");
+		q->plan = plan;
+	}
+	rc = SPI_execute_plan(q->plan, values, nulls, false, limit);
+	if (rc < 0)
+		elog(ERROR, "SPI_execute_plan failed: %s", SPI_result_code_string(rc));
+	return rc;
 }

@@ -109,6 +109,21 @@ extern bool idem_outbox_notify;
 #define Anum_outbox_delivered_at	16
 #define Natts_outbox				16
 
+/* Column numbers of idem.audit (catalog.c checks the shape, audit.c fills) */
+#define Anum_audit_at			1
+#define Anum_audit_key			2
+#define Anum_audit_owner		3
+#define Anum_audit_run_id		4
+#define Anum_audit_step			5
+#define Anum_audit_outcome		6
+#define Anum_audit_fingerprint	7
+#define Anum_audit_sqlstate		8
+#define Anum_audit_xid			9
+#define Anum_audit_pid			10
+#define Anum_audit_appname		11
+#define Anum_audit_client_addr	12
+#define Natts_audit				12
+
 /* Column numbers of idem.outbox_topics */
 #define Anum_outbox_topics_topic		1
 #define Anum_outbox_topics_publishers	2
@@ -258,6 +273,31 @@ extern bool idem_lookup_run(Oid owner, const char *run_id, IdemRunRow *row);
 extern void idem_insert_run(IdemRunRow *row);
 extern void idem_update_run(IdemRunRow *row);
 
+/*
+ * catalog.c: SQL on idem's tables, as the owner of a table (callers have
+ * no privileges on schema idem), with plans kept for the backend's life.
+ */
+typedef struct IdemOwnerSPI
+{
+	MemoryContext callercxt;	/* for results that outlive the connection */
+	Oid			save_userid;
+	int			save_sec_context;
+} IdemOwnerSPI;
+
+typedef struct IdemQuery
+{
+	const char *sql;
+	int			nargs;
+	Oid			argtypes[8];
+	int			cursor_options;
+	SPIPlanPtr	plan;
+} IdemQuery;
+
+extern void idem_owner_spi_begin(IdemOwnerSPI *s, Oid relid);
+extern void idem_owner_spi_end(IdemOwnerSPI *s);
+extern int	idem_query_run(IdemQuery *q, Datum *values, const char *nulls,
+						   long limit);
+
 /* outbox.c: outbox events, topics, delivery */
 extern void idem_outbox_check_publish(const char *topic, Oid role);
 extern void idem_insert_outbox(const char *key, Oid owner, const char *topic,
@@ -366,7 +406,6 @@ extern void idem_worker_register(void);
 
 /* catalog.c: idem.audit, for audit.c */
 extern Oid	idem_audit_relid(void);
-extern Oid	idem_audit_at_index(void);
 extern void idem_insert_audit_row(Datum *values, bool *nulls);
 
 #endif							/* IDEM_H */

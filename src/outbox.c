@@ -480,14 +480,6 @@ idem_insert_outbox(const char *key, Oid owner, const char *topic,
  * ------------------------------------------------------------------------
  */
 
-typedef struct OutboxQuery
-{
-	const char *sql;
-	int			nargs;
-	Oid			argtypes[8];
-	int			cursor_options;
-	SPIPlanPtr	plan;
-} OutboxQuery;
 
 /*
  * Due events of a topic, oldest due first, locked without waiting for
@@ -501,7 +493,7 @@ typedef struct OutboxQuery
  * probe the due index for its actual bounds, walking the dead entries that
  * earlier claims left at its head.
  */
-static OutboxQuery q_claim = {
+static IdemQuery q_claim = {
 	"WITH c AS ("
 	"  SELECT o.ctid AS tid, o.event_id, o.next_attempt_at AS due"
 	"    FROM idem.outbox o"
@@ -536,7 +528,7 @@ static OutboxQuery q_claim = {
 };
 
 /* The fast path of an ack: the current lease's event becomes delivered. */
-static OutboxQuery q_ack = {
+static IdemQuery q_ack = {
 	"UPDATE idem.outbox"
 	"   SET state = 'delivered', delivered_at = $3"
 	" WHERE event_id OPERATOR(pg_catalog.=) $1"
@@ -547,7 +539,7 @@ static OutboxQuery q_ack = {
 };
 
 /* A batch ack: every pair whose lease holds becomes delivered. */
-static OutboxQuery q_ack_batch = {
+static IdemQuery q_ack_batch = {
 	"UPDATE idem.outbox o"
 	"   SET state = 'delivered', delivered_at = $3"
 	"  FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2)) AS u(e, t)"
@@ -559,14 +551,14 @@ static OutboxQuery q_ack_batch = {
 };
 
 /* An event, locked, for fail/requeue and to say why an ack found nothing. */
-static OutboxQuery q_lock = {
+static IdemQuery q_lock = {
 	"SELECT state, lease_token OPERATOR(pg_catalog.=) $2, attempts, topic, ctid"
 	"  FROM idem.outbox WHERE event_id OPERATOR(pg_catalog.=) $1"
 	"   FOR UPDATE",
 	2, {UUIDOID, UUIDOID}
 };
 
-static OutboxQuery q_retry = {
+static IdemQuery q_retry = {
 	"UPDATE idem.outbox"
 	"   SET state = $2, next_attempt_at = COALESCE($3, next_attempt_at),"
 	"       lease_token = NULL, last_error = $4"
@@ -574,7 +566,7 @@ static OutboxQuery q_retry = {
 	4, {TIDOID, TEXTOID, TIMESTAMPTZOID, TEXTOID}
 };
 
-static OutboxQuery q_requeue = {
+static IdemQuery q_requeue = {
 	"UPDATE idem.outbox"
 	"   SET state = 'pending', attempts = 0, next_attempt_at = $2,"
 	"       lease_token = NULL"
@@ -582,7 +574,7 @@ static OutboxQuery q_requeue = {
 	2, {TIDOID, TIMESTAMPTZOID}
 };
 
-static OutboxQuery q_purge = {
+static IdemQuery q_purge = {
 	"DELETE FROM idem.outbox"
 	" WHERE ctid OPERATOR(pg_catalog.=) ANY (ARRAY("
 	"   SELECT ctid FROM idem.outbox"
@@ -594,14 +586,14 @@ static OutboxQuery q_purge = {
 	2, {TIMESTAMPTZOID, INT4OID}
 };
 
-static OutboxQuery q_topic_insert = {
+static IdemQuery q_topic_insert = {
 	"INSERT INTO idem.outbox_topics (topic, publishers, consumers, created_at)"
 	" VALUES ($1, $2, $3, pg_catalog.now())"
 	" ON CONFLICT (topic) DO NOTHING",
 	3, {TEXTOID, REGROLEARRAYOID, REGROLEARRAYOID}
 };
 
-static OutboxQuery q_topic_grant = {
+static IdemQuery q_topic_grant = {
 	"UPDATE idem.outbox_topics"
 	"   SET publishers = CASE WHEN $3 AND NOT $2 OPERATOR(pg_catalog.=) ANY (publishers)"
 	"                    THEN pg_catalog.array_append(publishers, $2) ELSE publishers END,"
@@ -611,7 +603,7 @@ static OutboxQuery q_topic_grant = {
 	3, {TEXTOID, REGROLEOID, BOOLOID}
 };
 
-static OutboxQuery q_topic_revoke = {
+static IdemQuery q_topic_revoke = {
 	"UPDATE idem.outbox_topics"
 	"   SET publishers = CASE WHEN $3 THEN pg_catalog.array_remove(publishers, $2)"
 	"                    ELSE publishers END,"
@@ -620,71 +612,6 @@ static OutboxQuery q_topic_revoke = {
 	" WHERE topic OPERATOR(pg_catalog.=) $1",
 	3, {TEXTOID, REGROLEOID, BOOLOID}
 };
-
-typedef struct OutboxSPI
-{
-	MemoryContext callercxt;	/* for results that outlive the connection */
-	Oid			save_userid;
-	int			save_sec_context;
-} OutboxSPI;
-
-/*
- * Connect to SPI and become the owner of idem.outbox (restricted: no
- * temporary objects, no SET ROLE), which the callers are not.  An error
- * before outbox_spi_end() leaves the transaction or subtransaction abort to
- * restore the user.
- */
-static void
-outbox_spi_begin(OutboxSPI *s)
-{
-	Oid			relid = idem_catalog_outbox();
-	HeapTuple	tuple;
-	Oid			owner;
-
-	tuple = SearchSysCache1(RELOID, ObjectIdGetDatum(relid));
-	if (!HeapTupleIsValid(tuple))
-		elog(ERROR, "cache lookup failed for relation %u", relid);
-	owner = ((Form_pg_class) GETSTRUCT(tuple))->relowner;
-	ReleaseSysCache(tuple);
-
-	s->callercxt = CurrentMemoryContext;
-	if (SPI_connect() != SPI_OK_CONNECT)
-		elog(ERROR, "SPI_connect failed");
-	GetUserIdAndSecContext(&s->save_userid, &s->save_sec_context);
-	SetUserIdAndSecContext(owner, s->save_sec_context |
-						   SECURITY_LOCAL_USERID_CHANGE |
-						   SECURITY_RESTRICTED_OPERATION);
-}
-
-static void
-outbox_spi_end(OutboxSPI *s)
-{
-	SetUserIdAndSecContext(s->save_userid, s->save_sec_context);
-	SPI_finish();
-}
-
-static int
-outbox_spi_run(OutboxQuery *q, Datum *values, const char *nulls, long limit)
-{
-	int			rc;
-
-	if (q->plan == NULL)
-	{
-		SPIPlanPtr	plan = SPI_prepare_cursor(q->sql, q->nargs, q->argtypes,
-											  q->cursor_options);
-
-		if (plan == NULL)
-			elog(ERROR, "SPI_prepare failed: %s",
-				 SPI_result_code_string(SPI_result));
-		if (SPI_keepplan(plan) != 0)
-			elog(ERROR, "SPI_keepplan failed");
-		q->plan = plan;
-	}
-	rc = SPI_execute_plan(q->plan, values, nulls, false, limit);
-	if (rc < 0)
-		elog(ERROR, "SPI_execute_plan failed: %s", SPI_result_code_string(rc));
-	return rc;
-}
 
 static void
 arg_not_null(FunctionCallInfo fcinfo, int argno, const char *name)
@@ -729,7 +656,7 @@ idem_outbox_claim(PG_FUNCTION_ARGS)
 	TupleDesc	tupdesc;
 	Tuplestorestate *store;
 	MemoryContext oldcxt;
-	OutboxSPI	spi;
+	IdemOwnerSPI	spi;
 	Datum		values[7];
 	char		nulls[7] = {' ', ' ', ' ', ' ', ' ', ' ', ' '};
 	uint64		dead = 0;
@@ -790,8 +717,8 @@ idem_outbox_claim(PG_FUNCTION_ARGS)
 	values[5] = ObjectIdGetDatum(caller);
 	values[6] = PointerGetDatum(cstring_to_text(consumer));
 
-	outbox_spi_begin(&spi);
-	outbox_spi_run(&q_claim, values, nulls, 0);
+	idem_owner_spi_begin(&spi, idem_catalog_outbox());
+	idem_query_run(&q_claim, values, nulls, 0);
 	for (uint64 i = 0; i < SPI_processed; i++)
 	{
 		Datum		row[12];
@@ -807,7 +734,7 @@ idem_outbox_claim(PG_FUNCTION_ARGS)
 	}
 	idem_stats_count(IDEM_STAT_OUTBOX_CLAIMED, SPI_processed - dead);
 	idem_stats_count(IDEM_STAT_OUTBOX_DEAD, dead);
-	outbox_spi_end(&spi);
+	idem_owner_spi_end(&spi);
 
 	rsinfo->returnMode = SFRM_Materialize;
 	rsinfo->setResult = store;
@@ -831,7 +758,7 @@ typedef struct LockedEvent
 
 /* Lock the event; false if there is none.  Inside an SPI connection. */
 static bool
-lock_event(OutboxSPI *spi, Datum event_id, Datum token, bool token_null,
+lock_event(IdemOwnerSPI *spi, Datum event_id, Datum token, bool token_null,
 		   LockedEvent *ev)
 {
 	Datum		values[2] = {event_id, token};
@@ -841,7 +768,7 @@ lock_event(OutboxSPI *spi, Datum event_id, Datum token, bool token_null,
 	TupleDesc	desc;
 	MemoryContext oldcxt;
 
-	outbox_spi_run(&q_lock, values, nulls, 1);
+	idem_query_run(&q_lock, values, nulls, 1);
 	if (SPI_processed == 0)
 		return false;
 	tup = SPI_tuptable->vals[0];
@@ -912,7 +839,7 @@ idem_outbox_ack(PG_FUNCTION_ARGS)
 	Oid			caller = GetUserId();
 	Datum		values[3];
 	char		nulls[3] = {' ', ' ', ' '};
-	OutboxSPI	spi;
+	IdemOwnerSPI	spi;
 	char	   *topic = NULL;
 	LockedEvent ev;
 	bool		found;
@@ -924,8 +851,8 @@ idem_outbox_ack(PG_FUNCTION_ARGS)
 	values[1] = PG_GETARG_DATUM(1);
 	values[2] = TimestampTzGetDatum(GetCurrentTimestamp());
 
-	outbox_spi_begin(&spi);
-	outbox_spi_run(&q_ack, values, nulls, 0);
+	idem_owner_spi_begin(&spi, idem_catalog_outbox());
+	idem_query_run(&q_ack, values, nulls, 0);
 	if (SPI_processed == 1)
 	{
 		bool		isnull;
@@ -935,14 +862,14 @@ idem_outbox_ack(PG_FUNCTION_ARGS)
 												  SPI_tuptable->tupdesc, 1,
 												  &isnull));
 		MemoryContextSwitchTo(oldcxt);
-		outbox_spi_end(&spi);
+		idem_owner_spi_end(&spi);
 		/* an error here rolls the ack back with the caller's transaction */
 		check_topic(topic, caller, TOPIC_CONSUME);
 		idem_stats_count(IDEM_STAT_OUTBOX_ACKED, 1);
 		PG_RETURN_VOID();
 	}
 	found = lock_event(&spi, values[0], values[1], false, &ev);
-	outbox_spi_end(&spi);
+	idem_owner_spi_end(&spi);
 	if (!found)
 		report_not_found(values[0]);
 	check_topic(ev.topic, caller, TOPIC_CONSUME);
@@ -994,7 +921,7 @@ idem_outbox_ack_batch(PG_FUNCTION_ARGS)
 	int			ntokens;
 	Datum		values[3];
 	char		nulls[3] = {' ', ' ', ' '};
-	OutboxSPI	spi;
+	IdemOwnerSPI	spi;
 	uint64		done;
 	char	  **topics;
 	pg_uuid_t **acked;
@@ -1022,8 +949,8 @@ idem_outbox_ack_batch(PG_FUNCTION_ARGS)
 	values[1] = PG_GETARG_DATUM(1);
 	values[2] = TimestampTzGetDatum(GetCurrentTimestamp());
 
-	outbox_spi_begin(&spi);
-	outbox_spi_run(&q_ack_batch, values, nulls, 0);
+	idem_owner_spi_begin(&spi, idem_catalog_outbox());
+	idem_query_run(&q_ack_batch, values, nulls, 0);
 	done = SPI_processed;
 	topics = MemoryContextAlloc(spi.callercxt, sizeof(char *) * Max(done, 1));
 	acked = MemoryContextAlloc(spi.callercxt, sizeof(pg_uuid_t *) * Max(done, 1));
@@ -1055,20 +982,20 @@ idem_outbox_ack_batch(PG_FUNCTION_ARGS)
 				continue;
 			if (!lock_event(&spi, ids[i], tokens[i], false, &ev))
 			{
-				outbox_spi_end(&spi);
+				idem_owner_spi_end(&spi);
 				report_not_found(ids[i]);
 			}
-			outbox_spi_end(&spi);
+			idem_owner_spi_end(&spi);
 			check_topic(ev.topic, caller, TOPIC_CONSUME);
 			report_not_leased(ids[i], &ev, "acknowledge");
 		}
-		outbox_spi_end(&spi);
+		idem_owner_spi_end(&spi);
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("event_ids must not contain an event twice"),
 				 idem_errhint(ERRCODE_INVALID_PARAMETER_VALUE, NULL)));
 	}
-	outbox_spi_end(&spi);
+	idem_owner_spi_end(&spi);
 	for (uint64 i = 0; i < done; i++)
 		check_topic(topics[i], caller, TOPIC_CONSUME);
 	idem_stats_count(IDEM_STAT_OUTBOX_ACKED, done);
@@ -1111,7 +1038,7 @@ idem_outbox_fail(PG_FUNCTION_ARGS)
 	TimestampTz now = GetCurrentTimestamp();
 	TimestampTz next = 0;
 	bool		dead;
-	OutboxSPI	spi;
+	IdemOwnerSPI	spi;
 	LockedEvent ev;
 	Datum		values[4];
 	char		nulls[4] = {' ', ' ', ' ', ' '};
@@ -1134,15 +1061,15 @@ idem_outbox_fail(PG_FUNCTION_ARGS)
 	}
 	idem_check_can_write("idem_outbox_fail()");
 
-	outbox_spi_begin(&spi);
+	idem_owner_spi_begin(&spi, idem_catalog_outbox());
 	if (!lock_event(&spi, PG_GETARG_DATUM(0), PG_GETARG_DATUM(1), false, &ev))
 	{
-		outbox_spi_end(&spi);
+		idem_owner_spi_end(&spi);
 		report_not_found(PG_GETARG_DATUM(0));
 	}
 	if (strcmp(ev.state, "leased") != 0 || !ev.token_matches)
 	{
-		outbox_spi_end(&spi);
+		idem_owner_spi_end(&spi);
 		check_topic(ev.topic, caller, TOPIC_CONSUME);
 		report_not_leased(PG_GETARG_DATUM(0), &ev, "fail");
 	}
@@ -1155,8 +1082,8 @@ idem_outbox_fail(PG_FUNCTION_ARGS)
 	values[2] = TimestampTzGetDatum(next);
 	nulls[2] = dead ? 'n' : ' ';
 	values[3] = CStringGetTextDatum(error);
-	outbox_spi_run(&q_retry, values, nulls, 0);
-	outbox_spi_end(&spi);
+	idem_query_run(&q_retry, values, nulls, 0);
+	idem_owner_spi_end(&spi);
 	check_topic(ev.topic, caller, TOPIC_CONSUME);
 
 	idem_stats_count(dead ? IDEM_STAT_OUTBOX_DEAD : IDEM_STAT_OUTBOX_FAILED, 1);
@@ -1174,7 +1101,7 @@ idem_outbox_fail(PG_FUNCTION_ARGS)
 Datum
 idem_outbox_requeue(PG_FUNCTION_ARGS)
 {
-	OutboxSPI	spi;
+	IdemOwnerSPI	spi;
 	LockedEvent ev;
 	Datum		values[2];
 	char		nulls[2] = {' ', ' '};
@@ -1182,10 +1109,10 @@ idem_outbox_requeue(PG_FUNCTION_ARGS)
 	arg_not_null(fcinfo, 0, "event_id");
 	idem_check_can_write("idem_outbox_requeue()");
 
-	outbox_spi_begin(&spi);
+	idem_owner_spi_begin(&spi, idem_catalog_outbox());
 	if (!lock_event(&spi, PG_GETARG_DATUM(0), (Datum) 0, true, &ev))
 	{
-		outbox_spi_end(&spi);
+		idem_owner_spi_end(&spi);
 		report_not_found(PG_GETARG_DATUM(0));
 	}
 	if (strcmp(ev.state, "dead") != 0)
@@ -1197,8 +1124,8 @@ idem_outbox_requeue(PG_FUNCTION_ARGS)
 				 idem_errhint(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE, "Only dead events are requeued.")));
 	values[0] = PointerGetDatum(&ev.tid);
 	values[1] = TimestampTzGetDatum(GetCurrentTimestamp());
-	outbox_spi_run(&q_requeue, values, nulls, 0);
-	outbox_spi_end(&spi);
+	idem_query_run(&q_requeue, values, nulls, 0);
+	idem_owner_spi_end(&spi);
 	PG_RETURN_VOID();
 }
 
@@ -1219,7 +1146,7 @@ idem_outbox_requeue(PG_FUNCTION_ARGS)
 int64
 idem_outbox_purge_delivered(int batch_size)
 {
-	OutboxSPI	spi;
+	IdemOwnerSPI	spi;
 	Datum		values[2];
 	char		nulls[2] = {' ', ' '};
 	int64		deleted;
@@ -1227,10 +1154,10 @@ idem_outbox_purge_delivered(int batch_size)
 	values[0] = TimestampTzGetDatum(GetCurrentTimestamp() -
 									(int64) idem_outbox_retention * USECS_PER_SEC);
 	values[1] = Int32GetDatum(batch_size);
-	outbox_spi_begin(&spi);
-	outbox_spi_run(&q_purge, values, nulls, 0);
+	idem_owner_spi_begin(&spi, idem_catalog_outbox());
+	idem_query_run(&q_purge, values, nulls, 0);
 	deleted = (int64) SPI_processed;
-	outbox_spi_end(&spi);
+	idem_owner_spi_end(&spi);
 	idem_stats_count(IDEM_STAT_PURGED_OUTBOX, deleted);
 	return deleted;
 }
@@ -1271,7 +1198,7 @@ checked_roles(FunctionCallInfo fcinfo, int argno, const char *name)
 Datum
 idem_outbox_create_topic(PG_FUNCTION_ARGS)
 {
-	OutboxSPI	spi;
+	IdemOwnerSPI	spi;
 	char	   *topic;
 	Datum		values[3];
 	char		nulls[3] = {' ', ' ', ' '};
@@ -1285,10 +1212,10 @@ idem_outbox_create_topic(PG_FUNCTION_ARGS)
 	values[2] = checked_roles(fcinfo, 2, "consumers");
 	idem_check_can_write("idem_outbox_create_topic()");
 
-	outbox_spi_begin(&spi);
-	outbox_spi_run(&q_topic_insert, values, nulls, 0);
+	idem_owner_spi_begin(&spi, idem_catalog_outbox());
+	idem_query_run(&q_topic_insert, values, nulls, 0);
 	inserted = SPI_processed;
-	outbox_spi_end(&spi);
+	idem_owner_spi_end(&spi);
 	if (inserted == 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_DUPLICATE_OBJECT),
@@ -1298,9 +1225,9 @@ idem_outbox_create_topic(PG_FUNCTION_ARGS)
 }
 
 static void
-change_topic(FunctionCallInfo fcinfo, OutboxQuery *q, const char *what)
+change_topic(FunctionCallInfo fcinfo, IdemQuery *q, const char *what)
 {
-	OutboxSPI	spi;
+	IdemOwnerSPI	spi;
 	char	   *topic;
 	char	   *privilege;
 	Datum		values[3];
@@ -1322,10 +1249,10 @@ change_topic(FunctionCallInfo fcinfo, OutboxQuery *q, const char *what)
 	values[1] = PG_GETARG_DATUM(1);
 	values[2] = BoolGetDatum(strcmp(privilege, "publish") == 0);
 
-	outbox_spi_begin(&spi);
-	outbox_spi_run(q, values, nulls, 0);
+	idem_owner_spi_begin(&spi, idem_catalog_outbox());
+	idem_query_run(q, values, nulls, 0);
 	updated = SPI_processed;
-	outbox_spi_end(&spi);
+	idem_owner_spi_end(&spi);
 	if (updated == 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_UNDEFINED_OBJECT),
