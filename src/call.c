@@ -83,16 +83,11 @@ idem_call(PG_FUNCTION_ARGS)
 {
 	IdemRequest req;
 	IdemResult	result;
-	TupleDesc	tupdesc;
-	Datum		values[3];
-	bool		nulls[3] = {false, false, false};
 	int			nestlevel;
 	bool		is_step = !PG_ARGISNULL(CALL_RUN_ID) || !PG_ARGISNULL(CALL_STEP);
 	char	   *run_id = NULL;
 	char	   *step = NULL;
 
-	if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE)
-		elog(ERROR, "return type must be a row type");
 	idem_check_can_write("idem_call()");
 
 	if (is_step && !PG_ARGISNULL(CALL_KEY))
@@ -140,10 +135,5 @@ idem_call(PG_FUNCTION_ARGS)
 		idem_execute_request(&req, &result);
 
 	AtEOXact_GUC(true, nestlevel);
-
-	values[0] = JsonbPGetDatum(result.response);
-	values[1] = BoolGetDatum(result.replayed);
-	values[2] = TimestampTzGetDatum(result.first_executed_at);
-	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(BlessTupleDesc(tupdesc),
-													  values, nulls)));
+	PG_RETURN_DATUM(idem_result_datum(&result));
 }

@@ -1018,8 +1018,9 @@ idem_insert_audit_row(Datum *values, bool *nulls)
 	(void) index_insert(idx, &idxvalue, &idxnull, &tuple->t_self, rel,
 						UNIQUE_CHECK_NO, false, audit_at_info);
 	heap_freetuple(tuple);
-	index_close(idx, RowExclusiveLock);
-	table_close(rel, RowExclusiveLock);
+	/* held to the end of the transaction, as for any table it writes */
+	index_close(idx, NoLock);
+	table_close(rel, NoLock);
 	CommandCounterIncrement();
 }
 

@@ -181,6 +181,7 @@ extern void idem_collect_array(ArrayType *arr, bool untyped, IdemRequest *req);
 extern void idem_keyed_request(FunctionCallInfo fcinfo, const char *fname,
 							   IdemRequest *req);
 extern void idem_execute_request(IdemRequest *req, IdemResult *result);
+extern Datum idem_result_datum(IdemResult *result);
 extern int32 idem_purge_batch_arg(FunctionCallInfo fcinfo, const char *fname);
 extern void idem_check_not_inflight(IdemRequest *req);
 extern void idem_check_visible(IdemRequest *req, IdemRecord *rec);
