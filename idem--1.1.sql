@@ -438,7 +438,9 @@ REVOKE ALL ON @extschema@.idem_outbox_events FROM PUBLIC;
 -- notice).  Readable by everyone, like pg_stat_database; resetting is for
 -- administrators.
 CREATE FUNCTION @extschema@.idem_stats(
+	by_role boolean DEFAULT false,
 	OUT dbid oid,
+	OUT roleid oid,
 	OUT executions bigint,
 	OUT replays bigint,
 	OUT mismatches bigint,
@@ -471,9 +473,25 @@ SELECT s.dbid, d.datname, s.executions, s.replays, s.mismatches,
 	   s.outbox_written, s.outbox_claimed, s.outbox_acked, s.outbox_failed,
 	   s.outbox_dead, s.purged_outbox_events, s.audit_written, s.audit_queued, s.audit_dropped,
 	   s.stats_reset
-  FROM @extschema@.idem_stats() s
+  FROM @extschema@.idem_stats(false) s
   LEFT JOIN pg_catalog.pg_database d ON d.oid OPERATOR(pg_catalog.=) s.dbid;
 GRANT SELECT ON @extschema@.idem_stats TO PUBLIC;
+
+-- idem_stats_roles: the same counters per database and role (up to
+-- idem.stats_max_roles pairs; further ones in a row with both NULL).  A
+-- call counts for its role, the key's owner.  Readable by everyone, as
+-- idem_stats is: counts, not keys.
+CREATE VIEW @extschema@.idem_stats_roles AS
+SELECT s.dbid, d.datname, s.roleid, r.rolname, s.executions, s.replays, s.mismatches,
+	   s.in_progress, s.conflicts, s.sequencing_errors, s.errors,
+	   s.lock_waits, s.lock_wait_time, s.purged_keys, s.purged_audit_entries,
+	   s.outbox_written, s.outbox_claimed, s.outbox_acked, s.outbox_failed,
+	   s.outbox_dead, s.purged_outbox_events, s.audit_written, s.audit_queued, s.audit_dropped,
+	   s.stats_reset
+  FROM @extschema@.idem_stats(true) s
+  LEFT JOIN pg_catalog.pg_database d ON d.oid OPERATOR(pg_catalog.=) s.dbid
+  LEFT JOIN pg_catalog.pg_roles r ON r.oid OPERATOR(pg_catalog.=) s.roleid;
+GRANT SELECT ON @extschema@.idem_stats_roles TO PUBLIC;
 
 CREATE FUNCTION @extschema@.idem_stats_reset()
 RETURNS void

@@ -17,9 +17,14 @@ SELECT datname = current_database() AS this_db, executions, replays,
        mismatches, lock_waits, lock_wait_time, audit_dropped, stats_reset
   FROM idem_stats;
 SELECT count(*) AS rows_second_time FROM idem_stats;
+-- per role too: one row of zeros for this database and the current role
+SELECT datname = current_database() AS this_db, rolname = current_user AS this_role,
+       executions, replays, stats_reset
+  FROM idem_stats_roles;
 -- everyone reads the stats; resetting them is for administrators
 SET ROLE regress_idem_payer;
 SELECT count(*) AS payer_reads FROM idem_stats;
+SELECT rolname FROM idem_stats_roles;
 SELECT idem_stats_reset();
 \echo :LAST_ERROR_SQLSTATE
 RESET ROLE;

@@ -328,6 +328,14 @@ _PG_init(void)
 								PGC_POSTMASTER, 0,
 								NULL, NULL, NULL);
 
+		DefineCustomIntVariable("idem.stats_max_roles",
+								"How many (database, role) pairs idem keeps statistics for.",
+								"Further pairs are counted together in one row with no database and no role.",
+								&idem_stats_max_roles,
+								256, 1, 100000,
+								PGC_POSTMASTER, 0,
+								NULL, NULL, NULL);
+
 		DefineCustomIntVariable("idem.audit_queue_size",
 								"How many rejected attempts the audit queue holds until the worker writes them.",
 								"An attempt that finds the queue full is not recorded; idem_stats counts it as dropped.",

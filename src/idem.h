@@ -369,6 +369,7 @@ extern int	idem_audit_queue_size;
 extern int	idem_purge_interval;
 extern int	idem_purge_batch_size;
 extern int	idem_stats_max_databases;
+extern int	idem_stats_max_roles;
 
 /*
  * The one hook every outcome of a call goes through: counts it and, at the

@@ -5,9 +5,12 @@
  *		idem_stats_reset(), and idem_note_outcome(), the hook every
  *		outcome of a call goes through.
  *
- * One slot per database, up to idem.stats_max_databases; a database that
- * finds the table full counts in the overflow slot (database InvalidOid,
- * shown with datname NULL).  A slot is claimed under the lock once per
+ * One slot per database, up to idem.stats_max_databases, and one per
+ * database and role, up to idem.stats_max_roles; what finds its table full
+ * counts in that table's overflow slot (database and role InvalidOid,
+ * shown as NULL).  A call counts for its role (the key's owner), other
+ * work for the role doing it; the purge worker's counts go to its
+ * database's row only.  A slot is claimed under the lock once per
  * backend and database and remembered; from then on counting is one
  * atomic add, so counts are exact under concurrency and a call never
  * waits for another.  A reset zeroes the counters but keeps the slots, so
@@ -41,28 +44,45 @@
 #include "compat.h"
 #include "idem.h"
 
-typedef struct IdemDbStats
+typedef struct IdemStatsSlot
 {
-	Oid			dbid;			/* InvalidOid: free, or the overflow slot */
+	Oid			dbid;			/* InvalidOid: free, or an overflow slot */
+	Oid			roleid;			/* InvalidOid in the database table */
 	bool		used;
 	pg_atomic_uint64 stats_reset;	/* TimestampTz of the last reset */
 	pg_atomic_uint64 counters[IDEM_STAT_NCOUNTERS];
-} IdemDbStats;
+} IdemStatsSlot;
 
+/*
+ * Two tables in one array: the databases' in slots [0, ndbs), the roles'
+ * (per database and role) in [ndbs, ndbs + nroles); the first slot of
+ * each is its overflow slot.
+ */
 typedef struct IdemStatsShared
 {
 	LWLock	   *lock;			/* claims slots */
-	int			nslots;			/* slot 0 is the overflow slot */
-	IdemDbStats slots[FLEXIBLE_ARRAY_MEMBER];
+	int			ndbs;
+	int			nroles;
+	IdemStatsSlot slots[FLEXIBLE_ARRAY_MEMBER];
 } IdemStatsShared;
 
+typedef enum StatsTable
+{
+	DB_TABLE,
+	ROLE_TABLE
+} StatsTable;
+
 int			idem_stats_max_databases = 64;
+int			idem_stats_max_roles = 256;
 
 static IdemStatsShared *stats_shared = NULL;
 
-/* this backend's slot for MyDatabaseId */
-static IdemDbStats *my_slot = NULL;
+/* this backend's slots for MyDatabaseId, and for it and my_role_id */
+static IdemStatsSlot *my_slot = NULL;
 static Oid	my_slot_db = InvalidOid;
+static IdemStatsSlot *my_role_slot = NULL;
+static Oid	my_role_db = InvalidOid;
+static Oid	my_role_id = InvalidOid;
 
 static bool told_not_collecting = false;
 
@@ -73,7 +93,8 @@ Size
 idem_stats_shmem_size(void)
 {
 	return add_size(offsetof(IdemStatsShared, slots),
-					mul_size(idem_stats_max_databases + 1, sizeof(IdemDbStats)));
+					mul_size(idem_stats_max_databases + 1 + idem_stats_max_roles + 1,
+							 sizeof(IdemStatsSlot)));
 }
 
 /* Caller holds AddinShmemInitLock. */
@@ -88,13 +109,15 @@ idem_stats_shmem_init(void)
 		TimestampTz now = GetCurrentTimestamp();
 
 		stats_shared->lock = &(GetNamedLWLockTranche("idem stats"))->lock;
-		stats_shared->nslots = idem_stats_max_databases + 1;
-		for (int i = 0; i < stats_shared->nslots; i++)
+		stats_shared->ndbs = idem_stats_max_databases + 1;
+		stats_shared->nroles = idem_stats_max_roles + 1;
+		for (int i = 0; i < stats_shared->ndbs + stats_shared->nroles; i++)
 		{
-			IdemDbStats *slot = &stats_shared->slots[i];
+			IdemStatsSlot *slot = &stats_shared->slots[i];
 
 			slot->dbid = InvalidOid;
-			slot->used = (i == 0);
+			slot->roleid = InvalidOid;
+			slot->used = (i == 0 || i == stats_shared->ndbs);
 			pg_atomic_init_u64(&slot->stats_reset, (uint64) now);
 			for (int c = 0; c < IDEM_STAT_NCOUNTERS; c++)
 				pg_atomic_init_u64(&slot->counters[c], 0);
@@ -108,49 +131,68 @@ idem_stats_active(void)
 	return stats_shared != NULL;
 }
 
-/* The database's slot, claimed if it has none; the overflow slot if full. */
-static IdemDbStats *
-find_slot(Oid dbid)
+static void
+table_bounds(StatsTable table, int *first, int *end)
 {
-	IdemDbStats *slot = NULL;
+	*first = table == DB_TABLE ? 0 : stats_shared->ndbs;
+	*end = table == DB_TABLE ? stats_shared->ndbs :
+		stats_shared->ndbs + stats_shared->nroles;
+}
 
-	LWLockAcquire(stats_shared->lock, LW_EXCLUSIVE);
-	for (int i = 1; i < stats_shared->nslots; i++)
+/*
+ * The slot of (dbid, roleid) in a table, claimed if it has none; the
+ * table's overflow slot if it is full.  Found under the shared lock, so
+ * backends that switch roles do not queue for the exclusive one.
+ */
+static IdemStatsSlot *
+find_slot(StatsTable table, Oid dbid, Oid roleid)
+{
+	int			first;
+	int			end;
+
+	table_bounds(table, &first, &end);
+	for (int pass = 0; pass < 2; pass++)
 	{
-		IdemDbStats *s = &stats_shared->slots[i];
+		LWLockAcquire(stats_shared->lock, pass == 0 ? LW_SHARED : LW_EXCLUSIVE);
+		for (int i = first + 1; i < end; i++)
+		{
+			IdemStatsSlot *s = &stats_shared->slots[i];
 
-		if (s->used && s->dbid == dbid)
-		{
-			slot = s;
-			break;
+			if (s->used && s->dbid == dbid && s->roleid == roleid)
+			{
+				LWLockRelease(stats_shared->lock);
+				return s;
+			}
+			if (!s->used)
+			{
+				if (pass == 0)
+					break;		/* slots are claimed in order: none further */
+				s->dbid = dbid;
+				s->roleid = roleid;
+				pg_atomic_write_u64(&s->stats_reset, (uint64) GetCurrentTimestamp());
+				for (int c = 0; c < IDEM_STAT_NCOUNTERS; c++)
+					pg_atomic_write_u64(&s->counters[c], 0);
+				/* the atomics are written before the slot becomes findable */
+				pg_write_barrier();
+				s->used = true;
+				LWLockRelease(stats_shared->lock);
+				return s;
+			}
 		}
-		if (!s->used)
-		{
-			s->dbid = dbid;
-			pg_atomic_write_u64(&s->stats_reset, (uint64) GetCurrentTimestamp());
-			for (int c = 0; c < IDEM_STAT_NCOUNTERS; c++)
-				pg_atomic_write_u64(&s->counters[c], 0);
-			/* the atomics are written before the slot becomes findable */
-			pg_write_barrier();
-			s->used = true;
-			slot = s;
-			break;
-		}
+		LWLockRelease(stats_shared->lock);
 	}
-	LWLockRelease(stats_shared->lock);
-	if (slot == NULL)
-		slot = &stats_shared->slots[0];
-	return slot;
+	return &stats_shared->slots[first];
 }
 
 /*
  * idem_stats_count_db
- *		Add n to a counter of the given database.
+ *		Add n to a counter of the given database (the purge worker's
+ *		counts for the databases it visits): its row only, no role's.
  */
 void
 idem_stats_count_db(Oid dbid, IdemStatCounter counter, uint64 n)
 {
-	IdemDbStats *slot;
+	IdemStatsSlot *slot;
 
 	if (stats_shared == NULL || n == 0)
 		return;
@@ -158,7 +200,7 @@ idem_stats_count_db(Oid dbid, IdemStatCounter counter, uint64 n)
 		slot = my_slot;
 	else
 	{
-		slot = find_slot(dbid);
+		slot = find_slot(DB_TABLE, dbid, InvalidOid);
 		if (dbid == MyDatabaseId)
 		{
 			my_slot = slot;
@@ -170,17 +212,30 @@ idem_stats_count_db(Oid dbid, IdemStatCounter counter, uint64 n)
 
 /*
  * idem_stats_count
- *		Add n to a counter of the current database.
+ *		Add n to a counter of the current database and of the current role
+ *		in it.
  */
 void
 idem_stats_count(IdemStatCounter counter, uint64 n)
 {
-	if (stats_shared == NULL)
+	Oid			role;
+
+	if (stats_shared == NULL || n == 0)
 		return;
 	if (likely(my_slot != NULL && my_slot_db == MyDatabaseId))
 		pg_atomic_fetch_add_u64(&my_slot->counters[counter], n);
 	else
 		idem_stats_count_db(MyDatabaseId, counter, n);
+
+	role = GetUserId();
+	if (unlikely(my_role_slot == NULL || my_role_db != MyDatabaseId ||
+				 my_role_id != role))
+	{
+		my_role_slot = find_slot(ROLE_TABLE, MyDatabaseId, role);
+		my_role_db = MyDatabaseId;
+		my_role_id = role;
+	}
+	pg_atomic_fetch_add_u64(&my_role_slot->counters[counter], n);
 }
 
 static const IdemStatCounter outcome_counter[] = {
@@ -245,19 +300,20 @@ tell_not_collecting(void)
 			 errhint("Add idem to shared_preload_libraries and restart the server.")));
 }
 
-#define STATS_COLS (IDEM_STAT_NCOUNTERS + 2)
+#define STATS_COLS (IDEM_STAT_NCOUNTERS + 3)
 
 static void
-emit_row(Tuplestorestate *ts, TupleDesc desc, Oid dbid, IdemDbStats *slot)
+emit_row(Tuplestorestate *ts, TupleDesc desc, Oid dbid, Oid roleid,
+		 IdemStatsSlot *slot)
 {
 	Datum		values[STATS_COLS];
 	bool		nulls[STATS_COLS] = {0};
 	int			col = 0;
 
-	if (OidIsValid(dbid))
-		values[col++] = ObjectIdGetDatum(dbid);
-	else
-		nulls[col++] = true;
+	values[col] = ObjectIdGetDatum(dbid);
+	nulls[col++] = !OidIsValid(dbid);
+	values[col] = ObjectIdGetDatum(roleid);
+	nulls[col++] = !OidIsValid(roleid);
 	for (int c = 0; c < IDEM_STAT_NCOUNTERS; c++)
 	{
 		uint64		v = slot ? pg_atomic_read_u64(&slot->counters[c]) : 0;
@@ -275,13 +331,18 @@ emit_row(Tuplestorestate *ts, TupleDesc desc, Oid dbid, IdemDbStats *slot)
 }
 
 /*
- * idem_stats() returns setof record: one row per database that counted
- * something, plus the overflow row if it did.
+ * idem_stats(by_role boolean) returns setof record: one row per database
+ * (by_role: per database and role) that counted something, plus the
+ * overflow row if it did.
  */
 Datum
 idem_stats_1_1(PG_FUNCTION_ARGS)
 {
 	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	StatsTable	table = PG_GETARG_BOOL(0) ? ROLE_TABLE : DB_TABLE;
+	Oid			role = table == ROLE_TABLE ? GetUserId() : InvalidOid;
+	int			first;
+	int			end;
 
 	InitMaterializedSRF(fcinfo, 0);
 	if (rsinfo->setDesc->natts != STATS_COLS)
@@ -290,36 +351,39 @@ idem_stats_1_1(PG_FUNCTION_ARGS)
 	if (stats_shared == NULL)
 	{
 		tell_not_collecting();
-		emit_row(rsinfo->setResult, rsinfo->setDesc, MyDatabaseId, NULL);
+		emit_row(rsinfo->setResult, rsinfo->setDesc, MyDatabaseId, role, NULL);
 		PG_RETURN_VOID();
 	}
 
-	/* the current database always has its row, zeros until it counts */
-	(void) find_slot(MyDatabaseId);
+	/* the current database (and role) always has its row, zeros until it counts */
+	(void) find_slot(table, MyDatabaseId, role);
 
+	table_bounds(table, &first, &end);
 	LWLockAcquire(stats_shared->lock, LW_SHARED);
-	for (int i = 0; i < stats_shared->nslots; i++)
+	for (int i = first; i < end; i++)
 	{
-		IdemDbStats *slot = &stats_shared->slots[i];
+		IdemStatsSlot *slot = &stats_shared->slots[i];
 		bool		any = false;
 
 		if (!slot->used)
 			continue;
-		if (i == 0)
+		if (i == first)
 		{
 			for (int c = 0; c < IDEM_STAT_NCOUNTERS && !any; c++)
 				any = pg_atomic_read_u64(&slot->counters[c]) != 0;
 			if (!any)
 				continue;
 		}
-		emit_row(rsinfo->setResult, rsinfo->setDesc, slot->dbid, slot);
+		emit_row(rsinfo->setResult, rsinfo->setDesc, slot->dbid, slot->roleid,
+				 slot);
 	}
 	LWLockRelease(stats_shared->lock);
 	PG_RETURN_VOID();
 }
 
 /*
- * idem_stats_reset() returns void: zero every database's counters.
+ * idem_stats_reset() returns void: zero every database's and role's
+ * counters.
  */
 Datum
 idem_stats_reset_1_1(PG_FUNCTION_ARGS)
@@ -332,9 +396,9 @@ idem_stats_reset_1_1(PG_FUNCTION_ARGS)
 		PG_RETURN_VOID();
 	}
 	LWLockAcquire(stats_shared->lock, LW_SHARED);
-	for (int i = 0; i < stats_shared->nslots; i++)
+	for (int i = 0; i < stats_shared->ndbs + stats_shared->nroles; i++)
 	{
-		IdemDbStats *slot = &stats_shared->slots[i];
+		IdemStatsSlot *slot = &stats_shared->slots[i];
 
 		if (!slot->used)
 			continue;

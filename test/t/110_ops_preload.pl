@@ -42,6 +42,7 @@ idem.purge_interval = 1
 idem.purge_batch_size = 1000
 idem.audit_queue_size = 64
 idem.stats_max_databases = 2
+idem.stats_max_roles = 3
 });
 $node->start;
 idem_setup_db($node, 'postgres');
@@ -108,6 +109,40 @@ ok(stats('postgres', 'lock_wait_time') >= 150,
 $node->safe_psql('postgres', 'SELECT idem_stats_reset()');
 is(stats('postgres', 'executions + replays + mismatches + lock_waits'),
 	'0', 'idem_stats_reset() zeroes the counters');
+
+# per role: each call counts for its role, the database's row for all of
+# them; roles beyond idem.stats_max_roles (3 pairs: postgres was counted
+# above) share the overflow row
+$node->safe_psql('postgres', q{
+CREATE ROLE agent_a; CREATE ROLE agent_b; CREATE ROLE agent_c; CREATE ROLE agent_d;
+GRANT INSERT, SELECT ON biz TO agent_a, agent_b, agent_c, agent_d;
+GRANT USAGE ON SEQUENCE biz_id_seq TO agent_a, agent_b, agent_c, agent_d;
+});
+$node->safe_psql('postgres', qq{
+SET ROLE agent_a;
+SELECT idem_execute('r-a', $pay, 'r-a', 1);
+SELECT idem_execute('r-a', $pay, 'r-a', 1);
+SELECT idem_execute('r-a', $pay, 'r-a', 1);
+SET ROLE agent_b;
+SELECT idem_execute('r-b', $pay, 'r-b', 1);
+SET ROLE agent_c;
+SELECT idem_execute('r-c', $pay, 'r-c', 1);
+SET ROLE agent_d;
+SELECT idem_execute('r-d', $pay, 'r-d', 1);
+SELECT idem_execute('r-d', $pay, 'r-d', 1);
+});
+is( $node->safe_psql('postgres', q{
+		SELECT string_agg(coalesce(rolname, '(overflow)') || ':' || executions || '/' || replays, ' '
+						  ORDER BY rolname NULLS LAST)
+		  FROM idem_stats_roles WHERE executions + replays > 0}),
+	'agent_a:1/2 agent_b:1/0 (overflow):2/1',
+	'idem_stats_roles: each role its own calls, the pairs beyond idem.stats_max_roles in the overflow row');
+is(stats('postgres', 'executions, replays'), '4|3',
+	'and the database row counts every role');
+$node->safe_psql('postgres', 'SELECT idem_stats_reset()');
+is( $node->safe_psql('postgres',
+		'SELECT sum(executions + replays) FROM idem_stats_roles'),
+	'0', 'idem_stats_reset() zeroes the roles too');
 
 # outbox delivery: 4 events written, claimed, 3 acked (one alone, two in a
 # batch), one failed, claimed again and failed on its last attempt (dead);

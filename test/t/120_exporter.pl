@@ -82,7 +82,8 @@ is($m->{idem_stats_executions} // '', '0', 'no executions yet');
 ok(exists $m->{$_}, "and $_")
   for qw(idem_stats_replays idem_stats_mismatches idem_stats_in_progress
   idem_stats_conflicts idem_stats_errors idem_stats_lock_waits
-  idem_stats_lock_wait_seconds idem_stats_purged_keys idem_stats_audit_dropped);
+  idem_stats_lock_wait_seconds idem_stats_purged_keys idem_stats_audit_dropped
+  idem_stats_outbox_claimed idem_stats_outbox_dead idem_stats_purged_outbox_events);
 
 $node->safe_psql('postgres', call_sql("m-$_", 0, $_)) for 1 .. 3;
 $node->safe_psql('postgres', call_sql('m-1', 0, 1)) for 1 .. 2;
@@ -92,6 +93,9 @@ $m = scrape();
 is($m->{idem_stats_executions}, '3', 'three executions show up in /metrics');
 is($m->{idem_stats_replays}, '2', 'two replays');
 is($m->{idem_stats_mismatches}, '1', 'one mismatch');
+# the calls were the test's role's, the only one that made any
+is($m->{idem_stats_roles_executions}, '3', 'and per role: three executions');
+is($m->{idem_stats_roles_replays}, '2', 'two replays');
 
 $h->kill_kill;
 done_testing();
