@@ -162,6 +162,8 @@ def consumer(dsn, mailer_url, plan, crashlog):
             with urllib.request.urlopen(req) as resp:
                 answer = json.loads(resp.read())
         except urllib.error.HTTPError as e:
+            if e.code not in (429, 503):
+                raise           # the server's backoff; the error is the event's last_error
             wait = float(e.headers.get("Retry-After", "1"))
             say(f"mailer answered {e.code} (attempt {event['attempt']}): failing the event,"
                 f" due again after {wait:g} s (Retry-After)")
