@@ -339,19 +339,22 @@ async function consume(connect, topic, handler, { maxEvents = 10, lease = 30, co
         const event = { eventId: r.event_id, key: r.key, topic: r.topic, runId: r.run_id,
           step: r.step, attempt: r.attempt, createdAt: r.created_at, leaseUntil: r.lease_until,
           payload: parseExact(r.payload) };
-        let failure = null;
+        let failed = false;
+        let failure;
         try {
           await handler(event);
         } catch (err) {
-          failure = err || new Error(String(err));
+          failed = true;
+          failure = err;
         }
-        if (failure === null) {
+        if (!failed) {
           if (await report('SELECT idem_outbox_ack($1, $2)', [r.event_id, r.lease_token], event)) acked++;
         } else if (failure instanceof RetryAfter) {
           await report('SELECT idem_outbox_fail($1, $2, $3, $4::interval)',
             [r.event_id, r.lease_token, failure.message, `${failure.seconds} seconds`], event);
         } else {
-          const text = `${failure.name || 'Error'}: ${failure.message}`;
+          // a thrown non-Error (a string, undefined) is still the event's failure
+          const text = failure instanceof Error ? `${failure.name}: ${failure.message}` : String(failure);
           const due = await report('SELECT idem_outbox_fail($1, $2, $3) AS due',
             [r.event_id, r.lease_token, text], event);
           if (due && due.due === null) {

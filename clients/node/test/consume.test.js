@@ -126,6 +126,17 @@ describe('consume', () => {
     assert.ok(row.next_attempt_at - before >= 45000 && row.next_attempt_at - afterT <= 45000);
   });
 
+  it('fails the event when the handler throws something that is not an Error', async () => {
+    const t = await freshTopic();
+    await publish(t, 'a');
+    const l = loop(t, () => { throw 'mailer down'; }); // eslint-disable-line no-throw-literal
+    await until(async () => (await events(t)).a.last_error !== null, 'the failure');
+    assert.equal(await l.finish(), 0);
+    const row = (await events(t)).a;
+    assert.equal(row.state, 'pending');
+    assert.equal(row.last_error, 'mailer down');
+  });
+
   it('stops a long idle wait at once on abort', async () => {
     const t = await freshTopic();
     const l = loop(t, undefined, { idle: 60 });
