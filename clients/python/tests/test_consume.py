@@ -31,11 +31,11 @@ def topic(admin, request):
 
 
 def publish(connect, topic, *keys, amount="25.00"):
-    conn = connect()
-    for key in keys:
-        with conn.transaction():
-            idem.execute(conn, f"{topic}:{key}", "SELECT $1::text AS who, $2::numeric AS amount",
-                         key, amount, outbox_topic=topic)
+    with connect() as conn:
+        for key in keys:
+            with conn.transaction():
+                idem.execute(conn, f"{topic}:{key}", "SELECT $1::text AS who, $2::numeric AS amount",
+                             key, amount, outbox_topic=topic)
 
 
 def direct(cluster):
