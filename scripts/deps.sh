@@ -14,7 +14,8 @@
 # missing, and the other paths come from it, so it is checked first.
 # With --test it also makes sure of what only the suite needs: Debian's
 # prometheus-postgres-exporter and curl (test/t/120_exporter.pl scrapes the
-# exporter).  With --bench it also makes sure of gnuplot, which only
+# exporter), pytest, psycopg2 (the drivers' tests), PgBouncer, Node and
+# npm.  With --bench it also makes sure of gnuplot, which only
 # test/bench/run.sh needs (its chart).  The quick start needs neither.
 set -euo pipefail
 
@@ -92,6 +93,8 @@ missing() {
 		command -v curl >/dev/null || echo "curl curl (test/t/120_exporter.pl)"
 		# the client helpers' tests (scripts/test-clients.sh)
 		/usr/bin/python3 -c 'import pytest' 2>/dev/null || echo "python3-pytest python3 module pytest"
+		# the drivers table's psycopg2 row (clients/python/tests/test_drivers.py)
+		/usr/bin/python3 -c 'import psycopg2' 2>/dev/null || echo "python3-psycopg2 python3 module psycopg2"
 		[ -x /usr/sbin/pgbouncer ] || echo "pgbouncer /usr/sbin/pgbouncer"
 		command -v node >/dev/null || echo "nodejs node"
 		command -v npm >/dev/null || echo "npm npm"

@@ -198,4 +198,179 @@ async function retry(connect, fn, { attempts = 8, base = 0.05, cap = 5, client =
   }
 }
 
-module.exports = { execute, step, retry, retryAdvice, sqlstateOf, parseExact, toArg, ...errors };
+// Thrown by an outbox handler: the downstream asked to be called again no
+// earlier than `seconds` from now (its Retry-After).
+class RetryAfter extends Error {
+  constructor(seconds, message = 'retry after') {
+    super(message);
+    this.name = 'RetryAfter';
+    this.seconds = seconds;
+  }
+}
+
+const CLAIM = 'SELECT event_id, key, topic, payload::text AS payload, run_id, step, attempt,' +
+  ' lease_token, created_at, lease_until FROM idem_outbox_claim($1, max_events => $2::integer,' +
+  ' lease => $3::interval, consumer => $4)';
+// ack or fail under a lease another consumer took over (ID412), or of an
+// event already delivered (ID410): the event is someone else's now
+const LOST_LEASE = new Set(['ID412', 'ID410']);
+
+// Outbox consumer loop: LISTEN idem_outbox, claim, handler, ack or fail.
+//
+// Claims up to maxEvents due events of topic under a lease (seconds),
+// awaits handler(event) for each outside any transaction, then acks it; a
+// handler throwing RetryAfter(s) fails the event with retry_after s, any
+// other error fails it with its message and the server's backoff.  event:
+// { eventId, key, topic, runId, step, attempt, payload (exact numbers as in
+// execute()), createdAt, leaseUntil }.  Deduplicate on the receiving side by
+// key: a consumer that dies after its handler ran and before the ack
+// delivers that event again after the lease.
+//
+// When nothing is due it waits for a NOTIFY of topic, and claims anyway
+// every `idle` seconds (expired leases and prepared transactions send no
+// NOTIFY).  Stop it with opts.signal (an AbortSignal); without one,
+// SIGTERM and SIGINT stop it (the listeners are removed on return).
+// Stopping lets the running handler finish and report; the rest of the
+// batch stays leased and comes back when its lease ends.  A lost lease
+// (ID412) or an event already delivered (ID410) is logged and skipped; a
+// lost connection is replaced by connect().
+//
+// LISTEN needs a session of its own: connect() must return a pg.Client
+// straight to the server, not through a transaction pooler.  Resolves to
+// the number of events acknowledged.
+async function consume(connect, topic, handler, { maxEvents = 10, lease = 30, consumer = null,
+  idle = 5, signal = null, log = console } = {}) {
+  let stopped = false;
+  let wake = null; // resolves the current wait
+  let woke = false; // a NOTIFY of our topic arrived since the last claim
+  const stop = () => { stopped = true; if (wake) wake(); };
+  const signals = [];
+  if (signal) {
+    if (signal.aborted) return 0;
+    signal.addEventListener('abort', stop, { once: true });
+  } else {
+    for (const sig of ['SIGTERM', 'SIGINT']) {
+      process.on(sig, stop);
+      signals.push(sig);
+    }
+  }
+  let client = null;
+  let broken = false;
+  let acked = 0;
+  let down = 0; // connection attempts failed in a row
+
+  const open = async () => {
+    const c = await connect();
+    broken = false;
+    // a terminated backend or a server restart: seen here, acted on by the
+    // next query or wait
+    const lost = () => { if (c === client) { broken = true; if (wake) wake(); } };
+    c.on('error', lost);
+    c.on('end', lost);
+    c.on('notification', (n) => {
+      if (n.channel === 'idem_outbox' && n.payload === topic) {
+        woke = true;
+        if (wake) wake();
+      }
+    });
+    client = c;
+    await c.query('LISTEN idem_outbox');
+  };
+  const close = () => {
+    if (client) client.end().catch(() => {});
+    client = null;
+  };
+  const connectionLost = (err) => {
+    const state = sqlstateOf(err);
+    return broken || (state !== null && /^(08|57P)/.test(state));
+  };
+  const pause = (seconds) => new Promise((resolve) => {
+    if (stopped || woke || broken) { resolve(); return; }
+    const timer = setTimeout(() => { wake = null; resolve(); }, seconds * 1000);
+    wake = () => { clearTimeout(timer); wake = null; resolve(); };
+  });
+  // An ack or fail; true if it held.  A lost connection is replaced and the
+  // report sent again: the token is not tied to the session, and an ack
+  // that lands spares the receiver a duplicate.
+  const report = async (sql, params, event) => {
+    for (const again of [false, true]) {
+      try {
+        if (!client || broken) { close(); await open(); }
+        return (await client.query(sql, params)).rows[0];
+      } catch (err) {
+        if (LOST_LEASE.has(err.code)) {
+          log.warn(`idem consumer: event ${event.key} (attempt ${event.attempt}) not reported,` +
+            ` ${err.code}: ${err.message}`);
+          return null;
+        }
+        if (!connectionLost(err)) throw err;
+        close();
+        if (again) {
+          log.warn(`idem consumer: event ${event.key} not reported (${err.message});` +
+            ' it comes back after its lease');
+          return null;
+        }
+      }
+    }
+    return null;
+  };
+
+  try {
+    while (!stopped) {
+      woke = false;
+      let rows;
+      try {
+        if (!client || broken) { close(); await open(); }
+        rows = (await client.query(CLAIM, [topic, maxEvents, `${lease} seconds`, consumer])).rows;
+        down = 0;
+      } catch (err) {
+        if (!connectionLost(err)) throw err;
+        // the events we held come back after their lease
+        close();
+        down++;
+        const delay = Math.min(5, 0.1 * 2 ** Math.min(down, 6));
+        log.warn(`idem consumer: ${err.message}; reconnecting in ${delay} s`);
+        broken = false;
+        await pause(delay);
+        continue;
+      }
+      for (const r of rows) {
+        if (stopped) break; // the rest come back when their lease ends
+        const event = { eventId: r.event_id, key: r.key, topic: r.topic, runId: r.run_id,
+          step: r.step, attempt: r.attempt, createdAt: r.created_at, leaseUntil: r.lease_until,
+          payload: parseExact(r.payload) };
+        let failed = false;
+        let failure;
+        try {
+          await handler(event);
+        } catch (err) {
+          failed = true;
+          failure = err;
+        }
+        if (!failed) {
+          if (await report('SELECT idem_outbox_ack($1, $2)', [r.event_id, r.lease_token], event)) acked++;
+        } else if (failure instanceof RetryAfter) {
+          await report('SELECT idem_outbox_fail($1, $2, $3, $4::interval)',
+            [r.event_id, r.lease_token, failure.message, `${failure.seconds} seconds`], event);
+        } else {
+          // a thrown non-Error (a string, undefined) is still the event's failure
+          const text = failure instanceof Error ? `${failure.name}: ${failure.message}` : String(failure);
+          const due = await report('SELECT idem_outbox_fail($1, $2, $3) AS due',
+            [r.event_id, r.lease_token, text], event);
+          if (due && due.due === null) {
+            log.error(`idem consumer: event ${event.key} is dead after attempt ${event.attempt}: ${text}`);
+          }
+        }
+      }
+      if (rows.length === 0) await pause(idle);
+    }
+  } finally {
+    close();
+    if (signal) signal.removeEventListener('abort', stop);
+    for (const sig of signals) process.removeListener(sig, stop);
+  }
+  return acked;
+}
+
+module.exports = { execute, step, retry, retryAdvice, consume, RetryAfter, sqlstateOf, parseExact,
+  toArg, ...errors };

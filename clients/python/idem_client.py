@@ -19,6 +19,7 @@ Conventions that keep every client's retry the same request:
 import datetime
 import decimal
 import json
+import logging
 import random
 import time
 from typing import Any, Callable, NamedTuple, Optional
@@ -258,58 +259,173 @@ class RetryAfter(Exception):
         self.seconds = seconds
 
 
+_log = logging.getLogger("idem_client")
+
+_CLAIM = ("SELECT event_id, key, topic, payload::text, run_id, step, attempt, lease_token,"
+          " created_at, lease_until FROM idem_outbox_claim(%s, max_events => %s,"
+          " lease => %s::interval, consumer => %s)")
+
+# ack or fail under a lease another consumer has taken over (ID412), or of
+# an event already delivered (ID410): the event is someone else's now
+_LOST_LEASE = ("ID412", "ID410")
+
+
 def consume(connect: Callable[[], psycopg.Connection], topic: str,
             handler: Callable[[dict], None], *, max_events: int = 10,
             lease: float = 30, consumer: Optional[str] = None,
-            idle: float = 1.0, stop=None) -> int:
-    """Outbox consumer loop (the delivery API of issue 10: idem_outbox_claim,
-    idem_outbox_ack, idem_outbox_fail, LISTEN idem_outbox).
+            idle: float = 5.0, stop=None) -> int:
+    """Outbox consumer loop: LISTEN idem_outbox, claim, handler, ack or fail.
 
-    Claims up to ``max_events`` due events of ``topic`` under a lease, calls
-    ``handler(event)`` for each outside any transaction, acks it, or fails it
-    with the handler's RetryAfter (or the error's text, leaving the backoff
-    to the server).  Sleeps on LISTEN idem_outbox when nothing is due, waking
-    at least every ``idle`` seconds to look at ``stop`` (a
-    threading.Event-like object; SIGTERM/SIGINT set it when none is given).
-    LISTEN needs a session: connect directly, not through a transaction
-    pooler.  Returns the number of events acknowledged.
+    Claims up to ``max_events`` due events of ``topic`` under a ``lease``
+    (seconds), calls ``handler(event)`` for each outside any transaction,
+    then acks it; if the handler raises ``RetryAfter(s)`` the event fails
+    with retry_after s, any other exception fails it with its text and the
+    server's backoff.  ``event`` is a dict: event_id, key, topic, run_id,
+    step, attempt (1 on the first delivery), payload (JSON numbers as
+    Decimal), created_at, lease_until.  Deduplicate on the receiving side
+    by ``key``: a consumer that dies after its handler ran and before the
+    ack delivers that event again after the lease.
 
-    Not tested on branch clients: the delivery API is not on main yet."""
+    When nothing is due it waits for a NOTIFY of ``topic``, and claims
+    anyway every ``idle`` seconds (expired leases and prepared transactions
+    send no NOTIFY).  ``stop`` is a threading.Event-like object; without
+    one, SIGTERM and SIGINT stop the loop (main thread only).  Stopping
+    lets the running handler finish and report; the rest of the batch stays
+    leased and comes back when its lease ends.  A lost lease (ID412) or an
+    event already delivered (ID410) is logged and skipped; a lost
+    connection is replaced by ``connect()``.
+
+    LISTEN needs a session of its own: ``connect`` must reach the server
+    directly, not through a transaction pooler (PgBouncer in transaction
+    mode would hand the LISTEN and the claims to different server
+    sessions).  Returns the number of events acknowledged."""
     import select
     import signal
     import threading
 
+    restore = []
     if stop is None:
         stop = threading.Event()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: stop.set())
-    conn = connect()
-    conn.autocommit = True
-    conn.execute("LISTEN idem_outbox")
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                restore.append((sig, signal.signal(sig, lambda *_: stop.set())))
+    woke = []        # our topic's NOTIFYs read by psycopg during a query
+    conn = None
     acked = 0
-    while not stop.is_set():
-        events = conn.execute(
-            "SELECT event_id, key, topic, payload::text, run_id, step, attempt, lease_token"
-            " FROM idem_outbox_claim(%s, max_events => %s, lease => %s::interval,"
-            " consumer => %s)", (topic, max_events, f"{lease} seconds", consumer)).fetchall()
-        for event_id, key, top, payload, run_id, step_name, attempt, token in events:
-            if stop.is_set():
-                break   # the rest come back when their lease ends
-            event = {"event_id": event_id, "key": key, "topic": top, "run_id": run_id,
-                     "step": step_name, "attempt": attempt,
-                     "payload": json.loads(payload, parse_float=decimal.Decimal)}
+    down = 0         # connection attempts failed in a row
+
+    def open_conn():
+        c = connect()
+        c.autocommit = True
+        c.add_notify_handler(lambda n: n.payload == topic and woke.append(n))
+        c.execute("LISTEN idem_outbox")
+        return c
+
+    def pause(seconds):
+        """Sleep up to ``seconds``, waking for our topic's NOTIFY or stop."""
+        deadline = time.monotonic() + seconds
+        while not stop.is_set() and not woke:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            # short slices: a stop set from a signal or another thread is
+            # seen within 0.2 s however long the idle timeout
+            if conn is None:
+                time.sleep(min(left, 0.2))
+                continue
+            ready, _, _ = select.select([conn.fileno()], [], [], min(left, 0.2))
+            if ready:
+                try:
+                    conn.pgconn.consume_input()
+                except psycopg.OperationalError as e:
+                    # the session ended (terminated, server restart): the
+                    # next claim reconnects
+                    _log.warning("idem consumer: connection lost while waiting: %s", e)
+                    close()
+                    return
+                while (n := conn.pgconn.notifies()) is not None:
+                    if n.extra.decode() == topic:
+                        woke.append(n)
+
+    def report(sql, params, event):
+        """Run an ack or fail; True if it held.  A lost connection is
+        replaced and the report sent again: the token is not tied to the
+        session, and an ack that lands spares the receiver a duplicate."""
+        nonlocal conn
+        for again in (False, True):
             try:
-                handler(event)
-            except RetryAfter as e:
-                conn.execute("SELECT idem_outbox_fail(%s, %s, %s, %s::interval)",
-                             (event_id, token, str(e), f"{e.seconds} seconds"))
-            except Exception as e:  # the handler's failure is the event's, not the loop's
-                conn.execute("SELECT idem_outbox_fail(%s, %s, %s)", (event_id, token, repr(e)))
-            else:
-                conn.execute("SELECT idem_outbox_ack(%s, %s)", (event_id, token))
-                acked += 1
-        if not events:
-            # a NOTIFY makes the socket readable; the next claim reads it
-            select.select([conn.fileno()], [], [], idle)
-    conn.close()
+                if conn is None:
+                    conn = open_conn()
+                return conn.execute(sql, params).fetchone()
+            except psycopg.OperationalError as e:
+                close()
+                if again:
+                    _log.warning("idem consumer: event %s not reported (%s); it comes back"
+                                 " after its lease", event["key"], e)
+                    return None
+                _log.warning("idem consumer: connection lost while reporting event %s,"
+                             " reconnecting", event["key"])
+            except psycopg.Error as e:
+                if getattr(e, "sqlstate", None) in _LOST_LEASE:
+                    _log.warning("idem consumer: event %s (attempt %s) not reported, %s: %s",
+                                 event["key"], event["attempt"], e.sqlstate,
+                                 e.diag.message_primary)
+                    return None
+                raise
+
+    def close():
+        nonlocal conn
+        if conn is not None:
+            try:
+                conn.close()
+            except Exception:
+                pass
+        conn = None
+
+    try:
+        while not stop.is_set():
+            woke.clear()
+            try:
+                if conn is None:
+                    conn = open_conn()
+                rows = conn.execute(_CLAIM, (topic, max_events, f"{lease} seconds",
+                                             consumer)).fetchall()
+                down = 0
+            except psycopg.OperationalError as e:
+                # the server restarted or our backend was terminated: the
+                # events we held come back after their lease
+                close()
+                down += 1
+                delay = min(5.0, 0.1 * 2 ** min(down, 6))
+                _log.warning("idem consumer: %s; reconnecting in %.1f s", e, delay)
+                pause(delay)
+                continue
+            for event_id, key, top, payload, run_id, step_name, attempt, token, \
+                    created_at, lease_until in rows:
+                if stop.is_set():
+                    break   # the rest come back when their lease ends
+                event = {"event_id": event_id, "key": key, "topic": top, "run_id": run_id,
+                         "step": step_name, "attempt": attempt, "created_at": created_at,
+                         "lease_until": lease_until,
+                         "payload": json.loads(payload, parse_float=decimal.Decimal)}
+                try:
+                    handler(event)
+                except RetryAfter as e:
+                    report("SELECT idem_outbox_fail(%s, %s, %s, %s::interval)",
+                           (event_id, token, str(e), f"{e.seconds} seconds"), event)
+                except Exception as e:  # the handler's failure is the event's, not the loop's
+                    r = report("SELECT idem_outbox_fail(%s, %s, %s)",
+                               (event_id, token, f"{type(e).__name__}: {e}"), event)
+                    if r is not None and r[0] is None:
+                        _log.error("idem consumer: event %s is dead after attempt %s: %s",
+                                   key, attempt, e)
+                else:
+                    if report("SELECT idem_outbox_ack(%s, %s)", (event_id, token), event):
+                        acked += 1
+            if not rows:
+                pause(idle)
+    finally:
+        close()
+        for sig, old in restore:
+            signal.signal(sig, old)
     return acked

@@ -1,0 +1,277 @@
+'use strict';
+// The outbox consumer loop, idem.consume(), against a real server.  The
+// consumer connects directly: LISTEN needs a session of its own, which
+// PgBouncer in transaction mode does not give.
+const { describe, it, before, after } = require('node:test');
+const assert = require('node:assert/strict');
+const { spawn } = require('node:child_process');
+const fs = require('node:fs');
+const os = require('node:os');
+const path = require('node:path');
+const pg = require('pg');
+const idem = require('../idem.js');
+const { start } = require('./cluster.js');
+
+let env;
+before(async () => { env = await start(); });
+after(async () => { await env.stop(); });
+
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+async function until(pred, what, timeout = 10000) {
+  const deadline = Date.now() + timeout;
+  while (!(await pred())) {
+    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
+    await sleep(50);
+  }
+}
+// consume()'s log: the tests look for its warnings
+let warnings = [];
+const quiet = { warn: (m) => warnings.push(m), error: (m) => warnings.push(m) };
+
+let topicNo = 0;
+async function freshTopic() {
+  const t = `node_t_${++topicNo}`;
+  await env.admin.query('SELECT idem_outbox_create_topic($1)', [t]);
+  return t;
+}
+async function publish(topic, ...keys) {
+  const c = new pg.Client(env.targets.direct);
+  await c.connect();
+  for (const k of keys) {
+    await c.query('BEGIN');
+    await idem.execute(c, `${topic}:${k}`, 'SELECT $1::text AS who, $2::numeric AS amount',
+      [k, '25.00'], { outboxTopic: topic });
+    await c.query('COMMIT');
+  }
+  await c.end();
+}
+async function events(topic) {
+  const r = await env.admin.query('SELECT * FROM idem_outbox_events WHERE topic = $1', [topic]);
+  return Object.fromEntries(r.rows.map((row) => [row.key.split(':')[1], row]));
+}
+const serverNow = async () => (await env.admin.query('SELECT clock_timestamp() AS t')).rows[0].t;
+const connectTo = (config) => async () => { const c = new pg.Client(config); await c.connect(); return c; };
+
+// consume() running in this process, stopped by an AbortController
+function loop(topic, handler = () => {}, opts = {}, config = env.targets.direct) {
+  const ac = new AbortController();
+  const seen = [];
+  const done = idem.consume(connectTo(config), topic, async (e) => { seen.push(e); await handler(e); },
+    { signal: ac.signal, log: quiet, ...opts });
+  return {
+    seen,
+    keys: () => seen.map((e) => e.key.split(':')[1]),
+    async finish() {
+      ac.abort();
+      let timer;
+      const late = new Promise((resolve, reject) => {
+        timer = setTimeout(() => reject(new Error('consume() did not return after abort')), 5000);
+      });
+      try {
+        return await Promise.race([done, late]);
+      } finally {
+        clearTimeout(timer);
+      }
+    },
+  };
+}
+async function waitUntilSleeping() {
+  await until(async () => Number((await env.admin.query(
+    "SELECT count(*) AS n FROM pg_stat_activity WHERE state = 'idle'" +
+    " AND query LIKE '%idem_outbox_claim%' AND pid <> pg_backend_pid()")).rows[0].n) > 0,
+  "the consumer's claim");
+}
+
+describe('consume', () => {
+  it('delivers and acks', async () => {
+    const t = await freshTopic();
+    await publish(t, 'a', 'b', 'c');
+    const l = loop(t, undefined, { maxEvents: 2 });
+    await until(() => l.seen.length === 3, 'three deliveries');
+    assert.equal(await l.finish(), 3);
+    assert.deepEqual(l.keys().sort(), ['a', 'b', 'c']);
+    assert.equal(l.seen[0].attempt, 1);
+    assert.equal(l.seen[0].payload.rows[0].amount, '25.00'); // exact, as execute() returns it
+    const ev = await events(t);
+    assert.deepEqual(Object.values(ev).map((r) => r.state), ['delivered', 'delivered', 'delivered']);
+  });
+
+  it('fails with the Retry-After of a RetryAfter', async () => {
+    const t = await freshTopic();
+    await publish(t, 'a');
+    const before = await serverNow();
+    const l = loop(t, () => { throw new idem.RetryAfter(20, 'mailer 429'); });
+    await until(async () => (await events(t)).a.last_error !== null, 'the failure');
+    const afterT = await serverNow();
+    assert.equal(await l.finish(), 0);
+    const row = (await events(t)).a;
+    assert.equal(row.state, 'pending');
+    assert.equal(row.last_error, 'mailer 429');
+    // attempt 1's backoff window is 1 s, so Retry-After decides: exactly 20 s
+    assert.ok(row.next_attempt_at - before >= 20000 && row.next_attempt_at - afterT <= 20000);
+  });
+
+  it("leaves any other error's retry to the server's backoff", async () => {
+    const t = await freshTopic();
+    await publish(t, 'a');
+    // jitter off and a long base: the window end is exact and far from 0
+    const config = { ...env.targets.direct, options: '-c idem.outbox_jitter=off -c idem.outbox_backoff_base=45s' };
+    const before = await serverNow();
+    const l = loop(t, () => { throw new TypeError('mailer down'); }, {}, config);
+    await until(async () => (await events(t)).a.last_error !== null, 'the failure');
+    const afterT = await serverNow();
+    assert.equal(await l.finish(), 0);
+    const row = (await events(t)).a;
+    assert.equal(row.last_error, 'TypeError: mailer down');
+    assert.ok(row.next_attempt_at - before >= 45000 && row.next_attempt_at - afterT <= 45000);
+  });
+
+  it('fails the event when the handler throws something that is not an Error', async () => {
+    const t = await freshTopic();
+    await publish(t, 'a');
+    const l = loop(t, () => { throw 'mailer down'; }); // eslint-disable-line no-throw-literal
+    await until(async () => (await events(t)).a.last_error !== null, 'the failure');
+    assert.equal(await l.finish(), 0);
+    const row = (await events(t)).a;
+    assert.equal(row.state, 'pending');
+    assert.equal(row.last_error, 'mailer down');
+  });
+
+  it('stops a long idle wait at once on abort', async () => {
+    const t = await freshTopic();
+    const l = loop(t, undefined, { idle: 60 });
+    await waitUntilSleeping();
+    const t0 = Date.now();
+    assert.equal(await l.finish(), 0);
+    assert.ok(Date.now() - t0 < 1000);
+  });
+
+  it('wakes up on NOTIFY', async () => {
+    const t = await freshTopic();
+    const l = loop(t, undefined, { idle: 60 });
+    await waitUntilSleeping();
+    const t0 = Date.now();
+    await publish(t, 'a');
+    await until(() => l.seen.length === 1, 'the delivery', 5000);
+    assert.ok(Date.now() - t0 < 3000); // not the 60 s idle poll
+    assert.equal(await l.finish(), 1);
+  });
+
+  it('replaces a lost connection', async () => {
+    const t = await freshTopic();
+    const l = loop(t, undefined, { idle: 60 });
+    await waitUntilSleeping();
+    await env.admin.query("SELECT pg_terminate_backend(pid) FROM pg_stat_activity" +
+      " WHERE query LIKE '%idem_outbox_claim%' AND pid <> pg_backend_pid()");
+    await sleep(500);
+    await waitUntilSleeping(); // a new session, listening again
+    await publish(t, 'a');
+    await until(() => l.seen.length === 1, 'the delivery after reconnecting', 5000);
+    assert.equal(await l.finish(), 1);
+  });
+
+  for (const outcome of ['ack', 'fail']) {
+    it(`skips a ${outcome} fenced by a takeover (ID412)`, async () => {
+      const t = await freshTopic();
+      await publish(t, 'slow');
+      warnings = [];
+      let started; const startedP = new Promise((r) => { started = r; });
+      let taken; const takenP = new Promise((r) => { taken = r; });
+      const l = loop(t, async (e) => {
+        if (!e.key.endsWith('slow')) return;
+        started();
+        await takenP;
+        if (outcome === 'fail') throw new Error('late failure');
+      }, { lease: 1, idle: 60 });
+      await startedP;
+      await sleep(1200);
+      const stolen = await env.admin.query("SELECT key FROM idem_outbox_claim($1, 10, '30 s', 'thief')", [t]);
+      assert.deepEqual(stolen.rows, [{ key: `${t}:slow` }]);
+      taken();
+      await publish(t, 'next');
+      await until(() => l.keys().includes('next'), 'the next event after the fenced one');
+      assert.equal(await l.finish(), 1);
+      const row = (await events(t)).slow;
+      assert.equal(row.state, 'leased');
+      assert.equal(row.lease_holder, 'thief');
+      assert.equal(row.last_error, null);
+      assert.ok(warnings.some((w) => w.includes('ID412')), warnings.join('\n'));
+    });
+  }
+
+  const logFile = () => path.join(fs.mkdtempSync(path.join(os.tmpdir(), 'idem-consumer.')), 'log');
+  const lines = (f) => (fs.existsSync(f) ? fs.readFileSync(f, 'utf8').split('\n').slice(0, -1) : []);
+  function proc(topic, log, { lease = 2, handlerMs = 0, killAfter = 0 } = {}) {
+    const p = spawn(process.execPath, [path.join(__dirname, '..', 'fixtures', 'outbox-consumer.js'),
+      JSON.stringify(env.targets.direct), topic, log, String(lease), String(handlerMs), String(killAfter)],
+    { stdio: ['ignore', 'pipe', 'inherit'] });
+    let out = '';
+    p.stdout.on('data', (d) => { out += d; });
+    const exited = new Promise((r) => p.on('exit', (code, sig) => r({ code, sig, out: () => out.trim() })));
+    return { p, exited };
+  }
+
+  it('finishes the running delivery on SIGTERM and exits 0; the rest return after the lease', async () => {
+    const t = await freshTopic();
+    await publish(t, 'a', 'b', 'c', 'd');
+    const log = logFile();
+    const { p, exited } = proc(t, log, { handlerMs: 1000 });
+    await until(() => lines(log).length === 1, 'the first delivery');
+    p.kill('SIGTERM'); // inside the first handler
+    const { code, out } = await exited;
+    assert.equal(code, 0);
+    await until(() => out() !== '', 'output');
+    assert.equal(out(), '1');
+    assert.equal(lines(log).length, 1);
+    const ev = await events(t);
+    const done = Object.keys(ev).filter((k) => ev[k].state === 'delivered');
+    assert.deepEqual(done, [lines(log)[0].split(' ')[0].split(':')[1]]);
+    const rest = Object.keys(ev).filter((k) => !done.includes(k)).sort();
+    assert.ok(rest.every((k) => ev[k].state === 'leased'));
+    // expired leases send no NOTIFY: the idle poll finds them
+    const l = loop(t, undefined, { idle: 0.2 });
+    await until(() => l.seen.length === 3, 'the rest after the lease');
+    assert.equal(await l.finish(), 3);
+    assert.deepEqual(l.keys().sort(), rest);
+    assert.ok(l.seen.every((e) => e.attempt === 2));
+  });
+
+  it('redelivers after a SIGKILL between handler and ack; the receiver dedupes by key', async () => {
+    const t = await freshTopic();
+    await publish(t, 'a', 'b', 'c');
+    const log = logFile();
+    const { exited } = proc(t, log, { killAfter: 2 });
+    const { sig } = await exited;
+    assert.equal(sig, 'SIGKILL');
+    const first = lines(log).map((l) => l.split(' '));
+    assert.equal(first.length, 2);
+    const killedKey = first[1][0];
+    assert.deepEqual(Object.values(await events(t)).map((r) => r.state).sort(), ['delivered', 'leased', 'leased']);
+    // the receiver keeps one effect per key however many attempts reach it
+    const effects = new Map(first.map(([k, a]) => [k, Number(a)]));
+    const l = loop(t, (e) => {
+      fs.appendFileSync(log, `${e.key} ${e.attempt}\n`);
+      if (!effects.has(e.key)) effects.set(e.key, e.attempt);
+    }, { idle: 0.2 });
+    await until(() => l.seen.length === 2, 'redelivery after the lease');
+    assert.equal(await l.finish(), 2);
+    const attempts = lines(log).map((x) => x.split(' ')).filter(([k]) => k === killedKey).map(([, a]) => a);
+    assert.deepEqual(attempts, ['1', '2']);
+    assert.equal(effects.size, 3);
+    assert.ok(Object.values(await events(t)).every((r) => r.state === 'delivered'));
+  });
+
+  it('exits at once on SIGTERM while idle', async () => {
+    const t = await freshTopic();
+    const log = logFile();
+    const { p, exited } = proc(t, log);
+    await waitUntilSleeping();
+    const t0 = Date.now();
+    p.kill('SIGTERM');
+    const { code, out } = await exited;
+    assert.equal(code, 0);
+    assert.ok(Date.now() - t0 < 2000);
+    await until(() => out() !== '', 'output');
+    assert.equal(out(), '0');
+  });
+});

@@ -1,0 +1,304 @@
+"""The outbox consumer loop, idem_client.consume(), against a real server.
+
+The consumer connects directly: LISTEN needs its own session, which
+PgBouncer in transaction mode does not give (see consume's docstring).
+The producers publish through both targets, like the other tests."""
+
+import datetime
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from decimal import Decimal
+
+import psycopg
+import pytest
+
+import idem_client as idem
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SECOND = datetime.timedelta(seconds=1)
+
+
+@pytest.fixture
+def topic(admin, request):
+    name = "t_" + request.node.name.replace("[", "_").replace("]", "").replace("-", "_")
+    admin.execute("SELECT idem_outbox_create_topic(%s)", (name,))
+    return name
+
+
+def publish(connect, topic, *keys, amount="25.00"):
+    with connect() as conn:
+        for key in keys:
+            with conn.transaction():
+                idem.execute(conn, f"{topic}:{key}", "SELECT $1::text AS who, $2::numeric AS amount",
+                             key, amount, outbox_topic=topic)
+
+
+def direct(cluster):
+    return lambda: psycopg.connect(cluster.dsn())
+
+
+def events(admin, topic):
+    """key (without the topic prefix) -> its row of idem_outbox_events"""
+    cur = admin.cursor(row_factory=psycopg.rows.dict_row)
+    rows = cur.execute("SELECT * FROM idem_outbox_events WHERE topic = %s", (topic,)).fetchall()
+    return {r["key"].split(":", 1)[1]: r for r in rows}
+
+
+def server_now(admin):
+    return admin.execute("SELECT clock_timestamp()").fetchone()[0]
+
+
+def until(predicate, timeout=10, what="condition"):
+    deadline = time.time() + timeout
+    while not predicate():
+        if time.time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+class Loop:
+    """consume() in a thread, with a stop event and the handler's calls."""
+
+    def __init__(self, dsn, topic, handler=None, **kw):
+        self.seen = []
+        self.stop = threading.Event()
+        self.result = None
+        self.error = None
+        self.handler = handler or (lambda e: None)
+
+        def h(event):
+            self.seen.append(event)
+            self.handler(event)
+
+        def run():
+            try:
+                self.result = idem.consume(lambda: psycopg.connect(dsn), topic, h,
+                                           stop=self.stop, **kw)
+            except BaseException as e:  # the test asserts the loop did not die
+                self.error = e
+        self.thread = threading.Thread(target=run, daemon=True)
+        self.thread.start()
+
+    def keys(self):
+        return [e["key"].split(":", 1)[1] for e in self.seen]
+
+    def finish(self, timeout=5):
+        self.stop.set()
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), "consume() did not return after stop"
+        assert self.error is None, f"consume() raised {self.error!r}"
+        return self.result
+
+
+def test_delivers_and_acks(cluster, connect, topic, admin):
+    publish(connect, topic, "a", "b", "c")
+    loop = Loop(cluster.dsn(), topic, max_events=2)   # two claims at least
+    until(lambda: len(loop.seen) == 3, what="three deliveries")
+    assert loop.finish() == 3
+    assert sorted(loop.keys()) == ["a", "b", "c"]
+    ev = loop.seen[0]
+    assert ev["topic"] == topic and ev["attempt"] == 1
+    # the payload is the call's response, numerics exact
+    assert ev["payload"]["rows"][0]["amount"] == Decimal("25.00")
+    assert str(ev["payload"]["rows"][0]["amount"]) == "25.00"
+    rows = events(admin, topic)
+    assert {k: r["state"] for k, r in rows.items()} == {"a": "delivered", "b": "delivered",
+                                                        "c": "delivered"}
+    assert all(r["attempts"] == 1 for r in rows.values())
+
+
+def test_retry_after_sets_the_next_attempt(cluster, connect, topic, admin):
+    publish(connect, topic, "a")
+
+    def handler(event):
+        raise idem.RetryAfter(20, "mailer 429")
+    before = server_now(admin)
+    loop = Loop(cluster.dsn(), topic, handler)
+    until(lambda: events(admin, topic)["a"]["last_error"] is not None, what="the failure")
+    after = server_now(admin)
+    assert loop.finish() == 0
+    row = events(admin, topic)["a"]
+    assert row["state"] == "pending" and row["last_error"] == "mailer 429"
+    # attempt 1's backoff window is 1 s, so Retry-After decides: exactly 20 s
+    assert before + 20 * SECOND <= row["next_attempt_at"] <= after + 20 * SECOND
+    assert len(loop.seen) == 1   # not due again while the loop ran
+
+
+def test_other_exception_gets_the_server_backoff(cluster, connect, topic, admin):
+    publish(connect, topic, "a")
+
+    def handler(event):
+        raise ConnectionRefusedError("mailer down")
+    # jitter off and a long base: the server's window end is exact and far
+    # from both 0 (an ack or retry_after 0) and any Retry-After
+    dsn = cluster.dsn() + " options='-c idem.outbox_jitter=off -c idem.outbox_backoff_base=45s'"
+    before = server_now(admin)
+    loop = Loop(dsn, topic, handler)
+    until(lambda: events(admin, topic)["a"]["last_error"] is not None, what="the failure")
+    after = server_now(admin)
+    assert loop.finish() == 0
+    row = events(admin, topic)["a"]
+    assert row["state"] == "pending"
+    assert row["last_error"] == "ConnectionRefusedError: mailer down"
+    assert before + 45 * SECOND <= row["next_attempt_at"] <= after + 45 * SECOND
+
+
+def test_stop_ends_a_long_idle_wait_at_once(cluster, topic):
+    loop = Loop(cluster.dsn(), topic, idle=60)
+    time.sleep(0.5)   # in its first wait by now
+    t = time.time()
+    assert loop.finish() == 0
+    assert time.time() - t < 1
+
+
+def wait_until_sleeping(admin, topic):
+    """The consumer has made its (empty) claim and waits on LISTEN."""
+    until(lambda: admin.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE state = 'idle'"
+        " AND query LIKE '%%idem_outbox_claim%%' AND pid <> pg_backend_pid()").fetchone()[0] > 0,
+        what="the consumer's claim")
+
+
+def test_notify_wakes_the_consumer(cluster, connect, topic, admin):
+    loop = Loop(cluster.dsn(), topic, idle=60)
+    wait_until_sleeping(admin, topic)
+    t = time.time()
+    publish(connect, topic, "a")
+    until(lambda: len(loop.seen) == 1, timeout=5, what="the delivery")
+    assert time.time() - t < 3    # not the 60 s idle poll
+    assert loop.finish() == 1
+
+
+def test_lost_connection_is_replaced(cluster, connect, topic, admin):
+    loop = Loop(cluster.dsn(), topic, idle=60)
+    wait_until_sleeping(admin, topic)
+    admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                  " WHERE query LIKE '%%idem_outbox_claim%%' AND pid <> pg_backend_pid()")
+    time.sleep(0.5)
+    wait_until_sleeping(admin, topic)   # a new session, listening again
+    publish(connect, topic, "a")
+    until(lambda: len(loop.seen) == 1, timeout=5, what="the delivery after reconnecting")
+    assert loop.finish() == 1
+    assert events(admin, topic)["a"]["state"] == "delivered"
+
+
+@pytest.mark.parametrize("outcome", ["ack", "fail"])
+def test_lease_taken_over_is_skipped(cluster, topic, admin, caplog, outcome):
+    # the handler outlives its 1 s lease and another consumer takes the
+    # event over: the late ack or fail is fenced (ID412), the loop logs it
+    # and goes on
+    publish(direct(cluster), topic, "slow")
+    started, taken = threading.Event(), threading.Event()
+
+    def handler(event):
+        if event["key"].endswith("slow"):
+            started.set()
+            taken.wait(10)
+            if outcome == "fail":
+                raise RuntimeError("late failure")
+    caplog.set_level(logging.WARNING, logger="idem_client")
+    loop = Loop(cluster.dsn(), topic, handler, lease=1, idle=60)
+    assert started.wait(10)
+    time.sleep(1.2)
+    stolen = admin.execute("SELECT key FROM idem_outbox_claim(%s, 10, '30 s', 'thief')",
+                           (topic,)).fetchall()
+    assert stolen == [(f"{topic}:slow",)]
+    taken.set()
+    publish(direct(cluster), topic, "next")
+    until(lambda: "next" in loop.keys(), what="the next event after the fenced one")
+    assert loop.finish() == 1
+    row = events(admin, topic)["slow"]
+    assert row["state"] == "leased" and row["lease_holder"] == "thief" and row["last_error"] is None
+    assert "ID412" in caplog.text
+
+
+def test_ack_after_the_lease_expired_but_not_taken_over(cluster, topic, admin):
+    publish(direct(cluster), topic, "slow")
+    loop = Loop(cluster.dsn(), topic, lambda e: time.sleep(1.5), lease=1, idle=60)
+    until(lambda: events(admin, topic)["slow"]["state"] == "delivered", what="the late ack")
+    assert loop.finish() == 1
+
+
+def consumer_proc(cluster, topic, log, *args):
+    return subprocess.Popen([sys.executable, os.path.join(HERE, "outbox_consumer.py"),
+                             cluster.dsn(), topic, log, *args],
+                            stdout=subprocess.PIPE, text=True)
+
+
+def lines(path):
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return f.read().split("\n")[:-1]
+
+
+def test_sigterm_finishes_the_event_and_exits_0(cluster, topic, admin, tmp_path):
+    publish(direct(cluster), topic, "a", "b", "c", "d")
+    log = str(tmp_path / "deliveries")
+    p = consumer_proc(cluster, topic, log, "--lease", "2", "--handler-seconds", "1")
+    until(lambda: len(lines(log)) == 1, what="the first delivery")
+    p.send_signal(signal.SIGTERM)            # inside the first handler
+    out, _ = p.communicate(timeout=10)
+    assert p.returncode == 0
+    assert out.strip() == "1"                # the running delivery was acked
+    assert len(lines(log)) == 1              # and no other began
+    rows = events(admin, topic)
+    done = [k for k, r in rows.items() if r["state"] == "delivered"]
+    assert done == [lines(log)[0].split()[0].split(":", 1)[1]]
+    rest = sorted(set(rows) - set(done))
+    assert all(rows[k]["state"] == "leased" for k in rest)
+    # the rest of the batch comes back once the lease ends, to anyone
+    # (expired leases send no NOTIFY: the idle poll finds them)
+    loop = Loop(cluster.dsn(), topic, idle=0.2)
+    until(lambda: len(loop.seen) == 3, what="the rest after the lease")
+    assert loop.finish() == 3
+    assert sorted(loop.keys()) == rest and all(e["attempt"] == 2 for e in loop.seen)
+
+
+def test_sigterm_while_idle_exits_at_once(cluster, topic, admin, tmp_path):
+    p = consumer_proc(cluster, topic, str(tmp_path / "deliveries"))
+    wait_until_sleeping(admin, topic)
+    t = time.time()
+    p.send_signal(signal.SIGTERM)
+    out, _ = p.communicate(timeout=10)
+    assert p.returncode == 0 and out.strip() == "0"
+    assert time.time() - t < 2                # not the 60 s idle timeout
+
+
+def test_sigkill_after_the_handler_redelivers_and_the_receiver_dedupes(
+        cluster, topic, admin, tmp_path):
+    publish(direct(cluster), topic, "a", "b", "c")
+    log = str(tmp_path / "deliveries")
+    # dies right after the second delivery happened, before its ack
+    p = consumer_proc(cluster, topic, log, "--lease", "2", "--kill-after", "2")
+    p.communicate(timeout=10)
+    assert p.returncode == -signal.SIGKILL
+    first = [line.split() for line in lines(log)]
+    assert len(first) == 2
+    killed_key = first[1][0]
+    states = {k: r["state"] for k, r in events(admin, topic).items()}
+    assert sorted(states.values()) == ["delivered", "leased", "leased"]
+
+    # another consumer, delivering to the same receiver, which keeps one
+    # effect per key however many attempts reach it
+    effects = {}
+
+    def receiver(event):
+        with open(log, "a") as f:
+            f.write(f"{event['key']} {event['attempt']}\n")
+        effects.setdefault(event["key"], event["attempt"])
+
+    for key, attempt in first:
+        effects.setdefault(key, int(attempt))
+    loop = Loop(cluster.dsn(), topic, receiver, idle=0.2)
+    until(lambda: len(loop.seen) == 2, what="redelivery after the lease")
+    assert loop.finish() == 2
+    attempts = [line.split() for line in lines(log)]
+    assert [a for k, a in attempts if k == killed_key] == ["1", "2"]   # delivered twice
+    assert len(effects) == 3                                          # one effect per event
+    assert all(r["state"] == "delivered" for r in events(admin, topic).values())
