@@ -708,7 +708,7 @@ if [ $profile -eq 1 ]; then
 			ir[$w]=$(( (b - a) / (prof_long - prof_short) ))
 			log "profile ${names[$w]}: ${ir[$w]} instructions per transaction"
 			cp "${pf[$prof_long]}" "$out/callgrind-${scripts[$w]}.out"
-			if [ "$w" -eq 4 ] || [ "$w" -eq 5 ] || [ "$w" -eq 9 ]; then
+			if [ "$w" -eq 4 ] || [ "$w" -eq 5 ] || [ "$w" -eq 9 ] || [ "$w" -eq 12 ]; then
 				{
 					echo "--- ${names[$w]}: inclusive instructions per transaction, by function"
 					join -t "$(printf '\t')" -1 2 -2 2 -o 0,1.1,2.1 \
