@@ -374,6 +374,21 @@ RETURNS void
 AS 'MODULE_PATHNAME', 'idem_outbox_requeue'
 LANGUAGE C VOLATILE PARALLEL UNSAFE;
 
+-- A handler that needs longer keeps its event: the lease runs on from now
+-- (fenced by the token, as an ack is); returns the lease's new end.
+CREATE FUNCTION @extschema@.idem_outbox_extend(event_id uuid, lease_token uuid,
+	lease interval)
+RETURNS timestamptz
+AS 'MODULE_PATHNAME', 'idem_outbox_extend'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+-- A consumer hands back an event it did not deliver: due now, the claim's
+-- attempt not counted, no error recorded.
+CREATE FUNCTION @extschema@.idem_outbox_release(event_id uuid, lease_token uuid)
+RETURNS void
+AS 'MODULE_PATHNAME', 'idem_outbox_release'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
 CREATE FUNCTION @extschema@.idem_outbox_purge(batch_size integer DEFAULT 10000)
 RETURNS bigint
 AS 'MODULE_PATHNAME', 'idem_outbox_purge'
@@ -424,6 +439,8 @@ REVOKE ALL ON FUNCTION @extschema@.idem_outbox_ack(uuid, uuid) FROM PUBLIC;
 REVOKE ALL ON FUNCTION @extschema@.idem_outbox_ack_batch(uuid[], uuid[]) FROM PUBLIC;
 REVOKE ALL ON FUNCTION @extschema@.idem_outbox_fail(uuid, uuid, text, interval) FROM PUBLIC;
 REVOKE ALL ON FUNCTION @extschema@.idem_outbox_requeue(uuid) FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.idem_outbox_extend(uuid, uuid, interval) FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.idem_outbox_release(uuid, uuid) FROM PUBLIC;
 REVOKE ALL ON FUNCTION @extschema@.idem_outbox_purge(integer) FROM PUBLIC;
 REVOKE ALL ON FUNCTION @extschema@.idem_outbox_create_topic(text, regrole[], regrole[]) FROM PUBLIC;
 REVOKE ALL ON FUNCTION @extschema@.idem_outbox_grant(text, regrole, text) FROM PUBLIC;

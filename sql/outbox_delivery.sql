@@ -397,11 +397,51 @@ RESET idem.outbox_backoff_base;
 RESET idem.outbox_backoff_cap;
 RESET idem.outbox_max_attempts;
 
+--
+-- extend: a slow handler keeps its event, the lease running on from now,
+-- fenced like an ack; release: the event is due at once and the claim's
+-- attempt is not counted
+--
+SELECT idem_outbox_create_topic('ext', consumers => '{regress_ob_consumer}');
+SET idem.outbox_topic = 'ext';
+SELECT idem_execute('ob:x', 'SELECT 1 AS one') ->> 'rowcount' AS rowcount;
+RESET idem.outbox_topic;
+SELECT event_id AS obx, lease_token AS obx_tok, attempt
+  FROM idem_outbox_claim('ext', 10, '1 s') \gset
+SELECT :attempt AS first_attempt,
+	   idem_outbox_extend(:'obx', :'obx_tok', '10 min') > now() + interval '9 min' AS extended;
+SELECT state, lease_until > now() + interval '9 min' AS leased_on, attempts
+  FROM idem_outbox_events WHERE event_id = :'obx';
+SELECT count(*) AS claimable FROM idem_outbox_claim('ext', 10, '30 s');
+\set VERBOSITY sqlstate
+SELECT idem_outbox_extend(:'obx', gen_random_uuid(), '1 min');
+SELECT idem_outbox_extend(:'obx', :'obx_tok', '0 s');
+SELECT idem_outbox_extend(:'obx', :'obx_tok', '2 days');
+SELECT idem_outbox_extend(:'obx', :'obx_tok', NULL);
+SELECT idem_outbox_extend('00000000-0000-4000-8000-000000000000', :'obx_tok', '1 min');
+SET ROLE regress_ob_other;
+SELECT idem_outbox_extend(:'obx', :'obx_tok', '1 min');
+RESET ROLE;
+\set VERBOSITY default
+SELECT state, attempts FROM idem_outbox_events WHERE event_id = :'obx';
+SELECT idem_outbox_release(:'obx', :'obx_tok');
+SELECT state, attempts, next_attempt_at <= now() AS due_now, lease_until
+  FROM idem_outbox_events WHERE event_id = :'obx';
+SELECT lease_token AS obx_tok2, attempt FROM idem_outbox_claim('ext', 10, '30 s') \gset
+SELECT :attempt AS attempt_after_release, :'obx_tok2' <> :'obx_tok' AS new_token;
+\set VERBOSITY sqlstate
+SELECT idem_outbox_release(:'obx', :'obx_tok');
+SELECT idem_outbox_ack(:'obx', :'obx_tok2');
+SELECT idem_outbox_release(:'obx', :'obx_tok2');
+SELECT idem_outbox_extend(:'obx', :'obx_tok2', '1 min');
+\set VERBOSITY default
+SELECT state, attempts FROM idem_outbox_events WHERE event_id = :'obx';
+
 DROP TABLE ob_jitter, ob_claimed, ob_pay CASCADE;
 DROP FUNCTION ob_reclaim(text), ob_fail_delay(text, int, interval);
 DELETE FROM idem.outbox WHERE key LIKE 'ob:%';
 DELETE FROM idem.keys WHERE key LIKE 'ob:%';
-DELETE FROM idem.outbox_topics WHERE topic IN ('pay', 'mail');
+DELETE FROM idem.outbox_topics WHERE topic IN ('pay', 'mail', 'ext');
 REVOKE ALL ON FUNCTION idem_outbox_claim(text, integer, interval, text),
 	idem_outbox_ack(uuid, uuid), idem_outbox_ack_batch(uuid[], uuid[]),
 	idem_outbox_fail(uuid, uuid, text, interval)

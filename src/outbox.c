@@ -74,6 +74,8 @@ PG_FUNCTION_INFO_V1(idem_outbox_ack);
 PG_FUNCTION_INFO_V1(idem_outbox_ack_batch);
 PG_FUNCTION_INFO_V1(idem_outbox_fail);
 PG_FUNCTION_INFO_V1(idem_outbox_requeue);
+PG_FUNCTION_INFO_V1(idem_outbox_extend);
+PG_FUNCTION_INFO_V1(idem_outbox_release);
 PG_FUNCTION_INFO_V1(idem_outbox_purge);
 PG_FUNCTION_INFO_V1(idem_outbox_create_topic);
 PG_FUNCTION_INFO_V1(idem_outbox_grant);
@@ -558,6 +560,20 @@ static IdemQuery q_lock = {
 	2, {UUIDOID, UUIDOID}
 };
 
+static IdemQuery q_extend = {
+	"UPDATE idem.outbox SET next_attempt_at = $2"
+	" WHERE ctid OPERATOR(pg_catalog.=) $1",
+	2, {TIDOID, TIMESTAMPTZOID}
+};
+
+static IdemQuery q_release = {
+	"UPDATE idem.outbox"
+	"   SET state = 'pending', next_attempt_at = $2, lease_token = NULL,"
+	"       attempts = attempts OPERATOR(pg_catalog.-) 1"
+	" WHERE ctid OPERATOR(pg_catalog.=) $1",
+	2, {TIDOID, TIMESTAMPTZOID}
+};
+
 static IdemQuery q_retry = {
 	"UPDATE idem.outbox"
 	"   SET state = $2, next_attempt_at = COALESCE($3, next_attempt_at),"
@@ -642,6 +658,21 @@ interval_usecs(Interval *iv)
  *					 topic, payload, run_id, step, attempt, lease_token,
  *					 created_at, lease_until)
  */
+/* A lease argument in microseconds, within (0, idem.outbox_max_lease]. */
+static int64
+checked_lease(Interval *lease)
+{
+	int64		lease_us = interval_usecs(lease);
+
+	if (lease_us <= 0 || lease_us > (int64) idem_outbox_max_lease * USECS_PER_SEC)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("lease must be greater than zero and at most idem.outbox_max_lease"),
+				 errdetail("idem.outbox_max_lease is %d s.", idem_outbox_max_lease),
+				 idem_errhint(ERRCODE_INVALID_PARAMETER_VALUE, NULL)));
+	return lease_us;
+}
+
 Datum
 idem_outbox_claim(PG_FUNCTION_ARGS)
 {
@@ -683,13 +714,7 @@ idem_outbox_claim(PG_FUNCTION_ARGS)
 				 errmsg("max_events must be between 1 and %d", OUTBOX_MAX_CLAIM),
 				 errdetail("max_events is %d.", max_events),
 				 idem_errhint(ERRCODE_INVALID_PARAMETER_VALUE, NULL)));
-	lease_us = interval_usecs(lease);
-	if (lease_us <= 0 || lease_us > (int64) idem_outbox_max_lease * USECS_PER_SEC)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("lease must be greater than zero and at most idem.outbox_max_lease"),
-				 errdetail("idem.outbox_max_lease is %d s.", idem_outbox_max_lease),
-				 idem_errhint(ERRCODE_INVALID_PARAMETER_VALUE, NULL)));
+	lease_us = checked_lease(lease);
 	check_name("consumer", consumer);
 	check_name("outbox topic", topic);
 	idem_check_can_write("idem_outbox_claim()");
@@ -825,6 +850,28 @@ report_not_leased(Datum event_id, LockedEvent *ev, const char *what)
 			 errmsg("lease token does not hold outbox event %s", id),
 			 errdetail("The event is %s: no lease holds it.", ev->state),
 			 idem_errhint(ERRCODE_IDEM_LEASE_LOST, psprintf("Claim the event again before you %s it.", what))));
+}
+
+/*
+ * Lock the event that arguments 0 and 1 (event id, lease token) name and
+ * check that the token leases it; raise the error that says why not.
+ * Inside an SPI connection, which an error leaves to the abort.
+ */
+static void
+lock_leased(IdemOwnerSPI *spi, FunctionCallInfo fcinfo, const char *what,
+			LockedEvent *ev)
+{
+	if (!lock_event(spi, PG_GETARG_DATUM(0), PG_GETARG_DATUM(1), false, ev))
+	{
+		idem_owner_spi_end(spi);
+		report_not_found(PG_GETARG_DATUM(0));
+	}
+	if (strcmp(ev->state, "leased") != 0 || !ev->token_matches)
+	{
+		idem_owner_spi_end(spi);
+		check_topic(ev->topic, GetUserId(), TOPIC_CONSUME);
+		report_not_leased(PG_GETARG_DATUM(0), ev, what);
+	}
 }
 
 /*
@@ -1062,17 +1109,7 @@ idem_outbox_fail(PG_FUNCTION_ARGS)
 	idem_check_can_write("idem_outbox_fail()");
 
 	idem_owner_spi_begin(&spi, idem_catalog_outbox());
-	if (!lock_event(&spi, PG_GETARG_DATUM(0), PG_GETARG_DATUM(1), false, &ev))
-	{
-		idem_owner_spi_end(&spi);
-		report_not_found(PG_GETARG_DATUM(0));
-	}
-	if (strcmp(ev.state, "leased") != 0 || !ev.token_matches)
-	{
-		idem_owner_spi_end(&spi);
-		check_topic(ev.topic, caller, TOPIC_CONSUME);
-		report_not_leased(PG_GETARG_DATUM(0), &ev, "fail");
-	}
+	lock_leased(&spi, fcinfo, "fail", &ev);
 
 	dead = ev.attempts >= idem_outbox_max_attempts;
 	if (!dead)
@@ -1126,6 +1163,72 @@ idem_outbox_requeue(PG_FUNCTION_ARGS)
 	values[1] = TimestampTzGetDatum(GetCurrentTimestamp());
 	idem_query_run(&q_requeue, values, nulls, 0);
 	idem_owner_spi_end(&spi);
+	PG_RETURN_VOID();
+}
+
+/*
+ * idem_outbox_extend(event_id uuid, lease_token uuid, lease interval)
+ *		returns timestamptz
+ *
+ * A handler that needs longer than its lease keeps the event: the lease
+ * runs on from now.  Fenced like an ack: only the token of the current
+ * lease extends it, including one that ran out and nobody took over.
+ * Returns the new end of the lease.
+ */
+Datum
+idem_outbox_extend(PG_FUNCTION_ARGS)
+{
+	IdemOwnerSPI spi;
+	LockedEvent ev;
+	Datum		values[2];
+	char		nulls[2] = {' ', ' '};
+	int64		lease_us;
+	TimestampTz until;
+
+	arg_not_null(fcinfo, 0, "event_id");
+	arg_not_null(fcinfo, 1, "lease_token");
+	arg_not_null(fcinfo, 2, "lease");
+	lease_us = checked_lease(PG_GETARG_INTERVAL_P(2));
+	idem_check_can_write("idem_outbox_extend()");
+
+	idem_owner_spi_begin(&spi, idem_catalog_outbox());
+	lock_leased(&spi, fcinfo, "extend", &ev);
+	until = GetCurrentTimestamp() + lease_us;
+	values[0] = PointerGetDatum(&ev.tid);
+	values[1] = TimestampTzGetDatum(until);
+	(void) idem_query_run(&q_extend, values, nulls, 0);
+	idem_owner_spi_end(&spi);
+	check_topic(ev.topic, GetUserId(), TOPIC_CONSUME);
+	PG_RETURN_TIMESTAMPTZ(until);
+}
+
+/*
+ * idem_outbox_release(event_id uuid, lease_token uuid) returns void
+ *
+ * A consumer hands back an event it has not delivered (it is stopping, or
+ * will not get to it): pending and due now, and the claim's attempt not
+ * counted, so another consumer takes it at once and no failure is
+ * recorded.
+ */
+Datum
+idem_outbox_release(PG_FUNCTION_ARGS)
+{
+	IdemOwnerSPI spi;
+	LockedEvent ev;
+	Datum		values[2];
+	char		nulls[2] = {' ', ' '};
+
+	arg_not_null(fcinfo, 0, "event_id");
+	arg_not_null(fcinfo, 1, "lease_token");
+	idem_check_can_write("idem_outbox_release()");
+
+	idem_owner_spi_begin(&spi, idem_catalog_outbox());
+	lock_leased(&spi, fcinfo, "release", &ev);
+	values[0] = PointerGetDatum(&ev.tid);
+	values[1] = TimestampTzGetDatum(GetCurrentTimestamp());
+	(void) idem_query_run(&q_release, values, nulls, 0);
+	idem_owner_spi_end(&spi);
+	check_topic(ev.topic, GetUserId(), TOPIC_CONSUME);
 	PG_RETURN_VOID();
 }
 
