@@ -231,7 +231,7 @@ const LOST_LEASE = new Set(['ID412', 'ID410']);
 // NOTIFY).  Stop it with opts.signal (an AbortSignal); without one,
 // SIGTERM and SIGINT stop it (the listeners are removed on return).
 // Stopping lets the running handler finish and report; the rest of the
-// batch stays leased and comes back when its lease ends.  A lost lease
+// batch is handed back (idem_outbox_release: due now, attempt not counted).  A lost lease
 // (ID412) or an event already delivered (ID410) is logged and skipped; a
 // lost connection is replaced by connect().
 //
@@ -334,8 +334,16 @@ async function consume(connect, topic, handler, { maxEvents = 10, lease = 30, co
         await pause(delay);
         continue;
       }
-      for (const r of rows) {
-        if (stopped) break; // the rest come back when their lease ends
+      for (const [i, r] of rows.entries()) {
+        if (stopped) {
+          // hand the rest back: due now for any consumer, their attempt not
+          // counted (one not reported comes back after its lease)
+          for (const rest of rows.slice(i)) {
+            await report('SELECT idem_outbox_release($1, $2)', [rest.event_id, rest.lease_token],
+              { key: rest.key, attempt: rest.attempt });
+          }
+          break;
+        }
         const event = { eventId: r.event_id, key: r.key, topic: r.topic, runId: r.run_id,
           step: r.step, attempt: r.attempt, createdAt: r.created_at, leaseUntil: r.lease_until,
           payload: parseExact(r.payload) };

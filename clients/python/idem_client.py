@@ -290,8 +290,8 @@ def consume(connect: Callable[[], psycopg.Connection], topic: str,
     anyway every ``idle`` seconds (expired leases and prepared transactions
     send no NOTIFY).  ``stop`` is a threading.Event-like object; without
     one, SIGTERM and SIGINT stop the loop (main thread only).  Stopping
-    lets the running handler finish and report; the rest of the batch stays
-    leased and comes back when its lease ends.  A lost lease (ID412) or an
+    lets the running handler finish and report; the rest of the batch is
+    handed back (idem_outbox_release: due now, attempt not counted).  A lost lease (ID412) or an
     event already delivered (ID410) is logged and skipped; a lost
     connection is replaced by ``connect()``.
 
@@ -400,10 +400,16 @@ def consume(connect: Callable[[], psycopg.Connection], topic: str,
                 _log.warning("idem consumer: %s; reconnecting in %.1f s", e, delay)
                 pause(delay)
                 continue
-            for event_id, key, top, payload, run_id, step_name, attempt, token, \
-                    created_at, lease_until in rows:
+            for i, (event_id, key, top, payload, run_id, step_name, attempt, token,
+                    created_at, lease_until) in enumerate(rows):
                 if stop.is_set():
-                    break   # the rest come back when their lease ends
+                    # hand the rest back: due now for any consumer, their
+                    # attempt not counted (one not reported comes back
+                    # after its lease)
+                    for rest in rows[i:]:
+                        report("SELECT idem_outbox_release(%s, %s)", (rest[0], rest[7]),
+                               {"key": rest[1], "attempt": rest[6]})
+                    break
                 event = {"event_id": event_id, "key": key, "topic": top, "run_id": run_id,
                          "step": step_name, "attempt": attempt, "created_at": created_at,
                          "lease_until": lease_until,
