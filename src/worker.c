@@ -294,8 +294,7 @@ purge_in_batches(const char *what, PurgeStep step)
  * One cycle of the purge worker in its database, each kind in turn.
  *
  * The audit queue is drained first, so that no entry waits behind a long
- * purge.  Issue 10 (outbox delivery) adds its purge of delivered events
- * here, at the marked place.
+ * purge.
  */
 static void
 purge_cycle(void)

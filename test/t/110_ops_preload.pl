@@ -229,6 +229,39 @@ $node->poll_query_until('postgres',
 	"SELECT count(*) = 0 FROM idem.keys WHERE key LIKE 'old-%'")
   or die 'the worker did not finish';
 
+# audit entries past idem.audit_retention (set for the database, which the
+# worker's connection picks up) and delivered outbox events past
+# idem.outbox_retention go too; younger ones stay
+$node->safe_psql('postgres', q{
+INSERT INTO idem.audit (at, key, owner, outcome, pid)
+SELECT now() - interval '2 days', 'aged-' || g, current_user::regrole, 'executed', 1
+  FROM generate_series(1, 300) g;
+INSERT INTO idem.audit (at, key, owner, outcome, pid)
+VALUES (now(), 'young', current_user::regrole, 'executed', 1);
+SELECT idem_outbox_create_topic('aged', publishers => '{postgres}', consumers => '{postgres}');
+SET idem.outbox_topic = 'aged';
+SELECT idem_execute('aged-' || g, 'SELECT $1::int AS g', g) FROM generate_series(1, 3) g;
+});
+$node->safe_psql('postgres', q{
+SELECT idem_outbox_ack(event_id, lease_token) FROM idem_outbox_claim('aged', 10, '1 min');
+UPDATE idem.outbox SET delivered_at = now() - interval '8 days' WHERE key IN ('aged-1', 'aged-2');
+});
+my $purged_before = stats('postgres', 'purged_audit_entries');
+$node->safe_psql('postgres', "ALTER DATABASE postgres SET idem.audit_retention = '1d'");
+$node->poll_query_until('postgres',
+	"SELECT count(*) = 0 FROM idem.audit WHERE key LIKE 'aged-%'")
+  or die 'the worker did not purge the old audit entries';
+$node->poll_query_until('postgres',
+	"SELECT count(*) = 1 FROM idem.outbox WHERE key LIKE 'aged-%'")
+  or die 'the worker did not purge the delivered outbox events';
+is($node->safe_psql('postgres', "SELECT count(*) FROM idem.audit WHERE key = 'young'"),
+	'1', 'the worker purged the 300 audit entries past idem.audit_retention, not the young one');
+is($node->safe_psql('postgres', "SELECT key FROM idem.outbox WHERE key LIKE 'aged-%'"),
+	'aged-3', 'and the delivered events past idem.outbox_retention (7 days), not the recent one');
+ok(stats('postgres', 'purged_audit_entries') - $purged_before >= 300,
+	'purged audit entries are counted');
+$node->safe_psql('postgres', "ALTER DATABASE postgres RESET idem.audit_retention");
+
 ########################################################################
 # 3. The audit queue under concurrency.
 ########################################################################
