@@ -44,6 +44,22 @@ def test_execute_then_replay_exact_numerics(connect, table, admin):
     assert count(admin, table) == 1
 
 
+def test_arguments_and_timestamps_arrive_exactly(connect, table, admin):
+    # the arguments travel as one text[] literal: quotes, backslashes,
+    # braces, commas, spaces, an empty string, the word NULL and a real
+    # NULL all arrive as sent
+    conn = connect()
+    tricky = ['say "hi"', "back\\slash", "{a,b}", " x ", "", "NULL", None]
+    with conn.transaction():
+        r = idem.execute(conn, f"{table}:args", "SELECT $1 AS a, $2 AS b, $3 AS c, $4 AS d,"
+                         " $5 AS e, $6 AS f, $7 AS g", *tricky)
+    assert list(r.rows[0].values()) == tricky
+    # first_executed_at is the record's creation time, to the microsecond
+    created = admin.execute("SELECT created_at FROM idem.keys WHERE key = %s",
+                            (f"{table}:args",)).fetchone()[0]
+    assert r.first_executed_at == created
+
+
 def test_rolled_back_call_leaves_nothing(connect, table, admin):
     conn = connect()
     key = f"{table}:rb"
