@@ -392,9 +392,21 @@ if [ $memory -eq 1 ]; then
 		# each line: size,statements,total,cache,count,plans,rss
 		su_sql -F, -f "$dir/memory-$size.sql" >>"$memcsv"
 	done
+	# statements a megabyte long, the default cache (256 entries, 32 MB):
+	# what bounds it is idem.statement_cache_memory
 	{
-		echo "bounded memory: one backend running distinct SQL texts through idem_execute()"
-		awk -F, 'NR > 1 { printf "  cache size %5d  after %7d statements: backend %7.1f MB, idem cache %6.2f MB (%d statements), kept plans %d, RssAnon %6.1f MB\n", $1, $2, $3 / 1048576, $4 / 1048576, $5, $6, $7 / 1024 }' "$memcsv"
+		echo "SET synchronous_commit = off;"
+		prev=1
+		for s in 10 50 100 200; do
+			echo "CALL bench.large_statements('memlarge-', $prev, $s, 1024);"
+			echo "SELECT '256/1MB', $s, * FROM bench.memory_usage();"
+			prev=$((s + 1))
+		done
+	} >"$dir/memory-large.sql"
+	su_sql -F, -f "$dir/memory-large.sql" >>"$memcsv"
+	{
+		echo "bounded memory: one backend running distinct SQL texts through idem_execute() (256/1MB: texts of 1 MB each, the default cache)"
+		awk -F, 'NR > 1 { printf "  cache size %7s  after %7d statements: backend %7.1f MB, idem cache %6.2f MB (%d statements), kept plans %d, RssAnon %6.1f MB\n", $1, $2, $3 / 1048576, $4 / 1048576, $5, $6, $7 / 1024 }' "$memcsv"
 	} >"$new/latest-memory.txt"
 	[ -n "$workloads" ] || cat "$new/latest-memory.txt"
 fi

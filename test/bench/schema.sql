@@ -127,6 +127,24 @@ END
 $$;
 ALTER PROCEDURE bench.distinct_statements(text, int, int) OWNER TO bench;
 
+-- The same with statements kb kilobytes long (a string constant), which the
+-- cache must bound by its bytes (idem.statement_cache_memory), not only by
+-- its number of entries.
+CREATE PROCEDURE bench.large_statements(p_prefix text, p_from int, p_to int, kb int)
+LANGUAGE plpgsql
+AS $$
+DECLARE
+	pad text := repeat('x', kb * 1024);
+BEGIN
+	FOR i IN p_from .. p_to LOOP
+		PERFORM idem_execute(p_prefix || i,
+							 'SELECT length(''' || pad || ''') AS n, ' || i || ' AS v');
+		COMMIT;
+	END LOOP;
+END
+$$;
+ALTER PROCEDURE bench.large_statements(text, int, int, int) OWNER TO bench;
+
 -- This backend's memory, for the bounded-memory measurement (superuser).
 CREATE FUNCTION bench.memory_usage(OUT backend_total_bytes bigint,
 								   OUT idem_cache_bytes bigint,
