@@ -116,11 +116,13 @@ done
 
 names=("round trip" "bare" "floor" "plpgsql" "idem new key" "idem replay"
 	   "plpgsql replay" "hot keys" "replay call shape" "idem step new key"
-	   "idem new key, cache_errors" "idem_call new key" "idem_call replay")
+	   "idem new key, cache_errors" "idem_call new key" "idem_call replay"
+	   "idem new key, no NOTIFY")
 scripts=(w0_round_trip w1_bare w2_floor w3_plpgsql w4_idem_new_key
 		 w5_idem_replay w6_plpgsql_replay w7_hot_keys w8_replay_call_shape
 		 w9_idem_step_new_key w10_idem_new_key_cache_errors
-		 w11_idem_call_new_key w12_idem_call_replay)
+		 w11_idem_call_new_key w12_idem_call_replay
+		 w13_idem_new_key_no_notify)
 declare -a ir=()
 
 stamp=$(date -u +%Y%m%dT%H%M%SZ)
@@ -228,6 +230,7 @@ reset_state() {
 script_options() {
 	case "$1" in
 		w10_*) echo "-c idem.cache_errors=23" ;;
+		w13_*) echo "-c idem.outbox_notify=off" ;;
 	esac
 }
 
@@ -343,7 +346,7 @@ END {
 		}
 	}
 	# targets: a b threshold label
-	nt = split("4 2 0.9 idem new key / floor;4 3 1.7 idem new key / plpgsql;5 0 0.85 idem replay / round trip;5 6 1.1 idem replay / plpgsql replay;9 4 0.9 idem step new key / idem new key", T, ";")
+	nt = split("4 2 0.9 idem new key / floor;4 3 1.7 idem new key / plpgsql;5 0 0.85 idem replay / round trip;5 6 1.1 idem replay / plpgsql replay;9 4 0.9 idem step new key / idem new key;13 2 0.9 idem new key, no NOTIFY / floor", T, ";")
 	print "target,synchronous_commit,ratio_of_medians,median_of_paired_ratios,threshold,met" > targets
 	for (s = 0; s < 2; s++) {
 		sync = s ? "on" : "off"
@@ -429,7 +432,7 @@ md="$new/latest.md"
 	  if ($11 != "") x[k] = $11 }
 	END {
 		printf "%-17s %-8s %-26s %-7s %-26s %-7s\n", "workload", "clients", "sync=off TPS", "x bare", "sync=on TPS", "x bare"
-		for (i = 0; i <= 10; i++) if (i in w)
+		for (i = 0; i <= 13; i++) if (i in w)
 			printf "%-17s %-8s %-26s %-7s %-26s %-7s%s\n", i " " w[i], c[i], t[i, "off"], r[i, "off"], t[i, "on"], r[i, "on"],
 				(i in x) ? "  (share executed " x[i] ")" : ""
 	}' "$summary"
@@ -453,7 +456,7 @@ md="$new/latest.md"
 	echo "| workload | clients | sync=off TPS (min-max) | x bare | sync=on TPS (min-max) | x bare |"
 	echo "|---|---|---|---|---|---|"
 	awk -F, 'NR > 1 { k = $1; w[k] = $2; c[k] = $4; t[k, $3] = sprintf("%d (%d-%d)", $6, $7, $8); r[k, $3] = $9 }
-	END { for (i = 0; i <= 10; i++) if (i in w)
+	END { for (i = 0; i <= 13; i++) if (i in w)
 		printf "| %d %s | %s | %s | %s | %s | %s |\n", i, w[i], c[i], t[i, "off"], r[i, "off"], t[i, "on"], r[i, "on"] }' "$summary"
 	echo
 	echo "| target (synchronous_commit=off unless noted) | threshold | measured | paired | met |"
