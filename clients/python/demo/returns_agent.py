@@ -60,78 +60,76 @@ def crash_plan(rnd, n):
     return sorted(points, key=order)
 
 
-# --- the fake carrier -------------------------------------------------------
+# --- the fake downstream services --------------------------------------------
 
-class Carrier(http.server.ThreadingHTTPServer):
-    def __init__(self, seed):
-        super().__init__(("127.0.0.1", 0), CarrierHandler)
-        self.rnd = random.Random(seed)
-        self.labels = {}     # Idempotency-Key -> label
+class Service(http.server.ThreadingHTTPServer):
+    """A downstream that honours Idempotency-Key: the first request of a key
+    that it does not refuse has the effect, a repeat gets that effect's
+    result, and a share of requests is refused with 503 and Retry-After 1.
+    Every request is logged as (key, outcome)."""
+
+    def __init__(self, rnd, fail_share):
+        super().__init__(("127.0.0.1", 0), ServiceHandler)
+        self.rnd = rnd
+        self.fail_share = fail_share
+        self.done = {}       # Idempotency-Key -> the effect's result
         self.log = []        # (key, outcome)
         self.lock = threading.Lock()
 
+    def request(self, key, body):
+        """(outcome, status, response body) of one request, under the lock."""
+        if key in self.done:
+            return self.repeated, 200, self.reply(key, self.repeated)
+        if self.rnd.random() < self.fail_share:
+            return "503", 503, self.reply(None, "503")
+        self.done[key] = self.effect(body)
+        return self.created, self.created_status, self.reply(key, self.created)
 
-class CarrierHandler(http.server.BaseHTTPRequestHandler):
+
+class Carrier(Service):
+    """Creates one shipping label per key; a 503 is 40% likely."""
+    repeated, created, created_status = "replayed", "created", 201
+
+    def __init__(self, seed):
+        super().__init__(random.Random(seed), 0.4)
+
+    def effect(self, body):
+        return {"label_id": f"LBL-{len(self.done) + 1:04d}", "return_id": body["return_id"],
+                "tracking": f"1Z{self.rnd.randrange(10**9):09d}"}
+
+    def reply(self, key, outcome):
+        return self.done[key] if key is not None else {"error": "busy"}
+
+
+class Mailer(Service):
+    """Sends one notification per key (the outbox event's key); a 503 is 30%
+    likely."""
+    repeated, created, created_status = "duplicate", "sent", 202
+
+    def __init__(self, seed):
+        super().__init__(random.Random(seed + 1), 0.3)
+
+    def effect(self, body):
+        return f"MSG-{len(self.done) + 1:04d}"
+
+    def reply(self, key, outcome):
+        return {"message_id": self.done.get(key), "outcome": outcome}
+
+
+class ServiceHandler(http.server.BaseHTTPRequestHandler):
     def do_POST(self):
         srv = self.server
         key = self.headers.get("Idempotency-Key")
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
         with srv.lock:
-            if key in srv.labels:
-                outcome, status, label = "replayed", 200, srv.labels[key]
-            elif srv.rnd.random() < 0.4:
-                outcome, status, label = "503", 503, None
-            else:
-                label = {"label_id": f"LBL-{len(srv.labels) + 1:04d}", "return_id": body["return_id"],
-                         "tracking": f"1Z{srv.rnd.randrange(10**9):09d}"}
-                srv.labels[key] = label
-                outcome, status = "created", 201
+            outcome, status, reply = srv.request(key, body)
             srv.log.append((key, outcome))
         self.send_response(status)
         if status == 503:
             self.send_header("Retry-After", "1")
         self.send_header("Content-Type", "application/json")
         self.end_headers()
-        self.wfile.write(json.dumps(label or {"error": "busy"}).encode())
-
-    def log_message(self, *a):
-        pass
-
-
-# --- the fake mailer ---------------------------------------------------------
-
-class Mailer(http.server.ThreadingHTTPServer):
-    """Sends a notification once per Idempotency-Key (the outbox event's
-    key) and logs every attempt that reaches it."""
-
-    def __init__(self, seed):
-        super().__init__(("127.0.0.1", 0), MailerHandler)
-        self.rnd = random.Random(seed + 1)
-        self.sent = {}       # Idempotency-Key -> message id
-        self.log = []        # (key, outcome)
-        self.lock = threading.Lock()
-
-
-class MailerHandler(http.server.BaseHTTPRequestHandler):
-    def do_POST(self):
-        srv = self.server
-        key = self.headers.get("Idempotency-Key")
-        json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
-        with srv.lock:
-            if key in srv.sent:
-                outcome, status = "duplicate", 200
-            elif srv.rnd.random() < 0.3:
-                outcome, status = "503", 503
-            else:
-                srv.sent[key] = f"MSG-{len(srv.sent) + 1:04d}"
-                outcome, status = "sent", 202
-            srv.log.append((key, outcome))
-        self.send_response(status)
-        if status == 503:
-            self.send_header("Retry-After", "1")
-        self.send_header("Content-Type", "application/json")
-        self.end_headers()
-        self.wfile.write(json.dumps({"message_id": srv.sent.get(key), "outcome": outcome}).encode())
+        self.wfile.write(json.dumps(reply).encode())
 
     def log_message(self, *a):
         pass
