@@ -18,6 +18,7 @@ OBJS = \
 	src/call.o \
 	src/run.o \
 	src/outbox.o \
+	src/wakeup.o \
 	src/stats.o \
 	src/audit.o \
 	src/worker.o

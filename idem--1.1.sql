@@ -389,6 +389,14 @@ RETURNS void
 AS 'MODULE_PATHNAME', 'idem_outbox_release'
 LANGUAGE C VOLATILE PARALLEL UNSAFE;
 
+-- Sleep until an event of topic commits after this session's last claim
+-- of it, or timeout passes; true if one came.  Needs shared_preload_libraries.
+CREATE FUNCTION @extschema@.idem_outbox_wait(topic text,
+	timeout interval DEFAULT '30 s')
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'idem_outbox_wait'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
 CREATE FUNCTION @extschema@.idem_outbox_purge(batch_size integer DEFAULT 10000)
 RETURNS bigint
 AS 'MODULE_PATHNAME', 'idem_outbox_purge'
@@ -441,6 +449,7 @@ REVOKE ALL ON FUNCTION @extschema@.idem_outbox_fail(uuid, uuid, text, interval) 
 REVOKE ALL ON FUNCTION @extschema@.idem_outbox_requeue(uuid) FROM PUBLIC;
 REVOKE ALL ON FUNCTION @extschema@.idem_outbox_extend(uuid, uuid, interval) FROM PUBLIC;
 REVOKE ALL ON FUNCTION @extschema@.idem_outbox_release(uuid, uuid) FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.idem_outbox_wait(text, interval) FROM PUBLIC;
 REVOKE ALL ON FUNCTION @extschema@.idem_outbox_purge(integer) FROM PUBLIC;
 REVOKE ALL ON FUNCTION @extschema@.idem_outbox_create_topic(text, regrole[], regrole[]) FROM PUBLIC;
 REVOKE ALL ON FUNCTION @extschema@.idem_outbox_grant(text, regrole, text) FROM PUBLIC;

@@ -437,6 +437,33 @@ SELECT idem_outbox_extend(:'obx', :'obx_tok2', '1 min');
 \set VERBOSITY default
 SELECT state, attempts FROM idem_outbox_events WHERE event_id = :'obx';
 
+
+--
+-- idem_outbox_wait: bad input is refused first; the wait itself needs
+-- shared memory, which this server has not (test/t/130_outbox_wait.pl
+-- waits on a preloaded one)
+--
+SELECT has_function_privilege('regress_ob_consumer',
+	'idem_outbox_wait(text, interval)', 'EXECUTE') AS consumer_may_wait;
+GRANT EXECUTE ON FUNCTION idem_outbox_wait(text, interval)
+	TO regress_ob_consumer, regress_ob_other;
+SET ROLE regress_ob_consumer;
+\set VERBOSITY sqlstate
+SELECT idem_outbox_wait(NULL);
+SELECT idem_outbox_wait('ext', NULL);
+SELECT idem_outbox_wait('ext', '-1 ms');
+SELECT idem_outbox_wait('ext', '1 hour 1 s');
+SELECT idem_outbox_wait('ext', '-178000000 years');
+SELECT idem_outbox_wait('ext', '178000000 years');
+SELECT idem_outbox_wait('ext', '-178000000 years 1 hour');
+SELECT idem_outbox_wait('no such topic', '0');
+SET ROLE regress_ob_other;
+SELECT idem_outbox_wait('ext', '0');
+SET ROLE regress_ob_consumer;
+\set VERBOSITY default
+SELECT idem_outbox_wait('ext', '1 hour');
+RESET ROLE;
+
 DROP TABLE ob_jitter, ob_claimed, ob_pay CASCADE;
 DROP FUNCTION ob_reclaim(text), ob_fail_delay(text, int, interval);
 DELETE FROM idem.outbox WHERE key LIKE 'ob:%';
@@ -444,7 +471,8 @@ DELETE FROM idem.keys WHERE key LIKE 'ob:%';
 DELETE FROM idem.outbox_topics WHERE topic IN ('pay', 'mail', 'ext');
 REVOKE ALL ON FUNCTION idem_outbox_claim(text, integer, interval, text),
 	idem_outbox_ack(uuid, uuid), idem_outbox_ack_batch(uuid[], uuid[]),
-	idem_outbox_fail(uuid, uuid, text, interval)
+	idem_outbox_fail(uuid, uuid, text, interval),
+	idem_outbox_wait(text, interval)
 	FROM regress_ob_consumer, regress_ob_other;
 REVOKE ALL ON FUNCTION idem_outbox_create_topic(text, regrole[], regrole[]),
 	idem_outbox_grant(text, regrole, text), idem_outbox_revoke(text, regrole, text)

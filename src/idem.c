@@ -125,8 +125,9 @@ idem_shmem_request(void)
 {
 	if (prev_shmem_request_hook)
 		prev_shmem_request_hook();
-	RequestAddinShmemSpace(add_size(idem_stats_shmem_size(),
-									idem_audit_shmem_size()));
+	RequestAddinShmemSpace(add_size(add_size(idem_stats_shmem_size(),
+											 idem_audit_shmem_size()),
+									idem_wakeup_shmem_size()));
 	RequestNamedLWLockTranche("idem stats", 1);
 	RequestNamedLWLockTranche("idem audit queue", 1);
 }
@@ -139,6 +140,7 @@ idem_shmem_startup(void)
 	LWLockAcquire(AddinShmemInitLock, LW_EXCLUSIVE);
 	idem_stats_shmem_init();
 	idem_audit_shmem_init();
+	idem_wakeup_shmem_init();
 	LWLockRelease(AddinShmemInitLock);
 }
 

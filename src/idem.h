@@ -397,6 +397,14 @@ extern void idem_audit_note(IdemOutcome outcome, const IdemRequest *req,
 							const char *step, int sqlerrcode);
 extern Size idem_audit_shmem_size(void);
 extern void idem_audit_shmem_init(void);
+
+/* wakeup.c: the outbox's wakeup in shared memory */
+extern Size idem_wakeup_shmem_size(void);
+extern void idem_wakeup_shmem_init(void);
+extern bool idem_wakeup_available(void);
+extern void idem_wakeup_topic(const char *topic);
+extern void idem_wakeup_note_claim(const char *topic);
+extern bool idem_wakeup_wait(const char *topic, long timeout_ms);
 extern int64 idem_audit_drain(int batch_size);
 extern int64 idem_audit_purge_expired(int batch_size);
 extern void idem_audit_set_launcher_latch(struct Latch *latch);

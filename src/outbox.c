@@ -39,6 +39,7 @@
 #include "access/table.h"
 #include "access/tableam.h"
 #include "access/xact.h"
+#include "common/int.h"
 #include "catalog/pg_authid.h"
 #include "catalog/pg_type.h"
 #include "commands/async.h"
@@ -76,6 +77,7 @@ PG_FUNCTION_INFO_V1(idem_outbox_fail);
 PG_FUNCTION_INFO_V1(idem_outbox_requeue);
 PG_FUNCTION_INFO_V1(idem_outbox_extend);
 PG_FUNCTION_INFO_V1(idem_outbox_release);
+PG_FUNCTION_INFO_V1(idem_outbox_wait);
 PG_FUNCTION_INFO_V1(idem_outbox_purge);
 PG_FUNCTION_INFO_V1(idem_outbox_create_topic);
 PG_FUNCTION_INFO_V1(idem_outbox_grant);
@@ -251,10 +253,13 @@ idem_outbox_check_publish(const char *topic, Oid role)
  * notified, and idem's calls must keep working in prepared transactions
  * (their events then wake nobody; consumers also poll).  A rolled-back
  * subtransaction's topics are forgotten, so only committed events wake.
+ * With shared memory the topics are also signalled to idem_outbox_wait()
+ * once the commit is visible (wakeup.c), whatever idem.outbox_notify says.
  */
 typedef struct NotifyTopic
 {
 	char	   *topic;
+	bool		notify;			/* idem.outbox_notify when written */
 	SubTransactionId subid;
 	struct NotifyTopic *next;
 } NotifyTopic;
@@ -293,11 +298,15 @@ notify_xact_callback(XactEvent event, void *arg)
 		case XACT_EVENT_PRE_COMMIT:
 			/* PostgreSQL folds duplicates of one channel and payload */
 			for (NotifyTopic *n = notify_topics; n != NULL; n = n->next)
-				Async_Notify(OUTBOX_CHANNEL, n->topic);
+				if (n->notify)
+					Async_Notify(OUTBOX_CHANNEL, n->topic);
+			break;
+		case XACT_EVENT_COMMIT:
+			for (NotifyTopic *n = notify_topics; n != NULL; n = n->next)
+				idem_wakeup_topic(n->topic);
 			notify_topics = NULL;
 			break;
 		case XACT_EVENT_PRE_PREPARE:
-		case XACT_EVENT_COMMIT:
 		case XACT_EVENT_ABORT:
 		case XACT_EVENT_PREPARE:
 		case XACT_EVENT_PARALLEL_COMMIT:
@@ -310,7 +319,7 @@ notify_xact_callback(XactEvent event, void *arg)
 }
 
 static void
-remember_notify(const char *topic)
+remember_notify(const char *topic, bool notify)
 {
 	SubTransactionId subid = GetCurrentSubTransactionId();
 	MemoryContext oldcxt;
@@ -325,11 +334,15 @@ remember_notify(const char *topic)
 	for (n = notify_topics; n != NULL; n = n->next)
 	{
 		if (n->subid == subid && strcmp(n->topic, topic) == 0)
+		{
+			n->notify |= notify;
 			return;
+		}
 	}
 	oldcxt = MemoryContextSwitchTo(TopTransactionContext);
 	n = palloc(sizeof(NotifyTopic));
 	n->topic = pstrdup(topic);
+	n->notify = notify;
 	n->subid = subid;
 	n->next = notify_topics;
 	notify_topics = n;
@@ -470,8 +483,8 @@ idem_insert_outbox(const char *key, Oid owner, const char *topic,
 	insert_event(relid, values, nulls);
 	idem_stats_count(IDEM_STAT_OUTBOX_WRITTEN, 1);
 
-	if (idem_outbox_notify)
-		remember_notify(topic);
+	if (idem_outbox_notify || idem_wakeup_available())
+		remember_notify(topic, idem_outbox_notify);
 	if (idem_outbox_logical_message)
 		emit_logical_message(values[Anum_outbox_event_id - 1], key, owner,
 							 topic, payload, created_at, run_id, step);
@@ -639,12 +652,24 @@ arg_not_null(FunctionCallInfo fcinfo, int argno, const char *name)
 				 idem_errhint(ERRCODE_NULL_VALUE_NOT_ALLOWED, NULL)));
 }
 
-/* An interval as microseconds, months as 30 days (as interval comparison). */
+/*
+ * An interval as microseconds, months as 30 days (as interval comparison),
+ * saturating: an absurd interval must fail the callers' bounds checks, not
+ * wrap around into them.
+ */
 static int64
 interval_usecs(Interval *iv)
 {
-	return iv->time + (int64) iv->day * USECS_PER_DAY +
-		(int64) iv->month * DAYS_PER_MONTH * USECS_PER_DAY;
+	int64		days;
+	int64		us;
+
+	if (pg_mul_s64_overflow((int64) iv->month, DAYS_PER_MONTH, &days) ||
+		pg_add_s64_overflow(days, iv->day, &days) ||
+		pg_mul_s64_overflow(days, USECS_PER_DAY, &us) ||
+		pg_add_s64_overflow(us, iv->time, &us))
+		return (iv->month < 0 || (iv->month == 0 && iv->day < 0)) ?
+			PG_INT64_MIN : PG_INT64_MAX;
+	return us;
 }
 
 /* ------------------------------------------------------------------------
@@ -742,6 +767,7 @@ idem_outbox_claim(PG_FUNCTION_ARGS)
 	values[5] = ObjectIdGetDatum(caller);
 	values[6] = PointerGetDatum(cstring_to_text(consumer));
 
+	idem_wakeup_note_claim(topic);
 	idem_owner_spi_begin(&spi, idem_catalog_outbox());
 	idem_query_run(&q_claim, values, nulls, 0);
 	for (uint64 i = 0; i < SPI_processed; i++)
@@ -1230,6 +1256,48 @@ idem_outbox_release(PG_FUNCTION_ARGS)
 	idem_owner_spi_end(&spi);
 	check_topic(ev.topic, GetUserId(), TOPIC_CONSUME);
 	PG_RETURN_VOID();
+}
+
+/* the longest wait: it holds a snapshot, as any running statement does */
+#define OUTBOX_MAX_WAIT_S	3600
+
+/*
+ * idem_outbox_wait
+ *		Sleep until an event of topic is committed after this session's
+ *		last claim of it, or timeout passes; true if an event came.
+ *
+ * The wakeup without NOTIFY (wakeup.c), so it needs shared memory.  A
+ * claim in READ COMMITTED notes where it stands; after a claim in
+ * REPEATABLE READ or SERIALIZABLE, or with no claim, the wait is for
+ * events committed after it begins.
+ */
+Datum
+idem_outbox_wait(PG_FUNCTION_ARGS)
+{
+	char	   *topic;
+	int64		timeout_us;
+
+	arg_not_null(fcinfo, 0, "topic");
+	arg_not_null(fcinfo, 1, "timeout");
+	topic = text_to_cstring(PG_GETARG_TEXT_PP(0));
+	timeout_us = interval_usecs(PG_GETARG_INTERVAL_P(1));
+	if (timeout_us < 0 || timeout_us > (int64) OUTBOX_MAX_WAIT_S * USECS_PER_SEC)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("timeout must be between 0 and %d s", OUTBOX_MAX_WAIT_S),
+				 errdetail("A waiting statement holds its snapshot, which keeps VACUUM from removing rows deleted since it began."),
+				 idem_errhint(ERRCODE_INVALID_PARAMETER_VALUE, NULL)));
+	check_name("outbox topic", topic);
+	check_topic(topic, GetUserId(), TOPIC_CONSUME);
+	if (!idem_wakeup_available())
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("idem_outbox_wait() needs shared memory"),
+				 errdetail("idem is not in shared_preload_libraries."),
+				 idem_errhint(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+							  "Add idem to shared_preload_libraries and restart the server, or LISTEN idem_outbox instead.")));
+
+	PG_RETURN_BOOL(idem_wakeup_wait(topic, (long) (timeout_us / 1000)));
 }
 
 /* ------------------------------------------------------------------------

@@ -1,0 +1,198 @@
+/*-------------------------------------------------------------------------
+ *
+ * wakeup.c
+ *		The outbox's wakeup in shared memory: what idem_outbox_wait()
+ *		sleeps on, and what a committing producer signals.
+ *
+ * NOTIFY is the portable wakeup, but PostgreSQL commits notifying
+ * transactions one at a time (PreCommit_Notify() takes a lock on the
+ * database that is held until the commit is over, its WAL flush
+ * included), so every producer of events queues behind every other.  With
+ * shared_preload_libraries = 'idem' a producer also signals here, after
+ * its commit is visible, without any lock held across commits: one
+ * atomic increment and a condition variable broadcast per topic.  A
+ * consumer that waits here instead of listening lets producers run with
+ * idem.outbox_notify = off.
+ *
+ * Topics map by hash (with the database) onto a fixed array of slots,
+ * each a sequence number and a condition variable.  Two topics that share
+ * a slot wake each other's consumers: a spurious wakeup costs one empty
+ * claim, a missed one cannot happen.  A backend remembers each slot's
+ * sequence number as of its last claim (idem_wakeup_note_claim(), called
+ * before the claim takes its snapshot), so a commit that lands between an
+ * empty claim and the wait that follows it ends the wait at once.
+ *
+ * Copyright (c) 2026, idem authors
+ *
+ * IDENTIFICATION
+ *	  src/wakeup.c
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "access/xact.h"
+#include "common/hashfn.h"
+#include "miscadmin.h"
+#include "pgstat.h"
+#include "port/atomics.h"
+#include "storage/condition_variable.h"
+#include "storage/shmem.h"
+#include "utils/memutils.h"
+#include "utils/timestamp.h"
+
+#include "idem.h"
+
+/* a power of two; more slots only thin out spurious wakeups */
+#define WAKEUP_SLOTS	128
+
+typedef struct WakeupSlot
+{
+	pg_atomic_uint64 seq;
+	ConditionVariable cv;
+} WakeupSlot;
+
+static WakeupSlot *wakeup_slots = NULL;
+
+/*
+ * Each slot's sequence number at this backend's last claim, valid where
+ * noted is set.  A claim in a transaction-snapshot isolation level cannot
+ * vouch for anything it did not see, so it leaves nothing noted.
+ */
+static uint64 *claim_seq = NULL;
+static bool *claim_noted = NULL;
+
+Size
+idem_wakeup_shmem_size(void)
+{
+	return mul_size(WAKEUP_SLOTS, sizeof(WakeupSlot));
+}
+
+/* Caller holds AddinShmemInitLock. */
+void
+idem_wakeup_shmem_init(void)
+{
+	bool		found;
+
+	wakeup_slots = ShmemInitStruct("idem outbox wakeup",
+								   idem_wakeup_shmem_size(), &found);
+	if (!found)
+	{
+		for (int i = 0; i < WAKEUP_SLOTS; i++)
+		{
+			pg_atomic_init_u64(&wakeup_slots[i].seq, 0);
+			ConditionVariableInit(&wakeup_slots[i].cv);
+		}
+	}
+}
+
+bool
+idem_wakeup_available(void)
+{
+	return wakeup_slots != NULL;
+}
+
+static WakeupSlot *
+topic_slot(const char *topic, int *index)
+{
+	uint32		h = hash_bytes((const unsigned char *) topic, strlen(topic));
+
+	h = hash_combine(h, murmurhash32((uint32) MyDatabaseId));
+	*index = h & (WAKEUP_SLOTS - 1);
+	return &wakeup_slots[*index];
+}
+
+/*
+ * idem_wakeup_topic
+ *		Wake the consumers waiting for topic.  Called once the producing
+ *		transaction's commit is visible: it cannot fail, and takes no lock
+ *		another commit waits for.
+ */
+void
+idem_wakeup_topic(const char *topic)
+{
+	WakeupSlot *slot;
+	int			index;
+
+	if (wakeup_slots == NULL)
+		return;
+	slot = topic_slot(topic, &index);
+	pg_atomic_fetch_add_u64(&slot->seq, 1);
+	ConditionVariableBroadcast(&slot->cv);
+}
+
+/*
+ * idem_wakeup_note_claim
+ *		Remember topic's sequence number before a claim takes its
+ *		snapshot: every commit not counted in it is seen by the claim, and
+ *		every later one moves the number on.
+ */
+void
+idem_wakeup_note_claim(const char *topic)
+{
+	WakeupSlot *slot;
+	int			index;
+
+	if (wakeup_slots == NULL)
+		return;
+	if (claim_seq == NULL)
+	{
+		claim_seq = MemoryContextAllocZero(TopMemoryContext,
+										   WAKEUP_SLOTS * sizeof(uint64));
+		claim_noted = MemoryContextAllocZero(TopMemoryContext,
+											 WAKEUP_SLOTS * sizeof(bool));
+	}
+	slot = topic_slot(topic, &index);
+	if (IsolationUsesXactSnapshot())
+	{
+		claim_noted[index] = false;
+		return;
+	}
+	/* the snapshot's ProcArrayLock keeps this read before it */
+	claim_seq[index] = pg_atomic_read_u64(&slot->seq);
+	claim_noted[index] = true;
+}
+
+/*
+ * idem_wakeup_wait
+ *		Sleep until an event of topic is committed after this backend's
+ *		last claim of it (or, with no claim noted, after the wait began),
+ *		or until timeout_ms have passed.  Returns whether an event came.
+ *		Interrupts (a cancel, statement_timeout, a shutdown) end the wait
+ *		with their error.
+ */
+bool
+idem_wakeup_wait(const char *topic, long timeout_ms)
+{
+	WakeupSlot *slot;
+	int			index;
+	uint64		since;
+	TimestampTz end;
+	bool		woken = false;
+
+	Assert(wakeup_slots != NULL);
+	slot = topic_slot(topic, &index);
+	if (claim_noted != NULL && claim_noted[index])
+		since = claim_seq[index];
+	else
+		since = pg_atomic_read_u64(&slot->seq);
+	end = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), timeout_ms);
+
+	ConditionVariablePrepareToSleep(&slot->cv);
+	for (;;)
+	{
+		long		left;
+
+		if (pg_atomic_read_u64(&slot->seq) != since)
+		{
+			woken = true;
+			break;
+		}
+		left = TimestampDifferenceMilliseconds(GetCurrentTimestamp(), end);
+		if (left <= 0)
+			break;
+		(void) ConditionVariableTimedSleep(&slot->cv, left, PG_WAIT_EXTENSION);
+	}
+	ConditionVariableCancelSleep();
+	return woken;
+}
