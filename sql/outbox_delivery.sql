@@ -384,6 +384,18 @@ EXPLAIN (costs off) SELECT count(*) FROM idem.outbox WHERE state = 'delivered' A
 SELECT count(*) AS delivered_by_index FROM idem.outbox WHERE state = 'delivered' AND key LIKE 'ob:%';
 EXPLAIN (costs off) SELECT count(*) FROM idem.outbox WHERE topic = 'pay' AND state IN ('pending', 'leased');
 SELECT count(*) AS due_or_leased_by_index FROM idem.outbox WHERE topic = 'pay' AND state IN ('pending', 'leased');
+-- idem keeps each table's index insertion state between rows: an index
+-- created or dropped in between is seen by the very next row
+CREATE INDEX ob_extra_idx ON idem.outbox (key);
+SET idem.outbox_topic = 'pay';
+SELECT idem_execute('ob:idx2', 'SELECT 1 AS one') ->> 'command';
+EXPLAIN (costs off) SELECT count(*) FROM idem.outbox WHERE key = 'ob:idx2';
+SELECT count(*) AS in_new_index FROM idem.outbox WHERE key = 'ob:idx2';
+DROP INDEX idem.ob_extra_idx;
+SELECT idem_execute('ob:idx3', 'SELECT 1 AS one') ->> 'command';
+RESET idem.outbox_topic;
+SELECT count(*) AS due_or_leased_by_index FROM idem.outbox
+ WHERE topic = 'pay' AND state IN ('pending', 'leased') AND key IN ('ob:idx2', 'ob:idx3');
 RESET enable_seqscan;
 RESET enable_bitmapscan;
 SELECT idem_outbox_purge() AS purged_within_retention;

@@ -45,9 +45,11 @@
 #include "catalog/pg_extension.h"
 #include "catalog/pg_namespace.h"
 #include "commands/extension.h"
+#include "executor/executor.h"
 #include "common/hashfn.h"
 #include "executor/tuptable.h"
 #include "miscadmin.h"
+#include "optimizer/optimizer.h"
 #include "storage/lmgr.h"
 #include "storage/lock.h"
 #include "utils/timestamp.h"
@@ -154,9 +156,33 @@ static IdemCatalog catalog;
 static bool catalog_valid = false;
 static bool catalog_callback_registered = false;
 
-/* idem_insert_audit_row()'s index state, kept between rows */
-static MemoryContext audit_insert_cxt = NULL;
-static IndexInfo *audit_at_info = NULL;
+/*
+ * What inserting a row into one of idem's tables needs besides the
+ * relation: its indexes, each one's IndexInfo and predicate, kept between
+ * rows (see insert_row()).  Built for generation catalog_generation.
+ */
+typedef struct TableInserter
+{
+	Oid			relid;
+	uint64		generation;
+	MemoryContext cxt;
+	int			nindexes;
+	Oid		   *indexoids;
+	IndexInfo **infos;
+	ExprState **predicates;		/* NULL where the index is not partial */
+	TupleTableSlot *slot;		/* the row, for the predicates */
+	ExprContext *econtext;
+} TableInserter;
+
+enum
+{
+	INSERT_KEYS, INSERT_RUNS, INSERT_OUTBOX, INSERT_AUDIT, INSERT_TABLES
+};
+
+static TableInserter inserters[INSERT_TABLES];
+
+/* moves on with every invalidation of one of idem's relations */
+static uint64 catalog_generation = 1;
 
 /*
  * Only mark the cache stale: an invalidation can arrive in the middle of an
@@ -172,7 +198,10 @@ catalog_invalidate(Datum arg, Oid relid)
 		relid == catalog.outbox_topics_pkey || relid == catalog.lock_seed_rel ||
 		relid == catalog.runs || relid == catalog.runs_pkey ||
 		relid == catalog.audit || relid == catalog.audit_at)
+	{
 		catalog_valid = false;
+		catalog_generation++;
+	}
 }
 
 static void
@@ -306,11 +335,6 @@ catalog_resolve(void)
 
 	if (catalog_valid)
 		return;
-
-	/* built from the audit index's relcache entry, which may be gone */
-	if (audit_insert_cxt != NULL)
-		MemoryContextReset(audit_insert_cxt);
-	audit_at_info = NULL;
 
 	if (!catalog_callback_registered)
 	{
@@ -594,19 +618,113 @@ idem_delete_key(IdemRecord *rec)
 }
 
 /*
+ * Build what inserting into rel needs, from rel's relcache entry, in a
+ * context of the inserter's own.  The generation is read first: an
+ * invalidation that arrives while the indexes are opened makes the next
+ * row build it again.
+ */
+static void
+build_inserter(TableInserter *ti, Relation rel)
+{
+	MemoryContext oldcxt;
+	List	   *indexoids;
+	ListCell   *lc;
+	int			i = 0;
+
+	if (ti->cxt == NULL)
+		ti->cxt = AllocSetContextCreate(TopMemoryContext, "idem table insert",
+										ALLOCSET_SMALL_SIZES);
+	MemoryContextReset(ti->cxt);
+	ti->relid = InvalidOid;
+	ti->generation = catalog_generation;
+
+	oldcxt = MemoryContextSwitchTo(ti->cxt);
+	indexoids = RelationGetIndexList(rel);
+	ti->nindexes = list_length(indexoids);
+	ti->indexoids = palloc(sizeof(Oid) * ti->nindexes);
+	ti->infos = palloc(sizeof(IndexInfo *) * ti->nindexes);
+	ti->predicates = palloc0(sizeof(ExprState *) * ti->nindexes);
+	/* a copy: a relcache descriptor would be pinned by the transaction */
+	ti->slot = MakeSingleTupleTableSlot(CreateTupleDescCopy(RelationGetDescr(rel)),
+										&TTSOpsHeapTuple);
+	ti->econtext = CreateStandaloneExprContext();
+	foreach(lc, indexoids)
+	{
+		Relation	idx = index_open(lfirst_oid(lc), RowExclusiveLock);
+		IndexInfo  *ii = BuildIndexInfo(idx);
+
+		/* idem's own indexes: plain columns, no exclusion constraints */
+		if (ii->ii_Expressions != NIL || ii->ii_ExclusionOps != NULL ||
+			!idx->rd_index->indimmediate)
+			catalog_damaged(RelationGetRelationName(rel),
+							"Its indexes must be on plain columns, immediate and without exclusion constraints.");
+		if (ii->ii_Predicate != NIL)
+			ti->predicates[i] = ExecInitQual((List *) expression_planner((Expr *) ii->ii_Predicate),
+											 NULL);
+		ii->ii_AmCache = NULL;
+		ti->indexoids[i] = lfirst_oid(lc);
+		ti->infos[i] = ii;
+		i++;
+		index_close(idx, NoLock);
+	}
+	list_free(indexoids);
+	MemoryContextSwitchTo(oldcxt);
+	ti->relid = RelationGetRelid(rel);
+}
+
+/*
  * Insert a row into one of idem's tables and its indexes (unique checks
  * included), then make it visible to the rest of this transaction: later
  * calls and nested ones must see it.
+ *
+ * This is CatalogTupleInsert() without building every index's IndexInfo
+ * (and partial predicate, and BRIN descriptor) afresh per row: they are
+ * kept in the table's inserter until an invalidation of idem's relations
+ * moves catalog_generation on.  The indexes are locked here, as for any
+ * table a transaction writes, and held to its end.
  */
 static void
-insert_row(Oid relid, Datum *values, bool *nulls)
+insert_row(int which, Oid relid, Datum *values, bool *nulls)
 {
+	TableInserter *ti = &inserters[which];
 	Relation	rel = table_open(relid, RowExclusiveLock);
-	HeapTuple	tuple = heap_form_tuple(RelationGetDescr(rel), values, nulls);
+	HeapTuple	tuple;
+	Relation   *idx;
 
-	CatalogTupleInsert(rel, tuple);
+	if (ti->relid != relid || ti->generation != catalog_generation)
+		build_inserter(ti, rel);
+
+	tuple = heap_form_tuple(RelationGetDescr(rel), values, nulls);
+	simple_heap_insert(rel, tuple);
+
+	idx = palloc(sizeof(Relation) * ti->nindexes);
+	for (int i = 0; i < ti->nindexes; i++)
+		idx[i] = index_open(ti->indexoids[i], RowExclusiveLock);
+	ExecStoreHeapTuple(tuple, ti->slot, false);
+	ti->econtext->ecxt_scantuple = ti->slot;
+	for (int i = 0; i < ti->nindexes; i++)
+	{
+		IndexInfo  *ii = ti->infos[i];
+		Datum		idxvalues[INDEX_MAX_KEYS];
+		bool		idxnulls[INDEX_MAX_KEYS];
+
+		if (!ii->ii_ReadyForInserts)
+			continue;
+		if (ti->predicates[i] != NULL &&
+			!ExecQual(ti->predicates[i], ti->econtext))
+			continue;
+		FormIndexDatum(ii, ti->slot, NULL, idxvalues, idxnulls);
+		(void) index_insert(idx[i], idxvalues, idxnulls, &tuple->t_self, rel,
+							ii->ii_Unique ? UNIQUE_CHECK_YES : UNIQUE_CHECK_NO,
+							false, ii);
+	}
+	ExecClearTuple(ti->slot);
+	ResetExprContext(ti->econtext);
+	for (int i = 0; i < ti->nindexes; i++)
+		index_close(idx[i], NoLock);
+	pfree(idx);
 	heap_freetuple(tuple);
-	table_close(rel, RowExclusiveLock);
+	table_close(rel, NoLock);
 	CommandCounterIncrement();
 }
 
@@ -636,7 +754,7 @@ idem_insert_key(const char *key, Oid owner, const uint8 *fingerprint,
 	values[Anum_keys_expires_at - 1] = TimestampTzGetDatum(expires_at);
 	values[Anum_keys_fpversion - 1] = Int16GetDatum(IDEM_FINGERPRINT_VERSION);
 
-	insert_row(catalog.keys, values, nulls);
+	insert_row(INSERT_KEYS, catalog.keys, values, nulls);
 }
 
 /*
@@ -932,7 +1050,7 @@ idem_insert_run(IdemRunRow *row)
 
 	catalog_resolve();
 	run_values(row, values, nulls);
-	insert_row(catalog.runs, values, nulls);
+	insert_row(INSERT_RUNS, catalog.runs, values, nulls);
 }
 
 /*
@@ -979,49 +1097,24 @@ idem_audit_relid(void)
  * Audited replays write nothing else, so this is their whole cost of
  * writing.  The index on at is BRIN, whose insert into a range not yet
  * summarized does almost nothing, but only with its descriptor kept
- * between inserts (in the IndexInfo's AM cache): CatalogTupleInsert()
- * would build both afresh per row.  They are rebuilt when the catalog is
- * resolved again, which any invalidation of the audit relations causes.
+ * between inserts (in the IndexInfo's AM cache), which insert_row() does.
  */
 void
 idem_insert_audit_row(Datum *values, bool *nulls)
 {
-	Relation	rel;
-	Relation	idx;
-	HeapTuple	tuple;
-	Datum		idxvalue = values[Anum_audit_at - 1];
-	bool		idxnull = nulls[Anum_audit_at - 1];
-
 	catalog_resolve();
-	rel = table_open(catalog.audit, RowExclusiveLock);
-	idx = index_open(catalog.audit_at, RowExclusiveLock);
-	if (!catalog_valid && audit_at_info != NULL)
-	{
-		/* invalidated while opening: rebuild from the entry just opened */
-		MemoryContextReset(audit_insert_cxt);
-		audit_at_info = NULL;
-	}
-	if (audit_at_info == NULL)
-	{
-		MemoryContext oldcxt;
+	insert_row(INSERT_AUDIT, catalog.audit, values, nulls);
+}
 
-		if (audit_insert_cxt == NULL)
-			audit_insert_cxt = AllocSetContextCreate(TopMemoryContext,
-													 "idem audit insert",
-													 ALLOCSET_SMALL_SIZES);
-		oldcxt = MemoryContextSwitchTo(audit_insert_cxt);
-		audit_at_info = BuildIndexInfo(idx);
-		MemoryContextSwitchTo(oldcxt);
-	}
-	tuple = heap_form_tuple(RelationGetDescr(rel), values, nulls);
-	simple_heap_insert(rel, tuple);
-	(void) index_insert(idx, &idxvalue, &idxnull, &tuple->t_self, rel,
-						UNIQUE_CHECK_NO, false, audit_at_info);
-	heap_freetuple(tuple);
-	/* held to the end of the transaction, as for any table it writes */
-	index_close(idx, NoLock);
-	table_close(rel, NoLock);
-	CommandCounterIncrement();
+/*
+ * idem_insert_outbox_row
+ *		Append one outbox event in the current transaction.
+ */
+void
+idem_insert_outbox_row(Datum *values, bool *nulls)
+{
+	catalog_resolve();
+	insert_row(INSERT_OUTBOX, catalog.outbox, values, nulls);
 }
 
 /* ---------------------------------------------------------------------

@@ -417,5 +417,6 @@ extern void idem_worker_register(void);
 /* catalog.c: idem.audit, for audit.c */
 extern Oid	idem_audit_relid(void);
 extern void idem_insert_audit_row(Datum *values, bool *nulls);
+extern void idem_insert_outbox_row(Datum *values, bool *nulls);
 
 #endif							/* IDEM_H */

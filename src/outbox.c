@@ -408,38 +408,6 @@ emit_logical_message(Datum event_id, const char *key, Oid owner,
 }
 
 /*
- * Insert an event and its index entries, and make it visible to the rest
- * of the transaction.  Not CatalogTupleInsert(): that inserts into every
- * index, partial or not, and idem.outbox's indexes are partial (a pending
- * event in the index of delivered events would be counted, and served, as
- * delivered).  The executor's index insertion checks each predicate.
- */
-static void
-insert_event(Oid relid, Datum *values, bool *nulls)
-{
-	Relation	rel = table_open(relid, RowExclusiveLock);
-	EState	   *estate = CreateExecutorState();
-	ResultRelInfo *rri = makeNode(ResultRelInfo);
-	TupleTableSlot *slot;
-	HeapTuple	tuple;
-
-	InitResultRelInfo(rri, rel, 1, NULL, 0);
-	ExecOpenIndices(rri, false);
-	tuple = heap_form_tuple(RelationGetDescr(rel), values, nulls);
-	simple_heap_insert(rel, tuple);
-	slot = ExecInitExtraTupleSlot(estate, RelationGetDescr(rel),
-								  &TTSOpsHeapTuple);
-	ExecStoreHeapTuple(tuple, slot, false);
-	list_free(idem_insert_index_tuples(rri, slot, estate));
-	ExecResetTupleTable(estate->es_tupleTable, false);
-	ExecCloseIndices(rri);
-	FreeExecutorState(estate);
-	heap_freetuple(tuple);
-	table_close(rel, RowExclusiveLock);
-	CommandCounterIncrement();
-}
-
-/*
  * idem_insert_outbox
  *		Append an outbox event in the caller's transaction: the row (due at
  *		once), a NOTIFY at commit (one per topic and transaction), and with
@@ -453,7 +421,6 @@ idem_insert_outbox(const char *key, Oid owner, const char *topic,
 {
 	Datum		values[Natts_outbox];
 	bool		nulls[Natts_outbox] = {0};
-	Oid			relid = idem_catalog_outbox();
 
 	idem_outbox_check_publish(topic, owner);
 
@@ -480,7 +447,7 @@ idem_insert_outbox(const char *key, Oid owner, const char *topic,
 	nulls[Anum_outbox_last_error - 1] = true;
 	nulls[Anum_outbox_delivered_at - 1] = true;
 
-	insert_event(relid, values, nulls);
+	idem_insert_outbox_row(values, nulls);
 	idem_stats_count(IDEM_STAT_OUTBOX_WRITTEN, 1);
 
 	if (idem_outbox_notify || idem_wakeup_available())
