@@ -451,6 +451,52 @@ SELECT state, attempts FROM idem_outbox_events WHERE event_id = :'obx';
 
 
 --
+-- a workflow run's events of a topic are delivered in order: one waits
+-- while an earlier event of its run and topic is pending or leased
+--
+SELECT idem_outbox_create_topic('ordr');
+SET idem.outbox_topic = 'ordr';
+SELECT status FROM idem_run_begin('ob-run-1', steps => ARRAY['a', 'b', 'c']);
+SELECT idem_step('ob-run-1', 'a', 'SELECT 1 AS n') ->> 'command' AS a;
+SELECT idem_step('ob-run-1', 'b', 'SELECT 2 AS n') ->> 'command' AS b;
+SELECT status FROM idem_run_begin('ob-run-2');
+SELECT idem_step('ob-run-2', 'x', 'SELECT 3 AS n') ->> 'command' AS x;
+SELECT idem_execute('ob:plain', 'SELECT 4 AS n') ->> 'command' AS plain;
+RESET idem.outbox_topic;
+CREATE TEMP TABLE ob_ord AS
+SELECT event_id, lease_token, coalesce(run_id || '/' || step, key) AS ev
+  FROM idem_outbox_claim('ordr', 10, '30 s');
+SELECT ev AS claimed_first FROM ob_ord ORDER BY ev;
+SELECT count(*) AS claimable_while_a_leased FROM idem_outbox_claim('ordr', 10, '30 s');
+-- handed back, a is pending and due again: still b waits
+SELECT idem_outbox_release(event_id, lease_token) FROM ob_ord WHERE ev = 'ob-run-1/a';
+SELECT event_id AS a_id, lease_token AS a_tok, run_id || '/' || step AS ev
+  FROM idem_outbox_claim('ordr', 10, '30 s') \gset
+SELECT :'ev' AS claimed_again;
+SELECT idem_outbox_ack(:'a_id', :'a_tok');
+SELECT event_id AS b_id, lease_token AS b_tok, run_id || '/' || step AS ev
+  FROM idem_outbox_claim('ordr', 10, '30 s') \gset
+SELECT :'ev' AS claimed_once_a_delivered;
+-- c waits while b is leased; a dead b no longer holds the run up
+SET idem.outbox_topic = 'ordr';
+SELECT idem_step('ob-run-1', 'c', 'SELECT 5 AS n') ->> 'command' AS c;
+RESET idem.outbox_topic;
+SELECT count(*) AS claimable_while_b_leased FROM idem_outbox_claim('ordr', 10, '30 s');
+SET idem.outbox_max_attempts = 1;
+SELECT idem_outbox_fail(:'b_id', :'b_tok', 'poison') AS b_due_again;
+RESET idem.outbox_max_attempts;
+SELECT run_id || '/' || step AS claimed_once_b_dead
+  FROM idem_outbox_claim('ordr', 10, '30 s');
+-- the holdback probes the partial index of undelivered run events
+SELECT pg_stat_force_next_flush();
+SELECT idx_scan > 0 AS run_index_probed FROM pg_stat_user_indexes
+ WHERE indexrelid = 'idem.outbox_run_idx'::regclass;
+DELETE FROM idem.runs WHERE run_id LIKE 'ob-run-%';
+DELETE FROM idem.outbox WHERE topic = 'ordr' OR run_id LIKE 'ob-run-%';
+DELETE FROM idem.keys WHERE key LIKE 'ob:%' OR key LIKE '%ob-run-%';
+DELETE FROM idem.outbox_topics WHERE topic = 'ordr';
+
+--
 -- idem_outbox_wait: bad input is refused first; the wait itself needs
 -- shared memory, which this server has not (test/t/130_outbox_wait.pl
 -- waits on a preloaded one)

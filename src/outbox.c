@@ -469,6 +469,11 @@ idem_insert_outbox(const char *key, Oid owner, const char *topic,
  * lease, attempt counted, a new token.  An event whose last allowed attempt
  * ended with an expired lease becomes a dead letter instead.
  *
+ * A workflow run's events of a topic are delivered in order: one waits
+ * while an event of the same run and topic created before it is pending or
+ * leased (a dead one does not hold the run up).  Only events with a run id
+ * pay the probe, on a partial index of undelivered run events.
+ *
  * Always the generic plan, whose shape does not depend on the values: the
  * update reaches the locked rows by TID whatever LIMIT the planner assumes,
  * and no call is planned with "now" as a constant, which makes the planner
@@ -482,6 +487,14 @@ static IdemQuery q_claim = {
 	"   WHERE o.topic OPERATOR(pg_catalog.=) $1"
 	"     AND o.state OPERATOR(pg_catalog.=) ANY (ARRAY['pending', 'leased']::pg_catalog.text[])"
 	"     AND o.next_attempt_at OPERATOR(pg_catalog.<=) $2"
+	"     AND (o.run_id IS NULL OR NOT EXISTS ("
+	"          SELECT FROM idem.outbox p"
+	"           WHERE p.owner OPERATOR(pg_catalog.=) o.owner"
+	"             AND p.run_id OPERATOR(pg_catalog.=) o.run_id"
+	"             AND p.topic OPERATOR(pg_catalog.=) o.topic"
+	"             AND p.created_at OPERATOR(pg_catalog.<) o.created_at"
+	"             AND p.run_id IS NOT NULL"
+	"             AND p.state OPERATOR(pg_catalog.=) ANY (ARRAY['pending', 'leased']::pg_catalog.text[])))"
 	"   ORDER BY o.next_attempt_at"
 	"   LIMIT $3"
 	"   FOR UPDATE SKIP LOCKED),"
