@@ -267,6 +267,15 @@ CREATE TABLE idem.outbox_topics (
 	CONSTRAINT outbox_topics_pkey PRIMARY KEY (topic)
 );
 SELECT pg_catalog.pg_extension_config_dump('idem.outbox_topics', '');
+-- Backends keep the topic checks that passed until the registry changes,
+-- however it is written.
+CREATE FUNCTION @extschema@.idem_outbox_topics_changed() RETURNS trigger
+AS 'MODULE_PATHNAME', 'idem_outbox_topics_changed'
+LANGUAGE C;
+REVOKE ALL ON FUNCTION @extschema@.idem_outbox_topics_changed() FROM PUBLIC;
+CREATE TRIGGER outbox_topics_changed
+	AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON idem.outbox_topics
+	FOR EACH STATEMENT EXECUTE FUNCTION @extschema@.idem_outbox_topics_changed();
 
 -- Delivery state of each event.  next_attempt_at is the due time: a claim
 -- moves it to the end of the lease, so leased events leave the head of the

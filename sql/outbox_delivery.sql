@@ -100,6 +100,50 @@ SELECT idem_execute('ob:member2', 'SELECT 2 AS two');
 RESET idem.outbox_topic;
 RESET ROLE;
 
+-- a backend keeps the checks that passed, until what they read changes: a
+-- role's membership, a role's attributes, the registry however written
+SELECT idem_outbox_grant('mail', 'regress_ob_publishers', 'publish');
+SET idem.outbox_topic = 'mail';
+SET ROLE regress_ob_member;
+SELECT idem_execute('obc:1', 'SELECT 1 AS one') ->> 'command' AS member_publishes;
+RESET ROLE;
+REVOKE regress_ob_publishers FROM regress_ob_member;
+SET ROLE regress_ob_member;
+SELECT idem_execute('obc:2', 'SELECT 1 AS one');
+RESET ROLE;
+GRANT regress_ob_publishers TO regress_ob_member;
+SET ROLE regress_ob_member;
+SELECT idem_execute('obc:3', 'SELECT 1 AS one') ->> 'command' AS member_again;
+RESET ROLE;
+UPDATE idem.outbox_topics SET publishers = '{}' WHERE topic = 'mail';
+SET ROLE regress_ob_member;
+SELECT idem_execute('obc:4', 'SELECT 1 AS one');
+RESET ROLE;
+ALTER ROLE regress_ob_other SUPERUSER;
+SET ROLE regress_ob_other;
+SELECT idem_execute('obc:5', 'SELECT 1 AS one') ->> 'command' AS superuser_publishes;
+RESET ROLE;
+ALTER ROLE regress_ob_other NOSUPERUSER;
+SET ROLE regress_ob_other;
+SELECT idem_execute('obc:6', 'SELECT 1 AS one');
+RESET ROLE;
+-- in one transaction: a revoke is seen by the next call
+BEGIN;
+SELECT idem_outbox_grant('mail', 'regress_ob_member', 'publish');
+SET LOCAL ROLE regress_ob_member;
+SELECT idem_execute('obc:7', 'SELECT 1 AS one') ->> 'command' AS granted_in_transaction;
+RESET ROLE;
+SELECT idem_outbox_revoke('mail', 'regress_ob_member', 'publish');
+SET LOCAL ROLE regress_ob_member;
+SAVEPOINT s;
+SELECT idem_execute('obc:8', 'SELECT 1 AS one');
+ROLLBACK TO s;
+COMMIT;
+RESET idem.outbox_topic;
+SELECT key FROM idem.outbox WHERE key LIKE 'obc:%' ORDER BY key;
+DELETE FROM idem.outbox WHERE key LIKE 'obc:%';
+DELETE FROM idem.keys WHERE key LIKE 'obc:%';
+
 --
 -- who may consume
 --

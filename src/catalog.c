@@ -323,6 +323,17 @@ catalog_lock_seed(Oid relid)
 }
 
 /*
+ * idem_catalog_generation
+ *		A number that moves on whenever one of idem's relations may have
+ *		changed: what a backend derived from them is stale once it does.
+ */
+uint64
+idem_catalog_generation(void)
+{
+	return catalog_generation;
+}
+
+/*
  * Find idem's tables.  The schema must be the one the extension created:
  * a schema named "idem" made by someone else is never used, and neither is
  * a relation that is not the extension's own or has another shape.

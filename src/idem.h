@@ -267,6 +267,7 @@ extern void idem_insert_key(const char *key, Oid owner,
 							TimestampTz created_at, TimestampTz expires_at);
 extern Oid	idem_catalog_outbox(void);
 extern Oid	idem_catalog_outbox_topics(Oid *pkey);
+extern uint64 idem_catalog_generation(void);
 extern bool idem_restamp_key(Oid owner, const char *key,
 							 TimestampTz expires_at);
 extern int64 idem_purge_expired(int batch_size);

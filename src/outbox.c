@@ -43,6 +43,7 @@
 #include "catalog/pg_authid.h"
 #include "catalog/pg_type.h"
 #include "commands/async.h"
+#include "commands/trigger.h"
 #include "executor/executor.h"
 #include "executor/spi.h"
 #include "nodes/makefuncs.h"
@@ -58,6 +59,7 @@
 #include "utils/builtins.h"
 #include "utils/datetime.h"
 #include "utils/fmgroids.h"
+#include "utils/inval.h"
 #include "utils/json.h"
 #include "utils/lsyscache.h"
 #include "utils/rel.h"
@@ -78,6 +80,7 @@ PG_FUNCTION_INFO_V1(idem_outbox_requeue);
 PG_FUNCTION_INFO_V1(idem_outbox_extend);
 PG_FUNCTION_INFO_V1(idem_outbox_release);
 PG_FUNCTION_INFO_V1(idem_outbox_wait);
+PG_FUNCTION_INFO_V1(idem_outbox_topics_changed);
 PG_FUNCTION_INFO_V1(idem_outbox_purge);
 PG_FUNCTION_INFO_V1(idem_outbox_create_topic);
 PG_FUNCTION_INFO_V1(idem_outbox_grant);
@@ -101,17 +104,33 @@ typedef enum TopicPrivilege
 static const char *const privilege_names[] = {"publish", "consume"};
 
 /*
- * The last check of each privilege that passed, so that idem_execute()'s
- * check before the business statement and the writer's own after it, or
- * the acks of one batch, cost one lookup.  Valid for one transaction: a
- * grant or revoke commits in another.
+ * The last check of each privilege that passed, kept across transactions
+ * until what it read may have changed: the registry (whose trigger,
+ * idem_outbox_topics_changed(), invalidates the table's relcache entry,
+ * which moves idem_catalog_generation() on) or any role's membership or
+ * attributes (syscache callbacks, as PostgreSQL's own role membership
+ * cache has).  A producer's every call, and a consumer's every claim and
+ * ack, then skip the registry lookup; a change is seen, as GRANT and
+ * REVOKE are, from the next command after it commits (at once in its own
+ * transaction).
  */
 static struct
 {
-	LocalTransactionId lxid;
+	bool		valid;
+	uint64		catalog_generation;
+	uint64		role_generation;
 	Oid			role;
 	char		topic[OUTBOX_MAX_NAME_BYTES + 1];
 } topic_ok[2];
+
+static uint64 role_generation = 1;
+static bool role_callbacks_registered = false;
+
+static void
+roles_changed(Datum arg, int cacheid, uint32 hashvalue)
+{
+	role_generation++;
+}
 
 /* ------------------------------------------------------------------------
  * Topics
@@ -198,12 +217,28 @@ topic_allows(const char *topic, Oid role, TopicPrivilege priv, bool *exists)
 static void
 check_topic(const char *topic, Oid role, TopicPrivilege priv)
 {
-	LocalTransactionId lxid = IDEM_MY_LXID;
+	uint64		catalog_generation;
+	uint64		roles_read;
+	Oid			pkey;
 	bool		exists;
 
-	if (topic_ok[priv].lxid == lxid && topic_ok[priv].role == role &&
+	if (topic_ok[priv].valid && topic_ok[priv].role == role &&
+		topic_ok[priv].catalog_generation == idem_catalog_generation() &&
+		topic_ok[priv].role_generation == role_generation &&
 		strcmp(topic_ok[priv].topic, topic) == 0)
 		return;
+
+	if (!role_callbacks_registered)
+	{
+		CacheRegisterSyscacheCallback(AUTHOID, roles_changed, (Datum) 0);
+		CacheRegisterSyscacheCallback(AUTHMEMROLEMEM, roles_changed, (Datum) 0);
+		role_callbacks_registered = true;
+	}
+	/* read first: a change that arrives during the lookup voids its result */
+	topic_ok[priv].valid = false;
+	(void) idem_catalog_outbox_topics(&pkey);
+	catalog_generation = idem_catalog_generation();
+	roles_read = role_generation;
 	if (!topic_allows(topic, role, priv, &exists))
 	{
 		if (!exists)
@@ -221,9 +256,29 @@ check_topic(const char *topic, Oid role, TopicPrivilege priv)
 				 idem_errhint(ERRCODE_INSUFFICIENT_PRIVILEGE, psprintf("An administrator grants it with idem_outbox_grant('%s', role, '%s').",
 						 topic, privilege_names[priv]))));
 	}
-	topic_ok[priv].lxid = lxid;
 	topic_ok[priv].role = role;
 	strlcpy(topic_ok[priv].topic, topic, sizeof(topic_ok[priv].topic));
+	topic_ok[priv].catalog_generation = catalog_generation;
+	topic_ok[priv].role_generation = roles_read;
+	topic_ok[priv].valid = true;
+}
+
+/*
+ * idem_outbox_topics_changed()
+ *		Statement trigger on idem.outbox_topics: whatever wrote the
+ *		registry (idem's functions, or a superuser's own DML), every
+ *		backend drops the topic checks it keeps once the change commits.
+ */
+Datum
+idem_outbox_topics_changed(PG_FUNCTION_ARGS)
+{
+	if (!CALLED_AS_TRIGGER(fcinfo))
+		ereport(ERROR,
+				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
+				 errmsg("idem_outbox_topics_changed() must be called as a trigger"),
+				 idem_errhint(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED, NULL)));
+	CacheInvalidateRelcache(((TriggerData *) fcinfo->context)->tg_relation);
+	return PointerGetDatum(NULL);
 }
 
 /*
