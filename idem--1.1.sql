@@ -355,8 +355,10 @@ CREATE INDEX outbox_due_idx ON idem.outbox (topic, next_attempt_at)
 -- The purge's scan: delivered events by delivery time.
 CREATE INDEX outbox_delivered_idx ON idem.outbox (delivered_at)
 	WHERE state OPERATOR(pg_catalog.=) 'delivered'::pg_catalog.text;
--- The claim's holdback: a run's undelivered events of a topic, oldest first.
-CREATE INDEX outbox_run_idx ON idem.outbox (owner, run_id, topic, created_at)
+-- The claim's holdback: a run's undelivered events (a run has few; the
+-- probe filters topic and age on them).  One narrow column: every event of
+-- a workflow step pays this insert.
+CREATE INDEX outbox_run_idx ON idem.outbox (run_id)
 	WHERE run_id IS NOT NULL AND state OPERATOR(pg_catalog.=) ANY
 		  (ARRAY['pending', 'leased']::pg_catalog.text[]);
 
