@@ -402,6 +402,8 @@ def test_wait_mode_through_pgbouncer(cluster, bouncer, topic, admin, db):
     assert time.time() - t < 3
     assert sorted(loop.keys()) == ["a", "b", "c"]
     assert all(r["state"] == "delivered" for r in events(admin, topic).values())
+    with psycopg.connect(bouncer.dsn(db)) as c:   # PgBouncer outlived the cancel
+        assert c.execute("SELECT 1").fetchone() == (1,)
 
 
 def test_wait_mode_lost_connection_is_replaced(cluster, topic, admin):
