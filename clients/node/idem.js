@@ -215,7 +215,37 @@ const CLAIM = 'SELECT event_id, key, topic, payload::text AS payload, run_id, st
 // event already delivered (ID410): the event is someone else's now
 const LOST_LEASE = new Set(['ID412', 'ID410']);
 
-// Outbox consumer loop: LISTEN idem_outbox, claim, handler, ack or fail.
+// The protocol's CancelRequest for the statement client is running (what
+// pg's own Client#cancel sends), on a connection of its own to the same
+// host and port; through PgBouncer it reaches the server session running
+// the statement.  Like libpq's PQcancel it then waits for the other end
+// to close (PgBouncer 1.18 dies, "bad client state", when the requester
+// closes first); resolves then, with the socket's error if there was one.
+function cancelRequest(client) {
+  const net = require('node:net');
+  return new Promise((resolve) => {
+    const where = typeof client.host === 'string' && client.host.startsWith('/')
+      ? { path: `${client.host}/.s.PGSQL.${client.port}` }
+      : { host: client.host || 'localhost', port: client.port || 5432 };
+    const s = net.connect({ ...where, allowHalfOpen: true }, () => {
+      const b = Buffer.alloc(16);
+      b.writeInt32BE(16, 0);
+      b.writeInt32BE(80877102, 4); // the cancel request code
+      b.writeInt32BE(client.processID, 8);
+      b.writeInt32BE(client.secretKey, 12);
+      s.write(b);
+    });
+    let failed = null;
+    const timer = setTimeout(() => s.destroy(new Error('no answer to the cancel request')), 10000);
+    s.on('error', (e) => { failed = e; });
+    s.on('end', () => s.destroy());
+    s.on('close', () => { clearTimeout(timer); resolve(failed); });
+    s.resume();
+  });
+}
+
+// Outbox consumer loop: claim, handler, ack or fail; between claims LISTEN
+// idem_outbox (wakeup 'notify') or idem_outbox_wait (wakeup 'wait').
 //
 // Claims up to maxEvents due events of topic under a lease (seconds),
 // awaits handler(event) for each outside any transaction, then acks it; a
@@ -228,22 +258,46 @@ const LOST_LEASE = new Set(['ID412', 'ID410']);
 //
 // When nothing is due it waits for a NOTIFY of topic, and claims anyway
 // every `idle` seconds (expired leases and prepared transactions send no
-// NOTIFY).  Stop it with opts.signal (an AbortSignal); without one,
+// NOTIFY).  With wakeup: 'wait' it runs SELECT idem_outbox_wait(topic,
+// idle) instead, which ends at the commit of an event of topic whether or
+// not producers send NOTIFY (idem.outbox_notify off); it needs idem in
+// shared_preload_libraries (without it consume rejects with an IdemError,
+// sqlstate 55000), EXECUTE on idem_outbox_wait, and holds a server
+// connection and a snapshot while it waits (idle at most 3600 s); a stop
+// cancels it.  Stop it with opts.signal (an AbortSignal); without one,
 // SIGTERM and SIGINT stop it (the listeners are removed on return).
 // Stopping lets the running handler finish and report; the rest of the
 // batch is handed back (idem_outbox_release: due now, attempt not counted).  A lost lease
 // (ID412) or an event already delivered (ID410) is logged and skipped; a
 // lost connection is replaced by connect().
 //
-// LISTEN needs a session of its own: connect() must return a pg.Client
-// straight to the server, not through a transaction pooler.  Resolves to
-// the number of events acknowledged.
+// LISTEN needs a session of its own: with wakeup 'notify', connect() must
+// return a pg.Client straight to the server, not through a transaction
+// pooler; wakeup 'wait' issues no LISTEN, so connect() may go through
+// PgBouncer in transaction mode.  Resolves to the number of events
+// acknowledged.
 async function consume(connect, topic, handler, { maxEvents = 10, lease = 30, consumer = null,
-  idle = 5, signal = null, log = console } = {}) {
+  idle = 5, signal = null, log = console, wakeup = 'notify' } = {}) {
+  if (wakeup !== 'notify' && wakeup !== 'wait') {
+    throw new TypeError(`wakeup must be 'notify' or 'wait', not ${JSON.stringify(wakeup)}`);
+  }
   let stopped = false;
   let wake = null; // resolves the current wait
   let woke = false; // a NOTIFY of our topic arrived since the last claim
-  const stop = () => { stopped = true; if (wake) wake(); };
+  let waiting = null; // { client, timer }: an idem_outbox_wait running
+  // A stop cancels a running idem_outbox_wait.  A cancel that reaches the
+  // server before the statement does is lost, so it is sent again each
+  // second until the wait ends.
+  const cancelWait = () => {
+    const w = waiting;
+    if (!w || w.timer) return;
+    const send = () => cancelRequest(w.client).then((e) => {
+      if (e) log.warn(`idem consumer: cancelling the wait failed: ${e.message}`);
+    });
+    send();
+    w.timer = setInterval(send, 1000);
+  };
+  const stop = () => { stopped = true; if (wake) wake(); cancelWait(); };
   const signals = [];
   if (signal) {
     if (signal.aborted) return 0;
@@ -274,7 +328,7 @@ async function consume(connect, topic, handler, { maxEvents = 10, lease = 30, co
       }
     });
     client = c;
-    await c.query('LISTEN idem_outbox');
+    if (wakeup === 'notify') await c.query('LISTEN idem_outbox');
   };
   const close = () => {
     if (client) client.end().catch(() => {});
@@ -289,6 +343,35 @@ async function consume(connect, topic, handler, { maxEvents = 10, lease = 30, co
     const timer = setTimeout(() => { wake = null; resolve(); }, seconds * 1000);
     wake = () => { clearTimeout(timer); wake = null; resolve(); };
   });
+  // idem_outbox_wait(topic, seconds) on our connection; the 57014 of a
+  // stop's cancel is the stop, not an error.
+  const waitForEvent = async (seconds) => {
+    if (stopped || broken) return;
+    const w = waiting = { client, timer: null };
+    try {
+      await client.query('SELECT idem_outbox_wait($1, $2::interval)',
+        [topic, `${Math.min(seconds, 3600)} seconds`]);
+    } catch (err) {
+      if (err.code === '57014') {
+        // statement_timeout or someone else's cancel: claim again
+        if (!stopped) log.warn(`idem consumer: wait cancelled: ${err.message}`);
+        return;
+      }
+      if (err.code === '55000') {
+        throw new IdemError("consume({ wakeup: 'wait' }) needs idem in shared_preload_libraries" +
+          ` (the server said: ${err.message}); add idem to shared_preload_libraries and restart` +
+          " the server, or use wakeup: 'notify'",
+        { sqlstate: '55000', detail: err.detail, hint: err.hint, cause: err });
+      }
+      if (!connectionLost(err)) throw err;
+      // the session ended (terminated, server restart): the next claim reconnects
+      log.warn(`idem consumer: connection lost while waiting: ${err.message}`);
+      close();
+    } finally {
+      if (w.timer) clearInterval(w.timer);
+      waiting = null;
+    }
+  };
   // An ack or fail; true if it held.  A lost connection is replaced and the
   // report sent again: the token is not tied to the session, and an ack
   // that lands spares the receiver a duplicate.
@@ -370,7 +453,7 @@ async function consume(connect, topic, handler, { maxEvents = 10, lease = 30, co
           }
         }
       }
-      if (rows.length === 0) await pause(idle);
+      if (rows.length === 0) await (wakeup === 'wait' ? waitForEvent(idle) : pause(idle));
     }
   } finally {
     close();

@@ -311,8 +311,9 @@ _LOST_LEASE = ("ID412", "ID410")
 def consume(connect: Callable[[], psycopg.Connection], topic: str,
             handler: Callable[[dict], None], *, max_events: int = 10,
             lease: float = 30, consumer: Optional[str] = None,
-            idle: float = 5.0, stop=None) -> int:
-    """Outbox consumer loop: LISTEN idem_outbox, claim, handler, ack or fail.
+            idle: float = 5.0, stop=None, wakeup: str = "notify") -> int:
+    """Outbox consumer loop: claim, handler, ack or fail; between claims
+    LISTEN idem_outbox (``wakeup="notify"``) or idem_outbox_wait (``"wait"``).
 
     Claims up to ``max_events`` due events of ``topic`` under a ``lease``
     (seconds), calls ``handler(event)`` for each outside any transaction,
@@ -326,21 +327,31 @@ def consume(connect: Callable[[], psycopg.Connection], topic: str,
 
     When nothing is due it waits for a NOTIFY of ``topic``, and claims
     anyway every ``idle`` seconds (expired leases and prepared transactions
-    send no NOTIFY).  ``stop`` is a threading.Event-like object; without
+    send no NOTIFY).  With ``wakeup="wait"`` it runs ``SELECT
+    idem_outbox_wait(topic, idle)`` instead, which ends at the commit of an
+    event of ``topic`` whether or not producers send NOTIFY
+    (idem.outbox_notify off); it needs idem in shared_preload_libraries
+    (without it consume raises IdemError, SQLSTATE 55000), EXECUTE on
+    idem_outbox_wait, and holds a server connection and a snapshot while
+    it waits (``idle`` at most 3600 s).  ``stop`` is a threading.Event-like object; without
     one, SIGTERM and SIGINT stop the loop (main thread only).  Stopping
     lets the running handler finish and report; the rest of the batch is
     handed back (idem_outbox_release: due now, attempt not counted).  A lost lease (ID412) or an
     event already delivered (ID410) is logged and skipped; a lost
     connection is replaced by ``connect()``.
 
-    LISTEN needs a session of its own: ``connect`` must reach the server
-    directly, not through a transaction pooler (PgBouncer in transaction
-    mode would hand the LISTEN and the claims to different server
-    sessions).  Returns the number of events acknowledged."""
+    LISTEN needs a session of its own: with ``wakeup="notify"``,
+    ``connect`` must reach the server directly, not through a transaction
+    pooler (PgBouncer in transaction mode would hand the LISTEN and the
+    claims to different server sessions); ``wakeup="wait"`` issues no
+    LISTEN, so ``connect`` may go through PgBouncer in transaction mode.
+    Returns the number of events acknowledged."""
     import select
     import signal
     import threading
 
+    if wakeup not in ("notify", "wait"):
+        raise ValueError(f"wakeup must be 'notify' or 'wait', not {wakeup!r}")
     restore = []
     if stop is None:
         stop = threading.Event()
@@ -355,9 +366,59 @@ def consume(connect: Callable[[], psycopg.Connection], topic: str,
     def open_conn():
         c = connect()
         c.autocommit = True
-        c.add_notify_handler(lambda n: n.payload == topic and woke.append(n))
-        c.execute("LISTEN idem_outbox")
+        if wakeup == "notify":
+            c.add_notify_handler(lambda n: n.payload == topic and woke.append(n))
+            c.execute("LISTEN idem_outbox")
         return c
+
+    def wait(seconds):
+        """idem_outbox_wait(topic, seconds) on our connection.  A stop
+        cancels it (the protocol's cancel request, as conn.cancel() sends);
+        the 57014 that follows is the stop, not an error."""
+        if stop.is_set():
+            return
+        # made here, in the connection's thread; PQcancel itself is
+        # thread-safe
+        canceller = conn.pgconn.get_cancel()
+        done = threading.Event()
+
+        def watch():
+            sent = None
+            # a stop set from a signal or another thread is seen within
+            # 0.1 s; a cancel that reached the server before the statement
+            # did is lost, so it is sent again each second until the wait ends
+            while not done.wait(0.1):
+                if stop.is_set() and (sent is None or time.monotonic() - sent >= 1):
+                    sent = time.monotonic()
+                    try:
+                        canceller.cancel()
+                    except psycopg.OperationalError as e:
+                        _log.warning("idem consumer: cancelling the wait failed: %s", e)
+        watcher = threading.Thread(target=watch, name="idem-consume-cancel", daemon=True)
+        watcher.start()
+        try:
+            conn.execute("SELECT idem_outbox_wait(%s, %s::interval)",
+                         (topic, f"{min(seconds, 3600)} seconds"))
+        except psycopg.errors.QueryCanceled as e:
+            if not stop.is_set():
+                # statement_timeout or someone else's cancel: claim again
+                _log.warning("idem consumer: wait cancelled: %s", e)
+        except psycopg.errors.ObjectNotInPrerequisiteState as e:
+            # 55000 (an OperationalError too): not preloaded
+            raise IdemError(
+                "consume(wakeup='wait') needs idem in shared_preload_libraries"
+                f" (the server said: {e.diag.message_primary}); add idem to"
+                " shared_preload_libraries and restart the server, or use"
+                " wakeup='notify'", "55000", e.diag.message_detail,
+                e.diag.message_hint) from e
+        except psycopg.OperationalError as e:
+            # the session ended (terminated, server restart): the next
+            # claim reconnects
+            _log.warning("idem consumer: connection lost while waiting: %s", e)
+            close()
+        finally:
+            done.set()
+            watcher.join()
 
     def pause(seconds):
         """Sleep up to ``seconds``, waking for our topic's NOTIFY or stop."""
@@ -467,7 +528,10 @@ def consume(connect: Callable[[], psycopg.Connection], topic: str,
                     if report("SELECT idem_outbox_ack(%s, %s)", (event_id, token), event):
                         acked += 1
             if not rows:
-                pause(idle)
+                if wakeup == "wait":
+                    wait(idle)
+                else:
+                    pause(idle)
     finally:
         close()
         for sig, old in restore:

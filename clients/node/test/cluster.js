@@ -1,7 +1,8 @@
 'use strict';
-// A throwaway PostgreSQL cluster with idem installed (Unix socket and
-// loopback TCP) and a PgBouncer in transaction mode in front of it, for
-// the tests.  Run as the cluster user (initdb refuses root); PG_CONFIG
+// A throwaway PostgreSQL cluster with idem installed and preloaded (Unix
+// socket and loopback TCP) and a PgBouncer in transaction mode in front of
+// it, for the tests; start({ preload: false, pooler: false }) makes one
+// without either.  Run as the cluster user (initdb refuses root); PG_CONFIG
 // names the installation.
 const { execFileSync, spawn } = require('node:child_process');
 const fs = require('node:fs');
@@ -38,13 +39,14 @@ async function waitFor(config) {
   }
 }
 
-async function start() {
+async function start({ preload = true, pooler = true } = {}) {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'idem-nodetest.'));
   const data = path.join(dir, 'data');
   const port = await freePort();
   execFileSync(path.join(BINDIR, 'initdb'), ['-D', data, '-A', 'trust', '-U', 'postgres'], { stdio: 'ignore' });
   fs.appendFileSync(path.join(data, 'postgresql.conf'),
-    `listen_addresses = '127.0.0.1'\nport = ${port}\nunix_socket_directories = '${dir}'\n`);
+    `listen_addresses = '127.0.0.1'\nport = ${port}\nunix_socket_directories = '${dir}'\n` +
+    (preload ? "shared_preload_libraries = 'idem'\n" : ''));
   execFileSync(path.join(BINDIR, 'pg_ctl'), ['-D', data, '-w', '-l', path.join(dir, 'log'), 'start'], { stdio: 'ignore' });
   const direct = { host: dir, port, user: 'postgres', database: DB };
   const admin0 = new pg.Client({ ...direct, database: 'postgres' });
@@ -56,6 +58,12 @@ async function start() {
   await admin.query('CREATE EXTENSION idem');
   // publishing needs a registered topic (see the README's Outbox)
   await admin.query("SELECT idem_outbox_create_topic('refunds')");
+  const stopServer = async () => {
+    await admin.end();
+    execFileSync(path.join(BINDIR, 'pg_ctl'), ['-D', data, '-m', 'immediate', 'stop'], { stdio: 'ignore' });
+    fs.rmSync(dir, { recursive: true, force: true });
+  };
+  if (!pooler) return { admin, targets: { direct }, stop: stopServer };
 
   const bport = await freePort();
   const users = path.join(dir, 'users.txt');
@@ -84,10 +92,8 @@ pidfile =
     targets: { direct, pgbouncer: pooled },
     pooledOne: { ...pooled, database: 'idemone' },
     async stop() {
-      await admin.end();
       bouncer.kill('SIGTERM');
-      execFileSync(path.join(BINDIR, 'pg_ctl'), ['-D', data, '-m', 'immediate', 'stop'], { stdio: 'ignore' });
-      fs.rmSync(dir, { recursive: true, force: true });
+      await stopServer();
     },
   };
 }

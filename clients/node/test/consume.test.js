@@ -1,7 +1,9 @@
 'use strict';
-// The outbox consumer loop, idem.consume(), against a real server.  The
-// consumer connects directly: LISTEN needs a session of its own, which
-// PgBouncer in transaction mode does not give.
+// The outbox consumer loop, idem.consume(), against a real server.  With
+// wakeup 'notify' the consumer connects directly: LISTEN needs a session of
+// its own, which PgBouncer in transaction mode does not give; with wakeup
+// 'wait' (idem_outbox_wait, the cluster preloads idem) it also runs
+// through PgBouncer.
 const { describe, it, before, after } = require('node:test');
 const assert = require('node:assert/strict');
 const { spawn } = require('node:child_process');
@@ -13,8 +15,9 @@ const idem = require('../idem.js');
 const { start } = require('./cluster.js');
 
 let env;
+const running = []; // every loop's AbortController: a failed test's loop is stopped at the end
 before(async () => { env = await start(); });
-after(async () => { await env.stop(); });
+after(async () => { for (const ac of running) ac.abort(); await env.stop(); });
 
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 async function until(pred, what, timeout = 10000) {
@@ -35,7 +38,14 @@ async function freshTopic() {
   return t;
 }
 async function publish(topic, ...keys) {
-  const c = new pg.Client(env.targets.direct);
+  return publishWith(env.targets.direct, topic, ...keys);
+}
+// publish() with the producer's NOTIFY off (idem.outbox_notify)
+async function publishQuiet(topic, ...keys) {
+  return publishWith({ ...env.targets.direct, options: '-c idem.outbox_notify=off' }, topic, ...keys);
+}
+async function publishWith(config, topic, ...keys) {
+  const c = new pg.Client(config);
   await c.connect();
   for (const k of keys) {
     await c.query('BEGIN');
@@ -55,6 +65,7 @@ const connectTo = (config) => async () => { const c = new pg.Client(config); awa
 // consume() running in this process, stopped by an AbortController
 function loop(topic, handler = () => {}, opts = {}, config = env.targets.direct) {
   const ac = new AbortController();
+  running.push(ac);
   const seen = [];
   const done = idem.consume(connectTo(config), topic, async (e) => { seen.push(e); await handler(e); },
     { signal: ac.signal, log: quiet, ...opts });
@@ -81,6 +92,14 @@ async function waitUntilSleeping() {
     " AND query LIKE '%idem_outbox_claim%' AND pid <> pg_backend_pid()")).rows[0].n) > 0,
   "the consumer's claim");
 }
+// sessions inside idem_outbox_wait() (after an empty claim)
+async function waitingCount() {
+  return Number((await env.admin.query(
+    "SELECT count(*) AS n FROM pg_stat_activity WHERE state = 'active'" +
+    " AND query LIKE 'SELECT idem_outbox_wait(%' AND pid <> pg_backend_pid()")).rows[0].n);
+}
+const waitUntilWaiting = () => until(async () => (await waitingCount()) > 0,
+  "the consumer's idem_outbox_wait");
 
 describe('consume', () => {
   it('delivers and acks', async () => {
@@ -170,8 +189,8 @@ describe('consume', () => {
     assert.equal(await l.finish(), 1);
   });
 
-  for (const outcome of ['ack', 'fail']) {
-    it(`skips a ${outcome} fenced by a takeover (ID412)`, async () => {
+  for (const [outcome, wakeup] of [['ack', 'notify'], ['fail', 'notify'], ['ack', 'wait'], ['fail', 'wait']]) {
+    it(`skips a ${outcome} fenced by a takeover (ID412), wakeup ${wakeup}`, async () => {
       const t = await freshTopic();
       await publish(t, 'slow');
       warnings = [];
@@ -182,7 +201,7 @@ describe('consume', () => {
         started();
         await takenP;
         if (outcome === 'fail') throw new Error('late failure');
-      }, { lease: 1, idle: 60 });
+      }, { lease: 1, idle: 60, wakeup });
       await startedP;
       await sleep(1200);
       const stolen = await env.admin.query("SELECT key FROM idem_outbox_claim($1, 10, '30 s', 'thief')", [t]);
@@ -201,9 +220,10 @@ describe('consume', () => {
 
   const logFile = () => path.join(fs.mkdtempSync(path.join(os.tmpdir(), 'idem-consumer.')), 'log');
   const lines = (f) => (fs.existsSync(f) ? fs.readFileSync(f, 'utf8').split('\n').slice(0, -1) : []);
-  function proc(topic, log, { lease = 2, handlerMs = 0, killAfter = 0 } = {}) {
+  function proc(topic, log, { lease = 2, handlerMs = 0, killAfter = 0, wakeup = 'notify' } = {}) {
     const p = spawn(process.execPath, [path.join(__dirname, '..', 'fixtures', 'outbox-consumer.js'),
-      JSON.stringify(env.targets.direct), topic, log, String(lease), String(handlerMs), String(killAfter)],
+      JSON.stringify(env.targets.direct), topic, log, String(lease), String(handlerMs), String(killAfter),
+      wakeup],
     { stdio: ['ignore', 'pipe', 'inherit'] });
     let out = '';
     p.stdout.on('data', (d) => { out += d; });
@@ -211,11 +231,12 @@ describe('consume', () => {
     return { p, exited };
   }
 
-  it('finishes the running delivery on SIGTERM and exits 0; the rest return after the lease', async () => {
+  for (const wakeup of ['notify', 'wait']) {
+  it(`finishes the running delivery on SIGTERM and exits 0; the rest are released (wakeup ${wakeup})`, async () => {
     const t = await freshTopic();
     await publish(t, 'a', 'b', 'c', 'd');
     const log = logFile();
-    const { p, exited } = proc(t, log, { handlerMs: 1000 });
+    const { p, exited } = proc(t, log, { handlerMs: 1000, wakeup });
     await until(() => lines(log).length === 1, 'the first delivery');
     p.kill('SIGTERM'); // inside the first handler
     const { code, out } = await exited;
@@ -231,12 +252,13 @@ describe('consume', () => {
     // the claim's attempt not counted, so anyone takes it at once as the
     // first attempt
     assert.ok(rest.every((k) => ev[k].state === 'pending' && ev[k].attempts === 0));
-    const l = loop(t, undefined, { idle: 60 });
+    const l = loop(t, undefined, { idle: 60, wakeup });
     await until(() => l.seen.length === 3, 'the rest, released');
     assert.equal(await l.finish(), 3);
     assert.deepEqual(l.keys().sort(), rest);
     assert.ok(l.seen.every((e) => e.attempt === 1));
   });
+  }
 
   it('redelivers after a SIGKILL between handler and ack; the receiver dedupes by key', async () => {
     const t = await freshTopic();
@@ -263,11 +285,12 @@ describe('consume', () => {
     assert.ok(Object.values(await events(t)).every((r) => r.state === 'delivered'));
   });
 
-  it('exits at once on SIGTERM while idle', async () => {
+  for (const wakeup of ['notify', 'wait']) {
+  it(`exits at once on SIGTERM while idle (wakeup ${wakeup}: a 60 s LISTEN or idem_outbox_wait)`, async () => {
     const t = await freshTopic();
     const log = logFile();
-    const { p, exited } = proc(t, log);
-    await waitUntilSleeping();
+    const { p, exited } = proc(t, log, { wakeup });
+    await (wakeup === 'wait' ? waitUntilWaiting() : waitUntilSleeping());
     const t0 = Date.now();
     p.kill('SIGTERM');
     const { code, out } = await exited;
@@ -275,5 +298,110 @@ describe('consume', () => {
     assert.ok(Date.now() - t0 < 2000);
     await until(() => out() !== '', 'output');
     assert.equal(out(), '0');
+  });
+  }
+});
+
+// wakeup 'wait': idem_outbox_wait instead of LISTEN, producers without NOTIFY
+describe('consume, wakeup wait', () => {
+  it('delivers a commit at once with the producers\' NOTIFY off', async () => {
+    const t = await freshTopic();
+    const heard = [];
+    const listener = new pg.Client(env.targets.direct);
+    await listener.connect();
+    listener.on('notification', (n) => { if (n.payload === t) heard.push(n); });
+    await listener.query('LISTEN idem_outbox');
+    try {
+      const l = loop(t, undefined, { idle: 60, wakeup: 'wait' });
+      await waitUntilWaiting();
+      const t0 = Date.now();
+      await publishQuiet(t, 'a');
+      await until(() => l.seen.length === 1, 'the delivery', 5000);
+      assert.ok(Date.now() - t0 < 3000); // woken by the commit, not the 60 s timeout
+      await waitUntilWaiting(); // waiting again, for the next one
+      await publishQuiet(t, 'b');
+      await until(() => l.seen.length === 2, 'the second delivery', 5000);
+      assert.ok(Date.now() - t0 < 6000);
+      assert.equal(await l.finish(), 2);
+      assert.equal((await events(t)).b.state, 'delivered');
+      await listener.query('SELECT 1'); // reads what has arrived
+      assert.deepEqual(heard, []); // no NOTIFY was sent
+    } finally {
+      await listener.end();
+    }
+  });
+
+  it('stops a 60 s wait at once on abort (the cancel)', async () => {
+    const t = await freshTopic();
+    const l = loop(t, undefined, { idle: 60, wakeup: 'wait' });
+    await waitUntilWaiting();
+    const t0 = Date.now();
+    assert.equal(await l.finish(), 0); // resolved, not rejected
+    assert.ok(Date.now() - t0 < 3000);
+    await until(async () => (await waitingCount()) === 0, "the server's wait to end", 2000);
+  });
+
+  for (const db of ['pgbouncer', 'idemone']) {
+    it(`delivers through PgBouncer in transaction mode (${db}) and stops through it`, async () => {
+      // idemone: a pool of one server connection, which the wait holds
+      const config = db === 'idemone' ? env.pooledOne : env.targets.pgbouncer;
+      const t = await freshTopic();
+      const l = loop(t, undefined, { idle: 60, wakeup: 'wait' }, config);
+      for (const [n, k] of ['a', 'b', 'c'].entries()) {
+        await waitUntilWaiting();
+        const t0 = Date.now();
+        await publishQuiet(t, k);
+        await until(() => l.seen.length === n + 1, `delivery ${n + 1}`, 5000);
+        assert.ok(Date.now() - t0 < 3000);
+      }
+      await waitUntilWaiting();
+      const t0 = Date.now();
+      assert.equal(await l.finish(), 3); // the abort's cancel goes through PgBouncer too
+      assert.ok(Date.now() - t0 < 3000);
+      assert.deepEqual(l.keys().sort(), ['a', 'b', 'c']);
+      assert.ok(Object.values(await events(t)).every((r) => r.state === 'delivered'));
+      // PgBouncer outlived the cancel (1.18 dies if the canceller closes first)
+      const c = new pg.Client(config);
+      await c.connect();
+      assert.equal((await c.query('SELECT 1 AS one')).rows[0].one, 1);
+      await c.end();
+    });
+  }
+
+  it('replaces a lost connection', async () => {
+    const t = await freshTopic();
+    const l = loop(t, undefined, { idle: 60, wakeup: 'wait' });
+    await waitUntilWaiting();
+    await env.admin.query("SELECT pg_terminate_backend(pid) FROM pg_stat_activity" +
+      " WHERE query LIKE 'SELECT idem_outbox_wait(%' AND pid <> pg_backend_pid()");
+    await sleep(500);
+    await waitUntilWaiting(); // a new session, waiting again
+    await publishQuiet(t, 'a');
+    await until(() => l.seen.length === 1, 'the delivery after reconnecting', 5000);
+    assert.equal(await l.finish(), 1);
+  });
+
+  it('rejects with an error naming shared_preload_libraries when idem is not preloaded', async () => {
+    const plain = await start({ preload: false, pooler: false });
+    try {
+      await plain.admin.query("SELECT idem_outbox_create_topic('plain')");
+      const ac = new AbortController();
+      const done = idem.consume(connectTo(plain.targets.direct), 'plain', () => {},
+        { idle: 60, wakeup: 'wait', signal: ac.signal, log: quiet });
+      let timer;
+      const late = new Promise((resolve) => { timer = setTimeout(() => resolve('still running'), 5000); });
+      try {
+        const outcome = await Promise.race([done.then(() => 'resolved', (e) => e), late]);
+        assert.ok(outcome instanceof idem.IdemError, String(outcome));
+        assert.equal(outcome.sqlstate, '55000');
+        assert.match(outcome.message, /shared_preload_libraries/);
+      } finally {
+        clearTimeout(timer);
+        ac.abort();
+        await done.catch(() => {});
+      }
+    } finally {
+      await plain.stop();
+    }
   });
 });

@@ -1,8 +1,9 @@
 """A throwaway PostgreSQL cluster (Unix socket and loopback TCP) with idem
-installed, a PgBouncer in transaction mode in front of it, and a TCP proxy
-that can lose the acknowledgement of a COMMIT: for the tests (conftest.py)
-and the returns agent demo, which needs no pytest.  Run as the cluster user
-(initdb refuses root); PG_CONFIG names the installation."""
+installed and preloaded, a PgBouncer in transaction mode in front of it,
+and a TCP proxy that can lose the acknowledgement of a COMMIT: for the
+tests (conftest.py) and the returns agent demo, which needs no pytest.  Run
+as the cluster user (initdb refuses root); PG_CONFIG names the
+installation."""
 
 import os
 import shutil
@@ -42,7 +43,9 @@ def wait_for(dsn, timeout=30):
 
 
 class Cluster:
-    def __init__(self):
+    """preload: idem in shared_preload_libraries (idem_outbox_wait needs it)."""
+
+    def __init__(self, preload=True):
         self.dir = tempfile.mkdtemp(prefix="idem-pytest.")
         self.port = free_port()
         data = os.path.join(self.dir, "data")
@@ -52,6 +55,8 @@ class Cluster:
             f.write(f"listen_addresses = '127.0.0.1'\nport = {self.port}\n"
                     f"unix_socket_directories = '{self.dir}'\n"
                     "max_connections = 40\n")
+            if preload:
+                f.write("shared_preload_libraries = 'idem'\n")
         self.data = data
         subprocess.run([os.path.join(BINDIR, "pg_ctl"), "-D", data, "-w", "-l",
                         os.path.join(self.dir, "log"), "start"], check=True,

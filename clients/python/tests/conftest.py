@@ -21,6 +21,14 @@ def cluster():
 
 
 @pytest.fixture(scope="session")
+def plain_cluster():
+    """A cluster without idem in shared_preload_libraries, made on demand."""
+    c = Cluster(preload=False)
+    yield c
+    c.stop()
+
+
+@pytest.fixture(scope="session")
 def bouncer(cluster):
     b = Bouncer(cluster)
     yield b

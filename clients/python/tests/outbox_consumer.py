@@ -3,7 +3,7 @@ handler that "delivers" each event by appending its key and attempt to a
 file (the receiver's log), so the tests can see what ran before a signal.
 
   outbox_consumer.py DSN TOPIC LOG [--lease S] [--max-events N]
-                     [--handler-seconds S] [--kill-after N]
+                     [--handler-seconds S] [--kill-after N] [--wakeup notify|wait]
 
 --handler-seconds: each delivery takes that long (a SIGTERM can land in it).
 --kill-after N: SIGKILL itself right after the N-th delivery, before its ack.
@@ -28,6 +28,7 @@ ap.add_argument("--lease", type=float, default=2)
 ap.add_argument("--max-events", type=int, default=10)
 ap.add_argument("--handler-seconds", type=float, default=0)
 ap.add_argument("--kill-after", type=int, default=0)
+ap.add_argument("--wakeup", default="notify")
 a = ap.parse_args()
 
 delivered = 0
@@ -44,4 +45,4 @@ def handler(event):
 
 
 print(idem.consume(lambda: psycopg.connect(a.dsn), a.topic, handler, lease=a.lease,
-                   max_events=a.max_events, idle=60), flush=True)
+                   max_events=a.max_events, idle=60, wakeup=a.wakeup), flush=True)

@@ -1,8 +1,10 @@
 """The outbox consumer loop, idem_client.consume(), against a real server.
 
-The consumer connects directly: LISTEN needs its own session, which
-PgBouncer in transaction mode does not give (see consume's docstring).
-The producers publish through both targets, like the other tests."""
+With wakeup="notify" the consumer connects directly: LISTEN needs its own
+session, which PgBouncer in transaction mode does not give (see consume's
+docstring); with wakeup="wait" (idem_outbox_wait, the cluster preloads
+idem) it also runs through PgBouncer.  The producers publish through both
+targets, like the other tests."""
 
 import datetime
 import logging
@@ -64,7 +66,7 @@ def until(predicate, timeout=10, what="condition"):
 class Loop:
     """consume() in a thread, with a stop event and the handler's calls."""
 
-    def __init__(self, dsn, topic, handler=None, **kw):
+    def __init__(self, dsn, topic, handler=None, connect_kw=None, **kw):
         self.seen = []
         self.stop = threading.Event()
         self.result = None
@@ -77,7 +79,8 @@ class Loop:
 
         def run():
             try:
-                self.result = idem.consume(lambda: psycopg.connect(dsn), topic, h,
+                self.result = idem.consume(lambda: psycopg.connect(dsn, **(connect_kw or {})),
+                                           topic, h,
                                            stop=self.stop, **kw)
             except BaseException as e:  # the test asserts the loop did not die
                 self.error = e
@@ -89,10 +92,13 @@ class Loop:
 
     def finish(self, timeout=5):
         self.stop.set()
-        self.thread.join(timeout)
+        self.join(timeout)
         assert not self.thread.is_alive(), "consume() did not return after stop"
         assert self.error is None, f"consume() raised {self.error!r}"
         return self.result
+
+    def join(self, timeout):
+        self.thread.join(timeout)
 
 
 def test_delivers_and_acks(cluster, connect, topic, admin):
@@ -187,8 +193,9 @@ def test_lost_connection_is_replaced(cluster, connect, topic, admin):
     assert events(admin, topic)["a"]["state"] == "delivered"
 
 
+@pytest.mark.parametrize("wakeup", ["notify", "wait"])
 @pytest.mark.parametrize("outcome", ["ack", "fail"])
-def test_lease_taken_over_is_skipped(cluster, topic, admin, caplog, outcome):
+def test_lease_taken_over_is_skipped(cluster, topic, admin, caplog, outcome, wakeup):
     # the handler outlives its 1 s lease and another consumer takes the
     # event over: the late ack or fail is fenced (ID412), the loop logs it
     # and goes on
@@ -202,7 +209,7 @@ def test_lease_taken_over_is_skipped(cluster, topic, admin, caplog, outcome):
             if outcome == "fail":
                 raise RuntimeError("late failure")
     caplog.set_level(logging.WARNING, logger="idem_client")
-    loop = Loop(cluster.dsn(), topic, handler, lease=1, idle=60)
+    loop = Loop(cluster.dsn(), topic, handler, lease=1, idle=60, wakeup=wakeup)
     assert started.wait(10)
     time.sleep(1.2)
     stolen = admin.execute("SELECT key FROM idem_outbox_claim(%s, 10, '30 s', 'thief')",
@@ -237,10 +244,12 @@ def lines(path):
         return f.read().split("\n")[:-1]
 
 
-def test_sigterm_finishes_the_event_and_exits_0(cluster, topic, admin, tmp_path):
+@pytest.mark.parametrize("wakeup", ["notify", "wait"])
+def test_sigterm_finishes_the_event_and_exits_0(cluster, topic, admin, tmp_path, wakeup):
     publish(direct(cluster), topic, "a", "b", "c", "d")
     log = str(tmp_path / "deliveries")
-    p = consumer_proc(cluster, topic, log, "--lease", "2", "--handler-seconds", "1")
+    p = consumer_proc(cluster, topic, log, "--lease", "2", "--handler-seconds", "1",
+                      "--wakeup", wakeup)
     until(lambda: len(lines(log)) == 1, what="the first delivery")
     p.send_signal(signal.SIGTERM)            # inside the first handler
     out, _ = p.communicate(timeout=10)
@@ -255,7 +264,7 @@ def test_sigterm_finishes_the_event_and_exits_0(cluster, topic, admin, tmp_path)
     # the claim's attempt not counted, so anyone takes it at once as the
     # first attempt, well before its 2 s lease would have ended
     assert all(rows[k]["state"] == "pending" and rows[k]["attempts"] == 0 for k in rest)
-    loop = Loop(cluster.dsn(), topic, idle=60)
+    loop = Loop(cluster.dsn(), topic, idle=60, wakeup=wakeup)
     until(lambda: len(loop.seen) == 3, what="the rest, released")
     assert loop.finish() == 3
     assert sorted(loop.keys()) == rest and all(e["attempt"] == 1 for e in loop.seen)
@@ -303,3 +312,120 @@ def test_sigkill_after_the_handler_redelivers_and_the_receiver_dedupes(
     assert [a for k, a in attempts if k == killed_key] == ["1", "2"]   # delivered twice
     assert len(effects) == 3                                          # one effect per event
     assert all(r["state"] == "delivered" for r in events(admin, topic).values())
+
+
+# wakeup="wait": idem_outbox_wait instead of LISTEN, producers without NOTIFY
+
+def publish_quiet(cluster, topic, *keys):
+    """publish() with the producer's NOTIFY off (idem.outbox_notify)."""
+    publish(lambda: psycopg.connect(cluster.dsn() + " options='-c idem.outbox_notify=off'"),
+            topic, *keys)
+
+
+@pytest.fixture
+def listener(cluster):
+    """A session listening on idem_outbox: the NOTIFYs producers sent."""
+    heard = []
+    with psycopg.connect(cluster.dsn(), autocommit=True) as c:
+        c.add_notify_handler(heard.append)
+        c.execute("LISTEN idem_outbox")
+
+        def heard_now():
+            c.execute("SELECT 1")   # reads what has arrived
+            return heard
+        yield heard_now
+
+
+def wait_until_waiting(admin, what="the consumer's idem_outbox_wait"):
+    """A session is inside idem_outbox_wait() (after an empty claim)."""
+    until(lambda: admin.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE state = 'active'"
+        " AND query LIKE 'SELECT idem_outbox_wait(%%' AND pid <> pg_backend_pid()").fetchone()[0] > 0,
+        what=what)
+
+
+def no_wait_running(admin):
+    return admin.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE state = 'active'"
+        " AND query LIKE 'SELECT idem_outbox_wait(%%' AND pid <> pg_backend_pid()").fetchone()[0] == 0
+
+
+def test_wait_mode_delivers_a_commit_without_notify(cluster, topic, admin, listener):
+    loop = Loop(cluster.dsn(), topic, idle=60, wakeup="wait")
+    wait_until_waiting(admin)
+    t = time.time()
+    publish_quiet(cluster, topic, "a")
+    until(lambda: len(loop.seen) == 1, timeout=5, what="the delivery")
+    assert time.time() - t < 3    # woken by the commit, not the 60 s timeout
+    wait_until_waiting(admin)     # waiting again, for the next one
+    publish_quiet(cluster, topic, "b")
+    until(lambda: len(loop.seen) == 2, timeout=5, what="the second delivery")
+    assert time.time() - t < 6
+    assert loop.finish() == 2
+    assert events(admin, topic)["b"]["state"] == "delivered"
+    assert [n for n in listener() if n.payload == topic] == []   # no NOTIFY was sent
+
+
+def test_wait_mode_stop_cancels_a_long_wait(cluster, topic, admin):
+    loop = Loop(cluster.dsn(), topic, idle=60, wakeup="wait")
+    wait_until_waiting(admin)
+    t = time.time()
+    assert loop.finish(timeout=3) == 0    # returned normally, 0 acked
+    assert time.time() - t < 3
+    until(lambda: no_wait_running(admin), timeout=2, what="the server's wait to end")
+
+
+def test_wait_mode_sigterm_while_waiting_exits_at_once(cluster, topic, admin, tmp_path):
+    p = consumer_proc(cluster, topic, str(tmp_path / "deliveries"), "--wakeup", "wait")
+    wait_until_waiting(admin)
+    t = time.time()
+    p.send_signal(signal.SIGTERM)
+    out, _ = p.communicate(timeout=10)
+    assert p.returncode == 0 and out.strip() == "0"
+    assert time.time() - t < 3                # not the 60 s wait
+
+
+@pytest.mark.parametrize("db", ["idemtest", "idemone"])
+def test_wait_mode_through_pgbouncer(cluster, bouncer, topic, admin, db):
+    # idemone: a pool of one server connection, which the wait holds
+    loop = Loop(bouncer.dsn(db), topic, idle=60, wakeup="wait",
+                connect_kw={"prepare_threshold": None})
+    for n, key in enumerate(["a", "b", "c"], 1):
+        wait_until_waiting(admin)
+        t = time.time()
+        publish_quiet(cluster, topic, key)
+        until(lambda: len(loop.seen) == n, timeout=5, what=f"delivery {n}")
+        assert time.time() - t < 3
+    wait_until_waiting(admin)
+    t = time.time()
+    assert loop.finish(timeout=3) == 3    # the stop's cancel goes through PgBouncer too
+    assert time.time() - t < 3
+    assert sorted(loop.keys()) == ["a", "b", "c"]
+    assert all(r["state"] == "delivered" for r in events(admin, topic).values())
+    with psycopg.connect(bouncer.dsn(db)) as c:   # PgBouncer outlived the cancel
+        assert c.execute("SELECT 1").fetchone() == (1,)
+
+
+def test_wait_mode_lost_connection_is_replaced(cluster, topic, admin):
+    loop = Loop(cluster.dsn(), topic, idle=60, wakeup="wait")
+    wait_until_waiting(admin)
+    admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                  " WHERE query LIKE 'SELECT idem_outbox_wait(%%' AND pid <> pg_backend_pid()")
+    time.sleep(0.5)
+    wait_until_waiting(admin)   # a new session, waiting again
+    publish_quiet(cluster, topic, "a")
+    until(lambda: len(loop.seen) == 1, timeout=5, what="the delivery after reconnecting")
+    assert loop.finish() == 1
+
+
+def test_wait_mode_needs_shared_preload_libraries(plain_cluster):
+    with psycopg.connect(plain_cluster.dsn(), autocommit=True) as c:
+        c.execute("SELECT idem_outbox_create_topic('plain')")
+    loop = Loop(plain_cluster.dsn(), "plain", idle=60, wakeup="wait")
+    loop.join(5)
+    alive = loop.thread.is_alive()
+    loop.stop.set()
+    assert not alive, "consume() went on without idem_outbox_wait"
+    assert isinstance(loop.error, idem.IdemError), repr(loop.error)
+    assert loop.error.sqlstate == "55000"
+    assert "shared_preload_libraries" in str(loop.error)
