@@ -324,9 +324,12 @@ CREATE INDEX outbox_run_idx ON idem.outbox (run_id)
 	WHERE run_id IS NOT NULL AND state OPERATOR(pg_catalog.=) ANY
 		  (ARRAY['pending', 'leased']::pg_catalog.text[]);
 
+-- With wait, a claim that finds nothing sleeps until an event of the topic
+-- commits (as idem_outbox_wait does, at most wait) and claims once more:
+-- one statement, so one server session even behind a transaction pooler.
 CREATE FUNCTION @extschema@.idem_outbox_claim(topic text,
 	max_events integer DEFAULT 10, lease interval DEFAULT '30 s',
-	consumer text DEFAULT NULL)
+	consumer text DEFAULT NULL, wait interval DEFAULT NULL)
 RETURNS TABLE (event_id uuid, key text, owner regrole, topic text,
 	payload pg_catalog.jsonb, run_id text, step text, attempt integer,
 	lease_token uuid, created_at timestamptz, lease_until timestamptz)
@@ -423,7 +426,7 @@ SELECT o.event_id, o.topic, o.key, o.owner, o.run_id, o.step,
 
 -- Consuming, operating and administering topics are granted by an
 -- administrator, never to PUBLIC.
-REVOKE ALL ON FUNCTION @extschema@.idem_outbox_claim(text, integer, interval, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.idem_outbox_claim(text, integer, interval, text, interval) FROM PUBLIC;
 REVOKE ALL ON FUNCTION @extschema@.idem_outbox_ack(uuid, uuid) FROM PUBLIC;
 REVOKE ALL ON FUNCTION @extschema@.idem_outbox_ack_batch(uuid[], uuid[]) FROM PUBLIC;
 REVOKE ALL ON FUNCTION @extschema@.idem_outbox_fail(uuid, uuid, text, interval) FROM PUBLIC;

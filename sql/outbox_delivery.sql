@@ -26,7 +26,7 @@ SELECT p.oid::regprocedure AS function,
 	   has_function_privilege('regress_ob_other', p.oid, 'EXECUTE') AS other_may_execute
   FROM pg_proc p WHERE p.proname LIKE 'idem_outbox%' ORDER BY 1::text;
 SELECT has_table_privilege('regress_ob_other', 'idem_outbox_events', 'SELECT') AS other_may_read_view;
-GRANT EXECUTE ON FUNCTION idem_outbox_claim(text, integer, interval, text),
+GRANT EXECUTE ON FUNCTION idem_outbox_claim(text, integer, interval, text, interval),
 	idem_outbox_ack(uuid, uuid), idem_outbox_ack_batch(uuid[], uuid[]),
 	idem_outbox_fail(uuid, uuid, text, interval)
 	TO regress_ob_consumer, regress_ob_other;
@@ -562,8 +562,12 @@ SELECT idem_outbox_wait('no such topic', '0');
 SET ROLE regress_ob_other;
 SELECT idem_outbox_wait('ext', '0');
 SET ROLE regress_ob_consumer;
+SELECT * FROM idem_outbox_claim('ext', wait => '-1 s');
+SELECT * FROM idem_outbox_claim('ext', wait => '2 hours');
 \set VERBOSITY default
 SELECT idem_outbox_wait('ext', '1 hour');
+SELECT * FROM idem_outbox_claim('ext', wait => '1 s');
+SELECT * FROM idem_outbox_claim('ext', wait => NULL);
 RESET ROLE;
 
 DROP TABLE ob_jitter, ob_claimed, ob_pay CASCADE;
@@ -571,7 +575,7 @@ DROP FUNCTION ob_reclaim(text), ob_fail_delay(text, int, interval);
 DELETE FROM idem.outbox WHERE key LIKE 'ob:%';
 DELETE FROM idem.keys WHERE key LIKE 'ob:%';
 DELETE FROM idem.outbox_topics WHERE topic IN ('pay', 'mail', 'ext');
-REVOKE ALL ON FUNCTION idem_outbox_claim(text, integer, interval, text),
+REVOKE ALL ON FUNCTION idem_outbox_claim(text, integer, interval, text, interval),
 	idem_outbox_ack(uuid, uuid), idem_outbox_ack_batch(uuid[], uuid[]),
 	idem_outbox_fail(uuid, uuid, text, interval),
 	idem_outbox_wait(text, interval)

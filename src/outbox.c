@@ -733,67 +733,60 @@ checked_lease(Interval *lease)
 	return lease_us;
 }
 
-Datum
-idem_outbox_claim(PG_FUNCTION_ARGS)
+/* the longest wait: it holds a snapshot, as any running statement does */
+#define OUTBOX_MAX_WAIT_S	3600
+
+/*
+ * A wait's timeout as milliseconds, once the wait is known to be possible:
+ * in bounds, and with the shared memory it sleeps on.
+ */
+static long
+checked_wait(Interval *timeout)
 {
-	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
-	Oid			caller = GetUserId();
-	char	   *topic;
-	int32		max_events;
-	Interval   *lease;
-	int64		lease_us;
-	char	   *consumer;
-	TimestampTz now;
-	TupleDesc	tupdesc;
-	Tuplestorestate *store;
-	MemoryContext oldcxt;
-	IdemOwnerSPI	spi;
+	int64		timeout_us = interval_usecs(timeout);
+
+	if (timeout_us < 0 || timeout_us > (int64) OUTBOX_MAX_WAIT_S * USECS_PER_SEC)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("timeout must be between 0 and %d s", OUTBOX_MAX_WAIT_S),
+				 errdetail("A waiting statement holds its snapshot, which keeps VACUUM from removing rows deleted since it began."),
+				 idem_errhint(ERRCODE_INVALID_PARAMETER_VALUE, NULL)));
+	return (long) (timeout_us / 1000);
+}
+
+static void
+check_can_wait(const char *what)
+{
+	if (!idem_wakeup_available())
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("%s needs shared memory", what),
+				 errdetail("idem is not in shared_preload_libraries."),
+				 idem_errhint(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+							  "Add idem to shared_preload_libraries and restart the server, or LISTEN idem_outbox instead.")));
+}
+
+/*
+ * One claim of topic by caller into store: leases from now.  Returns the
+ * events leased (dead letters made on the way are counted, not returned).
+ */
+static uint64
+claim_into(const char *topic, int32 max_events, int64 lease_us, Oid caller,
+		   const char *consumer, Tuplestorestate *store, TupleDesc tupdesc)
+{
+	IdemOwnerSPI spi;
 	Datum		values[7];
 	char		nulls[7] = {' ', ' ', ' ', ' ', ' ', ' ', ' '};
 	uint64		dead = 0;
-
-	if (rsinfo == NULL || !IsA(rsinfo, ReturnSetInfo) ||
-		(rsinfo->allowedModes & SFRM_Materialize) == 0)
-		ereport(ERROR,
-				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
-				 errmsg("idem_outbox_claim() must be called in a context that accepts a set"),
-				 idem_errhint(ERRCODE_FEATURE_NOT_SUPPORTED, NULL)));
-
-	arg_not_null(fcinfo, 0, "topic");
-	arg_not_null(fcinfo, 1, "max_events");
-	arg_not_null(fcinfo, 2, "lease");
-	topic = text_to_cstring(PG_GETARG_TEXT_PP(0));
-	max_events = PG_GETARG_INT32(1);
-	lease = PG_GETARG_INTERVAL_P(2);
-	consumer = PG_ARGISNULL(3) ? psprintf("pid %d", MyProcPid) :
-		text_to_cstring(PG_GETARG_TEXT_PP(3));
-
-	if (max_events <= 0 || max_events > OUTBOX_MAX_CLAIM)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("max_events must be between 1 and %d", OUTBOX_MAX_CLAIM),
-				 errdetail("max_events is %d.", max_events),
-				 idem_errhint(ERRCODE_INVALID_PARAMETER_VALUE, NULL)));
-	lease_us = checked_lease(lease);
-	check_name("consumer", consumer);
-	check_name("outbox topic", topic);
-	idem_check_can_write("idem_outbox_claim()");
-	check_topic(topic, caller, TOPIC_CONSUME);
-
-	if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE)
-		elog(ERROR, "return type must be a row type");
-
-	oldcxt = MemoryContextSwitchTo(rsinfo->econtext->ecxt_per_query_memory);
-	tupdesc = CreateTupleDescCopy(tupdesc);
-	store = tuplestore_begin_heap(true, false, work_mem);
-	MemoryContextSwitchTo(oldcxt);
+	uint64		claimed;
 
 	/*
 	 * Clock time, not the transaction's start: a consumer loop in one
 	 * procedure call must see events that became due since, and its lease
 	 * must run from now.
 	 */
-	now = GetCurrentTimestamp();
+	TimestampTz now = GetCurrentTimestamp();
+
 	values[0] = PointerGetDatum(cstring_to_text(topic));
 	values[1] = TimestampTzGetDatum(now);
 	values[2] = Int32GetDatum(max_events);
@@ -818,9 +811,82 @@ idem_outbox_claim(PG_FUNCTION_ARGS)
 		else
 			tuplestore_putvalues(store, tupdesc, row, rownulls);
 	}
-	idem_stats_count(IDEM_STAT_OUTBOX_CLAIMED, SPI_processed - dead);
+	claimed = SPI_processed - dead;
+	idem_stats_count(IDEM_STAT_OUTBOX_CLAIMED, claimed);
 	idem_stats_count(IDEM_STAT_OUTBOX_DEAD, dead);
 	idem_owner_spi_end(&spi);
+	return claimed;
+}
+
+Datum
+idem_outbox_claim(PG_FUNCTION_ARGS)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	Oid			caller = GetUserId();
+	char	   *topic;
+	int32		max_events;
+	Interval   *lease;
+	int64		lease_us;
+	char	   *consumer;
+	long		wait_ms;
+	TupleDesc	tupdesc;
+	Tuplestorestate *store;
+	MemoryContext oldcxt;
+
+	if (rsinfo == NULL || !IsA(rsinfo, ReturnSetInfo) ||
+		(rsinfo->allowedModes & SFRM_Materialize) == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("idem_outbox_claim() must be called in a context that accepts a set"),
+				 idem_errhint(ERRCODE_FEATURE_NOT_SUPPORTED, NULL)));
+
+	arg_not_null(fcinfo, 0, "topic");
+	arg_not_null(fcinfo, 1, "max_events");
+	arg_not_null(fcinfo, 2, "lease");
+	topic = text_to_cstring(PG_GETARG_TEXT_PP(0));
+	max_events = PG_GETARG_INT32(1);
+	lease = PG_GETARG_INTERVAL_P(2);
+	consumer = PG_ARGISNULL(3) ? psprintf("pid %d", MyProcPid) :
+		text_to_cstring(PG_GETARG_TEXT_PP(3));
+	wait_ms = PG_ARGISNULL(4) ? 0 : checked_wait(PG_GETARG_INTERVAL_P(4));
+
+	if (max_events <= 0 || max_events > OUTBOX_MAX_CLAIM)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("max_events must be between 1 and %d", OUTBOX_MAX_CLAIM),
+				 errdetail("max_events is %d.", max_events),
+				 idem_errhint(ERRCODE_INVALID_PARAMETER_VALUE, NULL)));
+	lease_us = checked_lease(lease);
+	check_name("consumer", consumer);
+	check_name("outbox topic", topic);
+	idem_check_can_write("idem_outbox_claim()");
+	check_topic(topic, caller, TOPIC_CONSUME);
+	if (!PG_ARGISNULL(4))
+	{
+		check_can_wait("idem_outbox_claim() with a wait");
+		/* its second claim would see what its first saw */
+		if (IsolationUsesXactSnapshot())
+			ereport(ERROR,
+					(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+					 errmsg("idem_outbox_claim() with a wait needs READ COMMITTED"),
+					 errdetail("The transaction's isolation level is %s.",
+							   IsolationIsSerializable() ? "SERIALIZABLE" : "REPEATABLE READ"),
+					 idem_errhint(ERRCODE_FEATURE_NOT_SUPPORTED, "Claim without a wait, or in a READ COMMITTED transaction.")));
+	}
+
+	if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE)
+		elog(ERROR, "return type must be a row type");
+
+	oldcxt = MemoryContextSwitchTo(rsinfo->econtext->ecxt_per_query_memory);
+	tupdesc = CreateTupleDescCopy(tupdesc);
+	store = tuplestore_begin_heap(true, false, work_mem);
+	MemoryContextSwitchTo(oldcxt);
+
+	if (claim_into(topic, max_events, lease_us, caller, consumer, store,
+				   tupdesc) == 0 && wait_ms > 0 &&
+		idem_wakeup_wait(topic, wait_ms))
+		(void) claim_into(topic, max_events, lease_us, caller, consumer,
+						  store, tupdesc);
 
 	rsinfo->returnMode = SFRM_Materialize;
 	rsinfo->setResult = store;
@@ -1293,9 +1359,6 @@ idem_outbox_release(PG_FUNCTION_ARGS)
 	PG_RETURN_VOID();
 }
 
-/* the longest wait: it holds a snapshot, as any running statement does */
-#define OUTBOX_MAX_WAIT_S	3600
-
 /*
  * idem_outbox_wait
  *		Sleep until an event of topic is committed after this session's
@@ -1310,29 +1373,17 @@ Datum
 idem_outbox_wait(PG_FUNCTION_ARGS)
 {
 	char	   *topic;
-	int64		timeout_us;
+	long		timeout_ms;
 
 	arg_not_null(fcinfo, 0, "topic");
 	arg_not_null(fcinfo, 1, "timeout");
 	topic = text_to_cstring(PG_GETARG_TEXT_PP(0));
-	timeout_us = interval_usecs(PG_GETARG_INTERVAL_P(1));
-	if (timeout_us < 0 || timeout_us > (int64) OUTBOX_MAX_WAIT_S * USECS_PER_SEC)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("timeout must be between 0 and %d s", OUTBOX_MAX_WAIT_S),
-				 errdetail("A waiting statement holds its snapshot, which keeps VACUUM from removing rows deleted since it began."),
-				 idem_errhint(ERRCODE_INVALID_PARAMETER_VALUE, NULL)));
+	timeout_ms = checked_wait(PG_GETARG_INTERVAL_P(1));
 	check_name("outbox topic", topic);
 	check_topic(topic, GetUserId(), TOPIC_CONSUME);
-	if (!idem_wakeup_available())
-		ereport(ERROR,
-				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-				 errmsg("idem_outbox_wait() needs shared memory"),
-				 errdetail("idem is not in shared_preload_libraries."),
-				 idem_errhint(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
-							  "Add idem to shared_preload_libraries and restart the server, or LISTEN idem_outbox instead.")));
+	check_can_wait("idem_outbox_wait()");
 
-	PG_RETURN_BOOL(idem_wakeup_wait(topic, (long) (timeout_us / 1000)));
+	PG_RETURN_BOOL(idem_wakeup_wait(topic, timeout_ms));
 }
 
 /* ------------------------------------------------------------------------

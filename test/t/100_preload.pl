@@ -87,7 +87,7 @@ ALTER SYSTEM SET idem.max_response_size = '4kB';
 	# turn off the CDC messages an administrator turned on
 	$node->safe_psql('postgres', q{
 SELECT idem_outbox_create_topic('pay', publishers => '{alice}', consumers => '{bob}');
-GRANT EXECUTE ON FUNCTION idem_outbox_claim(text, integer, interval, text),
+GRANT EXECUTE ON FUNCTION idem_outbox_claim(text, integer, interval, text, interval),
 	idem_outbox_ack(uuid, uuid) TO bob;
 LOAD 'idem';
 ALTER SYSTEM SET idem.outbox_logical_message = on;

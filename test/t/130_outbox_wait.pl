@@ -15,6 +15,9 @@
 #    wake a waiter.
 # 6. A cancel ends the wait with 57014 and the session carries on.
 # 7. After a claim in REPEATABLE READ the wait is for later commits only.
+# 8. idem_outbox_claim(..., wait => t): nothing committed, it returns nothing
+#    after t; a commit during its wait, it returns the event at once; with
+#    events due it does not wait; in REPEATABLE READ it is refused.
 
 use strict;
 use warnings FATAL => 'all';
@@ -161,6 +164,30 @@ $consumer->query_safe('COMMIT');
 is($w, 'f',
 	'after a claim in REPEATABLE READ the wait is for later commits only');
 is(claim($consumer), '1', 'that event is claimed by the next claim');
+
+# 8. a claim with a wait: one statement, so one server session
+my $claimed = q{SELECT count(*), round(extract(epoch FROM clock_timestamp() - statement_timestamp())::numeric, 1)
+  FROM idem_outbox_claim('orders', 10, '30 s', wait => };
+($w, $secs) = split /\|/, $consumer->query_safe("$claimed '700 ms')");
+is($w, '0', 'a claim with a wait and nothing committed returns nothing');
+cmp_ok($secs, '>=', 0.7, "after its wait ($secs s)");
+$consumer->query_until(qr/waiting/, "\\echo waiting\n$claimed '60 s');\n");
+wait_for_backend($node, $consumer_pid, "wait_event_type = 'Extension'");
+$producer->query_safe(call('w-claim-wait'));
+$out = $consumer->query_until(qr/^\d+\|/m, '');
+($w, $secs) = split /\|/, $out;
+is($w, '1', 'a commit during the wait: the claim returns its event');
+cmp_ok($secs, '<', 5, "at once ($secs s)");
+is( $node->safe_psql('postgres',
+		"SELECT state FROM idem.outbox WHERE key = 'w-claim-wait'"),
+	'leased', 'leased by that claim');
+$producer->query_safe(call('w-claim-now'));
+is($consumer->query_safe("SELECT count(*) FROM idem_outbox_claim('orders', 10, '30 s', wait => '60 s')"),
+	'1', 'a claim with a wait that finds events returns them without waiting');
+my ($ret, $stdout, $stderr) = $node->psql('postgres',
+	"\\set VERBOSITY sqlstate\nBEGIN ISOLATION LEVEL REPEATABLE READ;\n"
+	  . "SELECT * FROM idem_outbox_claim('orders', wait => '1 s');");
+like($stderr, qr/ERROR:  0A000/, 'a claim with a wait in REPEATABLE READ is refused (0A000)');
 
 $_->quit for ($consumer, $second, $listener, $producer, $elsewhere);
 $node->stop;

@@ -17,7 +17,7 @@ END
 $$;
 CREATE EXTENSION idem;
 SELECT idem_outbox_create_topic('payments', publishers => '{bench}', consumers => '{bench}');
-GRANT EXECUTE ON FUNCTION idem_outbox_claim(text, integer, interval, text),
+GRANT EXECUTE ON FUNCTION idem_outbox_claim(text, integer, interval, text, interval),
 	idem_outbox_ack(uuid, uuid), idem_outbox_ack_batch(uuid[], uuid[]) TO bench;
 CREATE SCHEMA bench AUTHORIZATION bench;
 CREATE TABLE bench.payments (
