@@ -50,6 +50,7 @@ scale_rounds=3
 max_load=""
 max_wait=1200
 install=1
+preload=0
 profile=0
 default_profile_workloads="0 8 5 6 1 2 4 3 9"
 profile_workloads=$default_profile_workloads
@@ -79,6 +80,8 @@ usage: $0 [options]
   --profile-workloads "L"  the workloads --profile counts (default
                       "$profile_workloads"; the ratios need 0 2 3 4 5 6 8 9)
   --no-install        do not build and install idem first
+  --preload           run the cluster with shared_preload_libraries = 'idem'
+                      (stats counted, outbox wakeups signalled in shared memory)
 EOF
 }
 
@@ -99,6 +102,7 @@ while [ $# -gt 0 ]; do
 		--max-load) max_load=$2; shift ;;
 		--max-wait) max_wait=$2; shift ;;
 		--no-install) install=0 ;;
+		--preload) preload=1 ;;
 		--profile) profile=1 ;;
 		--profile-workloads) profile_workloads=$2; shift ;;
 		-h|--help) usage; exit 0 ;;
@@ -168,6 +172,7 @@ shared_buffers = 1GB
 max_wal_size = 8GB
 checkpoint_timeout = 30min
 EOF
+[ $preload -eq 1 ] && echo "shared_preload_libraries = 'idem'" >>"$dir/data/postgresql.conf"
 run pg_ctl -D "$dir/data" -l "$dir/server.log" -w start >/dev/null
 
 psql_as() {
@@ -195,6 +200,7 @@ rev=$(git -C "$top" rev-parse --short HEAD 2>/dev/null || echo "?")
 git -C "$top" diff --quiet HEAD -- src 2>/dev/null || rev="$rev+uncommitted src changes"
 sofile="$("$PG_CONFIG" --pkglibdir)/idem.so"
 version="idem: tree at $rev, $sofile built $(date -u -r "$sofile" '+%Y-%m-%d %H:%M UTC')"
+[ $preload -eq 1 ] && version="$version, preloaded (shared_preload_libraries = 'idem')"
 log "$version"
 
 # --- seed the replay keys (as the role the workloads run as) ----------------
