@@ -391,6 +391,9 @@ async function consume(connect, topic, handler, { maxEvents = 10, lease = 30, co
             ` ${err.code}: ${err.message}`);
           return null;
         }
+        // a stop's cancel of the claim that arrived after it returned
+        // events: the release it hit is sent again
+        if (err.code === '57014' && stopped && !again) continue;
         if (!connectionLost(err)) throw err;
         close();
         if (again) {
