@@ -211,6 +211,9 @@ class RetryAfter extends Error {
 const CLAIM = 'SELECT event_id, key, topic, payload::text AS payload, run_id, step, attempt,' +
   ' lease_token, created_at, lease_until FROM idem_outbox_claim($1, max_events => $2::integer,' +
   ' lease => $3::interval, consumer => $4)';
+// wakeup 'wait': a claim that finds nothing waits (at most wait) for a
+// commit of the topic and claims once more, in the same statement
+const CLAIM_WAIT = `${CLAIM.slice(0, -1)}, wait => $5::interval)`;
 // ack or fail under a lease another consumer took over (ID412), or of an
 // event already delivered (ID410): the event is someone else's now
 const LOST_LEASE = new Set(['ID412', 'ID410']);
@@ -245,7 +248,7 @@ function cancelRequest(client) {
 }
 
 // Outbox consumer loop: claim, handler, ack or fail; between claims LISTEN
-// idem_outbox (wakeup 'notify') or idem_outbox_wait (wakeup 'wait').
+// idem_outbox (wakeup 'notify'), or claims that wait (wakeup 'wait').
 //
 // Claims up to maxEvents due events of topic under a lease (seconds),
 // awaits handler(event) for each outside any transaction, then acks it; a
@@ -258,14 +261,17 @@ function cancelRequest(client) {
 //
 // When nothing is due it waits for a NOTIFY of topic, and claims anyway
 // every `idle` seconds (expired leases and prepared transactions send no
-// NOTIFY).  With wakeup: 'wait' it runs SELECT idem_outbox_wait(topic,
-// idle) instead, which ends at the commit of an event of topic whether or
-// not producers send NOTIFY (idem.outbox_notify off); it needs idem in
-// shared_preload_libraries (without it consume rejects with an IdemError,
-// sqlstate 55000), EXECUTE on idem_outbox_wait, and holds a server
-// connection and a snapshot while it waits (idle at most 3600 s); a stop
-// cancels it.  Stop it with opts.signal (an AbortSignal); without one,
-// SIGTERM and SIGINT stop it (the listeners are removed on return).
+// NOTIFY).  With wakeup: 'wait' each claim is idem_outbox_claim(...,
+// wait => idle) instead: one that finds nothing waits, in the same
+// statement, until an event of topic commits (whether or not producers
+// send NOTIFY: idem.outbox_notify off) or idle seconds pass (at most 3600),
+// and claims once more.  It needs idem in shared_preload_libraries (without
+// it consume rejects with an IdemError, sqlstate 55000) and READ COMMITTED
+// (the session's default isolation; else 0A000), and holds a server
+// connection and a snapshot while it waits; a stop cancels the waiting
+// claim, which then leases nothing.  Stop it with opts.signal (an
+// AbortSignal); without one, SIGTERM and SIGINT stop it (the listeners are
+// removed on return).
 // Stopping lets the running handler finish and report; the rest of the
 // batch is handed back (idem_outbox_release: due now, attempt not counted).  A lost lease
 // (ID412) or an event already delivered (ID410) is logged and skipped; a
@@ -273,8 +279,9 @@ function cancelRequest(client) {
 //
 // LISTEN needs a session of its own: with wakeup 'notify', connect() must
 // return a pg.Client straight to the server, not through a transaction
-// pooler; wakeup 'wait' issues no LISTEN, so connect() may go through
-// PgBouncer in transaction mode.  Resolves to the number of events
+// pooler.  wakeup 'wait' issues no LISTEN, and a claim and its wait are
+// one statement, so one server session: connect() may go through PgBouncer
+// in transaction mode.  Resolves to the number of events
 // acknowledged.
 async function consume(connect, topic, handler, { maxEvents = 10, lease = 30, consumer = null,
   idle = 5, signal = null, log = console, wakeup = 'notify' } = {}) {
@@ -284,10 +291,10 @@ async function consume(connect, topic, handler, { maxEvents = 10, lease = 30, co
   let stopped = false;
   let wake = null; // resolves the current wait
   let woke = false; // a NOTIFY of our topic arrived since the last claim
-  let waiting = null; // { client, timer }: an idem_outbox_wait running
-  // A stop cancels a running idem_outbox_wait.  A cancel that reaches the
+  let waiting = null; // { client, timer }: a claim with a wait running
+  // A stop cancels a running claim with a wait.  A cancel that reaches the
   // server before the statement does is lost, so it is sent again each
-  // second until the wait ends.
+  // second until the claim ends.
   const cancelWait = () => {
     const w = waiting;
     if (!w || w.timer) return;
@@ -343,19 +350,20 @@ async function consume(connect, topic, handler, { maxEvents = 10, lease = 30, co
     const timer = setTimeout(() => { wake = null; resolve(); }, seconds * 1000);
     wake = () => { clearTimeout(timer); wake = null; resolve(); };
   });
-  // idem_outbox_wait(topic, seconds) on our connection; the 57014 of a
-  // stop's cancel is the stop, not an error.
-  const waitForEvent = async (seconds) => {
-    if (stopped || broken) return;
+  // One claim; in wait mode with its wait (idle), which a stop cancels: the
+  // 57014 that follows is the stop, not an error, and nothing was leased.
+  const claim = async () => {
+    const params = [topic, maxEvents, `${lease} seconds`, consumer];
+    if (wakeup !== 'wait') return (await client.query(CLAIM, params)).rows;
+    if (stopped) return [];
     const w = waiting = { client, timer: null };
     try {
-      await client.query('SELECT idem_outbox_wait($1, $2::interval)',
-        [topic, `${Math.min(seconds, 3600)} seconds`]);
+      return (await client.query(CLAIM_WAIT, [...params, `${Math.min(idle, 3600)} seconds`])).rows;
     } catch (err) {
       if (err.code === '57014') {
         // statement_timeout or someone else's cancel: claim again
         if (!stopped) log.warn(`idem consumer: wait cancelled: ${err.message}`);
-        return;
+        return [];
       }
       if (err.code === '55000') {
         throw new IdemError("consume({ wakeup: 'wait' }) needs idem in shared_preload_libraries" +
@@ -363,10 +371,7 @@ async function consume(connect, topic, handler, { maxEvents = 10, lease = 30, co
           " the server, or use wakeup: 'notify'",
         { sqlstate: '55000', detail: err.detail, hint: err.hint, cause: err });
       }
-      if (!connectionLost(err)) throw err;
-      // the session ended (terminated, server restart): the next claim reconnects
-      log.warn(`idem consumer: connection lost while waiting: ${err.message}`);
-      close();
+      throw err;
     } finally {
       if (w.timer) clearInterval(w.timer);
       waiting = null;
@@ -386,6 +391,9 @@ async function consume(connect, topic, handler, { maxEvents = 10, lease = 30, co
             ` ${err.code}: ${err.message}`);
           return null;
         }
+        // a stop's cancel of the claim that arrived after it returned
+        // events: the release it hit is sent again
+        if (err.code === '57014' && stopped && !again) continue;
         if (!connectionLost(err)) throw err;
         close();
         if (again) {
@@ -404,7 +412,7 @@ async function consume(connect, topic, handler, { maxEvents = 10, lease = 30, co
       let rows;
       try {
         if (!client || broken) { close(); await open(); }
-        rows = (await client.query(CLAIM, [topic, maxEvents, `${lease} seconds`, consumer])).rows;
+        rows = await claim();
         down = 0;
       } catch (err) {
         if (!connectionLost(err)) throw err;
@@ -453,7 +461,7 @@ async function consume(connect, topic, handler, { maxEvents = 10, lease = 30, co
           }
         }
       }
-      if (rows.length === 0) await (wakeup === 'wait' ? waitForEvent(idle) : pause(idle));
+      if (rows.length === 0 && wakeup === 'notify') await pause(idle);
     }
   } finally {
     close();

@@ -302,6 +302,9 @@ _log = logging.getLogger("idem_client")
 _CLAIM = ("SELECT event_id, key, topic, payload::text, run_id, step, attempt, lease_token,"
           " created_at, lease_until FROM idem_outbox_claim(%s, max_events => %s,"
           " lease => %s::interval, consumer => %s)")
+# wakeup="wait": a claim that finds nothing waits (at most wait) for a commit
+# of the topic and claims once more, in the same statement
+_CLAIM_WAIT = _CLAIM[:-1] + ", wait => %s::interval)"
 
 # ack or fail under a lease another consumer has taken over (ID412), or of
 # an event already delivered (ID410): the event is someone else's now
@@ -313,7 +316,8 @@ def consume(connect: Callable[[], psycopg.Connection], topic: str,
             lease: float = 30, consumer: Optional[str] = None,
             idle: float = 5.0, stop=None, wakeup: str = "notify") -> int:
     """Outbox consumer loop: claim, handler, ack or fail; between claims
-    LISTEN idem_outbox (``wakeup="notify"``) or idem_outbox_wait (``"wait"``).
+    LISTEN idem_outbox (``wakeup="notify"``), or claims that wait
+    (``"wait"``).
 
     Claims up to ``max_events`` due events of ``topic`` under a ``lease``
     (seconds), calls ``handler(event)`` for each outside any transaction,
@@ -327,13 +331,16 @@ def consume(connect: Callable[[], psycopg.Connection], topic: str,
 
     When nothing is due it waits for a NOTIFY of ``topic``, and claims
     anyway every ``idle`` seconds (expired leases and prepared transactions
-    send no NOTIFY).  With ``wakeup="wait"`` it runs ``SELECT
-    idem_outbox_wait(topic, idle)`` instead, which ends at the commit of an
-    event of ``topic`` whether or not producers send NOTIFY
-    (idem.outbox_notify off); it needs idem in shared_preload_libraries
-    (without it consume raises IdemError, SQLSTATE 55000), EXECUTE on
-    idem_outbox_wait, and holds a server connection and a snapshot while
-    it waits (``idle`` at most 3600 s).  ``stop`` is a threading.Event-like object; without
+    send no NOTIFY).  With ``wakeup="wait"`` each claim is
+    ``idem_outbox_claim(..., wait => idle)`` instead: one that finds nothing
+    waits, in the same statement, until an event of ``topic`` commits
+    (whether or not producers send NOTIFY: idem.outbox_notify off) or
+    ``idle`` seconds pass (at most 3600), and claims once more.  It needs
+    idem in shared_preload_libraries (without it consume raises IdemError,
+    SQLSTATE 55000) and READ COMMITTED (the session's default isolation;
+    else 0A000), and holds a server connection and a snapshot while it
+    waits; a stop cancels the waiting claim, which then leases nothing.
+    ``stop`` is a threading.Event-like object; without
     one, SIGTERM and SIGINT stop the loop (main thread only).  Stopping
     lets the running handler finish and report; the rest of the batch is
     handed back (idem_outbox_release: due now, attempt not counted).  A lost lease (ID412) or an
@@ -343,8 +350,9 @@ def consume(connect: Callable[[], psycopg.Connection], topic: str,
     LISTEN needs a session of its own: with ``wakeup="notify"``,
     ``connect`` must reach the server directly, not through a transaction
     pooler (PgBouncer in transaction mode would hand the LISTEN and the
-    claims to different server sessions); ``wakeup="wait"`` issues no
-    LISTEN, so ``connect`` may go through PgBouncer in transaction mode.
+    claims to different server sessions).  ``wakeup="wait"`` issues no
+    LISTEN, and a claim and its wait are one statement, so one server
+    session: ``connect`` may go through PgBouncer in transaction mode.
     Returns the number of events acknowledged."""
     import select
     import signal
@@ -371,12 +379,14 @@ def consume(connect: Callable[[], psycopg.Connection], topic: str,
             c.execute("LISTEN idem_outbox")
         return c
 
-    def wait(seconds):
-        """idem_outbox_wait(topic, seconds) on our connection.  A stop
-        cancels it (the protocol's cancel request, as conn.cancel() sends);
-        the 57014 that follows is the stop, not an error."""
-        if stop.is_set():
-            return
+    def claim():
+        """One claim; in wait mode with its wait (``idle``), which a stop
+        cancels (the protocol's cancel request, as conn.cancel() sends):
+        the 57014 that follows is the stop, not an error, and nothing was
+        leased."""
+        params = (topic, max_events, f"{lease} seconds", consumer)
+        if wakeup != "wait":
+            return conn.execute(_CLAIM, params).fetchall()
         # made here, in the connection's thread; PQcancel itself is
         # thread-safe
         canceller = conn.pgconn.get_cancel()
@@ -386,7 +396,7 @@ def consume(connect: Callable[[], psycopg.Connection], topic: str,
             sent = None
             # a stop set from a signal or another thread is seen within
             # 0.1 s; a cancel that reached the server before the statement
-            # did is lost, so it is sent again each second until the wait ends
+            # did is lost, so it is sent again each second until the claim ends
             while not done.wait(0.1):
                 if stop.is_set() and (sent is None or time.monotonic() - sent >= 1):
                     sent = time.monotonic()
@@ -397,12 +407,13 @@ def consume(connect: Callable[[], psycopg.Connection], topic: str,
         watcher = threading.Thread(target=watch, name="idem-consume-cancel", daemon=True)
         watcher.start()
         try:
-            conn.execute("SELECT idem_outbox_wait(%s, %s::interval)",
-                         (topic, f"{min(seconds, 3600)} seconds"))
+            return conn.execute(_CLAIM_WAIT, params + (f"{min(idle, 3600)} seconds",)).fetchall()
         except psycopg.errors.QueryCanceled as e:
+            # (an OperationalError too, but the session is fine)
             if not stop.is_set():
                 # statement_timeout or someone else's cancel: claim again
                 _log.warning("idem consumer: wait cancelled: %s", e)
+            return []
         except psycopg.errors.ObjectNotInPrerequisiteState as e:
             # 55000 (an OperationalError too): not preloaded
             raise IdemError(
@@ -411,11 +422,6 @@ def consume(connect: Callable[[], psycopg.Connection], topic: str,
                 " shared_preload_libraries and restart the server, or use"
                 " wakeup='notify'", "55000", e.diag.message_detail,
                 e.diag.message_hint) from e
-        except psycopg.OperationalError as e:
-            # the session ended (terminated, server restart): the next
-            # claim reconnects
-            _log.warning("idem consumer: connection lost while waiting: %s", e)
-            close()
         finally:
             done.set()
             watcher.join()
@@ -487,8 +493,7 @@ def consume(connect: Callable[[], psycopg.Connection], topic: str,
             try:
                 if conn is None:
                     conn = open_conn()
-                rows = conn.execute(_CLAIM, (topic, max_events, f"{lease} seconds",
-                                             consumer)).fetchall()
+                rows = claim()
                 down = 0
             except psycopg.OperationalError as e:
                 # the server restarted or our backend was terminated: the
@@ -527,11 +532,8 @@ def consume(connect: Callable[[], psycopg.Connection], topic: str,
                 else:
                     if report("SELECT idem_outbox_ack(%s, %s)", (event_id, token), event):
                         acked += 1
-            if not rows:
-                if wakeup == "wait":
-                    wait(idle)
-                else:
-                    pause(idle)
+            if not rows and wakeup == "notify":
+                pause(idle)
     finally:
         close()
         for sig, old in restore:

@@ -63,7 +63,8 @@ async function start({ preload = true, pooler = true } = {}) {
     execFileSync(path.join(BINDIR, 'pg_ctl'), ['-D', data, '-m', 'immediate', 'stop'], { stdio: 'ignore' });
     fs.rmSync(dir, { recursive: true, force: true });
   };
-  if (!pooler) return { admin, targets: { direct }, stop: stopServer };
+  const log = path.join(dir, 'log'); // the server's log
+  if (!pooler) return { admin, targets: { direct }, log, stop: stopServer };
 
   const bport = await freePort();
   const users = path.join(dir, 'users.txt');
@@ -89,6 +90,7 @@ pidfile =
 
   return {
     admin,
+    log,
     targets: { direct, pgbouncer: pooled },
     pooledOne: { ...pooled, database: 'idemone' },
     async stop() {

@@ -2,7 +2,7 @@
 // The outbox consumer loop, idem.consume(), against a real server.  With
 // wakeup 'notify' the consumer connects directly: LISTEN needs a session of
 // its own, which PgBouncer in transaction mode does not give; with wakeup
-// 'wait' (idem_outbox_wait, the cluster preloads idem) it also runs
+// 'wait' (claims that wait, the cluster preloads idem) it also runs
 // through PgBouncer.
 const { describe, it, before, after } = require('node:test');
 const assert = require('node:assert/strict');
@@ -92,14 +92,16 @@ async function waitUntilSleeping() {
     " AND query LIKE '%idem_outbox_claim%' AND pid <> pg_backend_pid()")).rows[0].n) > 0,
   "the consumer's claim");
 }
-// sessions inside idem_outbox_wait() (after an empty claim)
-async function waitingCount() {
+// a claim with a wait, as pg_stat_activity shows its query
+const WAITING_CLAIM = "query LIKE '%idem_outbox_claim(%wait =>%' AND pid <> pg_backend_pid()";
+// sessions running a claim with a wait (waiting: wait_event_type Extension)
+async function waitingCount({ sleeping = false } = {}) {
   return Number((await env.admin.query(
     "SELECT count(*) AS n FROM pg_stat_activity WHERE state = 'active'" +
-    " AND query LIKE 'SELECT idem_outbox_wait(%' AND pid <> pg_backend_pid()")).rows[0].n);
+    (sleeping ? " AND wait_event_type = 'Extension'" : '') + ` AND ${WAITING_CLAIM}`)).rows[0].n);
 }
-const waitUntilWaiting = () => until(async () => (await waitingCount()) > 0,
-  "the consumer's idem_outbox_wait");
+const waitUntilWaiting = () => until(async () => (await waitingCount({ sleeping: true })) > 0,
+  "the consumer's waiting claim");
 
 describe('consume', () => {
   it('delivers and acks', async () => {
@@ -286,7 +288,7 @@ describe('consume', () => {
   });
 
   for (const wakeup of ['notify', 'wait']) {
-  it(`exits at once on SIGTERM while idle (wakeup ${wakeup}: a 60 s LISTEN or idem_outbox_wait)`, async () => {
+  it(`exits at once on SIGTERM while idle (wakeup ${wakeup}: a 60 s LISTEN or waiting claim)`, async () => {
     const t = await freshTopic();
     const log = logFile();
     const { p, exited } = proc(t, log, { wakeup });
@@ -302,7 +304,8 @@ describe('consume', () => {
   }
 });
 
-// wakeup 'wait': idem_outbox_wait instead of LISTEN, producers without NOTIFY
+// wakeup 'wait': claims that wait (idem_outbox_claim(..., wait => idle))
+// instead of LISTEN, producers without NOTIFY
 describe('consume, wakeup wait', () => {
   it('delivers a commit at once with the producers\' NOTIFY off', async () => {
     const t = await freshTopic();
@@ -329,6 +332,33 @@ describe('consume, wakeup wait', () => {
     } finally {
       await listener.end();
     }
+  });
+
+  it('claims and waits in one statement (what a transaction pooler needs)', async () => {
+    // no commit can fall between an empty claim and a wait on another
+    // server session: the statement that waits is the claim itself
+    const t = await freshTopic();
+    const app = 'idem-claimwait';
+    const l = loop(t, undefined, { idle: 60, wakeup: 'wait' },
+      { ...env.targets.direct, application_name: app, options: '-c log_statement=all' });
+    const idling = async () => (await env.admin.query(
+      'SELECT pid, query FROM pg_stat_activity WHERE application_name = $1' +
+      " AND state = 'active' AND wait_event_type = 'Extension'", [app])).rows;
+    await until(async () => (await idling()).length > 0, "the consumer's session to wait");
+    const [{ pid, query }, ...more] = await idling();
+    assert.equal(more.length, 0);
+    assert.match(query, /idem_outbox_claim\(.*wait =>/);
+    await publishQuiet(t, 'a');
+    await until(() => l.seen.length === 1, 'the delivery', 5000);
+    await until(async () => (await idling()).length > 0, "the consumer's session to wait again");
+    assert.deepEqual(await idling(), [{ pid, query }]); // the same session, claiming with a wait again
+    assert.equal(await l.finish(), 1);
+    // every statement the consumer sent (log_statement=all on its session)
+    const sent = fs.readFileSync(env.log, 'utf8').split('\n').filter((line) =>
+      line.includes(`[${pid}] LOG:  execute `) || line.includes(`[${pid}] LOG:  statement: `));
+    const claims = sent.filter((line) => line.includes('idem_outbox_claim('));
+    assert.ok(claims.length >= 2 && claims.every((line) => line.includes('wait =>')), sent.join('\n'));
+    assert.deepEqual(sent.filter((line) => line.includes('idem_outbox_wait')), []);
   });
 
   it('stops a 60 s wait at once on abort (the cancel)', async () => {
@@ -372,8 +402,8 @@ describe('consume, wakeup wait', () => {
     const t = await freshTopic();
     const l = loop(t, undefined, { idle: 60, wakeup: 'wait' });
     await waitUntilWaiting();
-    await env.admin.query("SELECT pg_terminate_backend(pid) FROM pg_stat_activity" +
-      " WHERE query LIKE 'SELECT idem_outbox_wait(%' AND pid <> pg_backend_pid()");
+    await env.admin.query('SELECT pg_terminate_backend(pid) FROM pg_stat_activity' +
+      ` WHERE state = 'active' AND ${WAITING_CLAIM}`);
     await sleep(500);
     await waitUntilWaiting(); // a new session, waiting again
     await publishQuiet(t, 'a');

@@ -43,7 +43,7 @@ def wait_for(dsn, timeout=30):
 
 
 class Cluster:
-    """preload: idem in shared_preload_libraries (idem_outbox_wait needs it)."""
+    """preload: idem in shared_preload_libraries (a claim with a wait needs it)."""
 
     def __init__(self, preload=True):
         self.dir = tempfile.mkdtemp(prefix="idem-pytest.")

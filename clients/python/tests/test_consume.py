@@ -2,7 +2,7 @@
 
 With wakeup="notify" the consumer connects directly: LISTEN needs its own
 session, which PgBouncer in transaction mode does not give (see consume's
-docstring); with wakeup="wait" (idem_outbox_wait, the cluster preloads
+docstring); with wakeup="wait" (claims that wait, the cluster preloads
 idem) it also runs through PgBouncer.  The producers publish through both
 targets, like the other tests."""
 
@@ -314,7 +314,8 @@ def test_sigkill_after_the_handler_redelivers_and_the_receiver_dedupes(
     assert all(r["state"] == "delivered" for r in events(admin, topic).values())
 
 
-# wakeup="wait": idem_outbox_wait instead of LISTEN, producers without NOTIFY
+# wakeup="wait": claims that wait (idem_outbox_claim(..., wait => idle))
+# instead of LISTEN, producers without NOTIFY
 
 def publish_quiet(cluster, topic, *keys):
     """publish() with the producer's NOTIFY off (idem.outbox_notify)."""
@@ -336,18 +337,22 @@ def listener(cluster):
         yield heard_now
 
 
-def wait_until_waiting(admin, what="the consumer's idem_outbox_wait"):
-    """A session is inside idem_outbox_wait() (after an empty claim)."""
+# a claim with a wait, as pg_stat_activity shows its query
+WAITING_CLAIM = "query LIKE '%%idem_outbox_claim(%%wait =>%%' AND pid <> pg_backend_pid()"
+
+
+def wait_until_waiting(admin, what="the consumer's waiting claim"):
+    """A session's claim with a wait is waiting (it found nothing)."""
     until(lambda: admin.execute(
         "SELECT count(*) FROM pg_stat_activity WHERE state = 'active'"
-        " AND query LIKE 'SELECT idem_outbox_wait(%%' AND pid <> pg_backend_pid()").fetchone()[0] > 0,
+        " AND wait_event_type = 'Extension' AND " + WAITING_CLAIM).fetchone()[0] > 0,
         what=what)
 
 
 def no_wait_running(admin):
     return admin.execute(
         "SELECT count(*) FROM pg_stat_activity WHERE state = 'active'"
-        " AND query LIKE 'SELECT idem_outbox_wait(%%' AND pid <> pg_backend_pid()").fetchone()[0] == 0
+        " AND " + WAITING_CLAIM).fetchone()[0] == 0
 
 
 def test_wait_mode_delivers_a_commit_without_notify(cluster, topic, admin, listener):
@@ -364,6 +369,35 @@ def test_wait_mode_delivers_a_commit_without_notify(cluster, topic, admin, liste
     assert loop.finish() == 2
     assert events(admin, topic)["b"]["state"] == "delivered"
     assert [n for n in listener() if n.payload == topic] == []   # no NOTIFY was sent
+
+
+def test_wait_mode_claims_and_waits_in_one_statement(cluster, topic, admin):
+    # what makes wait mode safe behind a transaction pooler: the statement
+    # that waits is the claim itself, so no commit can fall between an empty
+    # claim and a wait on another server session
+    app = "idem-claimwait"
+    loop = Loop(cluster.dsn(), topic, idle=60, wakeup="wait",
+                connect_kw={"application_name": app, "options": "-c log_statement=all"})
+
+    def idling():
+        return admin.execute(
+            "SELECT pid, query FROM pg_stat_activity WHERE application_name = %s"
+            " AND state = 'active' AND wait_event_type = 'Extension'", (app,)).fetchall()
+    until(lambda: idling(), what="the consumer's session to wait")
+    [(pid, query)] = idling()
+    assert "idem_outbox_claim(" in query and "wait =>" in query, query
+    publish_quiet(cluster, topic, "a")
+    until(lambda: len(loop.seen) == 1, timeout=5, what="the delivery")
+    until(lambda: idling(), what="the consumer's session to wait again")
+    assert idling() == [(pid, query)]      # the same session, claiming with a wait again
+    assert loop.finish() == 1
+    # every statement the consumer sent (log_statement=all on its session)
+    with open(os.path.join(cluster.dir, "log")) as f:
+        sent = [line for line in f if f"[{pid}] LOG:  execute " in line
+                or f"[{pid}] LOG:  statement: " in line]
+    claims = [q for q in sent if "idem_outbox_claim(" in q]
+    assert len(claims) >= 2 and all("wait =>" in q for q in claims), sent
+    assert not [q for q in sent if "idem_outbox_wait" in q], sent
 
 
 def test_wait_mode_stop_cancels_a_long_wait(cluster, topic, admin):
@@ -410,7 +444,7 @@ def test_wait_mode_lost_connection_is_replaced(cluster, topic, admin):
     loop = Loop(cluster.dsn(), topic, idle=60, wakeup="wait")
     wait_until_waiting(admin)
     admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-                  " WHERE query LIKE 'SELECT idem_outbox_wait(%%' AND pid <> pg_backend_pid()")
+                  " WHERE state = 'active' AND " + WAITING_CLAIM)
     time.sleep(0.5)
     wait_until_waiting(admin)   # a new session, waiting again
     publish_quiet(cluster, topic, "a")
@@ -425,7 +459,7 @@ def test_wait_mode_needs_shared_preload_libraries(plain_cluster):
     loop.join(5)
     alive = loop.thread.is_alive()
     loop.stop.set()
-    assert not alive, "consume() went on without idem_outbox_wait"
+    assert not alive, "consume() went on without the claim's wait"
     assert isinstance(loop.error, idem.IdemError), repr(loop.error)
     assert loop.error.sqlstate == "55000"
     assert "shared_preload_libraries" in str(loop.error)
