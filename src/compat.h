@@ -195,29 +195,13 @@ InitMaterializedSRF(FunctionCallInfo fcinfo, bits32 flags)
 
 /*
  * A uniform double in [0, 1) for backoff jitter (the per-backend global
- * generator, seeded at backend start), and this backend's local
- * transaction id.
+ * generator, seeded at backend start).
  */
 #if PG_VERSION_NUM >= 150000
 #include "common/pg_prng.h"
 #define idem_random_double() pg_prng_double(&pg_global_prng_state)
 #else
 #define idem_random_double() ((double) random() / ((double) MAX_RANDOM_VALUE + 1.0))
-#endif
-#if PG_VERSION_NUM >= 170000
-#define IDEM_MY_LXID (MyProc->vxid.lxid)
-#else
-#define IDEM_MY_LXID (MyProc->lxid)
-#endif
-
-
-/* Index entries of a new heap tuple, partial index predicates checked. */
-#if PG_VERSION_NUM >= 160000
-#define idem_insert_index_tuples(rri, slot, estate) \
-	ExecInsertIndexTuples((rri), (slot), (estate), false, false, NULL, NIL, false)
-#else
-#define idem_insert_index_tuples(rri, slot, estate) \
-	ExecInsertIndexTuples((rri), (slot), (estate), false, false, NULL, NIL)
 #endif
 
 #endif							/* IDEM_COMPAT_H */
