@@ -673,7 +673,6 @@ build_inserter(TableInserter *ti, Relation rel)
 		if (ii->ii_Predicate != NIL)
 			ti->predicates[i] = ExecInitQual((List *) expression_planner((Expr *) ii->ii_Predicate),
 											 NULL);
-		ii->ii_AmCache = NULL;
 		ti->indexoids[i] = lfirst_oid(lc);
 		ti->infos[i] = ii;
 		i++;

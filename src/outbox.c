@@ -50,7 +50,6 @@
 #include "miscadmin.h"
 #include "replication/message.h"
 #include "storage/lmgr.h"
-#include "storage/proc.h"
 #include "tcop/utility.h"
 #include "utils/acl.h"
 #include "utils/array.h"

@@ -92,14 +92,14 @@ idem_wakeup_available(void)
 	return wakeup_slots != NULL;
 }
 
-static WakeupSlot *
-topic_slot(const char *topic, int *index)
+/* The slot of topic in this database. */
+static int
+topic_slot(const char *topic)
 {
 	uint32		h = hash_bytes((const unsigned char *) topic, strlen(topic));
 
 	h = hash_combine(h, murmurhash32((uint32) MyDatabaseId));
-	*index = h & (WAKEUP_SLOTS - 1);
-	return &wakeup_slots[*index];
+	return h & (WAKEUP_SLOTS - 1);
 }
 
 /*
@@ -112,11 +112,10 @@ void
 idem_wakeup_topic(const char *topic)
 {
 	WakeupSlot *slot;
-	int			index;
 
 	if (wakeup_slots == NULL)
 		return;
-	slot = topic_slot(topic, &index);
+	slot = &wakeup_slots[topic_slot(topic)];
 	pg_atomic_fetch_add_u64(&slot->seq, 1);
 	ConditionVariableBroadcast(&slot->cv);
 }
@@ -130,7 +129,6 @@ idem_wakeup_topic(const char *topic)
 void
 idem_wakeup_note_claim(const char *topic)
 {
-	WakeupSlot *slot;
 	int			index;
 
 	if (wakeup_slots == NULL)
@@ -142,14 +140,14 @@ idem_wakeup_note_claim(const char *topic)
 		claim_noted = MemoryContextAllocZero(TopMemoryContext,
 											 WAKEUP_SLOTS * sizeof(bool));
 	}
-	slot = topic_slot(topic, &index);
+	index = topic_slot(topic);
 	if (IsolationUsesXactSnapshot())
 	{
 		claim_noted[index] = false;
 		return;
 	}
 	/* the snapshot's ProcArrayLock keeps this read before it */
-	claim_seq[index] = pg_atomic_read_u64(&slot->seq);
+	claim_seq[index] = pg_atomic_read_u64(&wakeup_slots[index].seq);
 	claim_noted[index] = true;
 }
 
@@ -171,7 +169,8 @@ idem_wakeup_wait(const char *topic, long timeout_ms)
 	bool		woken = false;
 
 	Assert(wakeup_slots != NULL);
-	slot = topic_slot(topic, &index);
+	index = topic_slot(topic);
+	slot = &wakeup_slots[index];
 	if (claim_noted != NULL && claim_noted[index])
 		since = claim_seq[index];
 	else
