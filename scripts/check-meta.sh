@@ -10,8 +10,8 @@
 #   - its version is idem.control's default_version as a semantic version
 #     (the spec requires SemVer: default_version '1.1' is "1.1.0"), and so
 #     is the version of the extension it provides;
-#   - the provided extension's file is that version's install script
-#     (idem--<default_version>.sql), and every file and docfile it names
+#   - the provided extension's file is the base of the install chain
+#     (idem--1.0.sql), and every file and docfile it names
 #     exists;
 #   - the upstream part of debian/changelog's top version is that
 #     default_version too.
@@ -225,8 +225,9 @@ else:
         p = provides["idem"]
         if p.get("version") != semver:
             err(f"provides.idem.version {p.get('version')!r} is not {semver!r} (default_version '{default}')")
-        if p.get("file") != f"idem--{default}.sql":
-            err(f"provides.idem.file {p.get('file')!r} is not idem--{default}.sql, the install script of '{default}'")
+        # one install chain: the base script, then the update scripts
+        if p.get("file") != "idem--1.0.sql":
+            err(f"provides.idem.file {p.get('file')!r} is not idem--1.0.sql, the base of the install chain")
     try:
         first = read("debian/changelog").splitlines()[0]
         dm = re.match(r"^\S+ \(([^)]*)\)", first)

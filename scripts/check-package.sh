@@ -11,12 +11,12 @@
 #       outside PostgreSQL's extension directory)
 #   scripts/check-package.sh installed [MAJOR]
 #       dpkg has the package installed, and it carries idem.so with its LLVM
-#       bitcode, idem.control, idem--1.1.sql, idem--1.0.sql and
-#       idem--1.0--1.1.sql where this PostgreSQL looks for them
+#       bitcode, idem.control and the install chain idem--1.0.sql,
+#       idem--1.0--1.1.sql, idem--1.1--1.2.sql where this PostgreSQL looks for them
 #   scripts/check-package.sh use [MAJOR]
 #       as the postgres user, in a throwaway cluster (initdb, pg_ctl, Unix
 #       socket only, listen_addresses = ''): CREATE EXTENSION idem VERSION
-#       '1.0' (which the 1.1 library refuses to run with 55000) then ALTER
+#       '1.0' (which the 1.2 library refuses to run with 55000) then ALTER
 #       EXTENSION idem UPDATE in one database, CREATE EXTENSION idem in
 #       another; in each, a call executes, its retry replays (replayed = t,
 #       the same response, one business row) and a different request under
@@ -35,8 +35,8 @@ pgbin=/usr/lib/postgresql/$major/bin
 libdir=/usr/lib/postgresql/$major/lib
 extdir=/usr/share/postgresql/$major/extension
 files=("$libdir/idem.so" "$libdir/bitcode/idem.index.bc"
-	"$extdir/idem.control" "$extdir/idem--1.1.sql"
-	"$extdir/idem--1.0.sql" "$extdir/idem--1.0--1.1.sql")
+	"$extdir/idem.control" "$extdir/idem--1.0.sql"
+	"$extdir/idem--1.0--1.1.sql" "$extdir/idem--1.1--1.2.sql")
 
 say() { echo "check-package: $*"; }
 die() { echo "check-package: FAILED: $*" >&2; exit 1; }
@@ -65,9 +65,9 @@ installed() {
 		dpkg-query -S "$f" >/dev/null 2>&1 || die "$f is not a file of any package"
 	done
 	ls "$libdir"/bitcode/idem/src/*.bc >/dev/null 2>&1 || die "no LLVM bitcode in $libdir/bitcode/idem/src"
-	grep -q "^default_version = '1.1'" "$extdir/idem.control" ||
-		die "idem.control's default_version is not '1.1'"
-	say "ok: idem.so, its bitcode, idem.control, the 1.1 and 1.0 scripts and the update are installed"
+	grep -q "^default_version = '1.2'" "$extdir/idem.control" ||
+		die "idem.control's default_version is not '1.2'"
+	say "ok: idem.so, its bitcode, idem.control, the install chain 1.0 -> 1.1 -> 1.2 is installed"
 }
 
 purged() {
@@ -116,7 +116,7 @@ use() {
 	psql -d upgraded <<'SQL'
 DO $$
 BEGIN
-	-- the packaged 1.1 library refuses a database still at 1.0
+	-- the packaged 1.2 library refuses a database still at 1.0
 	PERFORM idem_execute('k', 'SELECT 1');
 	RAISE EXCEPTION 'idem_execute ran in a database still at 1.0';
 EXCEPTION WHEN SQLSTATE '55000' THEN
@@ -124,11 +124,11 @@ EXCEPTION WHEN SQLSTATE '55000' THEN
 END $$;
 SQL
 	psql -d upgraded -c 'ALTER EXTENSION idem UPDATE'
-	expect_version upgraded 1.1
+	expect_version upgraded 1.2
 
 	say "database fresh: CREATE EXTENSION idem"
 	psql -d fresh -c 'CREATE EXTENSION idem'
-	expect_version fresh 1.1
+	expect_version fresh 1.2
 
 	# the call, as a retrying client sends it: each attempt its own session
 	local db attempt call="idem_execute_ex('pay:invoice-4471',
@@ -178,7 +178,7 @@ SQL
 	done
 
 	"${runas[@]}" "$pgbin/pg_ctl" -D "$dir/data" -w -m fast stop >/dev/null
-	say "ok: upgraded from 1.0 and created at 1.1; executed, replayed, ID422 in both; cluster stopped"
+	say "ok: upgraded from 1.0 and created at 1.2; executed, replayed, ID422 in both; cluster stopped"
 }
 
 case $mode in

@@ -35,7 +35,7 @@ COPY public.up_pay (id, who, amount) FROM stdin;
 3	regress_idem_bob	7.25
 \.
 
--- the 1.1 library refuses the 1.0 definitions, and writes nothing
+-- the 1.2 library refuses the 1.0 definitions, and writes nothing
 SET ROLE regress_idem_alice;
 SELECT idem_execute('up:alice:1', 'INSERT INTO up_pay (id, amount) VALUES ($1, $2) RETURNING id, who, amount', 1, 10.50::numeric);
 \echo :LAST_ERROR_SQLSTATE
@@ -49,7 +49,7 @@ SELECT count(*) AS keys FROM idem.keys;
 ALTER EXTENSION idem UPDATE;
 SELECT extversion FROM pg_extension WHERE extname = 'idem';
 
--- the updated table is the one a fresh 1.1 installation creates
+-- the updated table is the one a fresh installation creates
 SELECT attnum, attname, atttypid::regtype, attnotnull
   FROM pg_attribute WHERE attrelid = 'idem.keys'::regclass AND attnum > 0
  ORDER BY attnum;
@@ -68,7 +68,7 @@ BEGIN;
 SELECT key, attempt FROM idem_outbox_claim('payments');
 ROLLBACK;
 
--- every object of the updated extension is the one a fresh 1.1 creates:
+-- every object of the updated extension is the one a fresh installation creates:
 -- members, columns, constraints, indexes, functions and their grants,
 -- the view, the configuration tables
 \set describe_idem 'SELECT d FROM (SELECT format($$member %s$$, pg_describe_object(classid, objid, objsubid)) FROM pg_depend WHERE refclassid = $$pg_extension$$::regclass AND refobjid = (SELECT oid FROM pg_extension WHERE extname = $$idem$$) AND deptype = $$e$$ UNION ALL SELECT format($$column %s.%s %s %s %s %s %s$$, a.attrelid::regclass, a.attname, a.attnum, format_type(a.atttypid, a.atttypmod), a.attnotnull, a.attcollation::regcollation, pg_get_expr(d.adbin, d.adrelid)) FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum WHERE c.relnamespace = $$idem$$::regnamespace AND c.relkind IN ($$r$$, $$v$$) AND a.attnum > 0 AND NOT a.attisdropped UNION ALL SELECT format($$constraint %s %s %s$$, conrelid::regclass, conname, pg_get_constraintdef(oid)) FROM pg_constraint WHERE connamespace = $$idem$$::regnamespace UNION ALL SELECT format($$index %s$$, pg_get_indexdef(indexrelid)) FROM pg_index WHERE indrelid IN (SELECT oid FROM pg_class WHERE relnamespace = $$idem$$::regnamespace) UNION ALL SELECT format($$relation %s %s %s$$, oid::regclass, relkind, relacl) FROM pg_class WHERE relnamespace = $$idem$$::regnamespace OR relname LIKE $$idem%$$ UNION ALL SELECT format($$function %s %s (%s) %s %s %s %s %s %s %s$$, oid::regprocedure, pg_get_function_result(oid), pg_get_function_arguments(oid), prosrc, provolatile, proparallel, prosecdef, proisstrict, proacl, proconfig) FROM pg_proc WHERE proname LIKE $$idem%$$ UNION ALL SELECT format($$view %s %s$$, oid::regclass, md5(pg_get_viewdef(oid))) FROM pg_class WHERE relkind = $$v$$ AND relname LIKE $$idem%$$ UNION ALL SELECT format($$config %s %s$$, extconfig::regclass[], extcondition) FROM pg_extension WHERE extname = $$idem$$) s(d)'
@@ -115,7 +115,7 @@ SELECT idem_execute('up:ttl', 'SELECT 1 AS one');
 RESET idem.ttl;
 SELECT idem_purge();
 
--- the upgraded installation is exactly what a fresh 1.1 installation is:
+-- the upgraded installation is exactly what a fresh installation is:
 -- every function, table, column, constraint, index and privilege
 \set ECHO none
 \i test/fixtures/describe-idem.sql
@@ -134,8 +134,21 @@ EXCEPT SELECT line FROM regexp_split_to_table(:'upgraded', E'\n') AS line;
 SELECT line FROM regexp_split_to_table(:'upgraded', E'\n') AS line
 EXCEPT SELECT line FROM regexp_split_to_table(:'idem_objects', E'\n') AS line;
 
+-- a database created at 1.1 updates to exactly what a fresh installation is
+CREATE DATABASE idem_from_1_1;
+\c idem_from_1_1
+CREATE EXTENSION idem VERSION '1.1';
+SELECT extversion FROM pg_extension WHERE extname = 'idem';
+ALTER EXTENSION idem UPDATE;
+SELECT extversion FROM pg_extension WHERE extname = 'idem';
+\set ECHO none
+\i test/fixtures/describe-idem.sql
+\set ECHO all
+SELECT :'upgraded' = :'idem_objects' AS same_objects_from_1_1;
+
 \c :regress_db
 DROP DATABASE idem_fresh;
+DROP DATABASE idem_from_1_1;
 DROP DATABASE idem_upgrade;
 DROP ROLE regress_idem_alice;
 DROP ROLE regress_idem_bob;

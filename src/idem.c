@@ -95,7 +95,7 @@ refuse_old_definitions(void)
 	ereport(ERROR,
 			(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 			 errmsg("extension \"idem\" must be updated"),
-			 errdetail("The extension's SQL definitions are version 1.0, but the installed library is version 1.1."),
+			 errdetail("The extension's SQL definitions are version 1.0, but the installed library is version %s.", IDEM_SQL_VERSION),
 			 idem_errhint(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE, "Run ALTER EXTENSION idem UPDATE.")));
 }
 

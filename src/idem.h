@@ -50,7 +50,7 @@ struct Latch;
 #define ERRCODE_IDEM_STEP_OUT_OF_SEQUENCE MAKE_SQLSTATE('I','D','4','2','5')
 
 /* The extension version whose SQL definitions this library serves. */
-#define IDEM_SQL_VERSION		"1.1"
+#define IDEM_SQL_VERSION		"1.2"
 
 /* Longest key accepted, in bytes (Stripe's limit is 255 characters). */
 #define IDEM_MAX_KEY_BYTES		255
