@@ -34,11 +34,12 @@ SELECT attrelid::regclass AS tab, attname, collname
 -- not a trusted extension, superuser-only install, not relocatable
 SELECT version, superuser, trusted, relocatable
   FROM pg_available_extension_versions WHERE name = 'idem' ORDER BY version;
--- 1.1 is the default and what CREATE EXTENSION installed; 1.0 updates to it
+-- 1.2 is the default and what CREATE EXTENSION installed (through the
+-- chain 1.0, 1.0--1.1, 1.1--1.2); 1.0 and 1.1 update to it
 SELECT default_version, installed_version
   FROM pg_available_extensions WHERE name = 'idem';
 SELECT * FROM pg_extension_update_paths('idem') WHERE path IS NOT NULL;
--- the entry points of the 1.1 definitions
+-- the entry points of the 1.2 definitions
 SELECT p.oid::regprocedure AS function, p.prosrc
   FROM pg_proc p WHERE p.proname LIKE 'idem%' ORDER BY 1::text;
 
