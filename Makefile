@@ -6,22 +6,22 @@ MODULE_big	= idem
 OBJS = \
 	$(WIN32RES) \
 	src/idem.o \
-	src/execute.o \
-	src/statement.o \
-	src/catalog.o \
-	src/expiry.o \
-	src/response.o \
-	src/derive.o \
-	src/advice.o \
-	src/dryrun.o \
-	src/cache.o \
-	src/call.o \
-	src/run.o \
-	src/outbox.o \
-	src/wakeup.o \
-	src/stats.o \
-	src/audit.o \
-	src/worker.o
+	src/common/advice.o \
+	src/common/tables.o \
+	src/request/statement.o \
+	src/request/errcache.o \
+	src/request/response.o \
+	src/request/expiry.o \
+	src/request/derive.o \
+	src/request/execute.o \
+	src/request/dryrun.o \
+	src/workflow/run.o \
+	src/workflow/call.o \
+	src/outbox/outbox.o \
+	src/outbox/wakeup.o \
+	src/ops/stats.o \
+	src/ops/audit.o \
+	src/ops/worker.o
 DATA		= $(wildcard $(EXTENSION)--*.sql) monitoring/idem_postgres_exporter.yaml
 PGFILEDESC	= "idem - idempotent business writes"
 
@@ -30,13 +30,13 @@ PG_CPPFLAGS	= -I$(srcdir)/src
 SHLIB_LINK	= $(filter -lcrypto, $(LIBS))
 PG_CFLAGS	= -Wall -Wmissing-prototypes -Werror
 
-# pg_regress: one file per feature, sql/<feature>.sql <-> expected/<feature>.out
+# pg_regress: one file per feature, test/sql/<feature>.sql <-> test/expected/<feature>.out
 REGRESS		= install execute fingerprint identity errors atomicity nesting \
 			  expiry security tamper outbox outbox_delivery plancache upgrade \
 			  runs derive advice dryrun cache untyped call ops
-REGRESS_OPTS = --temp-instance=./tmp_check --temp-config=$(srcdir)/test/idem.conf
+REGRESS_OPTS = --inputdir=test --temp-instance=./tmp_check --temp-config=$(srcdir)/test/idem.conf
 
-# isolationtester specs live in test/specs with their output in test/expected
+# isolationtester specs live in test/specs, their output in test/expected too
 ISOLATION	= $(patsubst test/specs/%.spec,%,$(sort $(wildcard test/specs/*.spec)))
 ISOLATION_OPTS = --inputdir=test --temp-instance=./tmp_check_iso \
 			  --temp-config=$(srcdir)/test/idem.conf
@@ -56,7 +56,7 @@ include $(PGXS)
 # target; needs git and python3.
 PGXN_DIST_DIR		= dist
 PGXN_DIST_EXCLUDE	= .ci debian scripts/package.sh scripts/fresh-machine.sh \
-					  test/bench/results test/bench/hotkeys/results
+					  bench/results bench/hotkeys/results
 PGXN_VERSION		= $(shell python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["version"])' $(srcdir)/META.json)
 PGXN_DIST			= $(EXTENSION)-$(PGXN_VERSION)
 

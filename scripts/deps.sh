@@ -16,7 +16,7 @@
 # prometheus-postgres-exporter and curl (test/t/120_exporter.pl scrapes the
 # exporter), pytest, psycopg2 (the drivers' tests), PgBouncer, Node and
 # npm.  With --bench it also makes sure of gnuplot, which only
-# test/bench/run.sh needs (its chart).  The quick start needs neither.
+# bench/run.sh needs (its chart).  The quick start needs neither.
 set -euo pipefail
 
 bench=0
@@ -100,7 +100,7 @@ missing() {
 		command -v npm >/dev/null || echo "npm npm"
 	fi
 	if [ $bench -eq 1 ]; then
-		command -v gnuplot >/dev/null || echo "gnuplot-nox gnuplot (test/bench)"
+		command -v gnuplot >/dev/null || echo "gnuplot-nox gnuplot (bench)"
 	fi
 }
 

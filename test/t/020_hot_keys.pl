@@ -27,7 +27,7 @@
 # recorded after the transaction's snapshot, never by anything else.  At
 # READ COMMITTED nothing needs a retry.
 #
-# A larger version of this workload is test/bench/hotkeys/run.sh.
+# A larger version of this workload is bench/hotkeys/run.sh.
 
 use strict;
 use warnings FATAL => 'all';

@@ -9,9 +9,9 @@
 # like idem.outbox; the claim moves the due time to the lease end), one
 # after the other on one throwaway cluster (Unix socket only).
 #
-#   test/bench/outbox/run.sh                      # 10 minutes per design
-#   test/bench/outbox/run.sh --seconds 120 --interval 30
-#   test/bench/outbox/run.sh --help
+#   bench/outbox/run.sh                      # 10 minutes per design
+#   bench/outbox/run.sh --seconds 120 --interval 30
+#   bench/outbox/run.sh --help
 #
 # Each design starts from the same state: a backlog of pending events large
 # enough that the consumers never run dry (so they, not the producer, set
@@ -20,12 +20,12 @@
 # transaction pair delivers one batch), the first and the last interval and
 # their ratio, the ratio idem / hand-written, table and index sizes before
 # and after, and the share of HOT updates.  Results go to
-# test/bench/outbox/results/latest.txt and latest.csv.
+# bench/outbox/results/latest.txt and latest.csv.
 #
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
-top=$(cd "$here/../../.." && pwd)
+top=$(cd "$here/../.." && pwd)
 
 seconds=600
 interval=60

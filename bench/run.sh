@@ -3,9 +3,9 @@
 # idem benchmark: idem_execute() side by side with the hand-written
 # alternatives, on one throwaway PostgreSQL 15 cluster (Unix socket only).
 #
-#   test/bench/run.sh                 # ~9 minutes: TPS table, CSV, chart, memory
-#   test/bench/run.sh --scale         # + ~6 minutes: 10M-key catalog, purge dip
-#   test/bench/run.sh --help
+#   bench/run.sh                 # ~9 minutes: TPS table, CSV, chart, memory
+#   bench/run.sh --scale         # + ~6 minutes: 10M-key catalog, purge dip
+#   bench/run.sh --help
 #
 # Workloads (pgbench -M prepared, 4 clients, synchronous_commit off and on,
 # interleaved rounds, median TPS):
@@ -23,15 +23,15 @@
 # --profile adds instructions per transaction under callgrind, which unlike
 # TPS does not move with the load of a shared machine.
 #
-# Results go to test/bench/results/ (latest.txt, latest.md, latest.csv,
+# Results go to bench/results/ (latest.txt, latest.md, latest.csv,
 # latest-runs.csv, latest-targets.csv, latest-memory.csv, latest.png; with
 # --scale latest-scale.txt/.csv, with --profile latest-profile.txt); raw
-# pgbench output and callgrind files go to test/bench/out/ (not in git).
+# pgbench output and callgrind files go to bench/out/ (not in git).
 #
 set -euo pipefail
 
 bench=$(cd "$(dirname "$0")" && pwd)
-top=$(cd "$bench/../.." && pwd)
+top=$(cd "$bench/.." && pwd)
 
 rounds=3
 seconds=8

@@ -3,9 +3,9 @@
 # Hot-key stress, the large version of test/t/020_hot_keys.pl (which runs a
 # few seconds of it in the suite).  Not part of the test suite.
 #
-#   test/bench/hotkeys/run.sh                  # 32 clients, 50 keys, 60 s per level
-#   test/bench/hotkeys/run.sh --clients 64 --seconds 300
-#   test/bench/hotkeys/run.sh --help
+#   bench/hotkeys/run.sh                  # 32 clients, 50 keys, 60 s per level
+#   bench/hotkeys/run.sh --clients 64 --seconds 300
+#   bench/hotkeys/run.sh --help
 #
 # On one throwaway PostgreSQL 15 cluster (Unix socket only), pgbench runs
 # CLIENTS clients on KEYS hot keys at READ COMMITTED, REPEATABLE READ and
@@ -25,12 +25,12 @@
 # must be 0, and every 40001 from idem must have been retried (or, at the
 # very end of the run, where pgbench does not retry, counted as a failed
 # transaction: end_40001); the script exits 1 otherwise.  The table goes to stdout and to
-# test/bench/hotkeys/results/latest.txt.
+# bench/hotkeys/results/latest.txt.
 #
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
-top=$(cd "$here/../../.." && pwd)
+top=$(cd "$here/../.." && pwd)
 
 clients=32
 keys=50

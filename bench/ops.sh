@@ -3,8 +3,8 @@
 # idem operations benchmark (issue 11): what stats, the audit trail and the
 # purge worker cost, on one throwaway PostgreSQL 15 cluster (Unix socket).
 #
-#   test/bench/ops.sh                 # ~12 minutes
-#   test/bench/ops.sh --help
+#   bench/ops.sh                 # ~12 minutes
+#   bench/ops.sh --help
 #
 # Configurations, compared within the same run:
 #   plain      idem not preloaded: no shared memory, no stats, no worker
@@ -19,13 +19,13 @@
 # The purge dip: 1M expired keys purged by the worker (idem.purge_batch_size
 # 10000) while workload 4 runs with --progress=1: TPS before, during, after.
 #
-# Results: test/bench/results/latest-ops.txt and latest-ops.csv; raw logs in
-# test/bench/out/ (not in git).
+# Results: bench/results/latest-ops.txt and latest-ops.csv; raw logs in
+# bench/out/ (not in git).
 #
 set -euo pipefail
 
 bench=$(cd "$(dirname "$0")" && pwd)
-top=$(cd "$bench/../.." && pwd)
+top=$(cd "$bench/.." && pwd)
 
 rounds=3
 seconds=8
