@@ -6,9 +6,14 @@ MODULE_big	= idem
 OBJS = \
 	$(WIN32RES) \
 	src/idem.o \
+	src/common/guc.o \
 	src/common/advice.o \
+	src/common/stats.o \
+	src/common/args.o \
+	src/common/subxact.o \
 	src/common/tables.o \
 	src/request/statement.o \
+	src/request/exec.o \
 	src/request/errcache.o \
 	src/request/response.o \
 	src/request/expiry.o \
@@ -19,8 +24,8 @@ OBJS = \
 	src/workflow/call.o \
 	src/outbox/outbox.o \
 	src/outbox/wakeup.o \
-	src/ops/stats.o \
 	src/ops/audit.o \
+	src/ops/outcome.o \
 	src/ops/worker.o
 DATA		= $(wildcard $(EXTENSION)--*.sql) monitoring/idem_postgres_exporter.yaml
 PGFILEDESC	= "idem - idempotent business writes"
@@ -68,7 +73,7 @@ dist:
 		-- . $(foreach d,$(PGXN_DIST_EXCLUDE),':(exclude)$(d)')
 	@echo "$(PGXN_DIST_DIR)/$(PGXN_DIST).zip: $(EXTENSION) $(PGXN_VERSION) at $$(git -C $(srcdir) rev-parse --short HEAD)"
 
-# PGXS tracks no header dependencies: every object reads the shared structs
-# of src/idem.h, so a change there must rebuild them all, bitcode included.
+# PGXS tracks no header dependencies: the layers' headers share structs,
+# so a change to any of them must rebuild every object, bitcode included.
 IDEM_OBJS	= $(filter src/%.o,$(OBJS))
-$(IDEM_OBJS) $(IDEM_OBJS:.o=.bc): src/idem.h src/compat.h
+$(IDEM_OBJS) $(IDEM_OBJS:.o=.bc): $(wildcard $(srcdir)/src/*.h $(srcdir)/src/*/*.h)

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The import graph between idem's C files, read from the built objects
 # (nm: which file defines each global symbol, which file uses it), and a
-# check that it has no cycle: a lower layer never calls up.  Prints the
-# edges with --edges.  Run after `make`.
+# check that it has no cycle and that no layer calls up: the folders of
+# src/ are layers, bottom first common, outbox, ops, request, workflow,
+# with idem.c (the module's entry) on top.  Prints the edges with --edges.
+# Run after `make`; scripts/test.sh runs it.
 #
 #   scripts/check-layers.sh [--edges]
 set -euo pipefail
@@ -56,9 +58,16 @@ sys.setrecursionlimit(10000)
 for v in objs:
     if v not in index:
         visit(v)
+LAYERS = ["common", "outbox", "ops", "request", "workflow"]
+def layer(o):
+    parts = o.split("/")
+    return LAYERS.index(parts[1]) if len(parts) > 2 and parts[1] in LAYERS else len(LAYERS)
+upcalls = [(o, d) for o in edges for d in edges[o] if layer(d) > layer(o)]
+for o, d in sorted(upcalls):
+    print(f"check-layers: {name(o)} calls up into {name(d)}: {', '.join(sorted(edges[o][d]))}", file=sys.stderr)
 cycles = [c for c in comps if len(c) > 1]
-if not cycles:
-    print(f"check-layers: {len(objs)} files, no import cycle")
+if not cycles and not upcalls:
+    print(f"check-layers: {len(objs)} files in {len(LAYERS)} layers, no import cycle, no call up")
     sys.exit(0)
 for c in cycles:
     members = set(c)

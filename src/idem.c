@@ -39,31 +39,10 @@
 
 #include "compat.h"
 #include "idem.h"
+#include "ops/ops.h"
+#include "request/request.h"
 
 PG_MODULE_MAGIC;
-
-int			idem_ttl = 86400;
-int			idem_max_ttl = 30 * 86400;
-bool		idem_wait = true;
-int			idem_max_response_size = 1024 * 1024;
-char	   *idem_outbox_topic = NULL;
-int			idem_statement_cache_size = 256;
-int			idem_statement_cache_memory = 32 * 1024;
-bool		idem_durable_replay = false;
-char	   *idem_cache_errors = NULL;
-int			idem_outbox_max_attempts = 10;
-int			idem_outbox_backoff_base = 1000;
-int			idem_outbox_backoff_cap = 3600 * 1000;
-bool		idem_outbox_jitter = true;
-int			idem_outbox_max_lease = 3600;
-int			idem_outbox_max_retry_after = 86400;
-int			idem_outbox_retention = 7 * 86400;
-bool		idem_outbox_logical_message = false;
-int			idem_audit_level = IDEM_AUDIT_OFF;
-int			idem_audit_retention = 0;
-int			idem_audit_queue_size = 1024;
-int			idem_purge_interval = 60;
-int			idem_purge_batch_size = 10000;
 
 static const struct config_enum_entry audit_level_options[] = {
 	{"off", IDEM_AUDIT_OFF, false},
@@ -74,7 +53,6 @@ static const struct config_enum_entry audit_level_options[] = {
 
 static shmem_request_hook_type prev_shmem_request_hook = NULL;
 static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
-bool		idem_outbox_notify = true;
 
 void		_PG_init(void);
 

@@ -70,7 +70,15 @@ struct Latch;
  */
 #define IDEM_LOCKTAG_CLASS		0x4944	/* "ID" */
 
-/* GUCs (idem.c) */
+/* audit.c: idem.audit */
+typedef enum IdemAuditLevel
+{
+	IDEM_AUDIT_OFF,
+	IDEM_AUDIT_EXECUTIONS,
+	IDEM_AUDIT_ALL
+} IdemAuditLevel;
+
+/* GUCs (common/guc.c; defined by _PG_init() in idem.c) */
 extern int	idem_ttl;
 extern int	idem_max_ttl;
 extern bool idem_wait;
@@ -89,8 +97,15 @@ extern int	idem_outbox_max_retry_after;
 extern int	idem_outbox_retention;
 extern bool idem_outbox_logical_message;
 extern bool idem_outbox_notify;
+extern int	idem_audit_level;
+extern int	idem_audit_retention;
+extern int	idem_audit_queue_size;
+extern int	idem_purge_interval;
+extern int	idem_purge_batch_size;
+extern int	idem_stats_max_databases;
+extern int	idem_stats_max_roles;
 
-/* Column numbers of idem.outbox (catalog.c checks the shape, outbox.c writes) */
+/* Column numbers of idem.outbox (tables.c checks the shape, outbox.c writes) */
 #define Anum_outbox_event_id		1
 #define Anum_outbox_key				2
 #define Anum_outbox_owner			3
@@ -109,7 +124,7 @@ extern bool idem_outbox_notify;
 #define Anum_outbox_delivered_at	16
 #define Natts_outbox				16
 
-/* Column numbers of idem.audit (catalog.c checks the shape, audit.c fills) */
+/* Column numbers of idem.audit (tables.c checks the shape, audit.c fills) */
 #define Anum_audit_at			1
 #define Anum_audit_key			2
 #define Anum_audit_owner		3
@@ -171,30 +186,6 @@ typedef struct IdemResult
 	TimestampTz first_executed_at;
 } IdemResult;
 
-/* execute.c: the parts of a call that workflow steps share */
-extern void idem_check_can_write(const char *what);
-extern char *idem_name_arg(FunctionCallInfo fcinfo, int argno,
-						   const char *what);
-extern void idem_collect_args(FunctionCallInfo fcinfo, int first,
-							  IdemRequest *req);
-extern void idem_collect_array(ArrayType *arr, bool untyped, IdemRequest *req);
-extern void idem_keyed_request(FunctionCallInfo fcinfo, const char *fname,
-							   IdemRequest *req);
-extern void idem_execute_request(IdemRequest *req, IdemResult *result);
-extern Datum idem_result_datum(IdemResult *result);
-extern int32 idem_purge_batch_arg(FunctionCallInfo fcinfo, const char *fname);
-extern void idem_check_not_inflight(IdemRequest *req);
-extern void idem_check_visible(IdemRequest *req, IdemRecord *rec);
-extern bool idem_record_matches(IdemStatement *stmt, IdemRequest *req,
-								IdemRecord *rec, const uint8 *fingerprint);
-extern bool idem_find_record(IdemStatement *stmt, IdemRequest *req,
-							 const uint8 *fingerprint, TimestampTz now,
-							 IdemRecord *rec);
-extern Jsonb *idem_execute_statement(IdemStatement *stmt, IdemRequest *req);
-extern void idem_check_response_size(Jsonb *response, const char *what);
-extern char *idem_current_topic(Oid owner);
-extern void idem_make_replay_durable(IdemRequest *req);
-
 /* A run as found in idem.runs (arrays and strings copied). */
 typedef struct IdemRunRow
 {
@@ -212,212 +203,5 @@ typedef struct IdemRunRow
 	ArrayType  *done_steps;		/* text[]: completed steps, in order */
 	ArrayType  *attempts;		/* int4[]: per completed step */
 } IdemRunRow;
-
-/* statement.c: per-backend cache of business statements */
-extern IdemStatement *idem_statement_acquire(const char *sql, int nargs,
-											 Oid *argtypes);
-extern void idem_statement_release(IdemStatement *stmt);
-extern SPIPlanPtr idem_statement_plan(IdemStatement *stmt);
-extern const char *idem_statement_command(IdemStatement *stmt);
-extern void idem_statement_fingerprint(IdemStatement *stmt, IdemRequest *req,
-									   uint8 *fingerprint);
-extern bool idem_statement_fingerprint_v1(IdemStatement *stmt,
-										  IdemRequest *req,
-										  uint8 *fingerprint);
-extern void idem_statement_infer_types(const char *sql, int nargs,
-									   Oid *types);
-extern void idem_value_digest(const char *tag, Oid typid, Datum value,
-							  uint8 *digest);
-
-/* cache.c: business errors recorded as a key's outcome; subtransactions */
-typedef struct IdemSubxact
-{
-	MemoryContext cxt;
-	ResourceOwner owner;
-} IdemSubxact;
-extern void idem_subxact_begin(IdemSubxact *sx);
-extern void idem_subxact_end(IdemSubxact *sx, bool commit);
-extern ErrorData *idem_subxact_abort(IdemSubxact *sx);
-extern bool idem_cache_errors_check(char **newval, void **extra,
-									GucSource source);
-extern void idem_cache_errors_assign(const char *newval, void *extra);
-extern Jsonb *idem_execute_caching_errors(IdemStatement *stmt,
-										  IdemRequest *req, bool *cached);
-
-/* run.c: workflow steps, also for idem_call() */
-extern void idem_step_key_request(const char *run_id, const char *step,
-								  IdemRequest *req);
-extern void idem_step_request(IdemRequest *req, const char *run_id,
-							  const char *step, IdemResult *result);
-
-/* advice.c: what a client should do after an error */
-extern const char *idem_retry_advice_for(int sqlerrcode);
-extern int	idem_errhint(int sqlerrcode, const char *hint);
-
-/* derive.c: keys built from business context */
-extern char *idem_derive_key(int nparts, const char *const *parts);
-
-/* catalog.c: idem's tables and the key lock */
-extern void idem_lock_key(Oid owner, const char *key, int keylen, bool wait);
-extern bool idem_try_lock_key(Oid owner, const char *key, int keylen);
-extern bool idem_lookup_key(Oid owner, const char *key, IdemRecord *rec);
-extern void idem_delete_key(IdemRecord *rec);
-extern void idem_insert_key(const char *key, Oid owner,
-							const uint8 *fingerprint, Jsonb *response,
-							TimestampTz created_at, TimestampTz expires_at);
-extern Oid	idem_catalog_outbox(void);
-extern Oid	idem_catalog_outbox_topics(Oid *pkey);
-extern uint64 idem_catalog_generation(void);
-extern bool idem_restamp_key(Oid owner, const char *key,
-							 TimestampTz expires_at);
-extern int64 idem_purge_expired(int batch_size);
-extern bool idem_lookup_run(Oid owner, const char *run_id, IdemRunRow *row);
-extern void idem_insert_run(IdemRunRow *row);
-extern void idem_update_run(IdemRunRow *row);
-
-/*
- * catalog.c: SQL on idem's tables, as the owner of a table (callers have
- * no privileges on schema idem), with plans kept for the backend's life.
- */
-typedef struct IdemOwnerSPI
-{
-	MemoryContext callercxt;	/* for results that outlive the connection */
-	Oid			save_userid;
-	int			save_sec_context;
-} IdemOwnerSPI;
-
-typedef struct IdemQuery
-{
-	const char *sql;
-	int			nargs;
-	Oid			argtypes[8];
-	int			cursor_options;
-	SPIPlanPtr	plan;
-} IdemQuery;
-
-extern void idem_owner_spi_begin(IdemOwnerSPI *s, Oid relid);
-extern void idem_owner_spi_end(IdemOwnerSPI *s);
-extern int	idem_query_run(IdemQuery *q, Datum *values, const char *nulls,
-						   long limit);
-
-/* outbox.c: outbox events, topics, delivery */
-extern void idem_outbox_check_publish(const char *topic, Oid role);
-extern void idem_insert_outbox(const char *key, Oid owner, const char *topic,
-							   Jsonb *payload, TimestampTz created_at,
-							   const char *run_id, const char *step);
-extern int64 idem_outbox_purge_delivered(int batch_size);
-
-/* expiry.c: when a new record expires */
-extern int	idem_checked_ttl(void);
-extern TimestampTz idem_new_record_expiry(Oid owner, const char *key, int ttl);
-
-/* response.c */
-extern Jsonb *idem_build_response(const char *command, uint64 processed,
-								  SPITupleTable *tuptable);
-
-/*
- * Operations (issue 11): what became of one idem_execute() call, counted
- * in shared memory (stats.c) and written to the audit trail (audit.c).
- */
-typedef enum IdemOutcome
-{
-	IDEM_OUTCOME_EXECUTED,		/* the business statement ran and was recorded */
-	IDEM_OUTCOME_REPLAYED,		/* the stored response was returned */
-	IDEM_OUTCOME_MISMATCH,		/* ID422: the key holds another request */
-	IDEM_OUTCOME_IN_PROGRESS,	/* ID409: the key is being executed elsewhere */
-	IDEM_OUTCOME_CONFLICT,		/* class 40: serialization failure, deadlock */
-	IDEM_OUTCOME_SEQUENCING,	/* a workflow step out of order (issue 9) */
-	IDEM_OUTCOME_ERROR			/* the business statement (or recording) failed */
-} IdemOutcome;
-
-/* Counters of idem_stats besides the outcomes' (stats.c) */
-typedef enum IdemStatCounter
-{
-	IDEM_STAT_EXECUTIONS,
-	IDEM_STAT_REPLAYS,
-	IDEM_STAT_MISMATCHES,
-	IDEM_STAT_IN_PROGRESS,
-	IDEM_STAT_CONFLICTS,
-	IDEM_STAT_SEQUENCING,
-	IDEM_STAT_ERRORS,
-	IDEM_STAT_LOCK_WAITS,
-	IDEM_STAT_LOCK_WAIT_US,
-	IDEM_STAT_PURGED_KEYS,
-	IDEM_STAT_PURGED_AUDIT,
-	IDEM_STAT_OUTBOX_WRITTEN,
-	IDEM_STAT_OUTBOX_CLAIMED,
-	IDEM_STAT_OUTBOX_ACKED,
-	IDEM_STAT_OUTBOX_FAILED,
-	IDEM_STAT_OUTBOX_DEAD,
-	IDEM_STAT_PURGED_OUTBOX,
-	IDEM_STAT_AUDIT_WRITTEN,
-	IDEM_STAT_AUDIT_QUEUED,
-	IDEM_STAT_AUDIT_DROPPED,
-	IDEM_STAT_NCOUNTERS
-} IdemStatCounter;
-
-/* audit.c: idem.audit */
-typedef enum IdemAuditLevel
-{
-	IDEM_AUDIT_OFF,
-	IDEM_AUDIT_EXECUTIONS,
-	IDEM_AUDIT_ALL
-} IdemAuditLevel;
-
-extern int	idem_audit_level;
-extern int	idem_audit_retention;
-extern int	idem_audit_queue_size;
-extern int	idem_purge_interval;
-extern int	idem_purge_batch_size;
-extern int	idem_stats_max_databases;
-extern int	idem_stats_max_roles;
-
-/*
- * The one hook every outcome of a call goes through: counts it and, at the
- * idem.audit level that asks for it, writes the audit entry.  run_id and
- * step may be NULL (calls outside a workflow), fingerprint too (unknown
- * yet); sqlerrcode is 0 for executions and replays.  For a rejected
- * attempt it is called from a PG_CATCH block: it neither allocates nor
- * raises there.
- */
-extern void idem_note_outcome(IdemOutcome outcome, const IdemRequest *req,
-							  const uint8 *fingerprint, const char *run_id,
-							  const char *step, int sqlerrcode);
-
-/* stats.c: counters per database in shared memory */
-extern IdemOutcome idem_error_outcome(int sqlerrcode, bool executing);
-extern bool idem_stats_active(void);
-extern void idem_stats_count(IdemStatCounter counter, uint64 n);
-extern void idem_stats_count_db(Oid dbid, IdemStatCounter counter, uint64 n);
-extern Size idem_stats_shmem_size(void);
-extern void idem_stats_shmem_init(void);
-
-/* audit.c: the audit trail and its queue for rejected attempts */
-extern void idem_audit_note(IdemOutcome outcome, const IdemRequest *req,
-							const uint8 *fingerprint, const char *run_id,
-							const char *step, int sqlerrcode);
-extern Size idem_audit_shmem_size(void);
-extern void idem_audit_shmem_init(void);
-
-/* wakeup.c: the outbox's wakeup in shared memory */
-extern Size idem_wakeup_shmem_size(void);
-extern void idem_wakeup_shmem_init(void);
-extern bool idem_wakeup_available(void);
-extern void idem_wakeup_topic(const char *topic);
-extern void idem_wakeup_note_claim(const char *topic);
-extern bool idem_wakeup_wait(const char *topic, long timeout_ms);
-extern int64 idem_audit_drain(int batch_size);
-extern int64 idem_audit_purge_expired(int batch_size);
-extern void idem_audit_set_launcher_latch(struct Latch *latch);
-extern void idem_audit_discard_other(const Oid *dbids, int ndbs);
-extern void idem_audit_discard_db(Oid dbid);
-
-/* worker.c: the purge launcher and its per-database workers */
-extern void idem_worker_register(void);
-
-/* catalog.c: idem.audit, for audit.c */
-extern Oid	idem_audit_relid(void);
-extern void idem_insert_audit_row(Datum *values, bool *nulls);
-extern void idem_insert_outbox_row(Datum *values, bool *nulls);
 
 #endif							/* IDEM_H */

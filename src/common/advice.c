@@ -19,7 +19,7 @@
  * Copyright (c) 2026, idem authors
  *
  * IDENTIFICATION
- *	  src/advice.c
+ *	  src/common/advice.c
  *
  *-------------------------------------------------------------------------
  */
@@ -29,7 +29,7 @@
 #include "utils/builtins.h"
 
 #include "compat.h"
-#include "idem.h"
+#include "common/common.h"
 
 PG_FUNCTION_INFO_V1(idem_retry_advice);
 

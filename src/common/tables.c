@@ -1,9 +1,9 @@
 /*-------------------------------------------------------------------------
  *
- * catalog.c
+ * tables.c
  *		idem's own tables (idem.keys, idem.outbox, idem.outbox_topics,
  *		idem.runs, idem.audit) and the per-key advisory lock.  What is
- *		written to the outbox, and when, is src/outbox.c's.
+ *		written to the outbox, and when, is outbox.c's.
  *
  * The tables are reached by OID, cached and reset by a relcache callback, so
  * no search_path can redirect idem's reads or writes.  Access is direct:
@@ -17,13 +17,13 @@
  * The lookup uses SnapshotSelf: it sees rows committed by anyone up to now
  * and this transaction's own rows, whatever the isolation level, and takes
  * no SSI predicate locks.  Under REPEATABLE READ or SERIALIZABLE the caller
- * must still ask idem_record_visible_to_snapshot() whether the row found is
+ * must still ask idem_check_visible() (execute.c) whether the row found is
  * one its snapshot could see.
  *
  * Copyright (c) 2026, idem authors
  *
  * IDENTIFICATION
- *	  src/catalog.c
+ *	  src/common/tables.c
  *
  *-------------------------------------------------------------------------
  */
@@ -64,7 +64,7 @@
 #include "utils/syscache.h"
 
 #include "compat.h"
-#include "idem.h"
+#include "common/common.h"
 
 /* Column numbers of idem.keys */
 #define Anum_keys_key			1

@@ -28,7 +28,7 @@
  * Copyright (c) 2026, idem authors
  *
  * IDENTIFICATION
- *	  src/audit.c
+ *	  src/ops/audit.c
  *
  *-------------------------------------------------------------------------
  */
@@ -58,7 +58,7 @@
 #include "utils/xid8.h"
 
 #include "compat.h"
-#include "idem.h"
+#include "ops/ops.h"
 
 /* Longest run id and step a queued entry keeps (longer ones are cut). */
 #define AUDIT_NAME_LEN			128

@@ -24,13 +24,13 @@
  * shutdown never waits for a purge.
  *
  * Nothing here ever deletes a live key: purging goes through
- * idem_purge_expired() (catalog.c), which only takes expired records and
+ * idem_purge_expired() (tables.c), which only takes expired records and
  * skips any key a running call holds.
  *
  * Copyright (c) 2026, idem authors
  *
  * IDENTIFICATION
- *	  src/worker.c
+ *	  src/ops/worker.c
  *
  *-------------------------------------------------------------------------
  */
@@ -61,7 +61,7 @@
 #include "utils/snapmgr.h"
 
 #include "compat.h"
-#include "idem.h"
+#include "ops/ops.h"
 
 PGDLLEXPORT void idem_launcher_main(Datum main_arg);
 PGDLLEXPORT void idem_purge_worker_main(Datum main_arg);

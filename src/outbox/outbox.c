@@ -7,7 +7,7 @@
  *		jitter, dead letters, requeue, and the purge of delivered events.
  *
  * The writer is on idem_execute()'s hot path and reaches idem.outbox and
- * idem.outbox_topics by OID (catalog.c), like the key record.  Delivery
+ * idem.outbox_topics by OID (tables.c), like the key record.  Delivery
  * runs fixed statements through SPI, prepared once per backend, as the
  * owner of idem.outbox (the callers have no privilege on schema idem) and
  * with every name, operator and function schema-qualified, so that no
@@ -24,7 +24,7 @@
  * Copyright (c) 2026, idem authors
  *
  * IDENTIFICATION
- *	  src/outbox.c
+ *	  src/outbox/outbox.c
  *
  *-------------------------------------------------------------------------
  */
@@ -67,7 +67,7 @@
 #include "utils/uuid.h"
 
 #include "compat.h"
-#include "idem.h"
+#include "outbox/outbox.h"
 
 PG_FUNCTION_INFO_V1(idem_outbox_claim);
 PG_FUNCTION_INFO_V1(idem_outbox_ack);
@@ -133,25 +133,6 @@ roles_changed(Datum arg, int cacheid, uint32 hashvalue)
  * Topics
  * ------------------------------------------------------------------------
  */
-
-static void
-check_name(const char *what, const char *name)
-{
-	size_t		len = strlen(name);
-
-	if (len == 0)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("%s must not be empty", what),
-				 idem_errhint(ERRCODE_INVALID_PARAMETER_VALUE, NULL)));
-	if (len > OUTBOX_MAX_NAME_BYTES)
-		ereport(ERROR,
-				(errcode(ERRCODE_STRING_DATA_RIGHT_TRUNCATION),
-				 errmsg("%s is too long", what),
-				 errdetail("It is %zu bytes long; the limit is %d bytes.",
-						   len, OUTBOX_MAX_NAME_BYTES),
-				 idem_errhint(ERRCODE_STRING_DATA_RIGHT_TRUNCATION, NULL)));
-}
 
 static bool
 role_in(Oid role, Datum array)
@@ -289,7 +270,7 @@ idem_outbox_topics_changed(PG_FUNCTION_ARGS)
 void
 idem_outbox_check_publish(const char *topic, Oid role)
 {
-	check_name("outbox topic", topic);
+	idem_check_name("outbox topic", topic, OUTBOX_MAX_NAME_BYTES, NULL);
 	check_topic(topic, role, TOPIC_PUBLISH);
 }
 
@@ -310,36 +291,19 @@ idem_outbox_check_publish(const char *topic, Oid role)
  */
 typedef struct NotifyTopic
 {
+	IdemXactItem item;			/* first: the subtransaction, the next entry */
 	char	   *topic;
 	bool		notify;			/* idem.outbox_notify when written */
-	SubTransactionId subid;
-	struct NotifyTopic *next;
 } NotifyTopic;
 
-static NotifyTopic *notify_topics = NULL;
+static IdemXactItem *notify_topics = NULL;
 static bool notify_callbacks_registered = false;
 
 static void
 notify_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
 						SubTransactionId parentSubid, void *arg)
 {
-	NotifyTopic **link = &notify_topics;
-
-	if (event != SUBXACT_EVENT_ABORT_SUB && event != SUBXACT_EVENT_COMMIT_SUB)
-		return;
-	while (*link != NULL)
-	{
-		NotifyTopic *n = *link;
-
-		if (n->subid == mySubid && event == SUBXACT_EVENT_ABORT_SUB)
-		{
-			*link = n->next;
-			continue;
-		}
-		if (n->subid == mySubid)
-			n->subid = parentSubid;
-		link = &n->next;
-	}
+	idem_xact_list_subxact(&notify_topics, event, mySubid, parentSubid);
 }
 
 static void
@@ -349,13 +313,13 @@ notify_xact_callback(XactEvent event, void *arg)
 	{
 		case XACT_EVENT_PRE_COMMIT:
 			/* PostgreSQL folds duplicates of one channel and payload */
-			for (NotifyTopic *n = notify_topics; n != NULL; n = n->next)
-				if (n->notify)
-					Async_Notify(OUTBOX_CHANNEL, n->topic);
+			for (IdemXactItem *i = notify_topics; i != NULL; i = i->next)
+				if (((NotifyTopic *) i)->notify)
+					Async_Notify(OUTBOX_CHANNEL, ((NotifyTopic *) i)->topic);
 			break;
 		case XACT_EVENT_COMMIT:
-			for (NotifyTopic *n = notify_topics; n != NULL; n = n->next)
-				idem_wakeup_topic(n->topic);
+			for (IdemXactItem *i = notify_topics; i != NULL; i = i->next)
+				idem_wakeup_topic(((NotifyTopic *) i)->topic);
 			notify_topics = NULL;
 			break;
 		case XACT_EVENT_PRE_PREPARE:
@@ -383,9 +347,10 @@ remember_notify(const char *topic, bool notify)
 		RegisterSubXactCallback(notify_subxact_callback, NULL);
 		notify_callbacks_registered = true;
 	}
-	for (n = notify_topics; n != NULL; n = n->next)
+	for (IdemXactItem *i = notify_topics; i != NULL; i = i->next)
 	{
-		if (n->subid == subid && strcmp(n->topic, topic) == 0)
+		n = (NotifyTopic *) i;
+		if (i->subid == subid && strcmp(n->topic, topic) == 0)
 		{
 			n->notify |= notify;
 			return;
@@ -395,9 +360,9 @@ remember_notify(const char *topic, bool notify)
 	n = palloc(sizeof(NotifyTopic));
 	n->topic = pstrdup(topic);
 	n->notify = notify;
-	n->subid = subid;
-	n->next = notify_topics;
-	notify_topics = n;
+	n->item.subid = subid;
+	n->item.next = notify_topics;
+	notify_topics = &n->item;
 	MemoryContextSwitchTo(oldcxt);
 }
 
@@ -854,8 +819,8 @@ idem_outbox_claim(PG_FUNCTION_ARGS)
 				 errdetail("max_events is %d.", max_events),
 				 idem_errhint(ERRCODE_INVALID_PARAMETER_VALUE, NULL)));
 	lease_us = checked_lease(lease);
-	check_name("consumer", consumer);
-	check_name("outbox topic", topic);
+	idem_check_name("consumer", consumer, OUTBOX_MAX_NAME_BYTES, NULL);
+	idem_check_name("outbox topic", topic, OUTBOX_MAX_NAME_BYTES, NULL);
 	idem_check_can_write("idem_outbox_claim()");
 	check_topic(topic, caller, TOPIC_CONSUME);
 	if (!PG_ARGISNULL(4))
@@ -1376,7 +1341,7 @@ idem_outbox_wait(PG_FUNCTION_ARGS)
 	arg_not_null(fcinfo, 1, "timeout");
 	topic = text_to_cstring(PG_GETARG_TEXT_PP(0));
 	timeout_ms = checked_wait(PG_GETARG_INTERVAL_P(1));
-	check_name("outbox topic", topic);
+	idem_check_name("outbox topic", topic, OUTBOX_MAX_NAME_BYTES, NULL);
 	check_topic(topic, GetUserId(), TOPIC_CONSUME);
 	check_can_wait("idem_outbox_wait()");
 
@@ -1460,7 +1425,7 @@ idem_outbox_create_topic(PG_FUNCTION_ARGS)
 
 	arg_not_null(fcinfo, 0, "topic");
 	topic = text_to_cstring(PG_GETARG_TEXT_PP(0));
-	check_name("outbox topic", topic);
+	idem_check_name("outbox topic", topic, OUTBOX_MAX_NAME_BYTES, NULL);
 	values[0] = PointerGetDatum(cstring_to_text(topic));
 	values[1] = checked_roles(fcinfo, 1, "publishers");
 	values[2] = checked_roles(fcinfo, 2, "consumers");

@@ -25,7 +25,7 @@
  * Copyright (c) 2026, idem authors
  *
  * IDENTIFICATION
- *	  src/wakeup.c
+ *	  src/outbox/wakeup.c
  *
  *-------------------------------------------------------------------------
  */
@@ -41,7 +41,7 @@
 #include "utils/memutils.h"
 #include "utils/timestamp.h"
 
-#include "idem.h"
+#include "outbox/outbox.h"
 
 /* a power of two; more slots only thin out spurious wakeups */
 #define WAKEUP_SLOTS	128

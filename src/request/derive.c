@@ -21,7 +21,7 @@
  * Copyright (c) 2026, idem authors
  *
  * IDENTIFICATION
- *	  src/derive.c
+ *	  src/request/derive.c
  *
  *-------------------------------------------------------------------------
  */
@@ -36,7 +36,7 @@
 #include "utils/lsyscache.h"
 
 #include "compat.h"
-#include "idem.h"
+#include "request/request.h"
 
 PG_FUNCTION_INFO_V1(idem_key);
 PG_FUNCTION_INFO_V1(idem_state_hash);

@@ -13,7 +13,7 @@
  * Copyright (c) 2026, idem authors
  *
  * IDENTIFICATION
- *	  src/dryrun.c
+ *	  src/request/dryrun.c
  *
  *-------------------------------------------------------------------------
  */
@@ -28,7 +28,7 @@
 #include "utils/resowner.h"
 
 #include "compat.h"
-#include "idem.h"
+#include "request/request.h"
 
 PG_FUNCTION_INFO_V1(idem_dry_run);
 

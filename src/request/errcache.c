@@ -1,6 +1,6 @@
 /*-------------------------------------------------------------------------
  *
- * cache.c
+ * errcache.c
  *		Cached business errors: idem.cache_errors and the subtransaction
  *		that turns a listed error into the key's recorded outcome.
  *
@@ -18,7 +18,7 @@
  * Copyright (c) 2026, idem authors
  *
  * IDENTIFICATION
- *	  src/cache.c
+ *	  src/request/errcache.c
  *
  *-------------------------------------------------------------------------
  */
@@ -34,7 +34,7 @@
 #include "utils/resowner.h"
 
 #include "compat.h"
-#include "idem.h"
+#include "request/request.h"
 
 /* The parsed list: classes match on their first two characters. */
 typedef struct CacheList
@@ -174,47 +174,6 @@ error_response(ErrorData *edata)
 	append_field(&buf, "hint", edata->hint, true);
 	appendStringInfoString(&buf, "}}");
 	return DatumGetJsonbP(DirectFunctionCall1(jsonb_in, CStringGetDatum(buf.data)));
-}
-
-/*
- * idem_subxact_begin, idem_subxact_end, idem_subxact_abort
- *		An internal subtransaction that leaves the caller's memory context
- *		and resource owner as they were.  idem_subxact_abort() is for a
- *		PG_CATCH block: it takes the error out of the error state, rolls the
- *		subtransaction back (always, so an enclosing handler finds its own
- *		subtransaction current) and returns the error, to be raised again
- *		with ReThrowError() or handled.
- */
-void
-idem_subxact_begin(IdemSubxact *sx)
-{
-	sx->cxt = CurrentMemoryContext;
-	sx->owner = CurrentResourceOwner;
-	BeginInternalSubTransaction(NULL);
-	MemoryContextSwitchTo(sx->cxt);
-}
-
-void
-idem_subxact_end(IdemSubxact *sx, bool commit)
-{
-	if (commit)
-		ReleaseCurrentSubTransaction();
-	else
-		RollbackAndReleaseCurrentSubTransaction();
-	MemoryContextSwitchTo(sx->cxt);
-	CurrentResourceOwner = sx->owner;
-}
-
-ErrorData *
-idem_subxact_abort(IdemSubxact *sx)
-{
-	ErrorData  *edata;
-
-	MemoryContextSwitchTo(sx->cxt);
-	edata = CopyErrorData();
-	FlushErrorState();
-	idem_subxact_end(sx, false);
-	return edata;
 }
 
 /*

@@ -22,7 +22,7 @@
  * Copyright (c) 2026, idem authors
  *
  * IDENTIFICATION
- *	  src/execute.c
+ *	  src/request/execute.c
  *
  *-------------------------------------------------------------------------
  */
@@ -41,7 +41,7 @@
 #include "utils/timestamp.h"
 
 #include "compat.h"
-#include "idem.h"
+#include "request/request.h"
 
 /* Entry points of the 1.1 SQL definitions; idem.c answers 1.0's. */
 PG_FUNCTION_INFO_V1(idem_execute_1_1);
@@ -50,61 +50,6 @@ PG_FUNCTION_INFO_V1(idem_purge_1_1);
 
 /* Arguments before the statement's own: key, sql */
 #define IDEM_FIXED_ARGS 2
-
-/*
- * Keys whose business statement is running in this backend, innermost
- * first.  Nodes live on the C stack of the calls that pushed them.
- */
-typedef struct InflightKey
-{
-	Oid			owner;
-	const char *key;
-	struct InflightKey *next;
-} InflightKey;
-
-static InflightKey *inflight_keys = NULL;
-
-void
-idem_check_can_write(const char *what)
-{
-	PreventCommandDuringRecovery(what);
-	PreventCommandIfReadOnly(what);
-	PreventCommandIfParallelMode(what);
-}
-
-/*
- * idem_name_arg
- *		A key, run id or step name argument: not null, not empty, at most
- *		IDEM_MAX_KEY_BYTES.  what names it in messages ("idempotency key").
- */
-char *
-idem_name_arg(FunctionCallInfo fcinfo, int argno, const char *what)
-{
-	char	   *name;
-	int			len;
-
-	if (PG_ARGISNULL(argno))
-		ereport(ERROR,
-				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("%s must not be null", what),
-				 idem_errhint(ERRCODE_NULL_VALUE_NOT_ALLOWED, NULL)));
-
-	name = text_to_cstring(PG_GETARG_TEXT_PP(argno));
-	len = strlen(name);
-	if (len == 0)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("%s must not be empty", what),
-				 idem_errhint(ERRCODE_INVALID_PARAMETER_VALUE, NULL)));
-	if (len > IDEM_MAX_KEY_BYTES)
-		ereport(ERROR,
-				(errcode(ERRCODE_STRING_DATA_RIGHT_TRUNCATION),
-				 errmsg("%s is too long", what),
-				 errdetail("The %s is %d bytes long; the limit is %d bytes.",
-						   what, len, IDEM_MAX_KEY_BYTES),
-				 idem_errhint(ERRCODE_STRING_DATA_RIGHT_TRUNCATION, "Build long names with idem_key(), which hashes what does not fit.")));
-	return name;
-}
 
 /*
  * Give arguments sent without a type the type the statement gives their $n
@@ -226,25 +171,6 @@ idem_collect_args(FunctionCallInfo fcinfo, int first, IdemRequest *req)
 		type_untyped_args(req, untyped);
 }
 
-/*
- * Raise ID508 if req's key is the one of a call whose business statement
- * is running (further up this backend's stack).
- */
-void
-idem_check_not_inflight(IdemRequest *req)
-{
-	for (InflightKey *k = inflight_keys; k != NULL; k = k->next)
-	{
-		if (k->owner == req->owner && strcmp(k->key, req->key) == 0)
-			ereport(ERROR,
-					(errcode(ERRCODE_IDEM_NESTED_KEY),
-					 errmsg("idempotency key \"%s\" is already being executed by an enclosing idem_execute() call",
-							req->key),
-					 errdetail("A business statement called idem_execute() with its own key."),
-					 idem_errhint(ERRCODE_IDEM_NESTED_KEY, "Give the inner call a key of its own.")));
-	}
-}
-
 static void
 report_key_reused(IdemRequest *req, const char *detail)
 {
@@ -336,22 +262,6 @@ check_record(IdemStatement *stmt, IdemRequest *req, IdemRecord *rec,
 }
 
 /*
- * idem_check_response_size
- *		Refuse a response (what names it) above idem.max_response_size.
- */
-void
-idem_check_response_size(Jsonb *response, const char *what)
-{
-	if (VARSIZE(response) > idem_max_response_size)
-		ereport(ERROR,
-				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
-				 errmsg("%s is too large", what),
-				 errdetail("The response is %u bytes; idem.max_response_size is %d bytes.",
-						   (unsigned int) VARSIZE(response), idem_max_response_size),
-				 idem_errhint(ERRCODE_PROGRAM_LIMIT_EXCEEDED, "Return fewer rows or columns, or raise idem.max_response_size.")));
-}
-
-/*
  * idem_find_record
  *		Lock req's key and look it up: true if a live record of this very
  *		request exists (rec is filled, to be replayed), false if the key is
@@ -368,64 +278,6 @@ idem_find_record(IdemStatement *stmt, IdemRequest *req,
 	idem_lock_key(req->owner, req->key, req->keylen, idem_wait);
 	return idem_lookup_key(req->owner, req->key, rec) &&
 		check_record(stmt, req, rec, fingerprint, now);
-}
-
-/*
- * Run the business statement and return its response, built in the
- * caller's memory context.
- */
-static Jsonb *
-run_statement(IdemStatement *stmt, IdemRequest *req)
-{
-	MemoryContext callercxt = CurrentMemoryContext;
-	SPIPlanPtr	plan;
-	Jsonb	   *response;
-	int			rc;
-
-	if (SPI_connect() != SPI_OK_CONNECT)
-		elog(ERROR, "SPI_connect failed");
-
-	plan = idem_statement_plan(stmt);
-	rc = SPI_execute_plan(plan, req->values, req->nulls, false, 0);
-	if (rc < 0)
-		elog(ERROR, "SPI_execute_plan failed: %s", SPI_result_code_string(rc));
-
-	MemoryContextSwitchTo(callercxt);
-	response = idem_build_response(idem_statement_command(stmt),
-								   SPI_processed, SPI_tuptable);
-	idem_check_response_size(response, "idem_execute() response");
-
-	SPI_finish();
-	return response;
-}
-
-/*
- * idem_execute_statement
- *		Run req's business statement with its key marked in flight (so a
- *		nested call with the same key fails instead of waiting on itself)
- *		and return the response.
- */
-Jsonb *
-idem_execute_statement(IdemStatement *stmt, IdemRequest *req)
-{
-	InflightKey self;
-	Jsonb	   *response;
-
-	self.owner = req->owner;
-	self.key = req->key;
-	self.next = inflight_keys;
-	inflight_keys = &self;
-
-	PG_TRY();
-	{
-		response = run_statement(stmt, req);
-	}
-	PG_FINALLY();
-	{
-		inflight_keys = self.next;
-	}
-	PG_END_TRY();
-	return response;
 }
 
 /*
@@ -583,9 +435,9 @@ idem_execute_1_1(PG_FUNCTION_ARGS)
  *		return.
  *
  * The row type is built and blessed once per backend: get_call_result_type()
- * would rebuild it from pg_proc's OUT parameters on every call, which cost
- * a replay through idem_call() 7k instructions.  The executor still checks
- * it against the function's declared row type.
+ * would rebuild it from pg_proc's OUT parameters on every call, a large
+ * share of a replay's cost.  The executor still checks it against the
+ * function's declared row type.
  */
 Datum
 idem_result_datum(IdemResult *result)
@@ -631,23 +483,4 @@ Datum
 idem_purge_1_1(PG_FUNCTION_ARGS)
 {
 	PG_RETURN_INT64(idem_purge_expired(idem_purge_batch_arg(fcinfo, "idem_purge()")));
-}
-
-/*
- * idem_purge_batch_arg
- *		The batch_size argument of a purge function (fname), checked, once
- *		the transaction is known to be able to write.
- */
-int32
-idem_purge_batch_arg(FunctionCallInfo fcinfo, const char *fname)
-{
-	int32		batch_size = PG_GETARG_INT32(0);
-
-	if (batch_size <= 0)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("batch_size must be greater than zero"),
-				 idem_errhint(ERRCODE_INVALID_PARAMETER_VALUE, NULL)));
-	idem_check_can_write(fname);
-	return batch_size;
 }

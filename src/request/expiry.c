@@ -18,7 +18,7 @@
  * Copyright (c) 2026, idem authors
  *
  * IDENTIFICATION
- *	  src/expiry.c
+ *	  src/request/expiry.c
  *
  *-------------------------------------------------------------------------
  */
@@ -29,7 +29,7 @@
 #include "utils/memutils.h"
 #include "utils/timestamp.h"
 
-#include "idem.h"
+#include "request/request.h"
 
 #define COMMIT_SLACK_USECS		USECS_PER_SEC
 
@@ -41,16 +41,15 @@
  */
 typedef struct PendingRecord
 {
+	IdemXactItem item;			/* first: the subtransaction, the next entry */
 	Oid			owner;
 	char	   *key;
 	int64		ttl_usecs;
 	TimestampTz stamped_at;
-	SubTransactionId subid;
-	struct PendingRecord *next;
 } PendingRecord;
 
 /* In TopTransactionContext; forgotten at the end of every transaction. */
-static PendingRecord *pending = NULL;
+static IdemXactItem *pending = NULL;
 static bool callback_registered = false;
 
 static void
@@ -58,8 +57,10 @@ restamp_pending(void)
 {
 	TimestampTz now = GetCurrentTimestamp();
 
-	for (PendingRecord *p = pending; p != NULL; p = p->next)
+	for (IdemXactItem *item = pending; item != NULL; item = item->next)
 	{
+		PendingRecord *p = (PendingRecord *) item;
+
 		if (now - p->stamped_at <= COMMIT_SLACK_USECS)
 			continue;
 		/* DROP EXTENSION later in this transaction took the table along */
@@ -74,23 +75,7 @@ static void
 expiry_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
 						SubTransactionId parentSubid, void *arg)
 {
-	PendingRecord **link = &pending;
-
-	if (event != SUBXACT_EVENT_ABORT_SUB && event != SUBXACT_EVENT_COMMIT_SUB)
-		return;
-	while (*link != NULL)
-	{
-		PendingRecord *p = *link;
-
-		if (p->subid == mySubid && event == SUBXACT_EVENT_ABORT_SUB)
-		{
-			*link = p->next;
-			continue;
-		}
-		if (p->subid == mySubid)
-			p->subid = parentSubid;
-		link = &p->next;
-	}
+	idem_xact_list_subxact(&pending, event, mySubid, parentSubid);
 }
 
 static void
@@ -157,9 +142,9 @@ idem_new_record_expiry(Oid owner, const char *key, int ttl)
 	p->key = pstrdup(key);
 	p->ttl_usecs = (int64) ttl * USECS_PER_SEC;
 	p->stamped_at = GetCurrentTimestamp();
-	p->subid = GetCurrentSubTransactionId();
-	p->next = pending;
-	pending = p;
+	p->item.subid = GetCurrentSubTransactionId();
+	p->item.next = pending;
+	pending = &p->item;
 	MemoryContextSwitchTo(oldcxt);
 
 	return p->stamped_at + p->ttl_usecs + COMMIT_SLACK_USECS;

@@ -13,7 +13,7 @@
  * Copyright (c) 2026, idem authors
  *
  * IDENTIFICATION
- *	  src/response.c
+ *	  src/request/response.c
  *
  *-------------------------------------------------------------------------
  */
@@ -28,7 +28,7 @@
 #include "utils/memutils.h"
 #include "utils/numeric.h"
 
-#include "idem.h"
+#include "request/request.h"
 
 static FmgrInfo to_jsonb_record;
 static bool to_jsonb_record_ready = false;
@@ -152,4 +152,20 @@ idem_build_response(const char *command, uint64 processed,
 
 	result = pushJsonbValue(&state, WJB_END_OBJECT, NULL);
 	return JsonbValueToJsonb(result);
+}
+
+/*
+ * idem_check_response_size
+ *		Refuse a response (what names it) above idem.max_response_size.
+ */
+void
+idem_check_response_size(Jsonb *response, const char *what)
+{
+	if (VARSIZE(response) > idem_max_response_size)
+		ereport(ERROR,
+				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+				 errmsg("%s is too large", what),
+				 errdetail("The response is %u bytes; idem.max_response_size is %d bytes.",
+						   (unsigned int) VARSIZE(response), idem_max_response_size),
+				 idem_errhint(ERRCODE_PROGRAM_LIMIT_EXCEEDED, "Return fewer rows or columns, or raise idem.max_response_size.")));
 }

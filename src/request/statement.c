@@ -39,7 +39,7 @@
  * Copyright (c) 2026, idem authors
  *
  * IDENTIFICATION
- *	  src/statement.c
+ *	  src/request/statement.c
  *
  *-------------------------------------------------------------------------
  */
@@ -79,7 +79,7 @@
 #include "utils/typcache.h"
 
 #include "compat.h"
-#include "idem.h"
+#include "request/request.h"
 
 /* Domain tag of version 2 fingerprints, so no v1 input can collide. */
 #define FINGERPRINT_V2_TAG		"idem fingerprint 2"

@@ -16,7 +16,7 @@
  * Copyright (c) 2026, idem authors
  *
  * IDENTIFICATION
- *	  src/call.c
+ *	  src/workflow/call.c
  *
  *-------------------------------------------------------------------------
  */
@@ -31,7 +31,7 @@
 #include "utils/timestamp.h"
 
 #include "compat.h"
-#include "idem.h"
+#include "workflow/workflow.h"
 
 PG_FUNCTION_INFO_V1(idem_call);
 

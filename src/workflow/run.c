@@ -18,12 +18,12 @@
  * serializes the run's steps, and a REPEATABLE READ or SERIALIZABLE caller
  * whose snapshot cannot see that version (another agent moved the run on)
  * fails with 40001 instead of acting on what it saw.  The run's row is
- * read and updated directly (catalog.c), one HOT update per step.
+ * read and updated directly (tables.c), one HOT update per step.
  *
  * Copyright (c) 2026, idem authors
  *
  * IDENTIFICATION
- *	  src/run.c
+ *	  src/workflow/run.c
  *
  *-------------------------------------------------------------------------
  */
@@ -42,7 +42,7 @@
 #include "utils/timestamp.h"
 
 #include "compat.h"
-#include "idem.h"
+#include "workflow/workflow.h"
 
 PG_FUNCTION_INFO_V1(idem_run_begin);
 PG_FUNCTION_INFO_V1(idem_step);

@@ -25,7 +25,7 @@
  * Copyright (c) 2026, idem authors
  *
  * IDENTIFICATION
- *	  src/stats.c
+ *	  src/common/stats.c
  *
  *-------------------------------------------------------------------------
  */
@@ -42,7 +42,7 @@
 #include "utils/timestamp.h"
 
 #include "compat.h"
-#include "idem.h"
+#include "common/common.h"
 
 typedef struct IdemStatsSlot
 {
@@ -236,56 +236,6 @@ idem_stats_count(IdemStatCounter counter, uint64 n)
 		my_role_id = role;
 	}
 	pg_atomic_fetch_add_u64(&my_role_slot->counters[counter], n);
-}
-
-static const IdemStatCounter outcome_counter[] = {
-	[IDEM_OUTCOME_EXECUTED] = IDEM_STAT_EXECUTIONS,
-	[IDEM_OUTCOME_REPLAYED] = IDEM_STAT_REPLAYS,
-	[IDEM_OUTCOME_MISMATCH] = IDEM_STAT_MISMATCHES,
-	[IDEM_OUTCOME_IN_PROGRESS] = IDEM_STAT_IN_PROGRESS,
-	[IDEM_OUTCOME_CONFLICT] = IDEM_STAT_CONFLICTS,
-	[IDEM_OUTCOME_SEQUENCING] = IDEM_STAT_SEQUENCING,
-	[IDEM_OUTCOME_ERROR] = IDEM_STAT_ERRORS,
-};
-
-/*
- * idem_error_outcome
- *		What a call's error means: executing says whether the business
- *		statement had started.  Its errors are the business statement's
- *		own (even an ID422 of a nested call), except conflicts, which mean
- *		"retry" wherever they arise.
- */
-IdemOutcome
-idem_error_outcome(int sqlerrcode, bool executing)
-{
-	if (ERRCODE_TO_CATEGORY(sqlerrcode) == ERRCODE_TRANSACTION_ROLLBACK)
-		return IDEM_OUTCOME_CONFLICT;
-	if (executing)
-		return IDEM_OUTCOME_ERROR;
-	if (sqlerrcode == ERRCODE_IDEM_KEY_REUSED)
-		return IDEM_OUTCOME_MISMATCH;
-	if (sqlerrcode == ERRCODE_IDEM_IN_PROGRESS)
-		return IDEM_OUTCOME_IN_PROGRESS;
-	if (sqlerrcode == ERRCODE_IDEM_STEP_OUT_OF_SEQUENCE ||
-		sqlerrcode == ERRCODE_IDEM_STEP_UNDECLARED ||
-		sqlerrcode == ERRCODE_IDEM_RUN_NOT_RUNNING ||
-		sqlerrcode == ERRCODE_IDEM_RUN_NOT_FOUND)
-		return IDEM_OUTCOME_SEQUENCING;
-	return IDEM_OUTCOME_ERROR;
-}
-
-/*
- * idem_note_outcome
- *		Count one call's outcome, and audit it at the level idem.audit asks.
- */
-void
-idem_note_outcome(IdemOutcome outcome, const IdemRequest *req,
-				  const uint8 *fingerprint, const char *run_id,
-				  const char *step, int sqlerrcode)
-{
-	idem_stats_count(outcome_counter[outcome], 1);
-	if (idem_audit_level != IDEM_AUDIT_OFF)
-		idem_audit_note(outcome, req, fingerprint, run_id, step, sqlerrcode);
 }
 
 static void

@@ -1,0 +1,95 @@
+/*-------------------------------------------------------------------------
+ *
+ * args.c
+ *		Checks every SQL-callable function of idem makes of its arguments
+ *		before it writes: a transaction that may write, names within
+ *		idem's limits, batch sizes.
+ *
+ * Copyright (c) 2026, idem authors
+ *
+ * IDENTIFICATION
+ *	  src/common/args.c
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "fmgr.h"
+#include "miscadmin.h"
+#include "utils/builtins.h"
+
+#include "common/common.h"
+
+void
+idem_check_can_write(const char *what)
+{
+	PreventCommandDuringRecovery(what);
+	PreventCommandIfReadOnly(what);
+	PreventCommandIfParallelMode(what);
+}
+
+/*
+ * idem_check_name
+ *		A name idem keeps (key, run id, step, topic, consumer): not empty, at
+ *		most limit bytes.  what names it in messages; hint, if not NULL, says
+ *		what to do about a name that is too long.
+ */
+void
+idem_check_name(const char *what, const char *name, int limit, const char *hint)
+{
+	size_t		len = strlen(name);
+
+	if (len == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("%s must not be empty", what),
+				 idem_errhint(ERRCODE_INVALID_PARAMETER_VALUE, NULL)));
+	if (len > limit)
+		ereport(ERROR,
+				(errcode(ERRCODE_STRING_DATA_RIGHT_TRUNCATION),
+				 errmsg("%s is too long", what),
+				 errdetail("The %s is %zu bytes long; the limit is %d bytes.",
+						   what, len, limit),
+				 idem_errhint(ERRCODE_STRING_DATA_RIGHT_TRUNCATION, hint)));
+}
+
+/*
+ * idem_name_arg
+ *		A key, run id or step name argument: not null, not empty, at most
+ *		IDEM_MAX_KEY_BYTES.  what names it in messages ("idempotency key").
+ */
+char *
+idem_name_arg(FunctionCallInfo fcinfo, int argno, const char *what)
+{
+	char	   *name;
+
+	if (PG_ARGISNULL(argno))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("%s must not be null", what),
+				 idem_errhint(ERRCODE_NULL_VALUE_NOT_ALLOWED, NULL)));
+
+	name = text_to_cstring(PG_GETARG_TEXT_PP(argno));
+	idem_check_name(what, name, IDEM_MAX_KEY_BYTES,
+					"Build long names with idem_key(), which hashes what does not fit.");
+	return name;
+}
+
+/*
+ * idem_purge_batch_arg
+ *		The batch_size argument of a purge function (fname), checked, once
+ *		the transaction is known to be able to write.
+ */
+int32
+idem_purge_batch_arg(FunctionCallInfo fcinfo, const char *fname)
+{
+	int32		batch_size = PG_GETARG_INT32(0);
+
+	if (batch_size <= 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("batch_size must be greater than zero"),
+				 idem_errhint(ERRCODE_INVALID_PARAMETER_VALUE, NULL)));
+	idem_check_can_write(fname);
+	return batch_size;
+}

@@ -1,0 +1,138 @@
+/*-------------------------------------------------------------------------
+ *
+ * common.h
+ *		The lowest layer: argument checks, subtransactions, retry advice,
+ *		stats counters, idem's own tables and the key lock.
+ *
+ * Copyright (c) 2026, idem authors
+ *
+ * IDENTIFICATION
+ *	  src/common/common.h
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef IDEM_COMMON_H
+#define IDEM_COMMON_H
+
+#include "access/xact.h"
+#include "idem.h"
+
+/* advice.c: what a client should do after an error */
+extern const char *idem_retry_advice_for(int sqlerrcode);
+extern int	idem_errhint(int sqlerrcode, const char *hint);
+
+/* args.c: checks of SQL-callable functions' arguments */
+extern void idem_check_can_write(const char *what);
+extern void idem_check_name(const char *what, const char *name, int limit,
+							const char *hint);
+extern char *idem_name_arg(FunctionCallInfo fcinfo, int argno,
+						   const char *what);
+extern int32 idem_purge_batch_arg(FunctionCallInfo fcinfo, const char *fname);
+
+/* subxact.c: internal subtransactions */
+typedef struct IdemSubxact
+{
+	MemoryContext cxt;
+	ResourceOwner owner;
+} IdemSubxact;
+extern void idem_subxact_begin(IdemSubxact *sx);
+extern void idem_subxact_end(IdemSubxact *sx, bool commit);
+extern ErrorData *idem_subxact_abort(IdemSubxact *sx);
+
+/*
+ * An entry of a list a transaction keeps for its commit, made in a
+ * subtransaction: the first member of each list's entry struct.
+ */
+typedef struct IdemXactItem
+{
+	SubTransactionId subid;
+	struct IdemXactItem *next;
+} IdemXactItem;
+extern void idem_xact_list_subxact(IdemXactItem **head, SubXactEvent event,
+								   SubTransactionId mySubid,
+								   SubTransactionId parentSubid);
+
+/* Counters of idem_stats besides the outcomes' (stats.c) */
+typedef enum IdemStatCounter
+{
+	IDEM_STAT_EXECUTIONS,
+	IDEM_STAT_REPLAYS,
+	IDEM_STAT_MISMATCHES,
+	IDEM_STAT_IN_PROGRESS,
+	IDEM_STAT_CONFLICTS,
+	IDEM_STAT_SEQUENCING,
+	IDEM_STAT_ERRORS,
+	IDEM_STAT_LOCK_WAITS,
+	IDEM_STAT_LOCK_WAIT_US,
+	IDEM_STAT_PURGED_KEYS,
+	IDEM_STAT_PURGED_AUDIT,
+	IDEM_STAT_OUTBOX_WRITTEN,
+	IDEM_STAT_OUTBOX_CLAIMED,
+	IDEM_STAT_OUTBOX_ACKED,
+	IDEM_STAT_OUTBOX_FAILED,
+	IDEM_STAT_OUTBOX_DEAD,
+	IDEM_STAT_PURGED_OUTBOX,
+	IDEM_STAT_AUDIT_WRITTEN,
+	IDEM_STAT_AUDIT_QUEUED,
+	IDEM_STAT_AUDIT_DROPPED,
+	IDEM_STAT_NCOUNTERS
+} IdemStatCounter;
+
+/* stats.c: counters per database and role in shared memory */
+extern bool idem_stats_active(void);
+extern void idem_stats_count(IdemStatCounter counter, uint64 n);
+extern void idem_stats_count_db(Oid dbid, IdemStatCounter counter, uint64 n);
+extern Size idem_stats_shmem_size(void);
+extern void idem_stats_shmem_init(void);
+
+
+/* tables.c: idem's tables and the key lock */
+extern void idem_lock_key(Oid owner, const char *key, int keylen, bool wait);
+extern bool idem_try_lock_key(Oid owner, const char *key, int keylen);
+extern bool idem_lookup_key(Oid owner, const char *key, IdemRecord *rec);
+extern void idem_delete_key(IdemRecord *rec);
+extern void idem_insert_key(const char *key, Oid owner,
+							const uint8 *fingerprint, Jsonb *response,
+							TimestampTz created_at, TimestampTz expires_at);
+extern Oid	idem_catalog_outbox(void);
+extern Oid	idem_catalog_outbox_topics(Oid *pkey);
+extern uint64 idem_catalog_generation(void);
+extern bool idem_restamp_key(Oid owner, const char *key,
+							 TimestampTz expires_at);
+extern int64 idem_purge_expired(int batch_size);
+extern bool idem_lookup_run(Oid owner, const char *run_id, IdemRunRow *row);
+extern void idem_insert_run(IdemRunRow *row);
+extern void idem_update_run(IdemRunRow *row);
+
+/*
+ * tables.c: SQL on idem's tables, as the owner of a table (callers have
+ * no privileges on schema idem), with plans kept for the backend's life.
+ */
+typedef struct IdemOwnerSPI
+{
+	MemoryContext callercxt;	/* for results that outlive the connection */
+	Oid			save_userid;
+	int			save_sec_context;
+} IdemOwnerSPI;
+
+typedef struct IdemQuery
+{
+	const char *sql;
+	int			nargs;
+	Oid			argtypes[8];
+	int			cursor_options;
+	SPIPlanPtr	plan;
+} IdemQuery;
+
+extern void idem_owner_spi_begin(IdemOwnerSPI *s, Oid relid);
+extern void idem_owner_spi_end(IdemOwnerSPI *s);
+extern int	idem_query_run(IdemQuery *q, Datum *values, const char *nulls,
+						   long limit);
+
+
+/* tables.c: rows of idem.audit and idem.outbox, for audit.c and outbox.c */
+extern Oid	idem_audit_relid(void);
+extern void idem_insert_audit_row(Datum *values, bool *nulls);
+extern void idem_insert_outbox_row(Datum *values, bool *nulls);
+
+#endif							/* IDEM_COMMON_H */

@@ -1,0 +1,35 @@
+/*-------------------------------------------------------------------------
+ *
+ * outbox.h
+ *		The outbox: events written with a call, topics, delivery, and the
+ *		shared-memory wakeup of waiting consumers.
+ *
+ * Copyright (c) 2026, idem authors
+ *
+ * IDENTIFICATION
+ *	  src/outbox/outbox.h
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef IDEM_OUTBOX_H
+#define IDEM_OUTBOX_H
+
+#include "common/common.h"
+
+/* outbox.c: outbox events, topics, delivery */
+extern void idem_outbox_check_publish(const char *topic, Oid role);
+extern void idem_insert_outbox(const char *key, Oid owner, const char *topic,
+							   Jsonb *payload, TimestampTz created_at,
+							   const char *run_id, const char *step);
+extern int64 idem_outbox_purge_delivered(int batch_size);
+
+
+/* wakeup.c: the outbox's wakeup in shared memory */
+extern Size idem_wakeup_shmem_size(void);
+extern void idem_wakeup_shmem_init(void);
+extern bool idem_wakeup_available(void);
+extern void idem_wakeup_topic(const char *topic);
+extern void idem_wakeup_note_claim(const char *topic);
+extern bool idem_wakeup_wait(const char *topic, long timeout_ms);
+
+#endif							/* IDEM_OUTBOX_H */

@@ -1,0 +1,111 @@
+/*-------------------------------------------------------------------------
+ *
+ * exec.c
+ *		The statement runner: executes a business statement's cached plan
+ *		through SPI and builds its response, keeping the stack of keys
+ *		whose statements are running in this backend so that a statement
+ *		calling idem_execute() with its own key is refused instead of
+ *		waiting on itself.
+ *
+ * Copyright (c) 2026, idem authors
+ *
+ * IDENTIFICATION
+ *	  src/request/exec.c
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "executor/spi.h"
+
+#include "request/request.h"
+
+/*
+ * Keys whose business statement is running in this backend, innermost
+ * first.  Nodes live on the C stack of the calls that pushed them.
+ */
+typedef struct InflightKey
+{
+	Oid			owner;
+	const char *key;
+	struct InflightKey *next;
+} InflightKey;
+
+static InflightKey *inflight_keys = NULL;
+
+/*
+ * Raise ID508 if req's key is the one of a call whose business statement
+ * is running (further up this backend's stack).
+ */
+void
+idem_check_not_inflight(IdemRequest *req)
+{
+	for (InflightKey *k = inflight_keys; k != NULL; k = k->next)
+	{
+		if (k->owner == req->owner && strcmp(k->key, req->key) == 0)
+			ereport(ERROR,
+					(errcode(ERRCODE_IDEM_NESTED_KEY),
+					 errmsg("idempotency key \"%s\" is already being executed by an enclosing idem_execute() call",
+							req->key),
+					 errdetail("A business statement called idem_execute() with its own key."),
+					 idem_errhint(ERRCODE_IDEM_NESTED_KEY, "Give the inner call a key of its own.")));
+	}
+}
+
+/*
+ * Run the business statement and return its response, built in the
+ * caller's memory context.
+ */
+static Jsonb *
+run_statement(IdemStatement *stmt, IdemRequest *req)
+{
+	MemoryContext callercxt = CurrentMemoryContext;
+	SPIPlanPtr	plan;
+	Jsonb	   *response;
+	int			rc;
+
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+
+	plan = idem_statement_plan(stmt);
+	rc = SPI_execute_plan(plan, req->values, req->nulls, false, 0);
+	if (rc < 0)
+		elog(ERROR, "SPI_execute_plan failed: %s", SPI_result_code_string(rc));
+
+	MemoryContextSwitchTo(callercxt);
+	response = idem_build_response(idem_statement_command(stmt),
+								   SPI_processed, SPI_tuptable);
+	idem_check_response_size(response, "idem_execute() response");
+
+	SPI_finish();
+	return response;
+}
+
+/*
+ * idem_execute_statement
+ *		Run req's business statement with its key marked in flight (so a
+ *		nested call with the same key fails instead of waiting on itself)
+ *		and return the response.
+ */
+Jsonb *
+idem_execute_statement(IdemStatement *stmt, IdemRequest *req)
+{
+	InflightKey self;
+	Jsonb	   *response;
+
+	self.owner = req->owner;
+	self.key = req->key;
+	self.next = inflight_keys;
+	inflight_keys = &self;
+
+	PG_TRY();
+	{
+		response = run_statement(stmt, req);
+	}
+	PG_FINALLY();
+	{
+		inflight_keys = self.next;
+	}
+	PG_END_TRY();
+	return response;
+}

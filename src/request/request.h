@@ -1,0 +1,82 @@
+/*-------------------------------------------------------------------------
+ *
+ * request.h
+ *		The request path: statement cache and fingerprint, the statement
+ *		runner, cached errors, responses, expiry, derived keys, idem_execute().
+ *
+ * Copyright (c) 2026, idem authors
+ *
+ * IDENTIFICATION
+ *	  src/request/request.h
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef IDEM_REQUEST_H
+#define IDEM_REQUEST_H
+
+#include "common/common.h"
+#include "outbox/outbox.h"
+#include "ops/ops.h"
+
+/* statement.c: per-backend cache of business statements */
+extern IdemStatement *idem_statement_acquire(const char *sql, int nargs,
+											 Oid *argtypes);
+extern void idem_statement_release(IdemStatement *stmt);
+extern SPIPlanPtr idem_statement_plan(IdemStatement *stmt);
+extern const char *idem_statement_command(IdemStatement *stmt);
+extern void idem_statement_fingerprint(IdemStatement *stmt, IdemRequest *req,
+									   uint8 *fingerprint);
+extern bool idem_statement_fingerprint_v1(IdemStatement *stmt,
+										  IdemRequest *req,
+										  uint8 *fingerprint);
+extern void idem_statement_infer_types(const char *sql, int nargs,
+									   Oid *types);
+extern void idem_value_digest(const char *tag, Oid typid, Datum value,
+							  uint8 *digest);
+
+
+/* exec.c: the statement runner */
+extern void idem_check_not_inflight(IdemRequest *req);
+extern Jsonb *idem_execute_statement(IdemStatement *stmt, IdemRequest *req);
+
+/* errcache.c: business errors recorded as a key's outcome */
+extern bool idem_cache_errors_check(char **newval, void **extra,
+									GucSource source);
+extern void idem_cache_errors_assign(const char *newval, void *extra);
+extern Jsonb *idem_execute_caching_errors(IdemStatement *stmt,
+										  IdemRequest *req, bool *cached);
+
+
+/* response.c: the response document */
+extern Jsonb *idem_build_response(const char *command, uint64 processed,
+								  SPITupleTable *tuptable);
+
+extern void idem_check_response_size(Jsonb *response, const char *what);
+
+/* expiry.c: when a new record expires */
+extern int	idem_checked_ttl(void);
+extern TimestampTz idem_new_record_expiry(Oid owner, const char *key, int ttl);
+
+
+/* derive.c: keys built from business context */
+extern char *idem_derive_key(int nparts, const char *const *parts);
+
+
+/* execute.c: the parts of a call that workflow steps share */
+extern void idem_collect_args(FunctionCallInfo fcinfo, int first,
+							  IdemRequest *req);
+extern void idem_collect_array(ArrayType *arr, bool untyped, IdemRequest *req);
+extern void idem_keyed_request(FunctionCallInfo fcinfo, const char *fname,
+							   IdemRequest *req);
+extern void idem_execute_request(IdemRequest *req, IdemResult *result);
+extern Datum idem_result_datum(IdemResult *result);
+extern void idem_check_visible(IdemRequest *req, IdemRecord *rec);
+extern bool idem_record_matches(IdemStatement *stmt, IdemRequest *req,
+								IdemRecord *rec, const uint8 *fingerprint);
+extern bool idem_find_record(IdemStatement *stmt, IdemRequest *req,
+							 const uint8 *fingerprint, TimestampTz now,
+							 IdemRecord *rec);
+extern char *idem_current_topic(Oid owner);
+extern void idem_make_replay_durable(IdemRequest *req);
+
+#endif							/* IDEM_REQUEST_H */
