@@ -523,14 +523,16 @@ check_parameter_count(int maxparam, int nargs)
 		ereport(ERROR,
 				(errcode(ERRCODE_UNDEFINED_PARAMETER),
 				 errmsg("there is no parameter $%d", maxparam),
-				 errdetail("idem_execute() was given %d argument(s) after the statement.",
-						   nargs),
+				 errdetail_plural("idem_execute() was given %d argument after the statement.",
+								  "idem_execute() was given %d arguments after the statement.",
+								  nargs, nargs),
 				 idem_errhint(ERRCODE_UNDEFINED_PARAMETER, NULL)));
 	if (maxparam < nargs)
 		ereport(ERROR,
 				(errcode(ERRCODE_UNDEFINED_PARAMETER),
-				 errmsg("idem_execute() was given %d argument(s) but the statement uses %d",
-						nargs, maxparam),
+				 errmsg_plural("idem_execute() was given %d argument but the statement uses %d",
+							   "idem_execute() was given %d arguments but the statement uses %d",
+							   nargs, nargs, maxparam),
 				 idem_errhint(ERRCODE_UNDEFINED_PARAMETER, "Reference every argument as $1, $2, ... in the statement.")));
 }
 
