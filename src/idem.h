@@ -55,6 +55,15 @@ struct Latch;
 /* Longest key accepted, in bytes (Stripe's limit is 255 characters). */
 #define IDEM_MAX_KEY_BYTES		255
 
+/* Most steps a run declares or completes. */
+#define IDEM_MAX_RUN_STEPS		1000
+
+/*
+ * The first part of every step's key (idem_step_key()): keys that begin
+ * with it and ':' belong to runs, and only the run's functions take them.
+ */
+#define IDEM_STEP_KEY_PART		"idem.step"
+
 /* Fingerprint: SHA-256 of the request. */
 #define IDEM_FINGERPRINT_LEN	32
 
@@ -107,7 +116,8 @@ extern bool idem_outbox_notify;
 #define Anum_outbox_lease_holder	14
 #define Anum_outbox_last_error		15
 #define Anum_outbox_delivered_at	16
-#define Natts_outbox				16
+#define Anum_outbox_run_position	17
+#define Natts_outbox				17
 
 /* Column numbers of idem.audit (catalog.c checks the shape, audit.c fills) */
 #define Anum_audit_at			1
@@ -184,6 +194,7 @@ extern void idem_execute_request(IdemRequest *req, IdemResult *result);
 extern Datum idem_result_datum(IdemResult *result);
 extern int32 idem_purge_batch_arg(FunctionCallInfo fcinfo, const char *fname);
 extern void idem_check_not_inflight(IdemRequest *req);
+extern void idem_check_not_step_key(const char *key, const char *fname);
 extern void idem_check_visible(IdemRequest *req, IdemRecord *rec);
 extern bool idem_record_matches(IdemStatement *stmt, IdemRequest *req,
 								IdemRecord *rec, const uint8 *fingerprint);
@@ -304,7 +315,8 @@ extern int	idem_query_run(IdemQuery *q, Datum *values, const char *nulls,
 extern void idem_outbox_check_publish(const char *topic, Oid role);
 extern void idem_insert_outbox(const char *key, Oid owner, const char *topic,
 							   Jsonb *payload, TimestampTz created_at,
-							   const char *run_id, const char *step);
+							   const char *run_id, const char *step,
+							   int32 run_position);
 extern int64 idem_outbox_purge_delivered(int batch_size);
 
 /* expiry.c: when a new record expires */
