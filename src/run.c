@@ -8,8 +8,10 @@
  * A run is a row of idem.runs, owned like a key by the role that began it.
  * A step is recorded as an ordinary key record in idem.keys, under the key
  * idem_step_key(run, step) and with no expiry, and by its name and attempt
- * count in the run's row; so a step replays exactly as idem_execute() does,
- * and idem_execute() under the step's key is the same request.  The step's
+ * count in the run's row; so a step replays exactly as idem_execute() does.
+ * The key belongs to the run: idem_execute() and its siblings refuse it
+ * (only the run's functions check its order and status), and a record under
+ * it that the run does not list is never taken for the step.  The step's
  * business write, its record, the run's progress and its outbox event
  * commit in the caller's transaction, or not at all.
  *
@@ -356,17 +358,16 @@ run_step(IdemRequest *req, IdemStatement *stmt, Jsonb *result,
 		int			pos = done_position(&run, step, ordinal);
 
 		/*
-		 * A record the run does not list was not written by this run's
-		 * functions: idem 1.1 let idem_execute() write under a step's key,
-		 * with an expiry, and perhaps a cached error.  A step's record never
-		 * expires, so such a record cannot be the step's: refuse it.
+		 * A record the run does not list was written outside the run's
+		 * functions (before they owned the key): it may expire or hold a
+		 * cached error, which a step's record never does.
 		 */
 		if (pos == 0)
 			ereport(ERROR,
 					(errcode(ERRCODE_IDEM_KEY_REUSED),
 					 errmsg("step \"%s\" of run \"%s\" has a record its run did not write",
 							step, run.run_id),
-					 errdetail("The key record %s was written outside the run's functions, with an expiry.",
+					 errdetail("The key record %s was not written by the run's functions.",
 							   req->key),
 					 idem_errhint(ERRCODE_IDEM_KEY_REUSED, "Give the step another name, or remove the record once it has expired.")));
 		count_attempt(&run, pos);
