@@ -55,6 +55,15 @@ struct Latch;
 /* Longest key accepted, in bytes (Stripe's limit is 255 characters). */
 #define IDEM_MAX_KEY_BYTES		255
 
+/* Most steps a run declares or completes. */
+#define IDEM_MAX_RUN_STEPS		1000
+
+/*
+ * The first part of every step's key (idem_step_key()): keys that begin
+ * with it and ':' belong to runs, and only the run's functions take them.
+ */
+#define IDEM_STEP_KEY_PART		"idem.step"
+
 /* Fingerprint: SHA-256 of the request. */
 #define IDEM_FINGERPRINT_LEN	32
 
@@ -122,7 +131,8 @@ extern int	idem_stats_max_roles;
 #define Anum_outbox_lease_holder	14
 #define Anum_outbox_last_error		15
 #define Anum_outbox_delivered_at	16
-#define Natts_outbox				16
+#define Anum_outbox_run_position	17
+#define Natts_outbox				17
 
 /* Column numbers of idem.audit (tables.c checks the shape, audit.c fills) */
 #define Anum_audit_at			1

@@ -125,7 +125,8 @@ static const ColumnShape outbox_shape[Natts_outbox] = {
 	{"state", TEXTOID}, {"attempts", INT4OID},
 	{"next_attempt_at", TIMESTAMPTZOID}, {"lease_token", UUIDOID, true},
 	{"leased_by", REGROLEOID, true}, {"lease_holder", TEXTOID, true},
-	{"last_error", TEXTOID, true}, {"delivered_at", TIMESTAMPTZOID, true}
+	{"last_error", TEXTOID, true}, {"delivered_at", TIMESTAMPTZOID, true},
+	{"run_position", INT4OID, true}
 };
 static const ColumnShape outbox_topics_shape[Natts_outbox_topics] = {
 	{"topic", TEXTOID}, {"publishers", REGROLEARRAYOID},

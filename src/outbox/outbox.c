@@ -429,12 +429,13 @@ emit_logical_message(Datum event_id, const char *key, Oid owner,
  *		Append an outbox event in the caller's transaction: the row (due at
  *		once), a NOTIFY at commit (one per topic and transaction), and with
  *		idem.outbox_logical_message the logical decoding message.  run_id
- *		and step may be NULL.
+ *		and step may be NULL; run_position, the step's place among its
+ *		run's completed steps, orders a run's events (0 outside a run).
  */
 void
 idem_insert_outbox(const char *key, Oid owner, const char *topic,
 				   Jsonb *payload, TimestampTz created_at,
-				   const char *run_id, const char *step)
+				   const char *run_id, const char *step, int32 run_position)
 {
 	Datum		values[Natts_outbox];
 	bool		nulls[Natts_outbox] = {0};
@@ -463,6 +464,10 @@ idem_insert_outbox(const char *key, Oid owner, const char *topic,
 	nulls[Anum_outbox_lease_holder - 1] = true;
 	nulls[Anum_outbox_last_error - 1] = true;
 	nulls[Anum_outbox_delivered_at - 1] = true;
+	if (run_id != NULL)
+		values[Anum_outbox_run_position - 1] = Int32GetDatum(run_position);
+	else
+		nulls[Anum_outbox_run_position - 1] = true;
 
 	idem_insert_outbox_row(values, nulls);
 	idem_stats_count(IDEM_STAT_OUTBOX_WRITTEN, 1);
@@ -487,9 +492,12 @@ idem_insert_outbox(const char *key, Oid owner, const char *topic,
  * ended with an expired lease becomes a dead letter instead.
  *
  * A workflow run's events of a topic are delivered in order: one waits
- * while an event of the same run and topic created before it is pending or
- * leased (a dead one does not hold the run up).  Only events with a run id
- * pay the probe, on a partial index of undelivered run events.
+ * while an event of the same run and topic written by an earlier step is
+ * pending or leased (a dead one does not hold the run up).  Earlier is the
+ * step's place in the run, the order the steps committed in; the
+ * transactions' start times (created_at) can be the other way round.  Only
+ * events with a run id pay the probe, on a partial index of undelivered
+ * run events.
  *
  * Always the generic plan, whose shape does not depend on the values: the
  * update reaches the locked rows by TID whatever LIMIT the planner assumes,
@@ -509,7 +517,7 @@ static IdemQuery q_claim = {
 	"           WHERE p.owner OPERATOR(pg_catalog.=) o.owner"
 	"             AND p.run_id OPERATOR(pg_catalog.=) o.run_id"
 	"             AND p.topic OPERATOR(pg_catalog.=) o.topic"
-	"             AND p.created_at OPERATOR(pg_catalog.<) o.created_at"
+	"             AND p.run_position OPERATOR(pg_catalog.<) o.run_position"
 	"             AND p.run_id IS NOT NULL"
 	"             AND p.state OPERATOR(pg_catalog.=) ANY (ARRAY['pending', 'leased']::pg_catalog.text[])))"
 	"   ORDER BY o.next_attempt_at"

@@ -20,7 +20,8 @@
 extern void idem_outbox_check_publish(const char *topic, Oid role);
 extern void idem_insert_outbox(const char *key, Oid owner, const char *topic,
 							   Jsonb *payload, TimestampTz created_at,
-							   const char *run_id, const char *step);
+							   const char *run_id, const char *step,
+							   int32 run_position);
 extern int64 idem_outbox_purge_delivered(int batch_size);
 
 

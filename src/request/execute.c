@@ -171,6 +171,26 @@ idem_collect_args(FunctionCallInfo fcinfo, int first, IdemRequest *req)
 		type_untyped_args(req, untyped);
 }
 
+/*
+ * idem_check_not_step_key
+ *		Refuse a workflow step's key (idem_step_key()) outside the run's
+ *		functions: only they check the run's order and status, and a step's
+ *		record must never expire or hold a cached error.
+ */
+void
+idem_check_not_step_key(const char *key, const char *fname)
+{
+	size_t		len = strlen(IDEM_STEP_KEY_PART);
+
+	if (strncmp(key, IDEM_STEP_KEY_PART, len) == 0 && key[len] == ':')
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("%s does not take a workflow step's key", fname),
+				 errdetail("Keys that begin with \"%s:\" belong to workflow runs.",
+						   IDEM_STEP_KEY_PART),
+				 idem_errhint(ERRCODE_INVALID_PARAMETER_VALUE, "Run the step with idem_step(), idem_step_complete() or idem_call(run_id => ..., step => ...).")));
+}
+
 static void
 report_key_reused(IdemRequest *req, const char *detail)
 {
@@ -316,7 +336,7 @@ execute_and_record(IdemStatement *stmt, IdemRequest *req,
 					idem_new_record_expiry(owner, req->key, req->ttl));
 	if (topic != NULL)
 		idem_insert_outbox(req->key, owner, topic, result->response, now,
-						   NULL, NULL);
+						   NULL, NULL, 0);
 	result->replayed = false;
 	result->first_executed_at = now;
 }
@@ -349,6 +369,7 @@ idem_keyed_request(FunctionCallInfo fcinfo, const char *fname, IdemRequest *req)
 	req->owner = GetUserId();
 	req->key = idem_name_arg(fcinfo, 0, "idempotency key");
 	req->keylen = strlen(req->key);
+	idem_check_not_step_key(req->key, fname);
 	if (PG_ARGISNULL(1))
 		ereport(ERROR,
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),

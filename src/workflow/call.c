@@ -123,6 +123,7 @@ idem_call(PG_FUNCTION_ARGS)
 		req.ttl = idem_checked_ttl();
 		req.key = idem_name_arg(fcinfo, CALL_KEY, "idempotency key");
 		req.keylen = strlen(req.key);
+		idem_check_not_step_key(req.key, "idem_call()");
 	}
 	req.sql = text_to_cstring(PG_GETARG_TEXT_PP(CALL_SQL));
 	req.nargs = 0;

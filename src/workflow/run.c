@@ -8,8 +8,10 @@
  * A run is a row of idem.runs, owned like a key by the role that began it.
  * A step is recorded as an ordinary key record in idem.keys, under the key
  * idem_step_key(run, step) and with no expiry, and by its name and attempt
- * count in the run's row; so a step replays exactly as idem_execute() does,
- * and idem_execute() under the step's key is the same request.  The step's
+ * count in the run's row; so a step replays exactly as idem_execute() does.
+ * The key belongs to the run: idem_execute() and its siblings refuse it
+ * (only the run's functions check its order and status), and a record under
+ * it that the run does not list is never taken for the step.  The step's
  * business write, its record, the run's progress and its outbox event
  * commit in the caller's transaction, or not at all.
  *
@@ -39,6 +41,7 @@
 #include "utils/datum.h"
 #include "utils/jsonb.h"
 #include "utils/lsyscache.h"
+#include "utils/memutils.h"
 #include "utils/timestamp.h"
 
 #include "compat.h"
@@ -53,6 +56,7 @@ PG_FUNCTION_INFO_V1(idem_run_resume);
 PG_FUNCTION_INFO_V1(idem_run_complete);
 PG_FUNCTION_INFO_V1(idem_run_status);
 PG_FUNCTION_INFO_V1(idem_run_steps);
+PG_FUNCTION_INFO_V1(idem_run_try_lock);
 
 /* Arguments of idem_step() before the statement's own: run, step, sql */
 #define STEP_FIXED_ARGS 3
@@ -69,7 +73,7 @@ run_lock_key(const char *run_id)
 static char *
 derive_step_key(const char *run_id, const char *step)
 {
-	const char *parts[] = {"idem.step", run_id, step};
+	const char *parts[] = {IDEM_STEP_KEY_PART, run_id, step};
 
 	return idem_derive_key(3, parts);
 }
@@ -116,20 +120,6 @@ lock_run(Oid owner, const char *run_id, IdemRunRow *run)
 	check_run_visible(run);
 }
 
-/* Elements of a text[] as C strings. */
-static char **
-text_elems(ArrayType *arr, int *n)
-{
-	Datum	   *elems;
-	char	  **names;
-
-	deconstruct_array(arr, TEXTOID, -1, false, TYPALIGN_INT, &elems, NULL, n);
-	names = palloc(Max(*n, 1) * sizeof(char *));
-	for (int i = 0; i < *n; i++)
-		names[i] = TextDatumGetCString(elems[i]);
-	return names;
-}
-
 static int
 run_nsteps(IdemRunRow *run)
 {
@@ -143,26 +133,58 @@ run_ndone(IdemRunRow *run)
 	return ArrayGetNItems(ARR_NDIM(run->done_steps), ARR_DIMS(run->done_steps));
 }
 
+/*
+ * Where name is in a text[] without nulls (1-based), or 0: one pass over
+ * the array, no copy of its elements.
+ */
+static int
+name_position(ArrayType *arr, const char *name)
+{
+	ArrayIterator it = array_create_iterator(arr, 0, NULL);
+	size_t		len = strlen(name);
+	Datum		elem;
+	bool		isnull;
+	int			pos = 0;
+	int			found = 0;
+
+	while (array_iterate(it, &elem, &isnull))
+	{
+		text	   *t = DatumGetTextPP(elem);
+
+		pos++;
+		if (!isnull && VARSIZE_ANY_EXHDR(t) == len &&
+			memcmp(VARDATA_ANY(t), name, len) == 0)
+		{
+			found = pos;
+			break;
+		}
+	}
+	array_free_iterator(it);
+	return found;
+}
+
 /* The name of declared step ordinal (1-based). */
 static char *
 declared_step(IdemRunRow *run, int ordinal)
 {
-	int			n;
+	bool		isnull;
+	Datum		d = array_get_element(PointerGetDatum(run->steps), 1, &ordinal,
+									  -1, -1, false, TYPALIGN_INT, &isnull);
 
-	return text_elems(run->steps, &n)[ordinal - 1];
+	return TextDatumGetCString(d);
 }
 
-/* Where step is among the completed steps (1-based), or 0. */
+/*
+ * Where step is among the completed steps (1-based), or 0.  A run that
+ * declared its steps completes them in that order, so its completed steps
+ * are the first run_ndone() declared ones.
+ */
 static int
-done_position(IdemRunRow *run, const char *step)
+done_position(IdemRunRow *run, const char *step, int ordinal)
 {
-	int			n;
-	char	  **names = text_elems(run->done_steps, &n);
-
-	for (int i = 0; i < n; i++)
-		if (strcmp(names[i], step) == 0)
-			return i + 1;
-	return 0;
+	if (run->steps != NULL)
+		return ordinal <= run_ndone(run) ? ordinal : 0;
+	return name_position(run->done_steps, step);
 }
 
 /*
@@ -172,21 +194,32 @@ done_position(IdemRunRow *run, const char *step)
 static int
 step_ordinal(IdemRunRow *run, const char *step)
 {
-	int			n;
-	char	  **names;
+	int			ordinal;
 
 	if (run->steps == NULL)
 		return 0;
-	names = text_elems(run->steps, &n);
-	for (int i = 0; i < n; i++)
-		if (strcmp(names[i], step) == 0)
-			return i + 1;
+	ordinal = name_position(run->steps, step);
+	if (ordinal > 0)
+		return ordinal;
 	ereport(ERROR,
 			(errcode(ERRCODE_IDEM_STEP_UNDECLARED),
 			 errmsg("run \"%s\" has no step \"%s\"", run->run_id, step),
 			 errdetail("The run was begun with a list of steps, and this name is not in it."),
 			 idem_errhint(ERRCODE_IDEM_STEP_UNDECLARED, "Use one of the names passed to idem_run_begin().")));
 	return 0;					/* keep compiler quiet */
+}
+
+/* Refuse a run of more than IDEM_MAX_RUN_STEPS steps. */
+static void
+check_step_count(int n, const char *run_id)
+{
+	if (n > IDEM_MAX_RUN_STEPS)
+		ereport(ERROR,
+				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+				 errmsg("run \"%s\" would have too many steps", run_id),
+				 errdetail("It would have %d steps; a run has at most %d.",
+						   n, IDEM_MAX_RUN_STEPS),
+				 idem_errhint(ERRCODE_PROGRAM_LIMIT_EXCEEDED, "Split the work into several runs.")));
 }
 
 static void
@@ -205,6 +238,19 @@ report_not_running(IdemRunRow *run)
 			 idem_errhint(ERRCODE_IDEM_RUN_NOT_RUNNING, "Begin a new run for new work.")));
 }
 
+/* A completed step must never run again, even if its record is gone. */
+static void
+report_lost_record(IdemRunRow *run, const char *step)
+{
+	ereport(ERROR,
+			(errcode(ERRCODE_DATA_CORRUPTED),
+			 errmsg("step \"%s\" of run \"%s\" is counted as completed but has no record",
+					step, run->run_id),
+			 errdetail("The key record %s was removed from idem.keys.",
+					   derive_step_key(run->run_id, step)),
+			 idem_errhint(ERRCODE_DATA_CORRUPTED, NULL)));
+}
+
 /*
  * Whether a step that has no record may run now: the run must be running,
  * and when it declared its steps, every earlier one must have completed.
@@ -217,7 +263,12 @@ check_step_may_run(IdemRunRow *run, const char *step, int ordinal)
 	if (strcmp(run->status, "running") != 0)
 		report_not_running(run);
 	if (ordinal == 0)
+	{
+		if (name_position(run->done_steps, step) > 0)
+			report_lost_record(run, step);
+		check_step_count(ndone + 1, run->run_id);
 		return;
+	}
 	if (ordinal > ndone + 1)
 		ereport(ERROR,
 				(errcode(ERRCODE_IDEM_STEP_OUT_OF_SEQUENCE),
@@ -227,13 +278,7 @@ check_step_may_run(IdemRunRow *run, const char *step, int ordinal)
 						   ordinal, ndone + 1, declared_step(run, ndone + 1)),
 				 idem_errhint(ERRCODE_IDEM_STEP_OUT_OF_SEQUENCE, "Run the steps in the order idem_run_begin() declared them; idem_run_status() names the next one.")));
 	if (ordinal <= ndone)
-		ereport(ERROR,
-				(errcode(ERRCODE_DATA_CORRUPTED),
-				 errmsg("step \"%s\" of run \"%s\" is counted as completed but has no record",
-						step, run->run_id),
-				 errdetail("The key record %s was removed from idem.keys.",
-						   derive_step_key(run->run_id, step)),
-				 idem_errhint(ERRCODE_DATA_CORRUPTED, NULL)));
+		report_lost_record(run, step);
 }
 
 /*
@@ -267,6 +312,8 @@ record_step(IdemRunRow *run, const char *step, TimestampTz now)
 		run->status = "completed";
 		run->finished = true;
 		run->finished_at = now;
+		/* a failure the run was resumed from is over */
+		run->last_error = NULL;
 	}
 	idem_update_run(run);
 }
@@ -308,20 +355,22 @@ run_step(IdemRequest *req, IdemStatement *stmt, Jsonb *result,
 
 	if (idem_find_record(stmt, req, fingerprint, now, &rec))
 	{
-		int			pos = done_position(&run, step);
+		int			pos = done_position(&run, step, ordinal);
 
 		/*
-		 * A record the run does not list was written by idem_execute()
-		 * under the step's key: the same request, so the step is done;
-		 * adopt it.
+		 * A record the run does not list was written outside the run's
+		 * functions (before they owned the key): it may expire or hold a
+		 * cached error, which a step's record never does.
 		 */
-		if (pos > 0)
-			count_attempt(&run, pos);
-		else
-		{
-			check_step_may_run(&run, step, ordinal);
-			record_step(&run, step, now);
-		}
+		if (pos == 0)
+			ereport(ERROR,
+					(errcode(ERRCODE_IDEM_KEY_REUSED),
+					 errmsg("step \"%s\" of run \"%s\" has a record its run did not write",
+							step, run.run_id),
+					 errdetail("The key record %s was not written by the run's functions.",
+							   req->key),
+					 idem_errhint(ERRCODE_IDEM_KEY_REUSED, "Give the step another name, or remove the record once it has expired.")));
+		count_attempt(&run, pos);
 		if (idem_durable_replay)
 			idem_make_replay_durable(req);
 		out->response = rec.response;
@@ -338,9 +387,13 @@ run_step(IdemRequest *req, IdemStatement *stmt, Jsonb *result,
 	TIMESTAMP_NOEND(never);
 	idem_insert_key(req->key, req->owner, fingerprint, response, now, never);
 	record_step(&run, step, now);
+	/*
+	 * The step's place among the run's completed steps orders its events:
+	 * the run's lock makes that the order in which the steps committed.
+	 */
 	if (topic != NULL)
 		idem_insert_outbox(req->key, req->owner, topic, response, now,
-						   run_id, step);
+						   run_id, step, run_ndone(&run));
 	out->response = response;
 	out->replayed = false;
 	out->first_executed_at = now;
@@ -493,22 +546,59 @@ idem_step_key(PG_FUNCTION_ARGS)
 	PG_RETURN_TEXT_P(cstring_to_text(derive_step_key(run_id, step)));
 }
 
+/* A declared step's name and place, to find duplicates by sorting. */
+typedef struct StepName
+{
+	text	   *name;
+	int			ordinal;
+} StepName;
+
+/* By name (bytes, then length), then by place. */
+static int
+step_name_cmp(const void *a, const void *b)
+{
+	const StepName *x = a;
+	const StepName *y = b;
+	int			lx = VARSIZE_ANY_EXHDR(x->name);
+	int			ly = VARSIZE_ANY_EXHDR(y->name);
+	int			c = memcmp(VARDATA_ANY(x->name), VARDATA_ANY(y->name), Min(lx, ly));
+
+	if (c != 0)
+		return c;
+	if (lx != ly)
+		return lx < ly ? -1 : 1;
+	return x->ordinal - y->ordinal;
+}
+
+static bool
+same_name(const StepName *x, const StepName *y)
+{
+	return VARSIZE_ANY_EXHDR(x->name) == VARSIZE_ANY_EXHDR(y->name) &&
+		memcmp(VARDATA_ANY(x->name), VARDATA_ANY(y->name),
+			   VARSIZE_ANY_EXHDR(x->name)) == 0;
+}
+
 /*
  * A declared step list, checked and rebuilt with lower bound 1 (so that
- * steps[n] is the n-th step however the caller wrote the array).
+ * steps[n] is the n-th step however the caller wrote the array).  At most
+ * IDEM_MAX_RUN_STEPS names; duplicates are found by sorting, so the check
+ * is n log n.
  */
 static ArrayType *
-checked_steps(ArrayType *arr)
+checked_steps(ArrayType *arr, const char *run_id)
 {
 	Datum	   *elems;
 	bool	   *nulls;
 	int			n;
+	StepName   *sorted;
+	int			dup = 0;
 
 	if (ARR_NDIM(arr) > 1)
 		ereport(ERROR,
 				(errcode(ERRCODE_ARRAY_SUBSCRIPT_ERROR),
 				 errmsg("steps must be a one-dimensional array"),
 				 idem_errhint(ERRCODE_ARRAY_SUBSCRIPT_ERROR, NULL)));
+	check_step_count(ArrayGetNItems(ARR_NDIM(arr), ARR_DIMS(arr)), run_id);
 	deconstruct_array(arr, TEXTOID, -1, false, TYPALIGN_INT,
 					  &elems, &nulls, &n);
 	if (n == 0)
@@ -516,36 +606,55 @@ checked_steps(ArrayType *arr)
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("steps must not be empty"),
 				 idem_errhint(ERRCODE_INVALID_PARAMETER_VALUE, "Pass NULL to allow any steps in any order.")));
+	sorted = palloc(n * sizeof(StepName));
 	for (int i = 0; i < n; i++)
 	{
-		char	   *name;
+		int			len;
 
+		CHECK_FOR_INTERRUPTS();
 		if (nulls[i])
 			ereport(ERROR,
 					(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
 					 errmsg("step %d is null", i + 1),
 					 idem_errhint(ERRCODE_NULL_VALUE_NOT_ALLOWED, NULL)));
-		name = TextDatumGetCString(elems[i]);
-		if (name[0] == '\0')
+		sorted[i].name = DatumGetTextPP(elems[i]);
+		sorted[i].ordinal = i + 1;
+		len = VARSIZE_ANY_EXHDR(sorted[i].name);
+		if (len == 0)
 			ereport(ERROR,
 					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 					 errmsg("step name must not be empty"),
 					 idem_errhint(ERRCODE_INVALID_PARAMETER_VALUE, NULL)));
-		if (strlen(name) > IDEM_MAX_KEY_BYTES)
+		if (len > IDEM_MAX_KEY_BYTES)
 			ereport(ERROR,
 					(errcode(ERRCODE_STRING_DATA_RIGHT_TRUNCATION),
 					 errmsg("step name is too long"),
 					 errdetail("Step %d is %d bytes long; the limit is %d bytes.",
-							   i + 1, (int) strlen(name), IDEM_MAX_KEY_BYTES),
+							   i + 1, len, IDEM_MAX_KEY_BYTES),
 					 idem_errhint(ERRCODE_STRING_DATA_RIGHT_TRUNCATION, NULL)));
-		for (int j = 0; j < i; j++)
-			if (!nulls[j] && datumIsEqual(elems[i], elems[j], false, -1))
-				ereport(ERROR,
-						(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-						 errmsg("step \"%s\" is declared twice", name),
-						 errdetail("Steps %d and %d have the same name.", j + 1, i + 1),
-						 idem_errhint(ERRCODE_INVALID_PARAMETER_VALUE, NULL)));
 	}
+
+	/*
+	 * Of the names declared more than once, report the one whose second
+	 * declaration comes first, with its first.
+	 */
+	qsort(sorted, n, sizeof(StepName), step_name_cmp);
+	for (int i = 1; i < n; i++)
+	{
+		CHECK_FOR_INTERRUPTS();
+		/* i is the second declaration of its name */
+		if (same_name(&sorted[i - 1], &sorted[i]) &&
+			(i < 2 || !same_name(&sorted[i - 2], &sorted[i - 1])) &&
+			(dup == 0 || sorted[i].ordinal < sorted[dup].ordinal))
+			dup = i;
+	}
+	if (dup > 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("step \"%s\" is declared twice", text_to_cstring(sorted[dup].name)),
+				 errdetail("Steps %d and %d have the same name.",
+						   sorted[dup - 1].ordinal, sorted[dup].ordinal),
+				 idem_errhint(ERRCODE_INVALID_PARAMETER_VALUE, NULL)));
 	return construct_array(elems, n, TEXTOID, -1, false, TYPALIGN_INT);
 }
 
@@ -598,7 +707,7 @@ idem_run_begin(PG_FUNCTION_ARGS)
 	idem_check_can_write("idem_run_begin()");
 	run_id = idem_name_arg(fcinfo, 0, "run id");
 	if (!PG_ARGISNULL(1))
-		steps = checked_steps(PG_GETARG_ARRAYTYPE_P(1));
+		steps = checked_steps(PG_GETARG_ARRAYTYPE_P(1), run_id);
 	if (!PG_ARGISNULL(2))
 	{
 		input = PG_GETARG_JSONB_P(2);
@@ -611,6 +720,16 @@ idem_run_begin(PG_FUNCTION_ARGS)
 	{
 		check_run_visible(&run);
 		if (!same_value(run.steps, steps) || !same_value(run.input, input))
+		{
+			IdemRequest req;
+
+			/* counted and audited as a key's mismatch is, under the run's lock key */
+			req.owner = owner;
+			req.key = lockkey;
+			req.keylen = strlen(lockkey);
+			req.nargs = 0;
+			idem_note_outcome(IDEM_OUTCOME_MISMATCH, &req, NULL, run_id, NULL,
+							  ERRCODE_IDEM_KEY_REUSED);
 			ereport(ERROR,
 					(errcode(ERRCODE_IDEM_KEY_REUSED),
 					 errmsg("run \"%s\" was already begun with different %s",
@@ -618,6 +737,7 @@ idem_run_begin(PG_FUNCTION_ARGS)
 							!same_value(run.steps, steps) ? "steps" : "input"),
 					 errdetail("A run id names one run: its steps and input are fixed when it begins."),
 					 idem_errhint(ERRCODE_IDEM_KEY_REUSED, "Use a new run id for a new run.")));
+		}
 	}
 	else
 	{
@@ -699,6 +819,7 @@ set_run_status(FunctionCallInfo fcinfo, const char *verb)
 			run.status = "completed";
 			run.finished = true;
 			run.finished_at = now;
+			run.last_error = NULL;
 		}
 	}
 	idem_update_run(&run);
@@ -781,29 +902,43 @@ idem_run_steps(PG_FUNCTION_ARGS)
 {
 	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
 	IdemRunRow	run;
-	char	  **names;
+	Datum	   *names;
 	int			n;
+	int			ndone;
 	Datum	   *counts;
 	int			ncounts;
+	MemoryContext rowcxt;
+	MemoryContext oldcxt;
 
 	InitMaterializedSRF(fcinfo, 0);
 	read_run(fcinfo, &run);
-	names = text_elems(run.steps ? run.steps : run.done_steps, &n);
+	deconstruct_array(run.steps ? run.steps : run.done_steps, TEXTOID, -1,
+					  false, TYPALIGN_INT, &names, NULL, &n);
 	deconstruct_array(run.attempts, INT4OID, 4, true, TYPALIGN_INT,
 					  &counts, NULL, &ncounts);
+	ndone = run_ndone(&run);
+	rowcxt = AllocSetContextCreate(CurrentMemoryContext, "idem_run_steps row",
+								   ALLOCSET_SMALL_SIZES);
 
+	/* completed steps, declared or not, are the first ndone */
 	for (int i = 0; i < n; i++)
 	{
 		Datum		values[7];
 		bool		nulls[7] = {0};
-		char	   *key = derive_step_key(run.run_id, names[i]);
-		int			pos = run.steps ? done_position(&run, names[i]) : i + 1;
+		char	   *name;
+		char	   *key;
+		int			pos = i < ndone ? i + 1 : 0;
 		IdemRecord	rec;
-		bool		found = pos > 0 &&
-			idem_lookup_key(run.owner, key, &rec) && rec.visible;
+		bool		found;
+
+		CHECK_FOR_INTERRUPTS();
+		oldcxt = MemoryContextSwitchTo(rowcxt);
+		name = TextDatumGetCString(names[i]);
+		key = derive_step_key(run.run_id, name);
+		found = pos > 0 && idem_lookup_key(run.owner, key, &rec) && rec.visible;
 
 		values[0] = Int32GetDatum(i + 1);
-		values[1] = CStringGetTextDatum(names[i]);
+		values[1] = names[i];
 		values[2] = CStringGetTextDatum(pos > 0 ? "completed" : "pending");
 		nulls[3] = nulls[4] = !found;
 		if (found)
@@ -815,6 +950,26 @@ idem_run_steps(PG_FUNCTION_ARGS)
 								  DatumGetInt32(counts[pos - 1]) : 0);
 		values[6] = CStringGetTextDatum(key);
 		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+		MemoryContextSwitchTo(oldcxt);
+		MemoryContextReset(rowcxt);
 	}
+	MemoryContextDelete(rowcxt);
 	return (Datum) 0;
+}
+
+/*
+ * idem_run_try_lock(owner regrole, run_id text) returns boolean
+ *
+ * Takes a run's lock if it is free, for idem_run_purge(): a run that a
+ * step or a run verb holds is left for the next purge, rather than deleted
+ * under it or waited for (which could deadlock with a transaction that
+ * steps several runs).
+ */
+Datum
+idem_run_try_lock(PG_FUNCTION_ARGS)
+{
+	Oid			owner = PG_GETARG_OID(0);
+	char	   *lockkey = run_lock_key(text_to_cstring(PG_GETARG_TEXT_PP(1)));
+
+	PG_RETURN_BOOL(idem_try_lock_key(owner, lockkey, strlen(lockkey)));
 }

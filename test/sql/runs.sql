@@ -86,9 +86,10 @@ SELECT * FROM counts;
 SELECT ordinal, step, state, response, executed_at IS NOT NULL AS executed, attempts
   FROM idem_run_steps('ret-1');
 
--- the step's key is an ordinary key: idem_execute under it is the same request
+-- the step's key belongs to the run: idem_execute under it is refused (22023)
 SELECT replayed, response FROM idem_execute_ex(idem_step_key('ret-1', 'refund'),
        'INSERT INTO refunds (return_id, amount) VALUES ($1, $2) RETURNING return_id, amount', 'ret-1', 25.00::numeric);
+\echo :LAST_ERROR_SQLSTATE
 -- and steps do not expire
 SELECT expires_at = 'infinity' AS never_expires FROM idem.keys
  WHERE key = idem_step_key('ret-1', 'refund');
@@ -126,7 +127,7 @@ SELECT idem_step_complete('ret-2', 'b', '{}');
 SELECT idem_run_resume('ret-2');
 SELECT status, last_error, finished_at IS NULL AS unfinished FROM idem_run_status('ret-2');
 SELECT idem_step('ret-2', 'b', 'SELECT 2 AS two');
-SELECT status FROM idem_run_status('ret-2');
+SELECT status, last_error FROM idem_run_status('ret-2');
 
 -- a declared list is renumbered from 1 however it was written
 SELECT status, next_step FROM idem_run_begin('ret-3', steps => '[0:1]={x,y}');
@@ -246,3 +247,104 @@ DELETE FROM idem.runs;
 DELETE FROM idem.outbox;
 DROP VIEW counts;
 DROP TABLE refunds, notices;
+
+-- issue 19: a step's key belongs to its run.  Outside the run's functions
+-- it is refused (22023) and nothing runs: no business row, no record, no
+-- step listed, whatever the run declared.
+CREATE TABLE sk_rows (id serial PRIMARY KEY, what text);
+SELECT status FROM idem_run_begin('sk-free');
+SELECT status FROM idem_run_begin('sk-seq', steps => ARRAY['a', 'b']);
+SET idem.ttl = 1;
+SELECT idem_execute(idem_step_key('sk-free', 'a'),
+       'INSERT INTO sk_rows (what) VALUES ($1) RETURNING what', 'free/a');
+\echo :LAST_ERROR_SQLSTATE
+SELECT * FROM idem_execute_ex(idem_step_key('sk-seq', 'b'),
+       'INSERT INTO sk_rows (what) VALUES ($1) RETURNING what', 'seq/b');
+\echo :LAST_ERROR_SQLSTATE
+SELECT * FROM idem_call(idem_step_key('sk-seq', 'a'),
+       'INSERT INTO sk_rows (what) VALUES ($1) RETURNING what', ARRAY['seq/a']);
+\echo :LAST_ERROR_SQLSTATE
+SELECT * FROM idem_dry_run(idem_step_key('sk-seq', 'a'),
+       'INSERT INTO sk_rows (what) VALUES ($1) RETURNING what', 'seq/a');
+\echo :LAST_ERROR_SQLSTATE
+-- the same string however it is built
+SELECT idem_execute(idem_key('idem.step', 'sk-free', 'a'), 'SELECT 1');
+\echo :LAST_ERROR_SQLSTATE
+RESET idem.ttl;
+-- a key that only looks alike is an ordinary key
+SELECT idem_execute('idem.steps:x', 'SELECT 1 AS one') ->> 'rowcount' AS rowcount;
+SELECT count(*) AS business_rows FROM sk_rows;
+SELECT count(*) AS step_records FROM idem.keys WHERE key LIKE 'idem.step:sk-%';
+SELECT run_id, done_steps FROM idem.runs WHERE run_id LIKE 'sk-%' ORDER BY run_id;
+-- through the run's functions the steps run in order, once
+SELECT idem_step('sk-seq', 'b', 'INSERT INTO sk_rows (what) VALUES ($1) RETURNING what', 'seq/b');
+\echo :LAST_ERROR_SQLSTATE
+SELECT idem_step('sk-free', 'a', 'INSERT INTO sk_rows (what) VALUES ($1) RETURNING what', 'free/a') ->> 'rowcount' AS rowcount;
+SELECT expires_at AS step_record_expires FROM idem.keys WHERE key = idem_step_key('sk-free', 'a');
+
+-- a record under a step's key that its run did not write (idem 1.1's
+-- idem_execute() could: with an expiry, or a cached error) is never
+-- adopted as the step: ID422, nothing runs, the run does not move
+SELECT idem_execute('sk-legacy', 'INSERT INTO sk_rows (what) VALUES ($1) RETURNING what', 'legacy') ->> 'rowcount' AS rowcount;
+UPDATE idem.keys SET key = idem_step_key('sk-seq', 'a') WHERE key = 'sk-legacy';
+SELECT idem_step('sk-seq', 'a', 'INSERT INTO sk_rows (what) VALUES ($1) RETURNING what', 'legacy');
+\echo :LAST_ERROR_SQLSTATE
+SET idem.cache_errors = '23';
+SELECT idem_execute('sk-legacy-err', 'INSERT INTO sk_rows (id, what) VALUES (1, $1) RETURNING what', 'dup') -> 'error' ->> 'sqlstate' AS cached;
+RESET idem.cache_errors;
+UPDATE idem.keys SET key = idem_step_key('sk-free', 'e') WHERE key = 'sk-legacy-err';
+SELECT idem_step('sk-free', 'e', 'INSERT INTO sk_rows (id, what) VALUES (1, $1) RETURNING what', 'dup');
+\echo :LAST_ERROR_SQLSTATE
+SELECT run_id, status, done_steps FROM idem.runs WHERE run_id LIKE 'sk-%' ORDER BY run_id;
+DELETE FROM idem.keys WHERE key IN (idem_step_key('sk-seq', 'a'), idem_step_key('sk-free', 'e'));
+
+-- a completed step whose record is gone never runs again, declared or not
+-- (XX001), and is never listed twice
+DELETE FROM idem.keys WHERE key = idem_step_key('sk-free', 'a');
+SELECT idem_step('sk-free', 'a', 'INSERT INTO sk_rows (what) VALUES ($1) RETURNING what', 'free/a');
+\echo :LAST_ERROR_SQLSTATE
+SELECT what, count(*) FROM sk_rows GROUP BY what ORDER BY what;
+SELECT step, state FROM idem_run_steps('sk-free');
+
+-- a run has at most 1000 steps (54000), declared or completed; a long
+-- declared list is checked in n log n and reported like a short one
+SELECT status FROM idem_run_begin('sk-many', steps => array_fill('s'::text, ARRAY[1001]));
+\echo :LAST_ERROR_SQLSTATE
+SELECT status FROM idem_run_begin('sk-many',
+       steps => (SELECT array_agg('s' || i) FROM generate_series(1, 999) i) || ARRAY['s500']);
+\echo :LAST_ERROR_SQLSTATE
+SELECT status FROM idem_run_begin('sk-many',
+       steps => ARRAY['x', 'y', 'z', 'y', 'x']);
+\echo :LAST_ERROR_SQLSTATE
+SELECT status, next_step FROM idem_run_begin('sk-many',
+       steps => (SELECT array_agg('s' || i ORDER BY i) FROM generate_series(1, 1000) i));
+SELECT count(*) AS rows, count(*) FILTER (WHERE state = 'pending') AS pending,
+       min(ordinal), max(ordinal) FROM idem_run_steps('sk-many');
+SELECT status FROM idem_run_begin('sk-undeclared');
+DO $$
+BEGIN
+	FOR i IN 1..1000 LOOP
+		PERFORM idem_step_complete('sk-undeclared', 's' || i, '{}');
+	END LOOP;
+END $$;
+SELECT idem_step_complete('sk-undeclared', 's1001', '{}');
+\echo :LAST_ERROR_SQLSTATE
+-- a completed step still replays at the limit
+SELECT idem_step_complete('sk-undeclared', 's1000', '{}');
+SELECT count(*) AS rows, count(DISTINCT step) AS steps, max(ordinal),
+       bool_and(state = 'completed') AS completed FROM idem_run_steps('sk-undeclared');
+
+-- ID422 from idem_run_begin changes nothing; a resumed run shows why it
+-- failed until it completes
+SELECT status FROM idem_run_begin('sk-free', input => '{"other": true}');
+\echo :LAST_ERROR_SQLSTATE
+SELECT idem_run_fail('sk-free', 'carrier down');
+SELECT status, last_error FROM idem_run_status('sk-free');
+SELECT idem_run_resume('sk-free');
+SELECT status, last_error FROM idem_run_status('sk-free');
+SELECT idem_run_complete('sk-free');
+SELECT status, last_error FROM idem_run_status('sk-free');
+
+DELETE FROM idem.keys;
+DELETE FROM idem.runs;
+DROP TABLE sk_rows;
