@@ -252,6 +252,7 @@ extern void idem_step_request(IdemRequest *req, const char *run_id,
 
 /* advice.c: what a client should do after an error */
 extern const char *idem_retry_advice_for(int sqlerrcode);
+extern bool idem_sqlstate_transient(int sqlerrcode);
 extern int	idem_errhint(int sqlerrcode, const char *hint);
 
 /* derive.c: keys built from business context */
