@@ -193,6 +193,7 @@ extern bool idem_find_record(IdemStatement *stmt, IdemRequest *req,
 extern Jsonb *idem_execute_statement(IdemStatement *stmt, IdemRequest *req);
 extern void idem_check_response_size(Jsonb *response, const char *what);
 extern char *idem_current_topic(Oid owner);
+extern char *idem_check_may_execute(IdemRequest *req);
 extern void idem_make_replay_durable(IdemRequest *req);
 
 /* A run as found in idem.runs (arrays and strings copied). */
