@@ -10,7 +10,8 @@
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 cd "$top"
-objs=$(find src -name '*.o' | sort)
+# objects whose source is still in the tree (a stale build may have more)
+objs=$(find src -name '*.o' | while read -r o; do if [ -f "${o%.o}.c" ]; then echo "$o"; fi; done | sort)
 [ -n "$objs" ] || { echo "check-layers: no objects under src/: run make first" >&2; exit 2; }
 # shellcheck disable=SC2086
 exec python3 - "${1:-}" $objs <<'PY'

@@ -204,4 +204,27 @@ InitMaterializedSRF(FunctionCallInfo fcinfo, bits32 flags)
 #define idem_random_double() ((double) random() / ((double) MAX_RANDOM_VALUE + 1.0))
 #endif
 
+/*
+ * The GUC table (idem.c reads the placeholders a session set before the
+ * library was loaded) and validating a setting as the role that made it.
+ */
+#include "utils/guc_tables.h"
+#if PG_VERSION_NUM >= 160000
+#define idem_guc_variables(n) get_guc_variables(n)
+#else
+static inline struct config_generic **
+idem_guc_variables(int *n)
+{
+	*n = GetNumConfigOptions();
+	return get_guc_variables();
+}
+#endif
+#if PG_VERSION_NUM >= 150000
+#define idem_guc_setter(gen) ((gen)->srole)
+#else
+#define idem_guc_setter(gen) InvalidOid
+#define set_config_option_ext(name, value, context, source, srole, action, changeVal, elevel, is_reload) \
+	set_config_option((name), (value), (context), (source), (action), (changeVal), (elevel), (is_reload))
+#endif
+
 #endif							/* IDEM_COMPAT_H */

@@ -18,6 +18,14 @@
  * the change data capture switch (a producer must not hide its events from
  * the WAL stream).
  *
+ * Before the library is loaded, PostgreSQL keeps a SET idem.* as an
+ * unchecked placeholder, and when the library defines the parameter it
+ * drops a value that is out of range or that the role may not set with a
+ * mere WARNING.  So the session's own settings (SET, or the client's
+ * connection options) are checked again here, and the call that loaded the
+ * library fails with the error the SET would have had (22023, 42501,
+ * 55P02, or 42602 for a name idem does not define).
+ *
  * Copyright (c) 2026, idem authors
  *
  * IDENTIFICATION
@@ -31,6 +39,7 @@
 
 #include "fmgr.h"
 #include "miscadmin.h"
+#include "nodes/pg_list.h"
 #include "storage/ipc.h"
 #include "storage/lwlock.h"
 #include "storage/shmem.h"
@@ -55,6 +64,16 @@ static shmem_request_hook_type prev_shmem_request_hook = NULL;
 static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
 
 void		_PG_init(void);
+
+/* A setting the session made while idem.* were placeholders. */
+typedef struct EarlySetting
+{
+	char	   *name;
+	char	   *value;
+	GucContext	scontext;
+	GucSource	source;
+	Oid			srole;
+} EarlySetting;
 
 /*
  * The 1.0 SQL definitions name these symbols.  A database whose extension
@@ -98,6 +117,59 @@ idem_purge(PG_FUNCTION_ARGS)
 	PG_RETURN_NULL();
 }
 
+/*
+ * The idem.* placeholders the session set, copied before the definitions
+ * replace them.  A role's or a database's settings (ALTER ROLE ... SET) and
+ * the configuration file are the administrator's and keep PostgreSQL's
+ * warning.
+ */
+static List *
+early_settings(void)
+{
+	int			n;
+	struct config_generic **vars = idem_guc_variables(&n);
+	List	   *found = NIL;
+
+	for (int i = 0; i < n; i++)
+	{
+		struct config_generic *gen = vars[i];
+		EarlySetting *es;
+
+		if (!(gen->flags & GUC_CUSTOM_PLACEHOLDER) ||
+			strncmp(gen->name, "idem.", 5) != 0 ||
+			(gen->source != PGC_S_SESSION && gen->source != PGC_S_CLIENT))
+			continue;
+		es = palloc(sizeof(EarlySetting));
+		es->name = pstrdup(gen->name);
+		es->value = pstrdup(GetConfigOption(gen->name, true, false));
+		es->scontext = gen->scontext;
+		es->source = gen->source;
+		es->srole = idem_guc_setter(gen);
+		found = lappend(found, es);
+	}
+	return found;
+}
+
+/*
+ * Validate each early setting as its role made it, now that the parameter
+ * exists, without changing anything: one PostgreSQL refused raises its
+ * error.
+ */
+static void
+check_early_settings(List *settings)
+{
+	ListCell   *lc;
+
+	foreach(lc, settings)
+	{
+		EarlySetting *es = lfirst(lc);
+
+		(void) set_config_option_ext(es->name, es->value, es->scontext,
+									 es->source, es->srole, GUC_ACTION_SET,
+									 false, ERROR, false);
+	}
+}
+
 static void
 idem_shmem_request(void)
 {
@@ -125,6 +197,17 @@ idem_shmem_startup(void)
 void
 _PG_init(void)
 {
+	static bool defined = false;
+	List	   *settings;
+
+	/*
+	 * An error below leaves the library loaded but not registered, so the
+	 * next call runs _PG_init again: everything is already defined then.
+	 */
+	if (defined)
+		return;
+	settings = early_settings();
+
 	DefineCustomIntVariable("idem.ttl",
 							"How long a key record stays valid after it is written.",
 							"An expired record counts as absent: the next call with its key executes again.",
@@ -343,4 +426,8 @@ _PG_init(void)
 		shmem_startup_hook = idem_shmem_startup;
 		idem_worker_register();
 	}
+	defined = true;
+
+	check_early_settings(settings);
+	list_free_deep(settings);
 }

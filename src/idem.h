@@ -33,8 +33,11 @@ struct Latch;
 #define ERRCODE_IDEM_KEY_REUSED			MAKE_SQLSTATE('I','D','4','2','2')
 /* same key still being executed elsewhere: the draft's 409 */
 #define ERRCODE_IDEM_IN_PROGRESS		MAKE_SQLSTATE('I','D','4','0','9')
-/* outbox: no such event */
-#define ERRCODE_IDEM_EVENT_NOT_FOUND	MAKE_SQLSTATE('I','D','4','0','4')
+/*
+ * outbox: no such event.  Not ID404, which is a run's: a client must tell a
+ * consumer's stale event id from an agent's missing run.
+ */
+#define ERRCODE_IDEM_EVENT_NOT_FOUND	MAKE_SQLSTATE('I','D','E','0','4')
 /* outbox: the event was delivered already */
 #define ERRCODE_IDEM_EVENT_DELIVERED	MAKE_SQLSTATE('I','D','4','1','0')
 /* outbox: the lease token is not the event's current lease (fenced off) */

@@ -30,6 +30,7 @@ const kinds = {
   StepUndeclared: 'ID400', // a step name the run did not declare
   RunNotRunning: 'ID423', // the run is failed or completed
   OutOfSequence: 'ID425', // earlier declared steps have not all completed
+  EventNotFound: 'IDE04', // no such outbox event (never written, or purged)
 };
 const errors = { IdemError };
 const bySqlstate = {};

@@ -29,7 +29,8 @@ import psycopg
 __all__ = [
     "Result", "execute", "step", "retry", "retry_advice", "to_arg",
     "IdemError", "KeyReused", "InProgress", "NestedKey", "RunNotFound",
-    "StepUndeclared", "RunNotRunning", "OutOfSequence", "CachedError",
+    "StepUndeclared", "RunNotRunning", "OutOfSequence", "EventNotFound",
+    "CachedError",
     "consume", "RetryAfter",
 ]
 
@@ -90,6 +91,12 @@ class OutOfSequence(IdemError):
     sqlstate = "ID425"
 
 
+class EventNotFound(IdemError):
+    """IDE04: the outbox event does not exist (never written, or delivered
+    and purged); not a run's ID404."""
+    sqlstate = "IDE04"
+
+
 class CachedError(IdemError):
     """The key's recorded outcome is a business error (idem.cache_errors).
 
@@ -104,7 +111,8 @@ class CachedError(IdemError):
 
 _BY_SQLSTATE = {c.sqlstate: c for c in (KeyReused, InProgress, NestedKey,
                                          RunNotFound, StepUndeclared,
-                                         RunNotRunning, OutOfSequence)}
+                                         RunNotRunning, OutOfSequence,
+                                         EventNotFound)}
 
 
 def to_arg(value: Any) -> Optional[str]:

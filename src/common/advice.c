@@ -11,7 +11,7 @@
  *				 safe, and it replays if the first attempt committed.
  *	 retry_later the same call again after a backoff (the key is in use,
  *				 a lock or statement timed out, the server is short of
- *				 resources or starting up).
+ *				 resources or starting up, an I/O or foreign server failed).
  *	 never		 the same call will fail the same way (a different request
  *				 under a key, a step out of sequence, bad input, a business
  *				 error, a cached error).
@@ -59,11 +59,26 @@ idem_retry_advice_for(int sqlerrcode)
 	{
 		case ERRCODE_CONNECTION_EXCEPTION:
 		case ERRCODE_TRANSACTION_ROLLBACK:
+		case ERRCODE_SNAPSHOT_TOO_OLD:
 			return "retry";
 		case ERRCODE_INSUFFICIENT_RESOURCES:
+		case ERRCODE_SYSTEM_ERROR:
+		case ERRCODE_FDW_ERROR:
 			return "retry_later";
 	}
 	return "never";
+}
+
+/*
+ * idem_sqlstate_transient
+ *		Whether a retry of an error of this code (or class, in its
+ *		MAKE_SQLSTATE(c1, c2, '0', '0', '0') form) may succeed: what
+ *		idem.cache_errors must never record.
+ */
+bool
+idem_sqlstate_transient(int sqlerrcode)
+{
+	return strcmp(idem_retry_advice_for(sqlerrcode), "never") != 0;
 }
 
 /*
@@ -92,7 +107,8 @@ idem_retry_advice(PG_FUNCTION_ARGS)
 	if (PG_ARGISNULL(0))
 		ereport(ERROR,
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("sqlstate must not be null")));
+				 errmsg("sqlstate must not be null"),
+				 idem_errhint(ERRCODE_NULL_VALUE_NOT_ALLOWED, NULL)));
 	s = text_to_cstring(PG_GETARG_TEXT_PP(0));
 	if (strlen(s) != 5 || strspn(s, "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ") != 5)
 		ereport(ERROR,

@@ -42,7 +42,9 @@ idem_error_outcome(int sqlerrcode, bool executing)
 		return IDEM_OUTCOME_ERROR;
 	if (sqlerrcode == ERRCODE_IDEM_KEY_REUSED)
 		return IDEM_OUTCOME_MISMATCH;
-	if (sqlerrcode == ERRCODE_IDEM_IN_PROGRESS)
+	/* a nested call with the running key: held, by its own caller */
+	if (sqlerrcode == ERRCODE_IDEM_IN_PROGRESS ||
+		sqlerrcode == ERRCODE_IDEM_NESTED_KEY)
 		return IDEM_OUTCOME_IN_PROGRESS;
 	if (sqlerrcode == ERRCODE_IDEM_STEP_OUT_OF_SEQUENCE ||
 		sqlerrcode == ERRCODE_IDEM_STEP_UNDECLARED ||

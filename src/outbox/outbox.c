@@ -489,7 +489,10 @@ idem_insert_outbox(const char *key, Oid owner, const char *topic,
  * Due events of a topic, oldest due first, locked without waiting for
  * those another claim holds, then leased: due time moved to the end of the
  * lease, attempt counted, a new token.  An event whose last allowed attempt
- * ended with an expired lease becomes a dead letter instead.
+ * ended with an expired lease becomes a dead letter instead.  A pending
+ * event is always leased, even past a lowered idem.outbox_max_attempts:
+ * the limit is applied when an attempt fails, and the event's last error
+ * is its consumer's, not a lease's.
  *
  * A workflow run's events of a topic are delivered in order: one waits
  * while an event of the same run and topic written by an earlier step is
@@ -525,15 +528,15 @@ static IdemQuery q_claim = {
 	"   FOR UPDATE SKIP LOCKED),"
 	" u AS ("
 	"  UPDATE idem.outbox o"
-	"     SET state = CASE WHEN o.attempts OPERATOR(pg_catalog.>=) $5 THEN 'dead' ELSE 'leased' END,"
-	"         attempts = CASE WHEN o.attempts OPERATOR(pg_catalog.>=) $5 THEN o.attempts"
+	"     SET state = CASE WHEN o.state OPERATOR(pg_catalog.=) 'leased' AND o.attempts OPERATOR(pg_catalog.>=) $5 THEN 'dead' ELSE 'leased' END,"
+	"         attempts = CASE WHEN o.state OPERATOR(pg_catalog.=) 'leased' AND o.attempts OPERATOR(pg_catalog.>=) $5 THEN o.attempts"
 	"                    ELSE o.attempts OPERATOR(pg_catalog.+) 1 END,"
 	"         next_attempt_at = $4,"
-	"         lease_token = CASE WHEN o.attempts OPERATOR(pg_catalog.>=) $5 THEN NULL"
+	"         lease_token = CASE WHEN o.state OPERATOR(pg_catalog.=) 'leased' AND o.attempts OPERATOR(pg_catalog.>=) $5 THEN NULL"
 	"                       ELSE pg_catalog.gen_random_uuid() END,"
 	"         leased_by = $6,"
 	"         lease_holder = $7,"
-	"         last_error = CASE WHEN o.attempts OPERATOR(pg_catalog.>=) $5"
+	"         last_error = CASE WHEN o.state OPERATOR(pg_catalog.=) 'leased' AND o.attempts OPERATOR(pg_catalog.>=) $5"
 	"                      THEN 'lease expired on the last attempt' ELSE o.last_error END"
 	"   WHERE o.ctid OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT tid FROM c))"
 	"  RETURNING o.event_id, o.key, o.owner, o.topic, o.payload, o.run_id, o.step,"

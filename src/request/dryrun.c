@@ -71,6 +71,8 @@ look_ahead(IdemStatement *stmt, IdemRequest *req, const uint8 *fingerprint,
 	}
 	else
 		result->action = "execute";
+	/* an unknown topic, a missing grant: the call's own refusals */
+	(void) idem_check_may_execute(req);
 	{
 		bool		cached_error;
 

@@ -10,9 +10,13 @@
  * whatever the statement wrote), the error becomes the response
  * {"error": {"sqlstate", "message", "detail", "hint"}}, and the key records
  * it, so a retry replays the same error instead of running again.  Any other
- * error is raised as usual.  Transient conditions (classes 08, 40, 53, 57,
- * code 55P03), idem's own class ID and internal errors (XX) can never be
- * listed: a retry of those must run again.  When the list is empty (the
+ * error is raised as usual.  Transient conditions (whatever
+ * idem_retry_advice() does not answer "never" for, and classes 57, 58, 72
+ * and HV), idem's own class ID, internal errors (XX), the server's limits
+ * (54) and the transaction's state (25) can never be listed: a retry of
+ * those must run again, or they are not the business's.  A transient code
+ * in a listed class (55P03 in 55) is raised, never recorded.  A recorded
+ * error is held to idem.max_response_size like any response.  When the list is empty (the
  * default) no subtransaction is used.
  *
  * Copyright (c) 2026, idem authors
@@ -55,21 +59,32 @@ is_sqlstate_char(char c)
 	return (c >= '0' && c <= '9') || (c >= 'A' && c <= 'Z');
 }
 
-/* Classes and codes a retry must run again, so never cached. */
+/*
+ * Why a class or code (MAKE_SQLSTATE form) can never be cached, or NULL.
+ * Transient is what idem_retry_advice() does not answer "never" for, so the
+ * two agree; a class is also transient when some of its codes are (57: a
+ * cancel or a shutdown).  Classes 54 (a limit of the server) and 25 (the
+ * state of the caller's transaction) say nothing about the request.
+ */
 static const char *
-transient_reason(const char *tok, int len)
+uncacheable_reason(int code)
 {
-	static const char *const classes[] = {"08", "40", "53", "57"};
+	static const char *const transient_classes[] = {"08", "40", "53", "57", "58", "72", "HV"};
+	static const char *const server_classes[] = {"54", "25"};
+	const char *cls = unpack_sql_state(code);
 
-	for (int i = 0; i < lengthof(classes); i++)
-		if (strncmp(tok, classes[i], 2) == 0)
-			return "it is a transient condition, which a retry must run again";
-	if (len == 5 && strncmp(tok, "55P03", 5) == 0)
-		return "it is a transient condition, which a retry must run again";
-	if (strncmp(tok, "ID", 2) == 0)
+	if (strncmp(cls, "ID", 2) == 0)
 		return "it is one of idem's own outcomes, not a business error";
-	if (strncmp(tok, "XX", 2) == 0)
+	if (strncmp(cls, "XX", 2) == 0)
 		return "it is an internal error, not a business error";
+	if (idem_sqlstate_transient(code))
+		return "it is a transient condition, which a retry must run again";
+	for (int i = 0; i < lengthof(transient_classes); i++)
+		if (strncmp(cls, transient_classes[i], 2) == 0)
+			return "it is a transient condition, which a retry must run again";
+	for (int i = 0; i < lengthof(server_classes); i++)
+		if (strncmp(cls, server_classes[i], 2) == 0)
+			return "it is about the server's limits or the transaction's state, not a business error";
 	return NULL;
 }
 
@@ -110,17 +125,17 @@ idem_cache_errors_check(char **newval, void **extra, GucSource source)
 			guc_free(list);
 			return false;
 		}
-		why = transient_reason(tok, len);
+		list->entries[list->n].is_class = (len == 2);
+		list->entries[list->n].code = len == 2 ?
+			MAKE_SQLSTATE(tok[0], tok[1], '0', '0', '0') :
+			MAKE_SQLSTATE(tok[0], tok[1], tok[2], tok[3], tok[4]);
+		why = uncacheable_reason(list->entries[list->n].code);
 		if (why != NULL)
 		{
 			GUC_check_errdetail("\"%.*s\" cannot be cached: %s.", len, tok, why);
 			guc_free(list);
 			return false;
 		}
-		list->entries[list->n].is_class = (len == 2);
-		list->entries[list->n].code = len == 2 ?
-			MAKE_SQLSTATE(tok[0], tok[1], '0', '0', '0') :
-			MAKE_SQLSTATE(tok[0], tok[1], tok[2], tok[3], tok[4]);
 		list->n++;
 		p = tok + len;
 	}
@@ -137,6 +152,9 @@ idem_cache_errors_assign(const char *newval, void *extra)
 static bool
 is_cached(int sqlerrcode)
 {
+	/* a listed class may hold transient codes (55: 55P03) */
+	if (idem_sqlstate_transient(sqlerrcode))
+		return false;
 	for (int i = 0; i < cache_list->n; i++)
 	{
 		int			code = cache_list->entries[i].code;
@@ -205,8 +223,10 @@ idem_execute_caching_errors(IdemStatement *stmt, IdemRequest *req,
 		if (!is_cached(edata->sqlerrcode))
 			ReThrowError(edata);
 		response = error_response(edata);
-		*cached = true;
 		FreeErrorData(edata);
+		/* the recorded error is held to the ceiling of any response */
+		idem_check_response_size(response, "cached error response");
+		*cached = true;
 	}
 	PG_END_TRY();
 	return response;

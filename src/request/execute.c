@@ -318,13 +318,26 @@ idem_current_topic(Oid owner)
 	return topic;
 }
 
+/*
+ * idem_check_may_execute
+ *		What a request under a free key must pass before its statement
+ *		runs; returns the outbox topic the call writes to (NULL: none).
+ *		idem_dry_run() asks the same, so a dry run refuses whatever the call
+ *		would refuse.
+ */
+char *
+idem_check_may_execute(IdemRequest *req)
+{
+	return idem_current_topic(req->owner);
+}
+
 static void
 execute_and_record(IdemStatement *stmt, IdemRequest *req,
 				   const uint8 *fingerprint, TimestampTz now,
 				   IdemResult *result)
 {
 	Oid			owner = req->owner;
-	char	   *topic = idem_current_topic(owner);
+	char	   *topic = idem_check_may_execute(req);
 	bool		cached_error;
 
 	result->response = idem_execute_caching_errors(stmt, req, &cached_error);

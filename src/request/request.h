@@ -78,6 +78,7 @@ extern bool idem_find_record(IdemStatement *stmt, IdemRequest *req,
 							 const uint8 *fingerprint, TimestampTz now,
 							 IdemRecord *rec);
 extern char *idem_current_topic(Oid owner);
+extern char *idem_check_may_execute(IdemRequest *req);
 extern void idem_make_replay_durable(IdemRequest *req);
 
 #endif							/* IDEM_REQUEST_H */

@@ -8,7 +8,7 @@ SELECT s AS sqlstate, idem_retry_advice(s) AS advice
        'ID409', '55P03', '57014', '57P03', '53100', '53200', '53300',
        'ID422', 'ID400', 'ID404', 'ID423', 'ID425', 'ID508',
        '23505', '23502', '22P02', '42601', '42501', 'P0001', '54000', '55000',
-       '25006', 'XX000']) AS s;
+       '25006', 'XX000', '58030', '72000', 'HV00N']) AS s;
 
 -- bad input
 SELECT idem_retry_advice(NULL);

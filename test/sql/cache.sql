@@ -94,6 +94,67 @@ SET idem.cache_errors = ' 23 ,P0001 ';
 SHOW idem.cache_errors;
 RESET idem.cache_errors;
 
+-- nor can system errors (58: I/O), a snapshot too old (72) or a foreign
+-- server's errors (HV), which are transient, nor the server's limits (54)
+-- or the transaction's state (25), which are not the business's; whatever
+-- the setting refuses as transient, idem_retry_advice() does not answer
+-- "never" for
+SET idem.cache_errors = '23';
+SET idem.cache_errors = '58';
+\echo :LAST_ERROR_SQLSTATE
+SET idem.cache_errors = '58030';
+\echo :LAST_ERROR_SQLSTATE
+SET idem.cache_errors = '72';
+\echo :LAST_ERROR_SQLSTATE
+SET idem.cache_errors = 'HV';
+\echo :LAST_ERROR_SQLSTATE
+SET idem.cache_errors = 'P0001, HV00N';
+\echo :LAST_ERROR_SQLSTATE
+SET idem.cache_errors = '54';
+\echo :LAST_ERROR_SQLSTATE
+SET idem.cache_errors = '54001';
+\echo :LAST_ERROR_SQLSTATE
+SET idem.cache_errors = '25';
+\echo :LAST_ERROR_SQLSTATE
+SET idem.cache_errors = '25P02';
+\echo :LAST_ERROR_SQLSTATE
+SHOW idem.cache_errors;
+SELECT s AS sqlstate, idem_retry_advice(s) AS advice
+  FROM unnest(ARRAY['58000', '58030', '72000', 'HV000', 'HV00N']) AS s;
+
+-- a listed class may hold a transient code (55 holds 55P03, a lock not
+-- available): that code is raised, never recorded
+CREATE FUNCTION raise_state(code text) RETURNS int LANGUAGE plpgsql AS $$
+BEGIN
+	RAISE EXCEPTION 'raised %', code USING ERRCODE = code;
+END
+$$;
+SET idem.cache_errors = '55';
+SELECT idem_execute('w:55', 'SELECT raise_state($1)', '55P03');
+\echo :LAST_ERROR_SQLSTATE
+SELECT idem_execute('w:55', 'SELECT raise_state($1)', '55000');
+SELECT count(*) AS recorded FROM idem.keys WHERE key = 'w:55';
+RESET idem.cache_errors;
+
+-- a cached error is held to idem.max_response_size like any response: one
+-- above it is refused (54000) and nothing is recorded
+CREATE FUNCTION raise_long(n int) RETURNS int LANGUAGE plpgsql AS $$
+BEGIN
+	RAISE EXCEPTION 'too long' USING DETAIL = repeat('x', n);
+END
+$$;
+SET idem.max_response_size = '1kB';
+SET idem.cache_errors = 'P0001';
+SELECT idem_execute('w:big', 'SELECT raise_long($1)', 10000);
+\echo :LAST_ERROR_SQLSTATE
+SELECT count(*) AS recorded FROM idem.keys WHERE key = 'w:big';
+-- one below it is recorded
+SELECT idem_execute('w:big', 'SELECT raise_long($1)', 100) -> 'error' ->> 'message';
+SELECT count(*) AS recorded FROM idem.keys WHERE key = 'w:big';
+RESET idem.cache_errors;
+RESET idem.max_response_size;
+DROP FUNCTION raise_state(text), raise_long(int);
+
 DROP VIEW state;
 DROP FUNCTION withdraw(int, numeric);
 DROP TABLE accounts, ledger;

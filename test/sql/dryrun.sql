@@ -10,6 +10,7 @@ SELECT (SELECT count(*) FROM payments) AS payments,
        (SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()) AS locks;
 
 -- a new key: execute, with the response it would give; nothing stays
+SELECT idem_outbox_create_topic('payments');
 SET idem.outbox_topic = 'payments';
 SELECT * FROM idem_dry_run('pay:1', 'INSERT INTO payments (invoice, amount) VALUES ($1, $2) RETURNING invoice, amount', 4471, 25.00::numeric);
 SELECT * FROM seen;
@@ -61,6 +62,36 @@ SELECT * FROM idem_dry_run('pay:5', 'SELECT 1');
 ROLLBACK;
 SELECT * FROM seen;
 
+-- a dry run refuses what the call would refuse, before anything runs: an
+-- unregistered topic (42704), a topic the role may not publish to (42501)
+SET idem.outbox_topic = 'dry_unregistered';
+SELECT * FROM idem_dry_run('pay:6', 'INSERT INTO payments (invoice, amount) VALUES (6, 6) RETURNING invoice');
+\echo :LAST_ERROR_SQLSTATE
+SELECT idem_execute('pay:6', 'INSERT INTO payments (invoice, amount) VALUES (6, 6) RETURNING invoice');
+\echo :LAST_ERROR_SQLSTATE
+CREATE ROLE regress_dry_agent;
+GRANT SELECT, INSERT ON payments TO regress_dry_agent;
+GRANT USAGE ON SEQUENCE payments_id_seq TO regress_dry_agent;
+SET idem.outbox_topic = 'payments';
+SET ROLE regress_dry_agent;
+SELECT * FROM idem_dry_run('pay:6', 'INSERT INTO payments (invoice, amount) VALUES (6, 6) RETURNING invoice');
+\echo :LAST_ERROR_SQLSTATE
+SELECT idem_execute('pay:6', 'INSERT INTO payments (invoice, amount) VALUES (6, 6) RETURNING invoice');
+\echo :LAST_ERROR_SQLSTATE
+-- without a topic the role's dry run answers
+RESET idem.outbox_topic;
+SELECT action FROM idem_dry_run('pay:6', 'INSERT INTO payments (invoice, amount) VALUES (6, 6) RETURNING invoice');
+RESET ROLE;
+-- a replay writes no event, so neither it nor its dry run checks the topic
+SELECT idem_execute('pay:7', 'SELECT 7 AS seven');
+SET idem.outbox_topic = 'dry_unregistered';
+SELECT action FROM idem_dry_run('pay:7', 'SELECT 7 AS seven');
+SELECT idem_execute('pay:7', 'SELECT 7 AS seven');
+RESET idem.outbox_topic;
+SELECT * FROM seen;
+
 DROP VIEW seen;
 DROP TABLE payments;
+DROP ROLE regress_dry_agent;
+DELETE FROM idem.outbox_topics WHERE topic = 'payments';
 DELETE FROM idem.keys WHERE key LIKE 'pay:%';

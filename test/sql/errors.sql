@@ -130,3 +130,58 @@ SELECT idem_execute('err:2', 'INSERT INTO ledger(amount) VALUES (1 / $1) RETURNI
 
 DROP TABLE ledger;
 DROP FUNCTION ledger_fail();
+
+--
+-- settings made before the library is loaded: PostgreSQL keeps them as
+-- unchecked placeholders, and when the library defines the parameters it
+-- only warns about one it drops; the call that loads the library fails
+-- with the error the SET would have had, and the setting is not applied
+--
+\c
+SET idem.ttl = 0;
+SELECT idem_key('early');
+\echo :LAST_ERROR_SQLSTATE
+SHOW idem.ttl;
+SELECT idem_key('early') AS loaded_now;
+-- once loaded, the SET itself is refused
+SET idem.ttl = 0;
+\echo :LAST_ERROR_SQLSTATE
+-- a ceiling a role may not raise
+\c
+CREATE ROLE regress_early;
+SET ROLE regress_early;
+SET idem.max_response_size = '10MB';
+SET idem.wait = off;
+SELECT idem_key('early');
+\echo :LAST_ERROR_SQLSTATE
+SHOW idem.max_response_size;
+SHOW idem.wait;
+SET idem.max_response_size = '10MB';
+\echo :LAST_ERROR_SQLSTATE
+RESET ROLE;
+DROP ROLE regress_early;
+-- a refused list of cached errors
+\c
+SET idem.cache_errors = '40';
+SELECT idem_key('early');
+\echo :LAST_ERROR_SQLSTATE
+SHOW idem.cache_errors;
+-- a name idem does not define, a setting only the configuration file sets
+\c
+SET idem.tll = 5;
+SELECT idem_key('early');
+\echo :LAST_ERROR_SQLSTATE
+\c
+SET idem.purge_interval = 5;
+LOAD 'idem';
+\echo :LAST_ERROR_SQLSTATE
+-- valid settings made before the load apply, SET LOCAL included
+\c
+SET idem.cache_errors = '23';
+BEGIN;
+SET LOCAL idem.ttl = 7;
+SELECT idem_key('early') AS loaded;
+SHOW idem.ttl;
+COMMIT;
+SHOW idem.ttl;
+SHOW idem.cache_errors;

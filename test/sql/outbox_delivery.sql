@@ -202,9 +202,11 @@ SELECT (SELECT digest FROM ob_digest) = :'before_digest' AS outbox_unchanged;
 --
 SELECT * FROM ob_digest \gset before_
 SET ROLE regress_ob_consumer;
--- an unknown event (ID404)
+-- an unknown event (IDE04: not ID404, which says a run does not exist)
 SELECT idem_outbox_ack('00000000-0000-4000-8000-000000000000', '00000000-0000-4000-8000-000000000001');
+\echo :LAST_ERROR_SQLSTATE
 SELECT idem_outbox_fail('00000000-0000-4000-8000-000000000000', '00000000-0000-4000-8000-000000000001', 'x');
+\echo :LAST_ERROR_SQLSTATE
 \set VERBOSITY sqlstate
 -- already delivered (ID410), with its own token or any other
 SELECT idem_outbox_ack(event_id, token) FROM ob_claimed WHERE key = 'ob:1';
@@ -359,6 +361,29 @@ UPDATE idem.outbox SET next_attempt_at = clock_timestamp() - interval '1 ms',
 	   attempts = 6 WHERE event_id = :'ob3';
 SELECT count(*) AS claimed FROM idem_outbox_claim('pay', 10, '30 s') WHERE key = 'ob:3';
 SELECT key, state, attempts, last_error FROM idem_outbox_events WHERE key = 'ob:3';
+-- a lowered idem.outbox_max_attempts does not kill a pending event past
+-- it: the limit is checked when an attempt fails, so the event still gets
+-- its scheduled attempt and keeps its last error; that attempt's failure
+-- makes it dead
+SET idem.outbox_topic = 'pay';
+SELECT idem_execute('ob:4', 'SELECT 4 AS n');
+RESET idem.outbox_topic;
+SELECT ob_reclaim('ob:4');
+SELECT count(idem_outbox_fail(event_id, token, 'gateway 503'))
+  FROM ob_claimed WHERE key = 'ob:4';
+UPDATE idem.outbox SET next_attempt_at = clock_timestamp() - interval '1 ms'
+ WHERE key = 'ob:4';
+SET idem.outbox_max_attempts = 1;
+SELECT ob_reclaim('ob:4');
+SELECT attempt AS claimed_attempt FROM ob_claimed WHERE key = 'ob:4';
+SELECT key, state, attempts, last_error FROM idem_outbox_events WHERE key = 'ob:4';
+SELECT idem_outbox_fail(event_id, token, 'gateway 503 again') IS NULL AS no_retry
+  FROM ob_claimed WHERE key = 'ob:4';
+SELECT key, state, attempts, last_error FROM idem_outbox_events WHERE key = 'ob:4';
+SET idem.outbox_max_attempts = 6;
+DELETE FROM ob_claimed WHERE key = 'ob:4';
+DELETE FROM idem.outbox WHERE key = 'ob:4';
+DELETE FROM idem.keys WHERE key = 'ob:4';
 
 --
 -- full jitter: a random point of the window [0, base * 2^(n-1)), for

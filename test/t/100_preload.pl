@@ -6,8 +6,9 @@
 # idem.max_response_size, idem.statement_cache_memory) take effect from
 # ALTER SYSTEM both ways: loaded at server start, or loaded by a backend's
 # first call, when the setting was still a placeholder in the
-# configuration.  Keys are per role and the ttl counts from commit either
-# way.
+# configuration.  A session's own SET of an idem.* parameter is refused
+# either way: at SET once the library is loaded, by the call that loads it
+# before.  Keys are per role and the ttl counts from commit either way.
 
 use strict;
 use warnings FATAL => 'all';
@@ -48,18 +49,28 @@ ALTER SYSTEM SET idem.max_response_size = '4kB';
 	like($err, qr/ERROR:  22023: idem.ttl exceeds idem.max_ttl/,
 		"$label: a ttl above the administrator's ceiling is refused");
 	# Before the library is loaded a role can set the placeholder, but the
-	# first call loads idem and drops the value (a WARNING); loaded, the SET
-	# itself is refused.  Either way the ceiling holds.
+	# call that loads idem fails with the SET's error (PostgreSQL itself
+	# only warns and drops the value); loaded, the SET itself is refused.
+	# Either way the ceiling holds.
 	($ret, $out, $err) = $node->psql('postgres',
 		"\\set ON_ERROR_STOP 0\n\\set VERBOSITY verbose\nSET ROLE alice;\nSET idem.max_ttl = '10d';\n"
-		  . "SET idem.ttl = '3d';\nSELECT idem_execute('k', 'SELECT 1 AS one');");
+		  . "SET idem.ttl = '3d';\nSELECT idem_execute('k', 'SELECT 1 AS one');\n"
+		  . "SELECT idem_execute('k', 'SELECT 1 AS one');");
 	like($err, qr/ERROR:  22023: idem.ttl exceeds idem.max_ttl/,
 		"$label: a role cannot raise idem.max_ttl for itself");
 	like($err,
-		$preload
-		? qr/ERROR:  42501: permission denied to set parameter "idem.max_ttl"/
-		: qr/WARNING:  42501: permission denied to set parameter "idem.max_ttl"/,
-		"$label: and is told so");
+		qr/ERROR:  42501: permission denied to set parameter "idem.max_ttl"/,
+		"$label: and is told so with an error");
+	# idem.ttl = 0: 22023 at SET once loaded, from the loading call before;
+	# the call runs nothing
+	($ret, $out, $err) = $node->psql('postgres',
+		"\\set VERBOSITY verbose\nSET idem.ttl = 0;\n"
+		  . "SELECT idem_execute('ttl0', 'SELECT 1 AS one');");
+	like($err,
+		qr/ERROR:  22023: 0 s is outside the valid range for parameter "idem.ttl"/,
+		"$label: idem.ttl = 0 is refused with 22023");
+	is($node->safe_psql('postgres', "SELECT count(*) FROM idem.keys WHERE key = 'ttl0'"),
+		'0', "$label: and nothing was executed under it");
 	($ret, $out, $err) = $node->psql('postgres',
 		"\\set VERBOSITY verbose\nSET ROLE alice;\n"
 		  . "SELECT idem_execute('big', 'SELECT repeat(''x'', 8000) AS x');");
@@ -96,8 +107,15 @@ ALTER SYSTEM SET idem.outbox_logical_message = on;
 	($ret, $out, $err) = $node->psql('postgres',
 		"\\set ON_ERROR_STOP 0\n\\set VERBOSITY verbose\nSET ROLE alice;\nSET idem.outbox_logical_message = off;\n"
 		  . "SET idem.outbox_topic = 'pay';\nSELECT idem_execute('ev-1', 'SELECT 1 AS one') ->> 'command';\n"
+		  . "SELECT idem_execute('ev-1', 'SELECT 1 AS one') ->> 'command';\n"
 		  . "SHOW idem.outbox_logical_message;");
-	is($out, "SELECT\non", "$label: alice publishes; the CDC setting stays on");
+	# loaded, the SET fails and both calls run (the second replays); not
+	# yet loaded, the SET's error fails the call that loads the library
+	is($out, $preload ? "SELECT\nSELECT\non" : "SELECT\non",
+		"$label: alice publishes; the CDC setting stays on");
+	like($err,
+		qr/ERROR:  42501: permission denied to set parameter "idem.outbox_logical_message"/,
+		"$label: and her SET is refused with an error");
 	is( $node->safe_psql('postgres',
 			"SET ROLE bob;\nSELECT count(idem_outbox_ack(event_id, lease_token)) FROM idem_outbox_claim('pay');"),
 		'1', "$label: bob claims and acknowledges the event");

@@ -4,8 +4,9 @@
 # Operations with shared_preload_libraries = 'idem' (issue 11).
 #
 # 1. idem_stats counts every outcome exactly: executions, replays,
-#    mismatches, in-progress rejections, conflicts, lock waits (and their
-#    time), business errors; idem_stats_reset() zeroes them.
+#    mismatches, in-progress rejections (ID409, and ID508 of a nested call),
+#    conflicts, lock waits (and their time), business errors;
+#    idem_stats_reset() zeroes them.
 # 2. The launcher is in pg_stat_activity as "idem launcher"; its purge
 #    worker removes expired keys in batches and never a live key, and shows
 #    up as "idem purge worker" while it works.
@@ -109,6 +110,17 @@ ok(stats('postgres', 'lock_wait_time') >= 150,
 $node->safe_psql('postgres', 'SELECT idem_stats_reset()');
 is(stats('postgres', 'executions + replays + mismatches + lock_waits'),
 	'0', 'idem_stats_reset() zeroes the counters');
+
+# a nested call with its own key: the inner call is refused like a held key
+# (in_progress, as ID409), the outer one fails with its statement's error
+# (errors); neither is a sequencing error
+$node->psql('postgres',
+	q{SELECT idem_execute('nest-1', $$SELECT idem_execute('nest-1', 'SELECT 1')$$)},
+	stderr => \my $nest_err);
+like($nest_err, qr/already being executed by an enclosing/, 'a nested call with its own key gets ID508');
+is(stats('postgres', 'in_progress, errors, sequencing_errors'),
+	'1|1|0', 'ID508 counts once under in_progress, the outer call once under errors');
+$node->safe_psql('postgres', 'SELECT idem_stats_reset()');
 
 # per role: each call counts for its role, the database's row for all of
 # them; roles beyond idem.stats_max_roles (3 pairs: postgres was counted

@@ -75,6 +75,16 @@ for (const target of ['direct', 'pgbouncer']) {
       assert.equal(await count(t), 1);
     });
 
+    it('raises EventNotFound (IDE04) for a missing outbox event, RunNotFound (ID404) for a missing run', async () => {
+      const t = await freshTable();
+      const c = await connect();
+      await assert.rejects(tx(c, () => idem.execute(c, `${t}:ack`,
+        "SELECT idem_outbox_ack('00000000-0000-4000-8000-000000000000', '00000000-0000-4000-8000-000000000001') AS acked")),
+      (e) => e instanceof idem.EventNotFound && !(e instanceof idem.RunNotFound) && e.sqlstate === 'IDE04');
+      await assert.rejects(tx(c, () => idem.step(c, `${t}:no-run`, 'a', 'SELECT 1')),
+        (e) => e instanceof idem.RunNotFound && !(e instanceof idem.EventNotFound) && e.sqlstate === 'ID404');
+    });
+
     it('raises InProgress with wait off, and sequencing errors for steps', async () => {
       const t = await freshTable();
       const holder = await connect();

@@ -107,6 +107,22 @@ def test_nested_key(connect, table):
             idem.execute(conn, key, "SELECT idem_execute($1, 'SELECT 1')", key)
 
 
+def test_event_not_found_is_not_run_not_found(connect, table):
+    """An outbox event that does not exist is IDE04, its own class: a
+    missing run (ID404) is something else."""
+    conn = connect()
+    with pytest.raises(idem.EventNotFound) as e:
+        with conn.transaction():
+            idem.execute(conn, f"{table}:ack", "SELECT idem_outbox_ack("
+                         "'00000000-0000-4000-8000-000000000000',"
+                         " '00000000-0000-4000-8000-000000000001') AS acked")
+    assert e.value.sqlstate == "IDE04" and not isinstance(e.value, idem.RunNotFound)
+    with pytest.raises(idem.RunNotFound) as e:
+        with conn.transaction():
+            idem.step(conn, f"{table}:no-run", "a", "SELECT 1")
+    assert e.value.sqlstate == "ID404" and not isinstance(e.value, idem.EventNotFound)
+
+
 def test_options_apply_to_the_call_only(connect, table, admin):
     conn = connect()
     with conn.transaction():
