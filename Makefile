@@ -33,7 +33,7 @@ PG_CFLAGS	= -Wall -Wmissing-prototypes -Werror
 # pg_regress: one file per feature, sql/<feature>.sql <-> expected/<feature>.out
 REGRESS		= install execute fingerprint identity errors atomicity nesting \
 			  expiry security tamper outbox outbox_delivery plancache upgrade \
-			  runs derive advice dryrun cache untyped call ops
+			  runs derive advice dryrun cache untyped call ops internals
 REGRESS_OPTS = --temp-instance=./tmp_check --temp-config=$(srcdir)/test/idem.conf
 
 # isolationtester specs live in test/specs with their output in test/expected
