@@ -1,7 +1,8 @@
 --
 -- internals: idem writes its tables without the executor, yet the
 -- partial indexes and CHECK constraints an administrator adds to them are
--- maintained and obeyed on every write (insert and in-place update)
+-- maintained and obeyed on every write (insert and in-place update), and
+-- the outbox's queries run with jit off through the GUC machinery
 --
 CREATE TABLE int_biz (id serial PRIMARY KEY, what text NOT NULL);
 
@@ -98,3 +99,40 @@ DELETE FROM idem.keys WHERE key LIKE 'int-%'
 DELETE FROM idem.runs WHERE run_id LIKE 'int-%';
 DROP TABLE int_biz;
 
+-- The outbox's queries run with jit off, set through the GUC machinery:
+-- code they run (here a trigger an administrator put on idem.outbox) sees
+-- jit off, and a session-level SET it makes holds afterwards, as it would
+-- in a function with a SET clause: idem does not write the setting behind
+-- the GUC machinery's back.
+SELECT idem_outbox_create_topic('int-jit');
+CREATE TABLE int_jit_seen (during text);
+CREATE FUNCTION int_jit_note() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+	INSERT INTO public.int_jit_seen VALUES (pg_catalog.current_setting('jit'));
+	PERFORM pg_catalog.set_config('jit', 'off', false);
+	RETURN NULL;
+END $$;
+CREATE TRIGGER int_jit_note AFTER UPDATE ON idem.outbox
+  FOR EACH ROW EXECUTE FUNCTION int_jit_note();
+SET jit = on;
+SET idem.outbox_topic = 'int-jit';
+SELECT idem_execute('int-j1', 'SELECT 1 AS one') ->> 'rowcount';
+RESET idem.outbox_topic;
+SELECT count(*) FROM idem_outbox_claim('int-jit');
+SELECT during FROM int_jit_seen;
+SHOW jit;
+-- without the trigger's SET, the session's own setting comes back
+RESET jit;
+SET jit = on;
+SET idem.outbox_topic = 'int-jit';
+SELECT idem_execute('int-j2', 'SELECT 1 AS one') ->> 'rowcount';
+RESET idem.outbox_topic;
+DROP TRIGGER int_jit_note ON idem.outbox;
+SELECT count(*) FROM idem_outbox_claim('int-jit');
+SHOW jit;
+RESET jit;
+DROP FUNCTION int_jit_note();
+DROP TABLE int_jit_seen;
+DELETE FROM idem.outbox WHERE topic = 'int-jit';
+DELETE FROM idem.outbox_topics WHERE topic = 'int-jit';
+DELETE FROM idem.keys WHERE key IN ('int-j1', 'int-j2');

@@ -1257,14 +1257,18 @@ idem_owner_spi_end(IdemOwnerSPI *s)
  * crosses jit_above_cost, and JIT then compiles its expressions at every
  * execution: 0.4 s a claim with 7.2 million events, where the claim
  * itself takes a millisecond.  jit_enabled is read when a plan is made
- * (the plan's jitFlags decide for every execution of it), so it is off
- * for the call, without a GUC nest level, and restored however it ends.
+ * (the plan's jitFlags decide for every execution of it), so jit is set
+ * off for the call in a GUC nest level of its own, as a function's SET
+ * clause would: code the query runs (a trigger an administrator put on
+ * the table) sees the setting in force, a SET it makes is kept or undone
+ * by the GUC rules, and an error unwinds the level with the
+ * (sub)transaction.  With jit already off there is nothing to do.
  */
 int
 idem_query_run(IdemQuery *q, Datum *values, const char *nulls, long limit)
 {
 	int			rc;
-	bool		save_jit = jit_enabled;
+	int			save_nestlevel = 0;
 
 	if (q->plan == NULL)
 	{
@@ -1278,16 +1282,15 @@ idem_query_run(IdemQuery *q, Datum *values, const char *nulls, long limit)
 			elog(ERROR, "SPI_keepplan failed");
 		q->plan = plan;
 	}
-	jit_enabled = false;
-	PG_TRY();
+	if (jit_enabled)
 	{
-		rc = SPI_execute_plan(q->plan, values, nulls, false, limit);
+		save_nestlevel = NewGUCNestLevel();
+		(void) set_config_option("jit", "off", PGC_USERSET, PGC_S_SESSION,
+								 GUC_ACTION_SAVE, true, 0, false);
 	}
-	PG_FINALLY();
-	{
-		jit_enabled = save_jit;
-	}
-	PG_END_TRY();
+	rc = SPI_execute_plan(q->plan, values, nulls, false, limit);
+	if (save_nestlevel > 0)
+		AtEOXact_GUC(true, save_nestlevel);
 	if (rc < 0)
 		elog(ERROR, "SPI_execute_plan failed: %s", SPI_result_code_string(rc));
 	return rc;
