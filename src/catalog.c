@@ -925,9 +925,27 @@ idem_catalog_outbox_topics(Oid *pkey)
 /*
  * Delete up to limit records that an index scan with skey finds.  A record
  * whose key is locked by a running call is skipped: that call owns it.
- * Each key's lock is released as soon as its row is deleted, so a purge of
- * any size holds at most one advisory lock; a caller that takes the key in
- * between waits on the row instead and then finds it gone.
+ *
+ * Each key's lock is released as soon as its row is deleted, before this
+ * transaction commits.  Held to commit, the locks of one batch
+ * (idem.purge_batch_size keys, 10,000 by default) would exhaust the
+ * shared lock table, sized by max_locks_per_transaction; released, a purge
+ * of any size holds at most one advisory lock.  The key's lock is not what
+ * protects the record here: the row is.  The interleaving this allows:
+ *
+ *	purge P: lock K, delete its expired record R (uncommitted), unlock K
+ *	caller C: lock K, look R up
+ *	P: commit or abort
+ *
+ * C's lookup uses SnapshotSelf, which still sees R while P's delete is
+ * uncommitted.  R expired before P's transaction began, so a call that
+ * began after that finds R expired and deletes it itself: heap_delete
+ * waits for P; if P commits, delete_row() tolerates the row already gone,
+ * and if P aborts, C's own delete goes through.  Either way C then
+ * executes once and inserts the key's only record (the unique index no
+ * longer sees R).  A call that began before P's transaction may still
+ * count R as live, and replays it: what it would have done had it come
+ * first.  test/specs/purge_race.spec runs these orders.
  */
 static int64
 purge_scan(Relation rel, Oid indexoid, ScanKey skey, int64 limit)
