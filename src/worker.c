@@ -395,8 +395,10 @@ idem_purge_worker_main(Datum main_arg)
 	pqsignal(SIGHUP, SignalHandlerForConfigReload);
 	pqsignal(SIGTERM, die);
 	BackgroundWorkerUnblockSignals();
-	/* FATAL, and no restart, if the database was dropped in the moment
-	 * since the launcher looked for it */
+	/*
+	 * FATAL, and no restart, if the database was dropped in the moment
+	 * since the launcher looked for it
+	 */
 	BackgroundWorkerInitializeConnectionByOid(dbid, InvalidOid, 0);
 	pgstat_report_appname("idem purge worker");
 
