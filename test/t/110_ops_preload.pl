@@ -214,11 +214,14 @@ is($node->safe_psql('postgres', "SELECT count(*) FROM idem.keys WHERE key LIKE '
 	'20', 'the worker purged the 5000 expired keys and none of the 20 live ones');
 ok(stats('postgres', 'purged_keys') >= 5000, 'purged keys are counted');
 
-# a worker blocked on a row another session locked shows who it is
-$node->safe_psql('postgres', sprintf($expired, 10));
+# a worker blocked on a row another session locked shows who it is; the
+# rows expire only once the row is locked (expired at once, a cycle
+# could purge them all before the lock is taken)
+$node->safe_psql('postgres', sprintf($expired =~ s/now\(\) - interval '1 day'/now() + interval '5 s'/r, 10));
 $holder = $node->background_psql('postgres');
 $holder->query_safe('BEGIN');
-$holder->query_safe("SELECT key FROM idem.keys WHERE key = 'old-5' FOR UPDATE");
+is($holder->query_safe("SELECT key FROM idem.keys WHERE key = 'old-5' FOR UPDATE"),
+	'old-5', 'a session locks one of 10 records about to expire');
 $node->poll_query_until('postgres',
 	"SELECT count(*) = 1 FROM pg_stat_activity WHERE backend_type = 'idem purge worker' AND datname = 'postgres' AND wait_event_type = 'Lock'")
   or die 'no purge worker in pg_stat_activity';
