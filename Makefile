@@ -38,7 +38,7 @@ PG_CFLAGS	= -Wall -Wmissing-prototypes -Werror
 # pg_regress: one file per feature, test/sql/<feature>.sql <-> test/expected/<feature>.out
 REGRESS		= install execute fingerprint identity errors atomicity nesting \
 			  expiry security tamper outbox outbox_delivery plancache upgrade \
-			  runs derive advice dryrun cache untyped call ops
+			  runs derive advice dryrun cache untyped call ops internals
 REGRESS_OPTS = --inputdir=test --temp-instance=./tmp_check --temp-config=$(srcdir)/test/idem.conf
 
 # isolationtester specs live in test/specs, their output in test/expected too

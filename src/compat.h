@@ -227,4 +227,39 @@ idem_guc_variables(int *n)
 	set_config_option((name), (value), (context), (source), (action), (changeVal), (elevel), (is_reload))
 #endif
 
+/*
+ * Update a heap tuple and say which indexes need an entry for the new
+ * version: none (a HOT update), only the summarizing ones (a HOT update
+ * that changed a BRIN column, 16 on) or all.
+ */
+#include "access/heapam.h"
+#include "nodes/execnodes.h"
+typedef enum IdemIndexUpdate
+{
+	IDEM_INDEX_NONE,
+	IDEM_INDEX_SUMMARIZING,
+	IDEM_INDEX_ALL
+} IdemIndexUpdate;
+
+static inline IdemIndexUpdate
+idem_simple_heap_update(Relation rel, ItemPointer otid, HeapTuple tup)
+{
+#if PG_VERSION_NUM >= 160000
+	TU_UpdateIndexes update;
+
+	simple_heap_update(rel, otid, tup, &update);
+	return update == TU_None ? IDEM_INDEX_NONE :
+		update == TU_Summarizing ? IDEM_INDEX_SUMMARIZING : IDEM_INDEX_ALL;
+#else
+	simple_heap_update(rel, otid, tup);
+	return HeapTupleIsHeapOnly(tup) ? IDEM_INDEX_NONE : IDEM_INDEX_ALL;
+#endif
+}
+
+#if PG_VERSION_NUM >= 160000
+#define idem_index_is_summarizing(ii) ((ii)->ii_Summarizing)
+#else
+#define idem_index_is_summarizing(ii) false
+#endif
+
 #endif							/* IDEM_COMPAT_H */

@@ -7,8 +7,10 @@
  *
  * The tables are reached by OID, cached and reset by a relcache callback, so
  * no search_path can redirect idem's reads or writes.  Access is direct:
- * an index probe for the lookup and heap_insert plus index inserts for the
- * writes.  That is faster than SPI, has no plan to go stale (a generic plan
+ * an index probe for the lookup, and for the writes one path
+ * (insert_row(), update_row()) that does what the executor would for these
+ * tables: CHECK constraints, unique checks, partial-index predicates.
+ * That is faster than SPI, has no plan to go stale (a generic plan
  * built while the catalog was empty would be a sequential scan forever), and
  * needs no grants to callers, who cannot see the tables at all.  Direct
  * access skips the executor's read-only and permission checks; the callers
@@ -159,11 +161,12 @@ static bool catalog_valid = false;
 static bool catalog_callback_registered = false;
 
 /*
- * What inserting a row into one of idem's tables needs besides the
- * relation: its indexes, each one's IndexInfo and predicate, kept between
- * rows (see insert_row()).  Built for generation catalog_generation.
+ * What writing a row of one of idem's tables needs besides the relation:
+ * its indexes, each one's IndexInfo and predicate, and the table's CHECK
+ * constraints, kept between rows (see insert_row()).  Built for
+ * generation catalog_generation.
  */
-typedef struct TableInserter
+typedef struct TableWriter
 {
 	Oid			relid;
 	uint64		generation;
@@ -172,16 +175,19 @@ typedef struct TableInserter
 	Oid		   *indexoids;
 	IndexInfo **infos;
 	ExprState **predicates;		/* NULL where the index is not partial */
-	TupleTableSlot *slot;		/* the row, for the predicates */
+	int			nchecks;
+	ExprState **checks;
+	char	  **checknames;
+	TupleTableSlot *slot;		/* the row, for predicates and checks */
 	ExprContext *econtext;
-} TableInserter;
+} TableWriter;
 
 enum
 {
-	INSERT_KEYS, INSERT_RUNS, INSERT_OUTBOX, INSERT_AUDIT, INSERT_TABLES
+	WRITE_KEYS, WRITE_RUNS, WRITE_OUTBOX, WRITE_AUDIT, WRITE_TABLES
 };
 
-static TableInserter inserters[INSERT_TABLES];
+static TableWriter writers[WRITE_TABLES];
 
 /* moves on with every invalidation of one of idem's relations */
 static uint64 catalog_generation = 1;
@@ -631,36 +637,37 @@ idem_delete_key(IdemRecord *rec)
 }
 
 /*
- * Build what inserting into rel needs, from rel's relcache entry, in a
- * context of the inserter's own.  The generation is read first: an
+ * Build what writing rel's rows needs, from rel's relcache entry, in a
+ * context of the writer's own.  The generation is read first: an
  * invalidation that arrives while the indexes are opened makes the next
  * row build it again.
  */
 static void
-build_inserter(TableInserter *ti, Relation rel)
+build_writer(TableWriter *tw, Relation rel)
 {
 	MemoryContext oldcxt;
 	List	   *indexoids;
 	ListCell   *lc;
+	TupleConstr *constr = RelationGetDescr(rel)->constr;
 	int			i = 0;
 
-	if (ti->cxt == NULL)
-		ti->cxt = AllocSetContextCreate(TopMemoryContext, "idem table insert",
+	if (tw->cxt == NULL)
+		tw->cxt = AllocSetContextCreate(TopMemoryContext, "idem table writer",
 										ALLOCSET_SMALL_SIZES);
-	MemoryContextReset(ti->cxt);
-	ti->relid = InvalidOid;
-	ti->generation = catalog_generation;
+	MemoryContextReset(tw->cxt);
+	tw->relid = InvalidOid;
+	tw->generation = catalog_generation;
 
-	oldcxt = MemoryContextSwitchTo(ti->cxt);
+	oldcxt = MemoryContextSwitchTo(tw->cxt);
 	indexoids = RelationGetIndexList(rel);
-	ti->nindexes = list_length(indexoids);
-	ti->indexoids = palloc(sizeof(Oid) * ti->nindexes);
-	ti->infos = palloc(sizeof(IndexInfo *) * ti->nindexes);
-	ti->predicates = palloc0(sizeof(ExprState *) * ti->nindexes);
+	tw->nindexes = list_length(indexoids);
+	tw->indexoids = palloc(sizeof(Oid) * tw->nindexes);
+	tw->infos = palloc(sizeof(IndexInfo *) * tw->nindexes);
+	tw->predicates = palloc0(sizeof(ExprState *) * tw->nindexes);
 	/* a copy: a relcache descriptor would be pinned by the transaction */
-	ti->slot = MakeSingleTupleTableSlot(CreateTupleDescCopy(RelationGetDescr(rel)),
+	tw->slot = MakeSingleTupleTableSlot(CreateTupleDescCopy(RelationGetDescr(rel)),
 										&TTSOpsHeapTuple);
-	ti->econtext = CreateStandaloneExprContext();
+	tw->econtext = CreateStandaloneExprContext();
 	foreach(lc, indexoids)
 	{
 		Relation	idx = index_open(lfirst_oid(lc), RowExclusiveLock);
@@ -672,72 +679,141 @@ build_inserter(TableInserter *ti, Relation rel)
 			catalog_damaged(RelationGetRelationName(rel),
 							"Its indexes must be on plain columns, immediate and without exclusion constraints.");
 		if (ii->ii_Predicate != NIL)
-			ti->predicates[i] = ExecInitQual((List *) expression_planner((Expr *) ii->ii_Predicate),
+			tw->predicates[i] = ExecInitQual((List *) expression_planner((Expr *) ii->ii_Predicate),
 											 NULL);
-		ti->indexoids[i] = lfirst_oid(lc);
-		ti->infos[i] = ii;
+		tw->indexoids[i] = lfirst_oid(lc);
+		tw->infos[i] = ii;
 		i++;
 		index_close(idx, NoLock);
 	}
 	list_free(indexoids);
+
+	/* every CHECK constraint, NOT VALID ones too, as ExecRelCheck() does */
+	tw->nchecks = constr ? constr->num_check : 0;
+	tw->checks = palloc(sizeof(ExprState *) * tw->nchecks);
+	tw->checknames = palloc(sizeof(char *) * tw->nchecks);
+	for (i = 0; i < tw->nchecks; i++)
+	{
+		Expr	   *expr = stringToNode(constr->check[i].ccbin);
+
+		tw->checks[i] = ExecInitExpr(expression_planner(expr), NULL);
+		tw->checknames[i] = pstrdup(constr->check[i].ccname);
+	}
 	MemoryContextSwitchTo(oldcxt);
-	ti->relid = RelationGetRelid(rel);
+	tw->relid = RelationGetRelid(rel);
 }
 
 /*
- * Insert a row into one of idem's tables and its indexes (unique checks
- * included), then make it visible to the rest of this transaction: later
- * calls and nested ones must see it.
- *
- * This is CatalogTupleInsert() without building every index's IndexInfo
- * (and partial predicate, and BRIN descriptor) afresh per row: they are
- * kept in the table's inserter until an invalidation of idem's relations
- * moves catalog_generation on.  The indexes are locked here, as for any
- * table a transaction writes, and held to its end.
+ * The writer of rel, with tuple in its slot, checked against the table's
+ * CHECK constraints like an INSERT or UPDATE would be.  Callers do not
+ * see idem's tables, so the error does not show the row.
+ */
+static TableWriter *
+writer_for_row(int which, Relation rel, HeapTuple tuple)
+{
+	TableWriter *tw = &writers[which];
+
+	if (tw->relid != RelationGetRelid(rel) ||
+		tw->generation != catalog_generation)
+		build_writer(tw, rel);
+	ExecStoreHeapTuple(tuple, tw->slot, false);
+	tw->econtext->ecxt_scantuple = tw->slot;
+	for (int i = 0; i < tw->nchecks; i++)
+	{
+		if (!ExecCheck(tw->checks[i], tw->econtext))
+			ereport(ERROR,
+					(errcode(ERRCODE_CHECK_VIOLATION),
+					 errmsg("new row for relation \"%s\" violates check constraint \"%s\"",
+							RelationGetRelationName(rel), tw->checknames[i]),
+					 errtableconstraint(rel, tw->checknames[i])));
+	}
+	return tw;
+}
+
+/*
+ * Add the index entries of the row in tw's slot, now stored at
+ * tuple->t_self, as ExecInsertIndexTuples() does: unique checks included,
+ * only in partial indexes whose predicate it satisfies, and only in the
+ * summarizing ones after a HOT update that needs them.  The indexes are
+ * locked here, as for any table a transaction writes, and held to its
+ * end.
  */
 static void
-insert_row(int which, Oid relid, Datum *values, bool *nulls)
+index_row(TableWriter *tw, Relation rel, HeapTuple tuple, bool summarizing_only)
 {
-	TableInserter *ti = &inserters[which];
-	Relation	rel = table_open(relid, RowExclusiveLock);
-	HeapTuple	tuple;
-	Relation   *idx;
-
-	if (ti->relid != relid || ti->generation != catalog_generation)
-		build_inserter(ti, rel);
-
-	tuple = heap_form_tuple(RelationGetDescr(rel), values, nulls);
-	simple_heap_insert(rel, tuple);
-
-	idx = palloc(sizeof(Relation) * ti->nindexes);
-	for (int i = 0; i < ti->nindexes; i++)
-		idx[i] = index_open(ti->indexoids[i], RowExclusiveLock);
-	ExecStoreHeapTuple(tuple, ti->slot, false);
-	ti->econtext->ecxt_scantuple = ti->slot;
-	for (int i = 0; i < ti->nindexes; i++)
+	for (int i = 0; i < tw->nindexes; i++)
 	{
-		IndexInfo  *ii = ti->infos[i];
+		IndexInfo  *ii = tw->infos[i];
+		Relation	idx;
 		Datum		idxvalues[INDEX_MAX_KEYS];
 		bool		idxnulls[INDEX_MAX_KEYS];
 
 		if (!ii->ii_ReadyForInserts)
 			continue;
-		if (ti->predicates[i] != NULL &&
-			!ExecQual(ti->predicates[i], ti->econtext))
+		if (summarizing_only && !idem_index_is_summarizing(ii))
 			continue;
-		FormIndexDatum(ii, ti->slot, NULL, idxvalues, idxnulls);
-		(void) index_insert(idx[i], idxvalues, idxnulls, &tuple->t_self, rel,
+		if (tw->predicates[i] != NULL &&
+			!ExecQual(tw->predicates[i], tw->econtext))
+			continue;
+		idx = index_open(tw->indexoids[i], RowExclusiveLock);
+		FormIndexDatum(ii, tw->slot, NULL, idxvalues, idxnulls);
+		(void) index_insert(idx, idxvalues, idxnulls, &tuple->t_self, rel,
 							ii->ii_Unique ? UNIQUE_CHECK_YES : UNIQUE_CHECK_NO,
 							false, ii);
+		index_close(idx, NoLock);
 	}
-	ExecClearTuple(ti->slot);
-	ResetExprContext(ti->econtext);
-	for (int i = 0; i < ti->nindexes; i++)
-		index_close(idx[i], NoLock);
-	pfree(idx);
+}
+
+static void
+writer_done(TableWriter *tw)
+{
+	ExecClearTuple(tw->slot);
+	ResetExprContext(tw->econtext);
+}
+
+/*
+ * Insert a row into one of idem's tables and its indexes, then make it
+ * visible to the rest of this transaction: later calls and nested ones
+ * must see it.
+ *
+ * This is what the executor's INSERT does for these tables (CHECK
+ * constraints, unique checks, partial-index predicates) without building
+ * every index's IndexInfo, predicate, BRIN descriptor and constraint
+ * expression afresh per row: they are kept in the table's writer until
+ * an invalidation of idem's relations moves catalog_generation on.  No
+ * triggers fire, and no foreign key or row security applies.
+ */
+static void
+insert_row(int which, Oid relid, Datum *values, bool *nulls)
+{
+	Relation	rel = table_open(relid, RowExclusiveLock);
+	HeapTuple	tuple = heap_form_tuple(RelationGetDescr(rel), values, nulls);
+	TableWriter *tw = writer_for_row(which, rel, tuple);
+
+	simple_heap_insert(rel, tuple);
+	index_row(tw, rel, tuple, false);
+	writer_done(tw);
 	heap_freetuple(tuple);
 	table_close(rel, NoLock);
 	CommandCounterIncrement();
+}
+
+/*
+ * Replace the row at otid with tuple, checked and indexed as insert_row()
+ * does.  The heap decides whether the update is HOT (no indexed or
+ * predicate column changed, room on the page); a HOT version needs no new
+ * index entries.  Caller holds the row's key or run lock, so no other
+ * transaction updates it meanwhile, and makes the new version visible.
+ */
+static void
+update_row(int which, Relation rel, ItemPointer otid, HeapTuple tuple)
+{
+	TableWriter *tw = writer_for_row(which, rel, tuple);
+	IdemIndexUpdate update = idem_simple_heap_update(rel, otid, tuple);
+
+	if (update != IDEM_INDEX_NONE)
+		index_row(tw, rel, tuple, update == IDEM_INDEX_SUMMARIZING);
+	writer_done(tw);
 }
 
 /*
@@ -766,7 +842,7 @@ idem_insert_key(const char *key, Oid owner, const uint8 *fingerprint,
 	values[Anum_keys_expires_at - 1] = TimestampTzGetDatum(expires_at);
 	values[Anum_keys_fpversion - 1] = Int16GetDatum(IDEM_FINGERPRINT_VERSION);
 
-	insert_row(INSERT_KEYS, catalog.keys, values, nulls);
+	insert_row(WRITE_KEYS, catalog.keys, values, nulls);
 }
 
 /*
@@ -807,7 +883,7 @@ idem_restamp_key(Oid owner, const char *key, TimestampTz expires_at)
 			replace[Anum_keys_expires_at - 1] = true;
 			newtup = heap_modify_tuple(tuple, RelationGetDescr(rel),
 									   values, nulls, replace);
-			CatalogTupleUpdate(rel, &tuple->t_self, newtup);
+			update_row(WRITE_KEYS, rel, &tuple->t_self, newtup);
 			heap_freetuple(newtup);
 			done = true;
 		}
@@ -850,9 +926,27 @@ idem_catalog_outbox_topics(Oid *pkey)
 /*
  * Delete up to limit records that an index scan with skey finds.  A record
  * whose key is locked by a running call is skipped: that call owns it.
- * Each key's lock is released as soon as its row is deleted, so a purge of
- * any size holds at most one advisory lock; a caller that takes the key in
- * between waits on the row instead and then finds it gone.
+ *
+ * Each key's lock is released as soon as its row is deleted, before this
+ * transaction commits.  Held to commit, the locks of one batch
+ * (idem.purge_batch_size keys, 10,000 by default) would exhaust the
+ * shared lock table, sized by max_locks_per_transaction; released, a purge
+ * of any size holds at most one advisory lock.  The key's lock is not what
+ * protects the record here: the row is.  The interleaving this allows:
+ *
+ *	purge P: lock K, delete its expired record R (uncommitted), unlock K
+ *	caller C: lock K, look R up
+ *	P: commit or abort
+ *
+ * C's lookup uses SnapshotSelf, which still sees R while P's delete is
+ * uncommitted.  R expired before P's transaction began, so a call that
+ * began after that finds R expired and deletes it itself: heap_delete
+ * waits for P; if P commits, delete_row() tolerates the row already gone,
+ * and if P aborts, C's own delete goes through.  Either way C then
+ * executes once and inserts the key's only record (the unique index no
+ * longer sees R).  A call that began before P's transaction may still
+ * count R as live, and replays it: what it would have done had it come
+ * first.  test/specs/purge_race.spec runs these orders.
  */
 static int64
 purge_scan(Relation rel, Oid indexoid, ScanKey skey, int64 limit)
@@ -1062,15 +1156,16 @@ idem_insert_run(IdemRunRow *row)
 
 	catalog_resolve();
 	run_values(row, values, nulls);
-	insert_row(INSERT_RUNS, catalog.runs, values, nulls);
+	insert_row(WRITE_RUNS, catalog.runs, values, nulls);
 }
 
 /*
  * idem_update_run
  *		Write the run's new status and progress in place of the version
  *		idem_lookup_run() found.  Caller holds the run's lock, so no other
- *		call changes the row meanwhile; the columns changed are not indexed,
- *		so the update is HOT where the page has room.
+ *		call changes the row meanwhile; the columns changed are not in
+ *		idem's indexes, so the update is HOT where the page has room and no
+ *		index or predicate an administrator added covers them.
  */
 void
 idem_update_run(IdemRunRow *row)
@@ -1084,7 +1179,7 @@ idem_update_run(IdemRunRow *row)
 	rel = table_open(catalog.runs, RowExclusiveLock);
 	run_values(row, values, nulls);
 	tuple = heap_form_tuple(RelationGetDescr(rel), values, nulls);
-	CatalogTupleUpdate(rel, &row->tid, tuple);
+	update_row(WRITE_RUNS, rel, &row->tid, tuple);
 	row->tid = tuple->t_self;
 	heap_freetuple(tuple);
 	table_close(rel, RowExclusiveLock);
@@ -1115,7 +1210,7 @@ void
 idem_insert_audit_row(Datum *values, bool *nulls)
 {
 	catalog_resolve();
-	insert_row(INSERT_AUDIT, catalog.audit, values, nulls);
+	insert_row(WRITE_AUDIT, catalog.audit, values, nulls);
 }
 
 /*
@@ -1126,7 +1221,7 @@ void
 idem_insert_outbox_row(Datum *values, bool *nulls)
 {
 	catalog_resolve();
-	insert_row(INSERT_OUTBOX, catalog.outbox, values, nulls);
+	insert_row(WRITE_OUTBOX, catalog.outbox, values, nulls);
 }
 
 /* ---------------------------------------------------------------------
@@ -1181,14 +1276,18 @@ idem_owner_spi_end(IdemOwnerSPI *s)
  * crosses jit_above_cost, and JIT then compiles its expressions at every
  * execution: 0.4 s a claim with 7.2 million events, where the claim
  * itself takes a millisecond.  jit_enabled is read when a plan is made
- * (the plan's jitFlags decide for every execution of it), so it is off
- * for the call, without a GUC nest level, and restored however it ends.
+ * (the plan's jitFlags decide for every execution of it), so jit is set
+ * off for the call in a GUC nest level of its own, as a function's SET
+ * clause would: code the query runs (a trigger an administrator put on
+ * the table) sees the setting in force, a SET it makes is kept or undone
+ * by the GUC rules, and an error unwinds the level with the
+ * (sub)transaction.  With jit already off there is nothing to do.
  */
 int
 idem_query_run(IdemQuery *q, Datum *values, const char *nulls, long limit)
 {
 	int			rc;
-	bool		save_jit = jit_enabled;
+	int			save_nestlevel = 0;
 
 	if (q->plan == NULL)
 	{
@@ -1202,16 +1301,15 @@ idem_query_run(IdemQuery *q, Datum *values, const char *nulls, long limit)
 			elog(ERROR, "SPI_keepplan failed");
 		q->plan = plan;
 	}
-	jit_enabled = false;
-	PG_TRY();
+	if (jit_enabled)
 	{
-		rc = SPI_execute_plan(q->plan, values, nulls, false, limit);
+		save_nestlevel = NewGUCNestLevel();
+		(void) set_config_option("jit", "off", PGC_USERSET, PGC_S_SESSION,
+								 GUC_ACTION_SAVE, true, 0, false);
 	}
-	PG_FINALLY();
-	{
-		jit_enabled = save_jit;
-	}
-	PG_END_TRY();
+	rc = SPI_execute_plan(q->plan, values, nulls, false, limit);
+	if (save_nestlevel > 0)
+		AtEOXact_GUC(true, save_nestlevel);
 	if (rc < 0)
 		elog(ERROR, "SPI_execute_plan failed: %s", SPI_result_code_string(rc));
 	return rc;

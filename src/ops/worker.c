@@ -23,6 +23,12 @@
  * restarted, the next cycle starts a new one.  Both exit on SIGTERM, so a
  * shutdown never waits for a purge.
  *
+ * The extension or the database may go away during a cycle.  Each batch
+ * locks the extension object, so DROP EXTENSION waits for it, and the
+ * worker stops at the next one with a line in the log; the launcher looks
+ * again for each database just before starting its worker, and skips one
+ * dropped since the cycle began.
+ *
  * Nothing here ever deletes a live key: purging goes through
  * idem_purge_expired() (tables.c), which only takes expired records and
  * skips any key a running call holds.
@@ -52,6 +58,7 @@
 #include "postmaster/interrupt.h"
 #include "storage/ipc.h"
 #include "storage/latch.h"
+#include "storage/lmgr.h"
 #include "storage/proc.h"
 #include "tcop/tcopprot.h"
 #include "utils/builtins.h"
@@ -135,6 +142,42 @@ list_databases(int *ndbs)
 	return dbs;
 }
 
+/*
+ * Whether the database is still there to connect to.  The list was made
+ * at the start of the cycle, and a database dropped since would make its
+ * worker fail to connect, with a FATAL error.  Only the moments between
+ * this look and the worker's connection are left to such a drop.
+ */
+static bool
+database_still_exists(Oid dbid)
+{
+	Relation	rel;
+	ScanKeyData key;
+	TableScanDesc scan;
+	HeapTuple	tup;
+	bool		exists = false;
+
+	StartTransactionCommand();
+	(void) GetTransactionSnapshot();
+	/* a heap scan: the launcher, in no database, cannot open the index */
+	rel = table_open(DatabaseRelationId, AccessShareLock);
+	ScanKeyInit(&key, Anum_pg_database_oid, BTEqualStrategyNumber,
+				F_OIDEQ, ObjectIdGetDatum(dbid));
+	scan = table_beginscan_catalog(rel, 1, &key);
+	tup = heap_getnext(scan, ForwardScanDirection);
+	if (HeapTupleIsValid(tup))
+	{
+		Form_pg_database db = (Form_pg_database) GETSTRUCT(tup);
+
+		exists = db->datallowconn && !db->datistemplate &&
+			db->datconnlimit != DATCONNLIMIT_INVALID_DB;
+	}
+	table_endscan(scan);
+	table_close(rel, AccessShareLock);
+	CommitTransactionCommand();
+	return exists;
+}
+
 /* Start the purge worker for one database and wait until it is done. */
 static void
 run_purge_worker(Oid dbid)
@@ -142,6 +185,17 @@ run_purge_worker(Oid dbid)
 	BackgroundWorker worker;
 	BackgroundWorkerHandle *handle;
 	pid_t		pid;
+	MemoryContext cxt = CurrentMemoryContext;
+	bool		exists = database_still_exists(dbid);
+
+	MemoryContextSwitchTo(cxt);
+	if (!exists)
+	{
+		ereport(LOG,
+				(errmsg("idem launcher skipped database %u: it was dropped or closed to connections since the cycle began",
+						dbid)));
+		return;
+	}
 
 	memset(&worker, 0, sizeof(worker));
 	worker.bgw_flags = BGWORKER_SHMEM_ACCESS | BGWORKER_BACKEND_DATABASE_CONNECTION;
@@ -261,50 +315,75 @@ extension_ready(void)
 	return version != NULL && strcmp(version, IDEM_SQL_VERSION) == 0;
 }
 
+/*
+ * Whether the extension is still installed and ready (extension_ready()),
+ * with its object locked until the end of the transaction.  DROP
+ * EXTENSION locks that object before anything else it drops, so it waits
+ * for the batch in progress, and a batch never finds idem's tables gone
+ * under it ("could not open relation with OID ...").  The lock is taken
+ * before the look: a DROP that committed while we waited is seen.
+ */
+static bool
+extension_locked(void)
+{
+	Oid			extoid = get_extension_oid("idem", true);
+
+	if (!OidIsValid(extoid))
+		return false;
+	/* also takes in the invalidations of whatever we waited for */
+	LockDatabaseObject(ExtensionRelationId, extoid, 0, AccessShareLock);
+	return get_extension_oid("idem", true) == extoid && extension_ready();
+}
+
 typedef int64 (*PurgeStep) (int batch_size);
 
 /*
  * Run one kind of purge in transactions of at most batch_size rows until
- * a batch comes back short.
+ * a batch comes back short.  Returns false, having done nothing more, if
+ * the extension was dropped meanwhile.
  */
-static int64
+static bool
 purge_in_batches(const char *what, PurgeStep step)
 {
-	int64		total = 0;
 	int64		n;
 
 	do
 	{
+		bool		ready;
+
 		CHECK_FOR_INTERRUPTS();
 		SetCurrentStatementStartTimestamp();
 		StartTransactionCommand();
 		PushActiveSnapshot(GetTransactionSnapshot());
 		pgstat_report_activity(STATE_RUNNING, what);
-		n = step(idem_purge_batch_size);
+		ready = extension_locked();
+		n = ready ? step(idem_purge_batch_size) : 0;
 		PopActiveSnapshot();
 		CommitTransactionCommand();
 		pgstat_report_stat(false);
-		total += n;
+		if (!ready)
+			return false;
 	} while (n >= idem_purge_batch_size);
 	pgstat_report_activity(STATE_IDLE, NULL);
-	return total;
+	return true;
 }
 
 /*
- * One cycle of the purge worker in its database, each kind in turn.
+ * One cycle of the purge worker in its database, each kind in turn, until
+ * the extension is dropped.
  *
  * The audit queue is drained first, so that no entry waits behind a long
  * purge.
  */
-static void
+static bool
 purge_cycle(void)
 {
-	purge_in_batches("idem: writing queued audit entries", idem_audit_drain);
-	purge_in_batches("idem: purging expired keys", idem_purge_expired);
-	purge_in_batches("idem: purging audit entries past idem.audit_retention",
-					 idem_audit_purge_expired);
-	purge_in_batches("idem: purging delivered outbox events",
-					 idem_outbox_purge_delivered);
+	return purge_in_batches("idem: writing queued audit entries", idem_audit_drain) &&
+		purge_in_batches("idem: purging expired keys", idem_purge_expired) &&
+		purge_in_batches("idem: purging audit entries past idem.audit_retention",
+						 idem_audit_purge_expired) &&
+		purge_in_batches("idem: purging delivered outbox events",
+						 idem_outbox_purge_delivered);
 }
 
 void
@@ -316,7 +395,10 @@ idem_purge_worker_main(Datum main_arg)
 	pqsignal(SIGHUP, SignalHandlerForConfigReload);
 	pqsignal(SIGTERM, die);
 	BackgroundWorkerUnblockSignals();
-	/* FATAL, and no restart, if the database was dropped meanwhile */
+	/*
+	 * FATAL, and no restart, if the database was dropped in the moment
+	 * since the launcher looked for it
+	 */
 	BackgroundWorkerInitializeConnectionByOid(dbid, InvalidOid, 0);
 	pgstat_report_appname("idem purge worker");
 
@@ -324,9 +406,14 @@ idem_purge_worker_main(Datum main_arg)
 	ready = extension_ready();
 	CommitTransactionCommand();
 
-	if (ready)
-		purge_cycle();
-	else
+	if (ready && !purge_cycle())
+	{
+		ereport(LOG,
+				(errmsg("idem purge worker stopped: extension \"idem\" was dropped from database %u during its cycle",
+						dbid)));
+		ready = false;
+	}
+	if (!ready)
 		idem_audit_discard_db(dbid);
 	proc_exit(0);
 }
