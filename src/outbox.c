@@ -809,9 +809,10 @@ claim_into(const char *topic, int32 max_events, int64 lease_us, Oid caller,
 			tuplestore_putvalues(store, tupdesc, row, rownulls);
 	}
 	claimed = SPI_processed - dead;
+	idem_owner_spi_end(&spi);
+	/* counted as the claiming role, no longer as the tables' owner */
 	idem_stats_count(IDEM_STAT_OUTBOX_CLAIMED, claimed);
 	idem_stats_count(IDEM_STAT_OUTBOX_DEAD, dead);
-	idem_owner_spi_end(&spi);
 	return claimed;
 }
 
