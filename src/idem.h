@@ -389,6 +389,8 @@ extern IdemOutcome idem_error_outcome(int sqlerrcode, bool executing);
 extern bool idem_stats_active(void);
 extern void idem_stats_count(IdemStatCounter counter, uint64 n);
 extern void idem_stats_count_db(Oid dbid, IdemStatCounter counter, uint64 n);
+extern void idem_stats_count_for(Oid dbid, Oid roleid, IdemStatCounter counter,
+								 uint64 n);
 extern Size idem_stats_shmem_size(void);
 extern void idem_stats_shmem_init(void);
 
