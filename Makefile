@@ -21,6 +21,7 @@ OBJS = \
 	src/wakeup.o \
 	src/stats.o \
 	src/audit.o \
+	src/owner.o \
 	src/worker.o
 DATA		= $(wildcard $(EXTENSION)--*.sql) monitoring/idem_postgres_exporter.yaml
 PGFILEDESC	= "idem - idempotent business writes"

@@ -80,6 +80,7 @@ extern int	idem_statement_cache_size;
 extern int	idem_statement_cache_memory;
 extern bool idem_durable_replay;
 extern char *idem_cache_errors;
+extern char *idem_key_owner_setting;
 extern int	idem_outbox_max_attempts;
 extern int	idem_outbox_backoff_base;
 extern int	idem_outbox_backoff_cap;
@@ -310,6 +311,9 @@ extern int64 idem_outbox_purge_delivered(int batch_size);
 /* expiry.c: when a new record expires */
 extern int	idem_checked_ttl(void);
 extern TimestampTz idem_new_record_expiry(Oid owner, const char *key, int ttl);
+
+/* owner.c: whose keys a call uses (idem.key_owner) */
+extern Oid	idem_key_owner(void);
 
 /* response.c */
 extern Jsonb *idem_build_response(const char *command, uint64 processed,
