@@ -268,6 +268,7 @@ extern void idem_insert_key(const char *key, Oid owner,
 							TimestampTz created_at, TimestampTz expires_at);
 extern Oid	idem_catalog_outbox(void);
 extern Oid	idem_catalog_outbox_topics(Oid *pkey);
+extern uint64 idem_catalog_secret(void);
 extern uint64 idem_catalog_generation(void);
 extern bool idem_restamp_key(Oid owner, const char *key,
 							 TimestampTz expires_at);
@@ -412,6 +413,7 @@ extern bool idem_wakeup_available(void);
 extern void idem_wakeup_topic(const char *topic);
 extern void idem_wakeup_note_claim(const char *topic);
 extern bool idem_wakeup_wait(const char *topic, long timeout_ms);
+extern void idem_wakeup_channel(const char *topic, char *channel);
 extern int64 idem_audit_drain(int batch_size);
 extern int64 idem_audit_purge_expired(int batch_size);
 extern void idem_audit_set_launcher_latch(struct Latch *latch);

@@ -82,9 +82,8 @@ PG_FUNCTION_INFO_V1(idem_outbox_purge);
 PG_FUNCTION_INFO_V1(idem_outbox_create_topic);
 PG_FUNCTION_INFO_V1(idem_outbox_grant);
 PG_FUNCTION_INFO_V1(idem_outbox_revoke);
+PG_FUNCTION_INFO_V1(idem_outbox_channel);
 
-/* The channel every event's transaction notifies, with the topic as payload. */
-#define OUTBOX_CHANNEL			"idem_outbox"
 /* The prefix of the logical decoding message of an event. */
 #define OUTBOX_MESSAGE_PREFIX	"idem.outbox"
 /* Longest topic name and consumer label, in bytes (like a key). */
@@ -311,6 +310,7 @@ idem_outbox_check_publish(const char *topic, Oid role)
 typedef struct NotifyTopic
 {
 	char	   *topic;
+	char		channel[NAMEDATALEN];	/* its NOTIFY channel (wakeup.c) */
 	bool		notify;			/* idem.outbox_notify when written */
 	SubTransactionId subid;
 	struct NotifyTopic *next;
@@ -351,7 +351,7 @@ notify_xact_callback(XactEvent event, void *arg)
 			/* PostgreSQL folds duplicates of one channel and payload */
 			for (NotifyTopic *n = notify_topics; n != NULL; n = n->next)
 				if (n->notify)
-					Async_Notify(OUTBOX_CHANNEL, n->topic);
+					Async_Notify(n->channel, NULL);
 			break;
 		case XACT_EVENT_COMMIT:
 			for (NotifyTopic *n = notify_topics; n != NULL; n = n->next)
@@ -394,6 +394,7 @@ remember_notify(const char *topic, bool notify)
 	oldcxt = MemoryContextSwitchTo(TopTransactionContext);
 	n = palloc(sizeof(NotifyTopic));
 	n->topic = pstrdup(topic);
+	idem_wakeup_channel(topic, n->channel);
 	n->notify = notify;
 	n->subid = subid;
 	n->next = notify_topics;
@@ -760,7 +761,7 @@ check_can_wait(const char *what)
 				 errmsg("%s needs shared memory", what),
 				 errdetail("idem is not in shared_preload_libraries."),
 				 idem_errhint(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
-							  "Add idem to shared_preload_libraries and restart the server, or LISTEN idem_outbox instead.")));
+							  "Add idem to shared_preload_libraries and restart the server, or LISTEN on the topic's idem_outbox_channel() instead.")));
 }
 
 /*
@@ -1382,6 +1383,24 @@ idem_outbox_wait(PG_FUNCTION_ARGS)
 	check_can_wait("idem_outbox_wait()");
 
 	PG_RETURN_BOOL(idem_wakeup_wait(topic, timeout_ms));
+}
+
+/*
+ * idem_outbox_channel(topic text) returns text: the channel to LISTEN on
+ * for topic's events, for its consumers only (wakeup.c says why).
+ */
+Datum
+idem_outbox_channel(PG_FUNCTION_ARGS)
+{
+	char	   *topic;
+	char		channel[NAMEDATALEN];
+
+	arg_not_null(fcinfo, 0, "topic");
+	topic = text_to_cstring(PG_GETARG_TEXT_PP(0));
+	check_name("outbox topic", topic);
+	check_topic(topic, GetUserId(), TOPIC_CONSUME);
+	idem_wakeup_channel(topic, channel);
+	PG_RETURN_TEXT_P(cstring_to_text(channel));
 }
 
 /* ------------------------------------------------------------------------

@@ -12,6 +12,10 @@
 # 2. idem_stats_roles shows a role its own rows only, in every database;
 #    members of pg_read_all_stats see every row, as in pg_stat_statements.
 # 3. outbox_claimed counts for the claiming role, not the tables' owner.
+# 4. A topic's NOTIFY channel is given to its consumers only; a producer's
+#    commit notifies that channel with an empty payload, and nothing on
+#    idem_outbox, so a role that may not consume learns neither the topic
+#    nor its producers.
 
 use strict;
 use warnings FATAL => 'all';
@@ -40,6 +44,7 @@ CREATE ROLE flood LOGIN;
 CREATE ROLE quiet LOGIN;
 CREATE ROLE watcher LOGIN IN ROLE pg_read_all_stats;
 GRANT EXECUTE ON FUNCTION idem_outbox_claim(text, integer, interval, text, interval) TO quiet;
+GRANT EXECUTE ON FUNCTION idem_outbox_channel(text) TO flood, quiet;
 });
 
 # n rejected attempts (ID422) of role in db, in one statement
@@ -156,6 +161,39 @@ SELECT string_agg(rolname || ':' || outbox_claimed, ',' ORDER BY rolname)
  WHERE datname = current_database() AND outbox_claimed > 0}),
 	'quiet:2',
 	'outbox_claimed counts for the claiming role only');
+
+########################################################################
+# 4. The NOTIFY channel of a topic.
+########################################################################
+
+my $channel = $node->safe_psql('postgres',
+	"SET ROLE quiet; SELECT idem_outbox_channel('roles')");
+like($channel, qr/^idem_outbox_[0-9a-f]{32}$/,
+	'a consumer gets its topic\'s channel');
+my ($rc, $stdout, $stderr) = $node->psql('postgres',
+	"\\set VERBOSITY verbose\nSET ROLE flood;\nSELECT idem_outbox_channel('roles');");
+like($stderr, qr/ERROR:  42501: permission denied/,
+	'a role that may not consume the topic is refused it (42501)');
+$node->safe_psql('other', q{
+SELECT idem_outbox_create_topic('roles');
+});
+isnt($node->safe_psql('other', "SELECT idem_outbox_channel('roles')"),
+	$channel, 'the same topic in another database has another channel');
+
+# psql prints the notifications its session received after each statement;
+# a session's own notifications reach it after its commit
+my $heard = $node->safe_psql('postgres', qq{
+LISTEN idem_outbox;
+LISTEN "$channel";
+SET ROLE flood;
+SET idem.outbox_topic = 'roles';
+SELECT idem_execute('roles:n1', 'SELECT 3') IS NOT NULL;
+SELECT 'done';
+});
+like($heard, qr/Asynchronous notification "\Q$channel\E" received/,
+	'the commit notifies the topic\'s channel');
+unlike($heard, qr/notification "idem_outbox"/, 'and nothing on idem_outbox');
+unlike($heard, qr/with payload/, 'with an empty payload');
 
 $node->stop;
 done_testing();
