@@ -12,6 +12,7 @@ OBJS = \
 	src/common/args.o \
 	src/common/subxact.o \
 	src/common/tables.o \
+	src/common/owner.o \
 	src/request/statement.o \
 	src/request/exec.o \
 	src/request/errcache.o \

@@ -67,3 +67,14 @@ WITH runs AS (
 SELECT pg_catalog.count(*) FROM gone
 $$;
 REVOKE ALL ON FUNCTION @extschema@.idem_run_purge(timestamptz) FROM PUBLIC;
+
+-- roles: the NOTIFY channel of a topic's events (issue 19).  Any role may
+-- LISTEN on any channel, so each topic notifies a channel named by a hash
+-- keyed by the database's secret, with an empty payload; a consumer asks
+-- for its topic's channel here.  Like the other consumer functions it is
+-- granted by the administrator, and it checks the consume privilege too.
+CREATE FUNCTION @extschema@.idem_outbox_channel(topic text)
+RETURNS text
+AS 'MODULE_PATHNAME', 'idem_outbox_channel'
+LANGUAGE C STABLE PARALLEL RESTRICTED;
+REVOKE ALL ON FUNCTION @extschema@.idem_outbox_channel(text) FROM PUBLIC;

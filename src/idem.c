@@ -280,6 +280,13 @@ _PG_init(void)
 							   PGC_USERSET, GUC_LIST_INPUT,
 							   idem_cache_errors_check, idem_cache_errors_assign,
 							   NULL);
+	DefineCustomStringVariable("idem.key_owner",
+							   "Whose keys a call uses: empty or current_user, session_user, or a role name.",
+							   "For SECURITY DEFINER wrappers: session_user keys each call by the role that logged in, not the function's owner. The current user must have the privileges of that role.",
+							   &idem_key_owner_setting,
+							   "",
+							   PGC_USERSET, 0,
+							   NULL, NULL, NULL);
 	DefineCustomIntVariable("idem.outbox_max_attempts",
 							"Deliveries of an outbox event before it becomes a dead letter.",
 							"A failure or an expired lease on the last attempt moves the event to the dead state.",

@@ -100,6 +100,7 @@ extern int	idem_statement_cache_size;
 extern int	idem_statement_cache_memory;
 extern bool idem_durable_replay;
 extern char *idem_cache_errors;
+extern char *idem_key_owner_setting;
 extern int	idem_outbox_max_attempts;
 extern int	idem_outbox_backoff_base;
 extern int	idem_outbox_backoff_cap;

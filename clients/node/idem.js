@@ -249,7 +249,8 @@ function cancelRequest(client) {
 }
 
 // Outbox consumer loop: claim, handler, ack or fail; between claims LISTEN
-// idem_outbox (wakeup 'notify'), or claims that wait (wakeup 'wait').
+// on the topic's channel, idem_outbox_channel(topic) (wakeup 'notify': the
+// role needs EXECUTE on it), or claims that wait (wakeup 'wait').
 //
 // Claims up to maxEvents due events of topic under a lease (seconds),
 // awaits handler(event) for each outside any transaction, then acks it; a
@@ -320,6 +321,7 @@ async function consume(connect, topic, handler, { maxEvents = 10, lease = 30, co
   let broken = false;
   let acked = 0;
   let down = 0; // connection attempts failed in a row
+  let channel = null; // the topic's NOTIFY channel, once asked for
 
   const open = async () => {
     const c = await connect();
@@ -330,13 +332,18 @@ async function consume(connect, topic, handler, { maxEvents = 10, lease = 30, co
     c.on('error', lost);
     c.on('end', lost);
     c.on('notification', (n) => {
-      if (n.channel === 'idem_outbox' && n.payload === topic) {
+      if (channel !== null && n.channel === channel) {
         woke = true;
         if (wake) wake();
       }
     });
     client = c;
-    if (wakeup === 'notify') await c.query('LISTEN idem_outbox');
+    if (wakeup === 'notify') {
+      if (channel === null) {
+        channel = (await c.query('SELECT idem_outbox_channel($1) AS c', [topic])).rows[0].c;
+      }
+      await c.query(`LISTEN "${channel.replace(/"/g, '""')}"`);
+    }
   };
   const close = () => {
     if (client) client.end().catch(() => {});

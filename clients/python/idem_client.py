@@ -324,8 +324,9 @@ def consume(connect: Callable[[], psycopg.Connection], topic: str,
             lease: float = 30, consumer: Optional[str] = None,
             idle: float = 5.0, stop=None, wakeup: str = "notify") -> int:
     """Outbox consumer loop: claim, handler, ack or fail; between claims
-    LISTEN idem_outbox (``wakeup="notify"``), or claims that wait
-    (``"wait"``).
+    LISTEN on the topic's channel, idem_outbox_channel(topic)
+    (``wakeup="notify"``: the role needs EXECUTE on it), or claims that
+    wait (``"wait"``).
 
     Claims up to ``max_events`` due events of ``topic`` under a ``lease``
     (seconds), calls ``handler(event)`` for each outside any transaction,
@@ -375,6 +376,7 @@ def consume(connect: Callable[[], psycopg.Connection], topic: str,
             for sig in (signal.SIGTERM, signal.SIGINT):
                 restore.append((sig, signal.signal(sig, lambda *_: stop.set())))
     woke = []        # our topic's NOTIFYs read by psycopg during a query
+    channel = []     # our topic's channel, once asked for
     conn = None
     acked = 0
     down = 0         # connection attempts failed in a row
@@ -383,8 +385,11 @@ def consume(connect: Callable[[], psycopg.Connection], topic: str,
         c = connect()
         c.autocommit = True
         if wakeup == "notify":
-            c.add_notify_handler(lambda n: n.payload == topic and woke.append(n))
-            c.execute("LISTEN idem_outbox")
+            if not channel:
+                channel.append(c.execute("SELECT idem_outbox_channel(%s)",
+                                         (topic,)).fetchone()[0])
+            c.add_notify_handler(lambda n: n.channel == channel[0] and woke.append(n))
+            c.execute(f'LISTEN "{channel[0]}"')   # [a-z0-9_], from the server
         return c
 
     def claim():
@@ -457,7 +462,7 @@ def consume(connect: Callable[[], psycopg.Connection], topic: str,
                     close()
                     return
                 while (n := conn.pgconn.notifies()) is not None:
-                    if n.extra.decode() == topic:
+                    if n.relname.decode() == channel[0]:
                         woke.append(n)
 
     def report(sql, params, event):

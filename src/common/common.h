@@ -30,6 +30,9 @@ extern char *idem_name_arg(FunctionCallInfo fcinfo, int argno,
 						   const char *what);
 extern int32 idem_purge_batch_arg(FunctionCallInfo fcinfo, const char *fname);
 
+/* owner.c: whose keys a call uses (idem.key_owner) */
+extern Oid	idem_key_owner(void);
+
 /* subxact.c: internal subtransactions */
 typedef struct IdemSubxact
 {
@@ -83,6 +86,8 @@ typedef enum IdemStatCounter
 extern bool idem_stats_active(void);
 extern void idem_stats_count(IdemStatCounter counter, uint64 n);
 extern void idem_stats_count_db(Oid dbid, IdemStatCounter counter, uint64 n);
+extern void idem_stats_count_for(Oid dbid, Oid roleid, IdemStatCounter counter,
+								 uint64 n);
 extern Size idem_stats_shmem_size(void);
 extern void idem_stats_shmem_init(void);
 
@@ -97,6 +102,7 @@ extern void idem_insert_key(const char *key, Oid owner,
 							TimestampTz created_at, TimestampTz expires_at);
 extern Oid	idem_catalog_outbox(void);
 extern Oid	idem_catalog_outbox_topics(Oid *pkey);
+extern uint64 idem_catalog_secret(void);
 extern uint64 idem_catalog_generation(void);
 extern bool idem_restamp_key(Oid owner, const char *key,
 							 TimestampTz expires_at);

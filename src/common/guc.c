@@ -25,6 +25,7 @@ int			idem_statement_cache_size = 256;
 int			idem_statement_cache_memory = 32 * 1024;
 bool		idem_durable_replay = false;
 char	   *idem_cache_errors = NULL;
+char	   *idem_key_owner_setting = NULL;
 int			idem_outbox_max_attempts = 10;
 int			idem_outbox_backoff_base = 1000;
 int			idem_outbox_backoff_cap = 3600 * 1000;

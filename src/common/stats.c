@@ -31,6 +31,7 @@
  */
 #include "postgres.h"
 
+#include "catalog/pg_authid.h"
 #include "fmgr.h"
 #include "funcapi.h"
 #include "miscadmin.h"
@@ -38,6 +39,7 @@
 #include "storage/ipc.h"
 #include "storage/lwlock.h"
 #include "storage/shmem.h"
+#include "utils/acl.h"
 #include "utils/builtins.h"
 #include "utils/timestamp.h"
 
@@ -238,6 +240,27 @@ idem_stats_count(IdemStatCounter counter, uint64 n)
 	pg_atomic_fetch_add_u64(&my_role_slot->counters[counter], n);
 }
 
+/*
+ * idem_stats_count_for
+ *		Add n to a counter of the given database and of a role in it: work
+ *		done for that role by another process (its audit entries the queue
+ *		or the worker lost).
+ */
+void
+idem_stats_count_for(Oid dbid, Oid roleid, IdemStatCounter counter, uint64 n)
+{
+	IdemStatsSlot *slot;
+
+	if (stats_shared == NULL || n == 0)
+		return;
+	idem_stats_count_db(dbid, counter, n);
+	if (my_role_slot != NULL && my_role_db == dbid && my_role_id == roleid)
+		slot = my_role_slot;
+	else
+		slot = find_slot(ROLE_TABLE, dbid, roleid);
+	pg_atomic_fetch_add_u64(&slot->counters[counter], n);
+}
+
 static void
 tell_not_collecting(void)
 {
@@ -284,6 +307,11 @@ emit_row(Tuplestorestate *ts, TupleDesc desc, Oid dbid, Oid roleid,
  * idem_stats(by_role boolean) returns setof record: one row per database
  * (by_role: per database and role) that counted something, plus the
  * overflow row if it did.
+ *
+ * A role's counts say what it does (how often its keys replay or
+ * mismatch), so by role, as pg_stat_statements does, only members of
+ * pg_read_all_stats see every row; other roles see their own, in every
+ * database, and not the overflow row, which mixes others' counts.
  */
 Datum
 idem_stats_1_1(PG_FUNCTION_ARGS)
@@ -291,6 +319,7 @@ idem_stats_1_1(PG_FUNCTION_ARGS)
 	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
 	StatsTable	table = PG_GETARG_BOOL(0) ? ROLE_TABLE : DB_TABLE;
 	Oid			role = table == ROLE_TABLE ? GetUserId() : InvalidOid;
+	bool		see_all;
 	int			first;
 	int			end;
 
@@ -308,6 +337,8 @@ idem_stats_1_1(PG_FUNCTION_ARGS)
 	/* the current database (and role) always has its row, zeros until it counts */
 	(void) find_slot(table, MyDatabaseId, role);
 
+	see_all = table == DB_TABLE ||
+		has_privs_of_role(role, ROLE_PG_READ_ALL_STATS);
 	table_bounds(table, &first, &end);
 	LWLockAcquire(stats_shared->lock, LW_SHARED);
 	for (int i = first; i < end; i++)
@@ -316,6 +347,8 @@ idem_stats_1_1(PG_FUNCTION_ARGS)
 		bool		any = false;
 
 		if (!slot->used)
+			continue;
+		if (!see_all && (i == first || slot->roleid != role))
 			continue;
 		if (i == first)
 		{

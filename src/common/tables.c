@@ -912,6 +912,18 @@ idem_catalog_outbox(void)
 }
 
 /*
+ * idem_catalog_secret
+ *		The database's secret (idem.lock_seed), which no ordinary role can
+ *		read: it keys what must not be guessable from names alone.
+ */
+uint64
+idem_catalog_secret(void)
+{
+	catalog_resolve();
+	return catalog.lock_seed;
+}
+
+/*
  * idem_catalog_outbox_topics
  *		The OIDs of idem.outbox_topics and its primary key, checked.
  */

@@ -12,10 +12,12 @@
  * errors).  That transaction aborts, so its entry goes into a queue in
  * shared memory instead, which the background worker writes out for each
  * database (worker.c).  Entries are lost if the server stops or crashes
- * while they are queued or being written, and an attempt that finds the
- * queue full is not queued; idem_stats counts both kinds it can see
- * (audit_dropped): a full queue, a database whose extension is gone, a
- * worker's failed write.  Without shared_preload_libraries there is no
+ * while they are queued or being written, and an attempt whose database
+ * or role has used up its share of the queue (fair_share()) is not
+ * queued, so that no role can crowd out the others.  idem_stats and
+ * idem_stats_roles count what they can see in the row of the database and
+ * role that lost it (audit_dropped): a used-up share, a database whose
+ * extension is gone, a worker's failed write.  Without shared_preload_libraries there is no
  * queue: rejected attempts are not recorded, and the first one in a
  * session says so.
  *
@@ -183,6 +185,22 @@ copy_name(char *dst, const char *src, int size)
 }
 
 /*
+ * Whether (dbid, owner) may take one more slot: fair shares of one queue
+ * that every database and role fills.
+ *
+ * A database may hold no more entries than the queue has free slots, and
+ * a role in it no more than half of them, so one that floods the queue
+ * stops at a third of it (a database at a half) while the rest stays open
+ * to everyone else: what is refused is then the flooder's own attempts,
+ * never those of a database or role that has few queued.
+ */
+static bool
+fair_share(int free_slots, int db_held, int role_held)
+{
+	return free_slots > 0 && db_held < free_slots && 2 * role_held < free_slots;
+}
+
+/*
  * Queue a rejected attempt for the worker.  Runs in a PG_CATCH block:
  * no allocation, no error.
  */
@@ -196,24 +214,33 @@ queue_entry(IdemOutcome outcome, const IdemRequest *req,
 	Latch	   *latch = NULL;
 	FullTransactionId fxid = GetTopFullTransactionIdIfAny();
 	const char *addr = get_client_addr();
+	int			free_slot = -1;
+	int			db_held = 0;
+	int			role_held = 0;
 
 	LWLockAcquire(queue->lock, LW_EXCLUSIVE);
-	if (queue->used < queue->size)
+	for (int n = 0; n < queue->size; n++)
 	{
-		for (int n = 0; n < queue->size; n++)
-		{
-			int			i = (queue->hint + n) % queue->size;
+		int			i = (queue->hint + n) % queue->size;
+		AuditEntry *q = &queue->entries[i];
 
-			if (!OidIsValid(queue->entries[i].dbid))
-			{
-				e = &queue->entries[i];
-				queue->hint = (i + 1) % queue->size;
-				break;
-			}
+		if (!OidIsValid(q->dbid))
+		{
+			if (free_slot < 0)
+				free_slot = i;
+		}
+		else if (q->dbid == MyDatabaseId)
+		{
+			db_held++;
+			if (q->owner == req->owner)
+				role_held++;
 		}
 	}
-	if (e != NULL)
+	if (free_slot >= 0 &&
+		fair_share(queue->size - queue->used, db_held, role_held))
 	{
+		e = &queue->entries[free_slot];
+		queue->hint = (free_slot + 1) % queue->size;
 		e->dbid = MyDatabaseId;
 		e->seq = queue->next_seq++;
 		e->at = GetCurrentTimestamp();
@@ -232,18 +259,19 @@ queue_entry(IdemOutcome outcome, const IdemRequest *req,
 		copy_name(e->client_addr, addr, sizeof(e->client_addr));
 		queue->used++;
 		wake = queue->used >= queue->size / 2;
-		latch = queue->launcher_latch;
 	}
+	else
+		wake = true;			/* a share is used up: drain now */
+	latch = queue->launcher_latch;
 	LWLockRelease(queue->lock);
 
+	/* a refused entry counts for the database and role that lost it */
 	if (e == NULL)
-		idem_stats_count(IDEM_STAT_AUDIT_DROPPED, 1);
+		idem_stats_count_for(MyDatabaseId, req->owner, IDEM_STAT_AUDIT_DROPPED, 1);
 	else
-	{
 		idem_stats_count(IDEM_STAT_AUDIT_QUEUED, 1);
-		if (wake && latch != NULL)
-			SetLatch(latch);
-	}
+	if (wake && latch != NULL)
+		SetLatch(latch);
 }
 
 static Datum
@@ -396,7 +424,9 @@ idem_audit_drain(int batch_size)
 	}
 	PG_CATCH();
 	{
-		idem_stats_count(IDEM_STAT_AUDIT_DROPPED, n);
+		for (int i = 0; i < n; i++)
+			idem_stats_count_for(MyDatabaseId, taken[i].owner,
+								 IDEM_STAT_AUDIT_DROPPED, 1);
 		PG_RE_THROW();
 	}
 	PG_END_TRY();
@@ -419,7 +449,7 @@ discard_entries(bool (*match) (Oid dbid, const Oid *dbids, int ndbs),
 
 		if (OidIsValid(e->dbid) && match(e->dbid, dbids, ndbs))
 		{
-			idem_stats_count_db(e->dbid, IDEM_STAT_AUDIT_DROPPED, 1);
+			idem_stats_count_for(e->dbid, e->owner, IDEM_STAT_AUDIT_DROPPED, 1);
 			e->dbid = InvalidOid;
 			queue->used--;
 		}

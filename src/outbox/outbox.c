@@ -82,9 +82,8 @@ PG_FUNCTION_INFO_V1(idem_outbox_purge);
 PG_FUNCTION_INFO_V1(idem_outbox_create_topic);
 PG_FUNCTION_INFO_V1(idem_outbox_grant);
 PG_FUNCTION_INFO_V1(idem_outbox_revoke);
+PG_FUNCTION_INFO_V1(idem_outbox_channel);
 
-/* The channel every event's transaction notifies, with the topic as payload. */
-#define OUTBOX_CHANNEL			"idem_outbox"
 /* The prefix of the logical decoding message of an event. */
 #define OUTBOX_MESSAGE_PREFIX	"idem.outbox"
 /* Longest topic name and consumer label, in bytes (like a key). */
@@ -293,6 +292,7 @@ typedef struct NotifyTopic
 {
 	IdemXactItem item;			/* first: the subtransaction, the next entry */
 	char	   *topic;
+	char		channel[NAMEDATALEN];	/* its NOTIFY channel (wakeup.c) */
 	bool		notify;			/* idem.outbox_notify when written */
 } NotifyTopic;
 
@@ -315,7 +315,7 @@ notify_xact_callback(XactEvent event, void *arg)
 			/* PostgreSQL folds duplicates of one channel and payload */
 			for (IdemXactItem *i = notify_topics; i != NULL; i = i->next)
 				if (((NotifyTopic *) i)->notify)
-					Async_Notify(OUTBOX_CHANNEL, ((NotifyTopic *) i)->topic);
+					Async_Notify(((NotifyTopic *) i)->channel, NULL);
 			break;
 		case XACT_EVENT_COMMIT:
 			for (IdemXactItem *i = notify_topics; i != NULL; i = i->next)
@@ -359,6 +359,7 @@ remember_notify(const char *topic, bool notify)
 	oldcxt = MemoryContextSwitchTo(TopTransactionContext);
 	n = palloc(sizeof(NotifyTopic));
 	n->topic = pstrdup(topic);
+	idem_wakeup_channel(topic, n->channel);
 	n->notify = notify;
 	n->item.subid = subid;
 	n->item.next = notify_topics;
@@ -736,7 +737,7 @@ check_can_wait(const char *what)
 				 errmsg("%s needs shared memory", what),
 				 errdetail("idem is not in shared_preload_libraries."),
 				 idem_errhint(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
-							  "Add idem to shared_preload_libraries and restart the server, or LISTEN idem_outbox instead.")));
+							  "Add idem to shared_preload_libraries and restart the server, or LISTEN on the topic's idem_outbox_channel() instead.")));
 }
 
 /*
@@ -785,9 +786,10 @@ claim_into(const char *topic, int32 max_events, int64 lease_us, Oid caller,
 			tuplestore_putvalues(store, tupdesc, row, rownulls);
 	}
 	claimed = SPI_processed - dead;
+	idem_owner_spi_end(&spi);
+	/* counted as the claiming role, no longer as the tables' owner */
 	idem_stats_count(IDEM_STAT_OUTBOX_CLAIMED, claimed);
 	idem_stats_count(IDEM_STAT_OUTBOX_DEAD, dead);
-	idem_owner_spi_end(&spi);
 	return claimed;
 }
 
@@ -1357,6 +1359,24 @@ idem_outbox_wait(PG_FUNCTION_ARGS)
 	check_can_wait("idem_outbox_wait()");
 
 	PG_RETURN_BOOL(idem_wakeup_wait(topic, timeout_ms));
+}
+
+/*
+ * idem_outbox_channel(topic text) returns text: the channel to LISTEN on
+ * for topic's events, for its consumers only (wakeup.c says why).
+ */
+Datum
+idem_outbox_channel(PG_FUNCTION_ARGS)
+{
+	char	   *topic;
+	char		channel[NAMEDATALEN];
+
+	arg_not_null(fcinfo, 0, "topic");
+	topic = text_to_cstring(PG_GETARG_TEXT_PP(0));
+	idem_check_name("outbox topic", topic, OUTBOX_MAX_NAME_BYTES, NULL);
+	check_topic(topic, GetUserId(), TOPIC_CONSUME);
+	idem_wakeup_channel(topic, channel);
+	PG_RETURN_TEXT_P(cstring_to_text(channel));
 }
 
 /* ------------------------------------------------------------------------

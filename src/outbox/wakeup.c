@@ -22,6 +22,13 @@
  * before the claim takes its snapshot), so a commit that lands between an
  * empty claim and the wait that follows it ends the wait at once.
  *
+ * It also names each topic's NOTIFY channel.  Any role may LISTEN on any
+ * channel, so a channel named after its topic, or a payload naming it,
+ * would tell every role the topic, its event rate and its producers'
+ * PIDs.  A topic's channel is instead a hash of the topic keyed by the
+ * database's secret, which only idem_outbox_channel() hands out, and only
+ * to the topic's consumers; the payload is empty.
+ *
  * Copyright (c) 2026, idem authors
  *
  * IDENTIFICATION
@@ -41,7 +48,12 @@
 #include "utils/memutils.h"
 #include "utils/timestamp.h"
 
+#include "compat.h"
 #include "outbox/outbox.h"
+
+#define CHANNEL_PREFIX	"idem_outbox_"
+/* hex digits of the hash in a channel's name: 128 bits, nothing to guess */
+#define CHANNEL_HEX		32
 
 /* a power of two; more slots only thin out spurious wakeups */
 #define WAKEUP_SLOTS	128
@@ -194,4 +206,38 @@ idem_wakeup_wait(const char *topic, long timeout_ms)
 	}
 	ConditionVariableCancelSleep();
 	return woken;
+}
+
+/*
+ * idem_wakeup_channel
+ *		The NOTIFY channel of topic in this database, into channel
+ *		(NAMEDATALEN bytes): "idem_outbox_" and 32 hex digits of
+ *		SHA-256(secret, database, topic).
+ */
+void
+idem_wakeup_channel(const char *topic, char *channel)
+{
+	static const char hex[] = "0123456789abcdef";
+	IdemSha256	buf;
+	idem_sha256_ctx ctx;
+	uint64		secret = idem_catalog_secret();
+	uint8		digest[32];
+	char	   *p;
+
+	StaticAssertStmt(sizeof(CHANNEL_PREFIX) - 1 + CHANNEL_HEX < NAMEDATALEN,
+					 "channel name too long");
+	ctx = idem_sha256_begin(&buf);
+	idem_sha256_update(ctx, &secret, sizeof(secret));
+	idem_sha256_update(ctx, &MyDatabaseId, sizeof(MyDatabaseId));
+	idem_sha256_update(ctx, topic, strlen(topic));
+	idem_sha256_end(ctx, digest);
+
+	strcpy(channel, CHANNEL_PREFIX);
+	p = channel + sizeof(CHANNEL_PREFIX) - 1;
+	for (int i = 0; i < CHANNEL_HEX / 2; i++)
+	{
+		*p++ = hex[digest[i] >> 4];
+		*p++ = hex[digest[i] & 0x0f];
+	}
+	*p = '\0';
 }

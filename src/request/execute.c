@@ -379,7 +379,7 @@ idem_keyed_request(FunctionCallInfo fcinfo, const char *fname, IdemRequest *req)
 	idem_check_can_write(fname);
 	req->ttl = idem_checked_ttl();
 
-	req->owner = GetUserId();
+	req->owner = idem_key_owner();
 	req->key = idem_name_arg(fcinfo, 0, "idempotency key");
 	req->keylen = strlen(req->key);
 	idem_check_not_step_key(req->key, fname);

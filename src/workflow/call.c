@@ -119,7 +119,7 @@ idem_call(PG_FUNCTION_ARGS)
 	}
 	else
 	{
-		req.owner = GetUserId();
+		req.owner = idem_key_owner();
 		req.ttl = idem_checked_ttl();
 		req.key = idem_name_arg(fcinfo, CALL_KEY, "idempotency key");
 		req.keylen = strlen(req.key);

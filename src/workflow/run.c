@@ -403,7 +403,7 @@ run_step(IdemRequest *req, IdemStatement *stmt, Jsonb *result,
 void
 idem_step_key_request(const char *run_id, const char *step, IdemRequest *req)
 {
-	req->owner = GetUserId();
+	req->owner = idem_key_owner();
 	req->ttl = 0;
 	req->key = derive_step_key(run_id, step);
 	req->keylen = strlen(req->key);
@@ -693,7 +693,7 @@ idem_run_begin(PG_FUNCTION_ARGS)
 	char	   *run_id;
 	ArrayType  *steps = NULL;
 	Jsonb	   *input = NULL;
-	Oid			owner = GetUserId();
+	Oid			owner = idem_key_owner();
 	char	   *lockkey;
 	IdemRunRow	run;
 	bool		created = false;
@@ -773,7 +773,7 @@ idem_run_begin(PG_FUNCTION_ARGS)
 static Datum
 set_run_status(FunctionCallInfo fcinfo, const char *verb)
 {
-	Oid			owner = GetUserId();
+	Oid			owner = idem_key_owner();
 	char	   *run_id;
 	IdemRunRow	run;
 	TimestampTz now = GetCurrentTransactionStartTimestamp();
@@ -853,7 +853,7 @@ read_run(FunctionCallInfo fcinfo, IdemRunRow *run)
 {
 	char	   *run_id = idem_name_arg(fcinfo, 0, "run id");
 
-	if (!idem_lookup_run(GetUserId(), run_id, run) || !run->visible)
+	if (!idem_lookup_run(idem_key_owner(), run_id, run) || !run->visible)
 		report_run_not_found(run_id);
 }
 

@@ -595,6 +595,26 @@ SELECT * FROM idem_outbox_claim('ext', wait => '1 s');
 SELECT * FROM idem_outbox_claim('ext', wait => NULL);
 RESET ROLE;
 
+--
+-- a topic's NOTIFY channel (issue 19): for its consumers only, with or
+-- without shared memory (test/t/150_roles.pl listens on it)
+--
+GRANT EXECUTE ON FUNCTION idem_outbox_channel(text)
+	TO regress_ob_consumer, regress_ob_other;
+SET ROLE regress_ob_consumer;
+SELECT idem_outbox_channel('ext') ~ '^idem_outbox_[0-9a-f]{32}$' AS channel_shape,
+	   idem_outbox_channel('ext') = idem_outbox_channel('ext') AS stable,
+	   idem_outbox_channel('ext') <> idem_outbox_channel('pay') AS per_topic;
+\set VERBOSITY sqlstate
+SELECT idem_outbox_channel(NULL);
+SELECT idem_outbox_channel('');
+SELECT idem_outbox_channel('no such topic');
+SET ROLE regress_ob_other;
+SELECT idem_outbox_channel('ext');
+\set VERBOSITY default
+SELECT idem_outbox_channel('pay');
+RESET ROLE;
+
 DROP TABLE ob_jitter, ob_claimed, ob_pay CASCADE;
 DROP FUNCTION ob_reclaim(text), ob_fail_delay(text, int, interval);
 DELETE FROM idem.outbox WHERE key LIKE 'ob:%';
@@ -603,7 +623,7 @@ DELETE FROM idem.outbox_topics WHERE topic IN ('pay', 'mail', 'ext');
 REVOKE ALL ON FUNCTION idem_outbox_claim(text, integer, interval, text, interval),
 	idem_outbox_ack(uuid, uuid), idem_outbox_ack_batch(uuid[], uuid[]),
 	idem_outbox_fail(uuid, uuid, text, interval),
-	idem_outbox_wait(text, interval)
+	idem_outbox_wait(text, interval), idem_outbox_channel(text)
 	FROM regress_ob_consumer, regress_ob_other;
 REVOKE ALL ON FUNCTION idem_outbox_create_topic(text, regrole[], regrole[]),
 	idem_outbox_grant(text, regrole, text), idem_outbox_revoke(text, regrole, text)

@@ -100,6 +100,67 @@ SELECT l.objid = ((h # (h >> 32)) & 4294967295) AS with_the_secret
 COMMIT;
 SELECT count(*) AS seeds FROM idem.lock_seed;
 
+-- SECURITY DEFINER wrappers (issue 19): a call inside one runs as the
+-- wrapper's owner, so every caller shares that owner's keys: bob replays
+-- what alice recorded, and a mismatch answers for her key
+CREATE ROLE regress_idem_definer;
+CREATE TABLE payments (id serial PRIMARY KEY, payer text);
+GRANT INSERT, SELECT ON payments TO regress_idem_definer;
+GRANT USAGE ON SEQUENCE payments_id_seq TO regress_idem_definer;
+CREATE FUNCTION pay_shared(k text) RETURNS jsonb SECURITY DEFINER
+  LANGUAGE sql SET search_path = pg_catalog, public
+  AS $$ SELECT idem_execute(k, 'INSERT INTO payments (payer) VALUES (session_user) RETURNING payer') -> 'rows' $$;
+CREATE FUNCTION pay_own(k text) RETURNS jsonb SECURITY DEFINER
+  LANGUAGE sql SET search_path = pg_catalog, public SET idem.key_owner = 'session_user'
+  AS $$ SELECT idem_execute(k, 'INSERT INTO payments (payer) VALUES (session_user) RETURNING payer') -> 'rows' $$;
+ALTER FUNCTION pay_shared(text) OWNER TO regress_idem_definer;
+ALTER FUNCTION pay_own(text) OWNER TO regress_idem_definer;
+SET SESSION AUTHORIZATION regress_idem_alice;
+SELECT pay_shared('sec:pay');
+SET SESSION AUTHORIZATION regress_idem_bob;
+SELECT pay_shared('sec:pay') AS bob_gets_alices;
+-- keyed by the session user: refused while the wrapper's owner lacks the
+-- privileges of the caller, and nothing is written
+SELECT pay_own('sec:pay');
+\echo :LAST_ERROR_SQLSTATE
+RESET SESSION AUTHORIZATION;
+SELECT payer, count(*) FROM payments GROUP BY payer ORDER BY payer;
+-- granted each caller, the wrapper keys each call by its caller
+GRANT regress_idem_alice, regress_idem_bob TO regress_idem_definer;
+SET SESSION AUTHORIZATION regress_idem_alice;
+SELECT pay_own('sec:pay');
+SELECT pay_own('sec:pay') AS alice_replays;
+SET SESSION AUTHORIZATION regress_idem_bob;
+SELECT pay_own('sec:pay') AS bob_executes;
+RESET SESSION AUTHORIZATION;
+SELECT owner, count(*) FROM idem.keys WHERE key = 'sec:pay' GROUP BY owner ORDER BY owner::text;
+SELECT payer, count(*) FROM payments GROUP BY payer ORDER BY payer;
+-- a plain session may name a role only if it has that role's privileges
+SET ROLE regress_idem_alice;
+SET idem.key_owner = 'regress_idem_bob';
+SELECT idem_execute('sec:as-bob', 'SELECT 1');
+\echo :LAST_ERROR_SQLSTATE
+SELECT idem_call('sec:as-bob', 'SELECT 1');
+\echo :LAST_ERROR_SQLSTATE
+SELECT idem_run_begin('sec:run-as-bob', ARRAY['a']);
+\echo :LAST_ERROR_SQLSTATE
+SET idem.key_owner = 'current_user';
+SELECT idem_execute('sec:as-self', 'SELECT 1') ->> 'rowcount';
+SET idem.key_owner = 'regress_idem_nobody';
+SELECT idem_execute('sec:as-nobody', 'SELECT 1');
+\echo :LAST_ERROR_SQLSTATE
+RESET ROLE;
+-- a superuser has every role's privileges: it may key as alice, and
+-- replays her key
+SET idem.key_owner = 'regress_idem_alice';
+SELECT (idem_execute_ex('sec:as-self', 'SELECT 1')).replayed;
+RESET idem.key_owner;
+SELECT count(*) AS keys_as_bob FROM idem.keys WHERE key LIKE 'sec:%as-bob%';
+DROP FUNCTION pay_shared(text), pay_own(text);
+DROP TABLE payments;
+DELETE FROM idem.keys WHERE key IN ('sec:pay', 'sec:as-self');
+DROP ROLE regress_idem_definer;
+
 DROP SCHEMA evil CASCADE;
 DROP TABLE invoices, secrets;
 DELETE FROM idem.outbox WHERE key LIKE 'sec:%';

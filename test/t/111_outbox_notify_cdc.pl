@@ -3,8 +3,9 @@
 
 # Outbox wakeups and change data capture (issue 10).
 #
-# 1. NOTIFY: a session that LISTENs on idem_outbox is notified, with the
-#    topic as payload, only once the producing transaction commits: not
+# 1. NOTIFY: a session that LISTENs on a topic's channel (from
+#    idem_outbox_channel()) is notified, with an empty payload and nothing
+#    on idem_outbox, only once the producing transaction commits: not
 #    while it is open, never for a rolled-back transaction or savepoint,
 #    once per topic and transaction however many events it wrote.  A
 #    prepared transaction that wrote events can be prepared and committed
@@ -50,14 +51,24 @@ sub call
 
 my $listener = $node->background_psql('postgres');
 $listener->query_safe('LISTEN idem_outbox');
+my %topic_of;
+foreach my $topic ('orders', 'mail')
+{
+	my $channel = $listener->query_safe("SELECT idem_outbox_channel('$topic')");
+	$listener->query_safe(qq{LISTEN "$channel"});
+	$topic_of{$channel} = $topic;
+}
 
-# What the listener has been told so far: psql prints notifications that
-# arrived while it ran a command.
+# What the listener has been told so far, as topics: psql prints
+# notifications that arrived while it ran a command.  A notification on
+# another channel, or with a payload, shows as itself.
 sub heard
 {
 	my $out = $listener->query_safe('SELECT 1');
-	my @payloads = $out =~ /Asynchronous notification "idem_outbox" with payload "([^"]*)"/g;
-	return join(',', @payloads);
+	my @heard =
+	  $out =~ /Asynchronous notification ("[^"]*"(?: with payload "[^"]*")?) received/g;
+	return join(',',
+		map { /^"([^"]*)"$/ && $topic_of{$1} ? $topic_of{$1} : $_ } @heard);
 }
 
 my $producer = $node->background_psql('postgres');

@@ -71,6 +71,8 @@ my $consumer = $node->background_psql('postgres');
 my $consumer_pid = $consumer->query_safe('SELECT pg_backend_pid()');
 my $listener = $node->background_psql('postgres');
 $listener->query_safe('LISTEN idem_outbox');
+my $orders_channel = $listener->query_safe("SELECT idem_outbox_channel('orders')");
+$listener->query_safe(qq{LISTEN "$orders_channel"});
 my $producer = $node->background_psql('postgres');
 
 # 1. timeout

@@ -312,8 +312,9 @@ describe('consume, wakeup wait', () => {
     const heard = [];
     const listener = new pg.Client(env.targets.direct);
     await listener.connect();
-    listener.on('notification', (n) => { if (n.payload === t) heard.push(n); });
-    await listener.query('LISTEN idem_outbox');
+    listener.on('notification', (n) => heard.push(n));
+    const ch = (await listener.query('SELECT idem_outbox_channel($1) AS c', [t])).rows[0].c;
+    await listener.query(`LISTEN "${ch}"`);
     try {
       const l = loop(t, undefined, { idle: 60, wakeup: 'wait' });
       await waitUntilWaiting();
