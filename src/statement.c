@@ -837,6 +837,23 @@ idem_statement_plan(IdemStatement *stmt)
 }
 
 /*
+ * Errors that say the statement cannot be analyzed with its untyped
+ * parameters open (a missing table, an ambiguous operator, a literal of the
+ * wrong type), which preparing it reports again if they stand.  Anything
+ * else (a cancel, a timeout, out of memory, a deadlock) is not about the
+ * statement and must not be swallowed.
+ */
+static bool
+is_analysis_error(int sqlerrcode)
+{
+	int			category = ERRCODE_TO_CATEGORY(sqlerrcode);
+
+	return category == ERRCODE_SYNTAX_ERROR_OR_ACCESS_RULE_VIOLATION ||
+		category == ERRCODE_DATA_EXCEPTION ||
+		category == ERRCODE_FEATURE_NOT_SUPPORTED;
+}
+
+/*
  * Analyze a validated statement with its untyped parameters open.  False
  * when it cannot be analyzed that way; the untyped ones are then text.
  */
@@ -860,7 +877,11 @@ infer_types(const char *sql, int nargs, Oid *types)
 	}
 	PG_CATCH();
 	{
-		FreeErrorData(idem_subxact_abort(&sx));
+		ErrorData  *edata = idem_subxact_abort(&sx);
+
+		if (!is_analysis_error(edata->sqlerrcode))
+			ReThrowError(edata);
+		FreeErrorData(edata);
 		inferred = false;
 	}
 	PG_END_TRY();
@@ -889,7 +910,8 @@ infer_types(const char *sql, int nargs, Oid *types)
  * leaves it open.  If the statement cannot be analyzed with them open (an
  * operator that becomes ambiguous, a missing table), they are text, as
  * without inference, and the statement's own error, if any, comes when it
- * is prepared.  Raises the statement's validation errors.
+ * is prepared.  Raises the statement's validation errors, and any error of
+ * the analysis that is not about the statement (a cancel, out of memory).
  *
  * The answer is kept in the statement cache under the untyped signature,
  * so a driver's repeated call parses and analyzes its statement once per
