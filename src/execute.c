@@ -107,6 +107,23 @@ idem_name_arg(FunctionCallInfo fcinfo, int argno, const char *what)
 }
 
 /*
+ * idem_check_variadic_dims
+ *		Refuse an array of more than one dimension passed for a list (what
+ *		names its elements): flattened, ARRAY[[1, 2], [3, 4]] would be the
+ *		same request as ARRAY[1, 2, 3, 4], its shape lost.
+ */
+void
+idem_check_variadic_dims(ArrayType *arr, const char *what)
+{
+	if (ARR_NDIM(arr) > 1)
+		ereport(ERROR,
+				(errcode(ERRCODE_ARRAY_SUBSCRIPT_ERROR),
+				 errmsg("%s passed as an array must be a one-dimensional array", what),
+				 errdetail("The array has %d dimensions.", ARR_NDIM(arr)),
+				 idem_errhint(ERRCODE_ARRAY_SUBSCRIPT_ERROR, "Pass a multidimensional array as one argument, without VARIADIC.")));
+}
+
+/*
  * Give arguments sent without a type the type the statement gives their $n
  * (text where it gives none), and convert their text with that type's input
  * function, so the request is the one a caller who typed them would make.
@@ -143,6 +160,7 @@ idem_collect_array(ArrayType *arr, bool untyped, IdemRequest *req)
 	bool	   *isnull;
 	char	  **texts;
 
+	idem_check_variadic_dims(arr, "arguments");
 	get_typlenbyvalalign(elemtype, &typlen, &typbyval, &typalign);
 	deconstruct_array(arr, elemtype, typlen, typbyval, typalign,
 					  &req->values, &isnull, &req->nargs);
@@ -260,7 +278,10 @@ report_key_reused(IdemRequest *req, const char *detail)
  * Whether a record is this request: NULL if it is, else why not.  Records
  * written by idem 1.0 carry a version 1 fingerprint and are compared the
  * way 1.0 computed it, unless its arguments are of a kind version 1 could
- * not tell apart.
+ * not tell apart.  Records written by idem 1.1 (version 2) are compared
+ * where version 2 and 3 agree, and refused where version 2 could not tell
+ * records with different field names apart.  A request that is not a
+ * statement (stmt NULL: a step result) is fingerprinted alike by all three.
  */
 static const char *
 fingerprint_mismatch(IdemStatement *stmt, IdemRequest *req, IdemRecord *rec,
@@ -268,7 +289,10 @@ fingerprint_mismatch(IdemStatement *stmt, IdemRequest *req, IdemRecord *rec,
 {
 	uint8		v1[IDEM_FINGERPRINT_LEN];
 
-	if (rec->fpversion == IDEM_FINGERPRINT_VERSION)
+	if (rec->fpversion == 2 && stmt != NULL &&
+		!idem_statement_fingerprint_v2_same(req))
+		return "The record was written by idem 1.1, whose fingerprint cannot tell apart records with different field names.";
+	if (rec->fpversion == IDEM_FINGERPRINT_VERSION || rec->fpversion == 2)
 	{
 		if (memcmp(rec->fingerprint, fingerprint, IDEM_FINGERPRINT_LEN) != 0)
 			return "The statement text, the settings that change its meaning, or the arguments differ from the request first recorded under this key.";
@@ -389,6 +413,7 @@ run_statement(IdemStatement *stmt, IdemRequest *req)
 	rc = SPI_execute_plan(plan, req->values, req->nulls, false, 0);
 	if (rc < 0)
 		elog(ERROR, "SPI_execute_plan failed: %s", SPI_result_code_string(rc));
+	idem_statement_check_settings(stmt);
 
 	MemoryContextSwitchTo(callercxt);
 	response = idem_build_response(idem_statement_command(stmt),

@@ -60,9 +60,11 @@ struct Latch;
 
 /*
  * Version of the fingerprint new records carry (idem.keys.fingerprint_version).
- * 1: idem 1.0, compared only for records 1.0 wrote; 2: idem 1.1.
+ * 1: idem 1.0, compared only for records 1.0 wrote; 2: idem 1.1, compared
+ * where it equals 3; 3: idem 1.2, which hashes an anonymous record's field
+ * names.
  */
-#define IDEM_FINGERPRINT_VERSION	2
+#define IDEM_FINGERPRINT_VERSION	3
 
 /*
  * Advisory lock class of idem's own (locktag_field4).  Core uses 1 and 2 for
@@ -178,6 +180,7 @@ extern char *idem_name_arg(FunctionCallInfo fcinfo, int argno,
 extern void idem_collect_args(FunctionCallInfo fcinfo, int first,
 							  IdemRequest *req);
 extern void idem_collect_array(ArrayType *arr, bool untyped, IdemRequest *req);
+extern void idem_check_variadic_dims(ArrayType *arr, const char *what);
 extern void idem_keyed_request(FunctionCallInfo fcinfo, const char *fname,
 							   IdemRequest *req);
 extern void idem_execute_request(IdemRequest *req, IdemResult *result);
@@ -226,6 +229,8 @@ extern bool idem_statement_fingerprint_v1(IdemStatement *stmt,
 										  uint8 *fingerprint);
 extern void idem_statement_infer_types(const char *sql, int nargs,
 									   Oid *types);
+extern void idem_statement_check_settings(IdemStatement *stmt);
+extern bool idem_statement_fingerprint_v2_same(IdemRequest *req);
 extern void idem_value_digest(const char *tag, Oid typid, Datum value,
 							  uint8 *digest);
 
