@@ -78,3 +78,8 @@ RETURNS text
 AS 'MODULE_PATHNAME', 'idem_outbox_channel'
 LANGUAGE C STABLE PARALLEL RESTRICTED;
 REVOKE ALL ON FUNCTION @extschema@.idem_outbox_channel(text) FROM PUBLIC;
+
+-- identity: a regclass (or other reg*) part of a derived key names its
+-- object the same way whatever the caller's search_path and quoting.
+ALTER FUNCTION @extschema@.idem_key(VARIADIC "any")
+	SET search_path = pg_catalog SET quote_all_identifiers = off;

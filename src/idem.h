@@ -72,9 +72,11 @@ struct Latch;
 
 /*
  * Version of the fingerprint new records carry (idem.keys.fingerprint_version).
- * 1: idem 1.0, compared only for records 1.0 wrote; 2: idem 1.1.
+ * 1: idem 1.0, compared only for records 1.0 wrote; 2: idem 1.1, compared
+ * where it equals 3; 3: idem 1.2, which hashes an anonymous record's field
+ * names.
  */
-#define IDEM_FINGERPRINT_VERSION	2
+#define IDEM_FINGERPRINT_VERSION	3
 
 /*
  * Advisory lock class of idem's own (locktag_field4).  Core uses 1 and 2 for

@@ -93,3 +93,20 @@ idem_purge_batch_arg(FunctionCallInfo fcinfo, const char *fname)
 	idem_check_can_write(fname);
 	return batch_size;
 }
+
+/*
+ * idem_check_variadic_dims
+ *		Refuse an array of more than one dimension passed for a list (what
+ *		names its elements): flattened, ARRAY[[1, 2], [3, 4]] would be the
+ *		same request as ARRAY[1, 2, 3, 4], its shape lost.
+ */
+void
+idem_check_variadic_dims(ArrayType *arr, const char *what)
+{
+	if (ARR_NDIM(arr) > 1)
+		ereport(ERROR,
+				(errcode(ERRCODE_ARRAY_SUBSCRIPT_ERROR),
+				 errmsg("%s passed as an array must be a one-dimensional array", what),
+				 errdetail("The array has %d dimensions.", ARR_NDIM(arr)),
+				 idem_errhint(ERRCODE_ARRAY_SUBSCRIPT_ERROR, "Pass a multidimensional array as one argument, without VARIADIC.")));
+}

@@ -29,6 +29,7 @@ extern void idem_check_name(const char *what, const char *name, int limit,
 extern char *idem_name_arg(FunctionCallInfo fcinfo, int argno,
 						   const char *what);
 extern int32 idem_purge_batch_arg(FunctionCallInfo fcinfo, const char *fname);
+extern void idem_check_variadic_dims(ArrayType *arr, const char *what);
 
 /* owner.c: whose keys a call uses (idem.key_owner) */
 extern Oid	idem_key_owner(void);

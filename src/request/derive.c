@@ -16,7 +16,9 @@
  * definitions pin, with SET clauses, every setting that changes the output
  * of a built-in type (DateStyle, TimeZone, IntervalStyle,
  * extra_float_digits, bytea_output, ...), so a timestamptz part reads the
- * same whatever the caller's time zone.
+ * same whatever the caller's time zone; search_path (pg_catalog alone) and
+ * quote_all_identifiers too, so a regclass part names its table the same
+ * way in every session.
  *
  * Copyright (c) 2026, idem authors
  *
@@ -105,12 +107,23 @@ idem_derive_key(int nparts, const char *const *parts)
 	return out.data;
 }
 
+/*
+ * A part's text.  An anonymous record's text leaves out its field names, so
+ * (25 AS amount) and (25 AS refund_id) would make one key: refused.  No
+ * column, domain or range holds one, so checking the part's type suffices.
+ */
 static char *
-part_text(Oid typid, Datum value)
+part_text(Oid typid, Datum value, int partno)
 {
 	Oid			output;
 	bool		isvarlena;
 
+	if (typid == RECORDOID || typid == RECORDARRAYOID)
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("key part %d is an anonymous record", partno),
+				 errdetail("The text of an anonymous record leaves out its field names, so records with different fields could give the same key."),
+				 idem_errhint(ERRCODE_FEATURE_NOT_SUPPORTED, "Pass its fields as separate parts, or cast it to a composite type.")));
 	if (typid == UNKNOWNOID)
 		return pstrdup(DatumGetCString(value));
 	getTypeOutputInfo(typid, &output, &isvarlena);
@@ -142,6 +155,7 @@ idem_key(PG_FUNCTION_ARGS)
 					 errmsg("key parts must not be null"),
 					 idem_errhint(ERRCODE_NULL_VALUE_NOT_ALLOWED, NULL)));
 		arr = PG_GETARG_ARRAYTYPE_P(0);
+		idem_check_variadic_dims(arr, "key parts");
 		elemtype = ARR_ELEMTYPE(arr);
 		get_typlenbyvalalign(elemtype, &typlen, &typbyval, &typalign);
 		deconstruct_array(arr, elemtype, typlen, typbyval, typalign,
@@ -154,7 +168,7 @@ idem_key(PG_FUNCTION_ARGS)
 						(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
 						 errmsg("key part %d is null", i + 1),
 						 idem_errhint(ERRCODE_NULL_VALUE_NOT_ALLOWED, "A key must name its request completely; pass a placeholder such as '' for an absent value.")));
-			parts[i] = part_text(elemtype, elems[i]);
+			parts[i] = part_text(elemtype, elems[i], i + 1);
 		}
 	}
 	else
@@ -175,7 +189,7 @@ idem_key(PG_FUNCTION_ARGS)
 						(errcode(ERRCODE_INDETERMINATE_DATATYPE),
 						 errmsg("could not determine the data type of key part %d", i + 1),
 						 idem_errhint(ERRCODE_INDETERMINATE_DATATYPE, NULL)));
-			parts[i] = part_text(typid, PG_GETARG_DATUM(i));
+			parts[i] = part_text(typid, PG_GETARG_DATUM(i), i + 1);
 		}
 	}
 	if (nparts == 0)

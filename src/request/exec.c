@@ -71,6 +71,7 @@ run_statement(IdemStatement *stmt, IdemRequest *req)
 	rc = SPI_execute_plan(plan, req->values, req->nulls, false, 0);
 	if (rc < 0)
 		elog(ERROR, "SPI_execute_plan failed: %s", SPI_result_code_string(rc));
+	idem_statement_check_settings(stmt);
 
 	MemoryContextSwitchTo(callercxt);
 	response = idem_build_response(idem_statement_command(stmt),

@@ -88,6 +88,7 @@ idem_collect_array(ArrayType *arr, bool untyped, IdemRequest *req)
 	bool	   *isnull;
 	char	  **texts;
 
+	idem_check_variadic_dims(arr, "arguments");
 	get_typlenbyvalalign(elemtype, &typlen, &typbyval, &typalign);
 	deconstruct_array(arr, elemtype, typlen, typbyval, typalign,
 					  &req->values, &isnull, &req->nargs);
@@ -206,7 +207,10 @@ report_key_reused(IdemRequest *req, const char *detail)
  * Whether a record is this request: NULL if it is, else why not.  Records
  * written by idem 1.0 carry a version 1 fingerprint and are compared the
  * way 1.0 computed it, unless its arguments are of a kind version 1 could
- * not tell apart.
+ * not tell apart.  Records written by idem 1.1 (version 2) are compared
+ * where version 2 and 3 agree, and refused where version 2 could not tell
+ * records with different field names apart.  A request that is not a
+ * statement (stmt NULL: a step result) is fingerprinted alike by all three.
  */
 static const char *
 fingerprint_mismatch(IdemStatement *stmt, IdemRequest *req, IdemRecord *rec,
@@ -214,7 +218,10 @@ fingerprint_mismatch(IdemStatement *stmt, IdemRequest *req, IdemRecord *rec,
 {
 	uint8		v1[IDEM_FINGERPRINT_LEN];
 
-	if (rec->fpversion == IDEM_FINGERPRINT_VERSION)
+	if (rec->fpversion == 2 && stmt != NULL &&
+		!idem_statement_fingerprint_v2_same(req))
+		return "The record was written by idem 1.1, whose fingerprint cannot tell apart records with different field names.";
+	if (rec->fpversion == IDEM_FINGERPRINT_VERSION || rec->fpversion == 2)
 	{
 		if (memcmp(rec->fingerprint, fingerprint, IDEM_FINGERPRINT_LEN) != 0)
 			return "The statement text, the settings that change its meaning, or the arguments differ from the request first recorded under this key.";

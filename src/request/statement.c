@@ -25,16 +25,19 @@
  * idem_execute() (a business statement can itself call idem_execute()) are
  * pinned and never evicted.
  *
- * The fingerprint (version 2) is SHA-256 over the token stream digest, the
+ * The fingerprint (version 3) is SHA-256 over the token stream digest, the
  * settings digest, the argument count, and each argument's type identity
  * and value.  Values are hashed in a form no session setting changes:
  * built-in scalars by their typlen bytes, domains as their base type,
  * arrays element by element and records field by field with each
- * element's or field's type, ranges by their flags and bounds, enums by
+ * element's or field's type (and an anonymous record's field names), ranges
+ * by their flags and bounds, enums by
  * label, and base types defined in the database by their bytes (never by
  * text output, which DateStyle or TimeZone change, nor by a send function,
  * whose text parts follow client_encoding).  Every NaN is one NaN.  Version 1 (idem 1.0) is kept only to compare
- * records written by 1.0; see idem_statement_fingerprint_v1().
+ * records written by 1.0; see idem_statement_fingerprint_v1().  Version 2
+ * (idem 1.1) is version 3 without field names; see
+ * idem_statement_fingerprint_v2_same().
  *
  * Copyright (c) 2026, idem authors
  *
@@ -107,8 +110,8 @@ typedef struct ArgHashInfo
  * (TimeZone, timezone_abbreviations, DateStyle, IntervalStyle, lc_monetary,
  * lc_numeric, lc_time, array_nulls, xmloption, default_text_search_config),
  * and how values become text, which a statement that casts to text stores
- * (extra_float_digits, bytea_output, xmlbinary, and DateStyle,
- * IntervalStyle, TimeZone again).  Strings are copied, not compared by
+ * (extra_float_digits, bytea_output, xmlbinary, quote_all_identifiers, and
+ * DateStyle, IntervalStyle, TimeZone again).  Strings are copied, not compared by
  * pointer: a GUC's new value can land at its old value's address.
  */
 #define SETTING_LEN		256
@@ -126,6 +129,7 @@ typedef struct IdemSettings
 	bool		standard_strings;
 	bool		array_nulls;
 	bool		null_equals;
+	bool		quote_all;
 	char		tz_abbrevs[SETTING_LEN];
 	char		monetary[SETTING_LEN];
 	char		numeric[SETTING_LEN];
@@ -214,6 +218,7 @@ read_settings(IdemSettings *s)
 	s->standard_strings = standard_conforming_strings;
 	s->array_nulls = Array_nulls;
 	s->null_equals = Transform_null_equals;
+	s->quote_all = quote_all_identifiers;
 	copy_setting(s->tz_abbrevs,
 				 GetConfigOption("timezone_abbreviations", true, false));
 	copy_setting(s->monetary, locale_monetary);
@@ -269,6 +274,17 @@ digest_settings(const IdemSettings *s)
 			update_str(ctx, name);
 	}
 	list_free(path);
+
+	/*
+	 * Only when on, after a length no schema name has, so that the digest
+	 * of the default settings is the one idem 1.1 computed.
+	 */
+	if (s->quote_all)
+	{
+		uint32		mark = PG_UINT32_MAX;
+
+		idem_sha256_update(ctx, &mark, sizeof(mark));
+	}
 	idem_sha256_end(ctx, settings_digest);
 	memcpy(&settings_hash, settings_digest, sizeof(settings_hash));
 }
@@ -315,6 +331,25 @@ current_settings(void)
 	memcpy(&settings_seen, &now, sizeof(now));
 	settings_seen_valid = true;
 	return settings_digest;
+}
+
+/*
+ * idem_statement_check_settings
+ *		Refuse a business statement that changed a setting of the request
+ *		identity, with set_config() or SET in a function it calls: every
+ *		later request of the session (or transaction) would mean something
+ *		else than the same call before it.  The error aborts the
+ *		transaction, which takes the change back.
+ */
+void
+idem_statement_check_settings(IdemStatement *stmt)
+{
+	if (memcmp(current_settings(), stmt->settings, IDEM_FINGERPRINT_LEN) != 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("business statement changed a setting that is part of the request identity"),
+				 errdetail("search_path, TimeZone, DateStyle and the other settings idem compares decide what every later request of the session means."),
+				 idem_errhint(ERRCODE_FEATURE_NOT_SUPPORTED, "Change the setting before the call, or in a SET clause of the function the statement calls, which restores it on exit.")));
 }
 
 /* ---------------------------------------------------------------------
@@ -839,6 +874,23 @@ idem_statement_plan(IdemStatement *stmt)
 }
 
 /*
+ * Errors that say the statement cannot be analyzed with its untyped
+ * parameters open (a missing table, an ambiguous operator, a literal of the
+ * wrong type), which preparing it reports again if they stand.  Anything
+ * else (a cancel, a timeout, out of memory, a deadlock) is not about the
+ * statement and must not be swallowed.
+ */
+static bool
+is_analysis_error(int sqlerrcode)
+{
+	int			category = ERRCODE_TO_CATEGORY(sqlerrcode);
+
+	return category == ERRCODE_SYNTAX_ERROR_OR_ACCESS_RULE_VIOLATION ||
+		category == ERRCODE_DATA_EXCEPTION ||
+		category == ERRCODE_FEATURE_NOT_SUPPORTED;
+}
+
+/*
  * Analyze a validated statement with its untyped parameters open.  False
  * when it cannot be analyzed that way; the untyped ones are then text.
  */
@@ -862,7 +914,11 @@ infer_types(const char *sql, int nargs, Oid *types)
 	}
 	PG_CATCH();
 	{
-		FreeErrorData(idem_subxact_abort(&sx));
+		ErrorData  *edata = idem_subxact_abort(&sx);
+
+		if (!is_analysis_error(edata->sqlerrcode))
+			ReThrowError(edata);
+		FreeErrorData(edata);
 		inferred = false;
 	}
 	PG_END_TRY();
@@ -891,7 +947,8 @@ infer_types(const char *sql, int nargs, Oid *types)
  * leaves it open.  If the statement cannot be analyzed with them open (an
  * operator that becomes ambiguous, a missing table), they are text, as
  * without inference, and the statement's own error, if any, comes when it
- * is prepared.  Raises the statement's validation errors.
+ * is prepared.  Raises the statement's validation errors, and any error of
+ * the analysis that is not about the statement (a cancel, out of memory).
  *
  * The answer is kept in the statement cache under the untyped signature,
  * so a driver's repeated call parses and analyzes its statement once per
@@ -1023,10 +1080,17 @@ hash_array_value(idem_sha256_ctx ctx, Datum value)
 	pfree(nulls);
 }
 
+/*
+ * A record field by field.  An anonymous record's field names are hashed
+ * too: to_jsonb() and row_to_json() write them, so (25 AS amount) and
+ * (25 AS refund_id) are different requests.  A composite type's fields are
+ * named by the type, whose name identifies it already.
+ */
 static void
 hash_record_value(idem_sha256_ctx ctx, Datum value)
 {
 	HeapTupleHeader td = DatumGetHeapTupleHeader(value);
+	bool		anonymous = HeapTupleHeaderGetTypeId(td) == RECORDOID;
 	TupleDesc	tupdesc;
 	HeapTupleData tuple;
 	Datum	   *values;
@@ -1055,6 +1119,8 @@ hash_record_value(idem_sha256_ctx ctx, Datum value)
 
 		if (att->attisdropped)
 			continue;
+		if (anonymous)
+			update_str(ctx, NameStr(att->attname));
 		update_typident(ctx, att->atttypid);
 		idem_sha256_update(ctx, &isnull, 1);
 		if (!isnull)
@@ -1159,7 +1225,7 @@ hash_datum(idem_sha256_ctx ctx, Oid typid, Datum value)
 
 /*
  * idem_statement_fingerprint
- *		Compute the request fingerprint (version 2) of req, a call of stmt.
+ *		Compute the request fingerprint (version 3) of req, a call of stmt.
  */
 void
 idem_statement_fingerprint(IdemStatement *stmt, IdemRequest *req,
@@ -1188,6 +1254,22 @@ idem_statement_fingerprint(IdemStatement *stmt, IdemRequest *req,
 						value);
 	}
 	idem_sha256_end(ctx, fingerprint);
+}
+
+/*
+ * idem_statement_fingerprint_v2_same
+ *		Whether req's version 3 fingerprint is the one idem 1.1 (version 2)
+ *		computed.  Version 3 differs only in hashing an anonymous record's
+ *		field names; such a record can arrive only as an argument of type
+ *		record or record[] (no column, domain or range holds one).
+ */
+bool
+idem_statement_fingerprint_v2_same(IdemRequest *req)
+{
+	for (int i = 0; i < req->nargs; i++)
+		if (req->argtypes[i] == RECORDOID || req->argtypes[i] == RECORDARRAYOID)
+			return false;
+	return true;
 }
 
 /*

@@ -86,6 +86,44 @@ SELECT idem_state_hash('{"a": 2, "b": 1}'::jsonb) = idem_state_hash('{"b":1,"a":
 SELECT idem_state_hash(NULL::claims);
 \echo :LAST_ERROR_SQLSTATE
 
+-- a regclass part is the table, whatever the search_path and quoting
+CREATE SCHEMA ledger;
+CREATE TABLE ledger.pay (id int);
+SET search_path = ledger, public;
+SELECT idem_key('adjust', 'ledger.pay'::regclass) AS on_path;
+RESET search_path;
+SELECT idem_key('adjust', 'ledger.pay'::regclass) AS off_path;
+SET quote_all_identifiers = on;
+SELECT idem_key('adjust', 'ledger.pay'::regclass, 'int4'::regtype) AS quoting;
+RESET quote_all_identifiers;
+DROP SCHEMA ledger CASCADE;
+-- an anonymous record's text leaves its field names out: refused
+SELECT idem_key('refund', r) FROM (SELECT 25 AS amount) r;
+\echo :LAST_ERROR_SQLSTATE
+SELECT idem_key('refund', ARRAY[r]) FROM (SELECT 25 AS amount) r;
+\echo :LAST_ERROR_SQLSTATE
+SELECT idem_key(VARIADIC ARRAY[r]) FROM (SELECT 25 AS amount) r;
+\echo :LAST_ERROR_SQLSTATE
+-- a composite type's fields are named by the type
+CREATE TYPE refund_row AS (amount int);
+SELECT idem_key('refund', ROW(25)::refund_row) AS composite;
+-- the dimensions of an explicit VARIADIC array are not flattened
+SELECT idem_key(VARIADIC ARRAY[['a', 'b'], ['c', 'd']]);
+\echo :LAST_ERROR_SQLSTATE
+-- idem_state_hash: an anonymous record's field names count, a composite
+-- type's hash is the one idem 1.1 gave
+SELECT idem_state_hash(a) <> idem_state_hash(b) AS field_names
+  FROM (SELECT 25 AS amount) a, (SELECT 25 AS refund_id) b;
+SELECT idem_state_hash(a) <> idem_state_hash(b) AS nested_field_names
+  FROM (SELECT s AS r FROM (SELECT 25 AS amount) s) a,
+       (SELECT s AS r FROM (SELECT 25 AS refund_id) s) b;
+SELECT idem_state_hash(ARRAY[a]) <> idem_state_hash(ARRAY[b]) AS array_field_names
+  FROM (SELECT 25 AS amount) a, (SELECT 25 AS refund_id) b;
+SELECT idem_state_hash(a) = idem_state_hash(b) AS same_record
+  FROM (SELECT 25 AS amount) a, (SELECT 25 AS amount) b;
+SELECT idem_state_hash(ROW(25)::refund_row) AS composite_hash;
+DROP TYPE refund_row;
+
 DROP TABLE keys_seen, hashes, claims;
 DROP TYPE mood;
 DROP DOMAIN cents;

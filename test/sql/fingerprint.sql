@@ -6,6 +6,7 @@
 -- types and values.  Anything else under a used key is SQLSTATE ID422.
 --
 CREATE TABLE payments (id serial PRIMARY KEY, invoice text, amount numeric);
+CREATE TYPE fp_pair AS (n int, s text);
 
 SELECT idem_execute('fp:1',
        'INSERT INTO payments (invoice, amount) VALUES ($1, 10) RETURNING id',
@@ -103,4 +104,33 @@ SELECT (idem_execute_ex('fp:10', 'SELECT $1 AS a, $2 AS j',
 SELECT idem_execute('fp:10', 'SELECT $1 AS a, $2 AS j',
        ARRAY['y', 'x'], '{"a": 1, "b": 2}'::jsonb);
 
+-- an explicit VARIADIC array of more than one dimension is refused, not
+-- flattened into the request of its elements; as one argument it is
+-- one argument
+SELECT idem_execute('fp:11', 'SELECT $1::int + $2 + $3 + $4 AS s', VARIADIC ARRAY[[1, 2], [3, 4]]);
+\echo :LAST_ERROR_SQLSTATE
+SELECT idem_execute('fp:11', 'SELECT $1::text AS s', VARIADIC ARRAY[['1', '2'], ['3', '4']]::text[]);
+\echo :LAST_ERROR_SQLSTATE
+SELECT idem_execute('fp:11', 'SELECT $1 AS a', ARRAY[[1, 2], [3, 4]]);
+SELECT idem_execute('fp:11', 'SELECT $1 AS a', ARRAY[1, 2, 3, 4]);
+\echo :LAST_ERROR_SQLSTATE
+
+-- Records written by idem 1.1 (fingerprint version 2) did not hash an
+-- anonymous record's field names: such a record is refused, never
+-- replayed; one without anonymous records still replays
+SELECT idem_execute('fp:12', 'SELECT to_jsonb($1) AS j', r) ->> 'command'
+  FROM (SELECT 25 AS amount) r;
+SELECT idem_execute('fp:13', 'SELECT $1 AS v', ROW(1, 'x')::fp_pair) ->> 'command';
+SELECT idem_execute('fp:14', 'SELECT $1 AS v', 7) ->> 'command';
+SELECT key, fingerprint_version FROM idem.keys WHERE key IN ('fp:12', 'fp:13', 'fp:14') ORDER BY key;
+UPDATE idem.keys SET fingerprint_version = 2 WHERE key IN ('fp:12', 'fp:13', 'fp:14');
+SELECT idem_execute('fp:12', 'SELECT to_jsonb($1) AS j', r)
+  FROM (SELECT 25 AS amount) r;
+\echo :LAST_ERROR_SQLSTATE
+SELECT replayed FROM idem_execute_ex('fp:13', 'SELECT $1 AS v', ROW(1, 'x')::fp_pair);
+SELECT replayed FROM idem_execute_ex('fp:14', 'SELECT $1 AS v', 7);
+SELECT idem_execute('fp:14', 'SELECT $1 AS v', 8);
+\echo :LAST_ERROR_SQLSTATE
+
 DROP TABLE payments;
+DROP TYPE fp_pair;

@@ -218,6 +218,80 @@ SELECT replayed FROM idem_execute_ex('tr3', 'SELECT $1 AS r', '{[1,2], [5,6]}'::
 SELECT idem_execute('tr3', 'SELECT $1 AS r', int4multirange(int4range(1, 3)));
 \echo :LAST_ERROR_SQLSTATE
 
+-- Field names are part of a record's meaning (to_jsonb, row_to_json): a
+-- record with another field name is another request, a genuine retry
+-- replays
+CREATE TABLE evr (id serial PRIMARY KEY, payload jsonb);
+SELECT idem_execute('rn-1', 'INSERT INTO evr(payload) VALUES (to_jsonb($1)) RETURNING payload', r)
+  FROM (SELECT 25 AS amount) r;
+SELECT idem_execute('rn-1', 'INSERT INTO evr(payload) VALUES (to_jsonb($1)) RETURNING payload', r)
+  FROM (SELECT 25 AS refund_id) r;
+\echo :LAST_ERROR_SQLSTATE
+SELECT (idem_execute_ex('rn-1', 'INSERT INTO evr(payload) VALUES (to_jsonb($1)) RETURNING payload', r)).replayed AS replayed
+  FROM (SELECT 25 AS amount) r;
+SELECT payload FROM evr ORDER BY id;
+-- nested records, arrays of records, records passed with VARIADIC
+SELECT idem_execute('rn-2', 'SELECT to_jsonb($1) AS j', r) ->> 'command'
+  FROM (SELECT s AS inner_row FROM (SELECT 25 AS amount) s) r;
+SELECT idem_execute('rn-2', 'SELECT to_jsonb($1) AS j', r)
+  FROM (SELECT s AS inner_row FROM (SELECT 25 AS refund_id) s) r;
+\echo :LAST_ERROR_SQLSTATE
+SELECT (idem_execute_ex('rn-2', 'SELECT to_jsonb($1) AS j', r)).replayed AS replayed
+  FROM (SELECT s AS inner_row FROM (SELECT 25 AS amount) s) r;
+SELECT idem_execute('rn-3', 'SELECT to_jsonb($1) AS j', ARRAY[r]) ->> 'command'
+  FROM (SELECT 25 AS amount) r;
+SELECT idem_execute('rn-3', 'SELECT to_jsonb($1) AS j', ARRAY[r])
+  FROM (SELECT 25 AS refund_id) r;
+\echo :LAST_ERROR_SQLSTATE
+SELECT idem_execute('rn-4', 'SELECT to_jsonb($1) AS j', VARIADIC ARRAY[r]) ->> 'command'
+  FROM (SELECT 25 AS amount) r;
+SELECT idem_execute('rn-4', 'SELECT to_jsonb($1) AS j', VARIADIC ARRAY[r])
+  FROM (SELECT 25 AS refund_id) r;
+\echo :LAST_ERROR_SQLSTATE
+-- a composite type is not the anonymous record with the same fields
+CREATE TYPE amount_row AS (amount int);
+SELECT idem_execute('rn-5', 'SELECT to_jsonb($1) AS j', ROW(25)::amount_row) ->> 'command';
+SELECT idem_execute('rn-5', 'SELECT to_jsonb($1) AS j', r)
+  FROM (SELECT 25 AS amount) r;
+\echo :LAST_ERROR_SQLSTATE
+SELECT replayed FROM idem_execute_ex('rn-5', 'SELECT to_jsonb($1) AS j', ROW(25)::amount_row);
+DROP TABLE evr;
+DROP TYPE amount_row;
+
+-- quote_all_identifiers changes what $1::regclass::text stores: part of
+-- the request
+CREATE TABLE qi (id int);
+SELECT idem_execute('qi-1', 'SELECT $1::regclass::text AS t', 'qi'::text);
+SET quote_all_identifiers = on;
+SELECT idem_execute('qi-1', 'SELECT $1::regclass::text AS t', 'qi'::text);
+\echo :LAST_ERROR_SQLSTATE
+RESET quote_all_identifiers;
+SELECT replayed FROM idem_execute_ex('qi-1', 'SELECT $1::regclass::text AS t', 'qi'::text);
+DROP TABLE qi;
+
+-- A business statement must not change a setting that is part of every
+-- later request's identity (search_path, TimeZone, ...): refused, and the
+-- aborted transaction takes the change back
+CREATE FUNCTION set_identity(name text, value text, is_local boolean) RETURNS text
+  LANGUAGE sql AS 'SELECT set_config(name, value, is_local)';
+SELECT idem_execute('sc-1', 'SELECT set_identity(''search_path'', ''pg_catalog'', false) AS v');
+\echo :LAST_ERROR_SQLSTATE
+SHOW search_path;
+SELECT count(*) AS recorded FROM idem.keys WHERE key = 'sc-1';
+BEGIN;
+SELECT idem_execute('sc-2', 'SELECT set_identity(''TimeZone'', ''Asia/Tokyo'', true) AS v');
+ROLLBACK;
+\echo :LAST_ERROR_SQLSTATE
+SELECT idem_execute('sc-3', 'SELECT set_identity(''quote_all_identifiers'', ''on'', false) AS v');
+\echo :LAST_ERROR_SQLSTATE
+SHOW quote_all_identifiers;
+-- a setting outside the identity may change, and one set to the value it
+-- has is no change
+SELECT idem_execute('sc-4', 'SELECT set_identity(''application_name'', ''sc4'', false) AS v');
+SELECT idem_execute('sc-5', 'SELECT set_identity(''search_path'', current_setting(''search_path''), false) AS v') ->> 'command';
+RESET application_name;
+DROP FUNCTION set_identity(text, text, boolean);
+
 DROP TABLE invoices, events, oids, ev;
 DROP TYPE trange;
 DROP SCHEMA tenant_a, tenant_b CASCADE;
