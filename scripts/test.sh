@@ -11,6 +11,8 @@ top=$(cd "$(dirname "$0")/.." && pwd)
 . "$top/scripts/env.sh"
 
 idem_build_install "$top"
+# no import cycle between the C files, no layer calling up
+"$top/scripts/check-layers.sh"
 
 work=$(mktemp -d /tmp/idem-test.XXXXXX)
 trap 'rm -rf "$work"' EXIT

@@ -534,6 +534,60 @@ visible_to_xact(Relation rel, TupleTableSlot *slot, TransactionId xmin,
 }
 
 /*
+ * A probe for one row of idem.keys or idem.runs by (owner, name), open
+ * until probe_row_end(): its slot holds the row found, its xact_snapshot
+ * is the snapshot a REPEATABLE READ caller reads with (taken already), or
+ * NULL.
+ */
+typedef struct RowProbe
+{
+	Relation	rel;
+	Relation	idx;
+	TupleTableSlot *slot;
+	text	   *name;
+	Snapshot	xact_snapshot;
+	HeapTuple	tuple;			/* the row found, or NULL */
+	bool		should_free;
+} RowProbe;
+
+static bool
+probe_row_begin(RowProbe *p, bool runs, Oid owner, const char *name)
+{
+	catalog_resolve();
+	p->xact_snapshot = IsolationUsesXactSnapshot() ? GetTransactionSnapshot() : NULL;
+	p->rel = table_open(runs ? catalog.runs : catalog.keys, AccessShareLock);
+	p->idx = index_open(runs ? catalog.runs_pkey : catalog.keys_pkey,
+						AccessShareLock);
+	p->slot = table_slot_create(p->rel, NULL);
+	p->name = cstring_to_text(name);
+	p->tuple = NULL;
+	if (!probe_key(p->rel, p->idx, p->slot, owner, p->name))
+		return false;
+	p->tuple = ExecFetchSlotHeapTuple(p->slot, false, &p->should_free);
+	return true;
+}
+
+/* Whether the row found is one the caller's transaction snapshot sees. */
+static bool
+probe_row_visible(RowProbe *p)
+{
+	return visible_to_xact(p->rel, p->slot,
+						   HeapTupleHeaderGetXmin(p->tuple->t_data),
+						   p->xact_snapshot);
+}
+
+static void
+probe_row_end(RowProbe *p)
+{
+	if (p->tuple != NULL && p->should_free)
+		heap_freetuple(p->tuple);
+	ExecDropSingleTupleTableSlot(p->slot);
+	index_close(p->idx, AccessShareLock);
+	table_close(p->rel, AccessShareLock);
+	pfree(p->name);
+}
+
+/*
  * idem_lookup_key
  *		Find the live record for (owner, key).  Caller holds the key's lock.
  *
@@ -543,33 +597,17 @@ visible_to_xact(Relation rel, TupleTableSlot *slot, TransactionId xmin,
 bool
 idem_lookup_key(Oid owner, const char *key, IdemRecord *rec)
 {
-	Relation	rel;
-	Relation	idx;
-	TupleTableSlot *slot;
-	text	   *keytext = cstring_to_text(key);
-	bool		found;
-	Snapshot	xact_snapshot = NULL;
+	RowProbe	p;
+	bool		found = probe_row_begin(&p, false, owner, key);
 
-	catalog_resolve();
-
-	/* the snapshot a REPEATABLE READ caller reads with (taken already) */
-	if (IsolationUsesXactSnapshot())
-		xact_snapshot = GetTransactionSnapshot();
-
-	rel = table_open(catalog.keys, AccessShareLock);
-	idx = index_open(catalog.keys_pkey, AccessShareLock);
-	slot = table_slot_create(rel, NULL);
-
-	found = probe_key(rel, idx, slot, owner, keytext);
 	if (found)
 	{
+		TupleTableSlot *slot = p.slot;
 		bool		isnull;
-		bool		should_free;
-		HeapTuple	tuple = ExecFetchSlotHeapTuple(slot, false, &should_free);
 		bytea	   *fp;
 
-		rec->tid = tuple->t_self;
-		rec->xmin = HeapTupleHeaderGetXmin(tuple->t_data);
+		rec->tid = p.tuple->t_self;
+		rec->xmin = HeapTupleHeaderGetXmin(p.tuple->t_data);
 		fp = DatumGetByteaPP(slot_getattr(slot, Anum_keys_fingerprint, &isnull));
 		if (VARSIZE_ANY_EXHDR(fp) == IDEM_FINGERPRINT_LEN)
 			memcpy(rec->fingerprint, VARDATA_ANY(fp), IDEM_FINGERPRINT_LEN);
@@ -579,16 +617,9 @@ idem_lookup_key(Oid owner, const char *key, IdemRecord *rec)
 		rec->response = DatumGetJsonbPCopy(slot_getattr(slot, Anum_keys_response, &isnull));
 		rec->created_at = DatumGetTimestampTz(slot_getattr(slot, Anum_keys_created_at, &isnull));
 		rec->expires_at = DatumGetTimestampTz(slot_getattr(slot, Anum_keys_expires_at, &isnull));
-
-		rec->visible = visible_to_xact(rel, slot, rec->xmin, xact_snapshot);
-		if (should_free)
-			heap_freetuple(tuple);
+		rec->visible = probe_row_visible(&p);
 	}
-
-	ExecDropSingleTupleTableSlot(slot);
-	index_close(idx, AccessShareLock);
-	table_close(rel, AccessShareLock);
-	pfree(keytext);
+	probe_row_end(&p);
 	return found;
 }
 
@@ -1083,32 +1114,18 @@ idem_purge_expired(int batch_size)
 bool
 idem_lookup_run(Oid owner, const char *run_id, IdemRunRow *row)
 {
-	Relation	rel;
-	Relation	idx;
-	TupleTableSlot *slot;
-	text	   *idtext = cstring_to_text(run_id);
-	Snapshot	xact_snapshot = NULL;
-	bool		found;
+	RowProbe	p;
+	bool		found = probe_row_begin(&p, true, owner, run_id);
 
-	catalog_resolve();
-	if (IsolationUsesXactSnapshot())
-		xact_snapshot = GetTransactionSnapshot();
-
-	rel = table_open(catalog.runs, AccessShareLock);
-	idx = index_open(catalog.runs_pkey, AccessShareLock);
-	slot = table_slot_create(rel, NULL);
-
-	found = probe_key(rel, idx, slot, owner, idtext);
 	if (found)
 	{
+		TupleTableSlot *slot = p.slot;
 		bool		isnull;
 		Datum		d;
-		bool		should_free;
-		HeapTuple	tuple = ExecFetchSlotHeapTuple(slot, false, &should_free);
 
 		row->owner = owner;
 		row->run_id = pstrdup(run_id);
-		row->tid = tuple->t_self;
+		row->tid = p.tuple->t_self;
 		d = slot_getattr(slot, Anum_runs_steps, &isnull);
 		row->steps = isnull ? NULL : DatumGetArrayTypePCopy(d);
 		d = slot_getattr(slot, Anum_runs_input, &isnull);
@@ -1122,17 +1139,9 @@ idem_lookup_run(Oid owner, const char *run_id, IdemRunRow *row)
 		row->last_error = isnull ? NULL : TextDatumGetCString(d);
 		row->done_steps = DatumGetArrayTypePCopy(slot_getattr(slot, Anum_runs_done_steps, &isnull));
 		row->attempts = DatumGetArrayTypePCopy(slot_getattr(slot, Anum_runs_attempts, &isnull));
-		row->visible = visible_to_xact(rel, slot,
-									   HeapTupleHeaderGetXmin(tuple->t_data),
-									   xact_snapshot);
-		if (should_free)
-			heap_freetuple(tuple);
+		row->visible = probe_row_visible(&p);
 	}
-
-	ExecDropSingleTupleTableSlot(slot);
-	index_close(idx, AccessShareLock);
-	table_close(rel, AccessShareLock);
-	pfree(idtext);
+	probe_row_end(&p);
 	return found;
 }
 
