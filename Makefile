@@ -13,6 +13,7 @@ OBJS = \
 	src/common/subxact.o \
 	src/common/tables.o \
 	src/common/owner.o \
+	src/request/tokens.o \
 	src/request/statement.o \
 	src/request/exec.o \
 	src/request/errcache.o \
@@ -37,15 +38,20 @@ SHLIB_LINK	= $(filter -lcrypto, $(LIBS))
 PG_CFLAGS	= -Wall -Wmissing-prototypes -Werror
 
 # pg_regress: one file per feature, test/sql/<feature>.sql <-> test/expected/<feature>.out
-REGRESS		= install execute fingerprint identity errors atomicity nesting \
+REGRESS		= install execute fingerprint tokens identity errors atomicity nesting \
 			  expiry security tamper outbox outbox_delivery plancache upgrade \
 			  runs derive advice dryrun cache untyped call ops internals
-REGRESS_OPTS = --inputdir=test --temp-instance=./tmp_check --temp-config=$(srcdir)/test/idem.conf
+# Every test cluster states its encoding and locale: initdb would take them
+# from the environment, and without LANG (a container's default) the
+# cluster is SQL_ASCII, which cannot hold the suite's UTF-8 keys.
+TEST_LOCALE_OPTS = --encoding=UTF8 --no-locale
+REGRESS_OPTS = --inputdir=test --temp-instance=./tmp_check --temp-config=$(srcdir)/test/idem.conf \
+			  $(TEST_LOCALE_OPTS)
 
 # isolationtester specs live in test/specs, their output in test/expected too
 ISOLATION	= $(patsubst test/specs/%.spec,%,$(sort $(wildcard test/specs/*.spec)))
 ISOLATION_OPTS = --inputdir=test --temp-instance=./tmp_check_iso \
-			  --temp-config=$(srcdir)/test/idem.conf
+			  --temp-config=$(srcdir)/test/idem.conf $(TEST_LOCALE_OPTS)
 
 TAP_TESTS	= 1
 PROVE_TESTS	= test/t/*.pl

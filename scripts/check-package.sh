@@ -17,10 +17,11 @@
 #       as the postgres user, in a throwaway cluster (initdb, pg_ctl, Unix
 #       socket only, listen_addresses = ''): CREATE EXTENSION idem VERSION
 #       '1.0' (which the 1.2 library refuses to run with 55000) then ALTER
-#       EXTENSION idem UPDATE in one database, CREATE EXTENSION idem in
-#       another; in each, a call executes, its retry replays (replayed = t,
-#       the same response, one business row) and a different request under
-#       the key is refused with ID422; then the cluster is stopped
+#       EXTENSION idem UPDATE in one database, VERSION '1.1' then UPDATE in
+#       a second, CREATE EXTENSION idem in a third; in each, a call
+#       executes, its retry replays (replayed = t, the same response, one
+#       business row) and a different request under the key is refused with
+#       ID422; then the cluster is stopped
 #   scripts/check-package.sh purged [MAJOR]
 #       the package is gone from dpkg and none of its files is left
 #
@@ -92,7 +93,8 @@ use() {
 	[ "$(id -u)" -eq 0 ] && chown postgres: "$dir"
 	# shellcheck disable=SC2064
 	trap "${runas[*]} $pgbin/pg_ctl -D '$dir/data' -m immediate stop >/dev/null 2>&1 || true; rm -rf '$dir'" EXIT
-	"${runas[@]}" "$pgbin/initdb" -D "$dir/data" -A trust -U postgres >/dev/null
+	"${runas[@]}" "$pgbin/initdb" -D "$dir/data" -A trust -U postgres \
+		--encoding=UTF8 --no-locale >/dev/null
 	"${runas[@]}" "$pgbin/pg_ctl" -D "$dir/data" -l "$dir/log" -w \
 		-o "-c listen_addresses='' -k $dir -p $port" start >/dev/null
 	say "throwaway cluster in $dir/data, Unix socket $dir/.s.PGSQL.$port only"
@@ -100,7 +102,8 @@ use() {
 	psql() {
 		"${runas[@]}" "$pgbin/psql" -X -q -v ON_ERROR_STOP=1 -h "$dir" -p "$port" -U postgres "$@"
 	}
-	psql -d postgres -c 'CREATE DATABASE upgraded' -c 'CREATE DATABASE fresh'
+	psql -d postgres -c 'CREATE DATABASE upgraded' -c 'CREATE DATABASE upgraded11' \
+		-c 'CREATE DATABASE fresh'
 
 	# the version of idem that database $1 has must be $2
 	expect_version() {
@@ -126,6 +129,12 @@ SQL
 	psql -d upgraded -c 'ALTER EXTENSION idem UPDATE'
 	expect_version upgraded 1.2
 
+	say "database upgraded11: CREATE EXTENSION idem VERSION '1.1', then ALTER EXTENSION idem UPDATE"
+	psql -d upgraded11 -c "CREATE EXTENSION idem VERSION '1.1'"
+	expect_version upgraded11 1.1
+	psql -d upgraded11 -c 'ALTER EXTENSION idem UPDATE'
+	expect_version upgraded11 1.2
+
 	say "database fresh: CREATE EXTENSION idem"
 	psql -d fresh -c 'CREATE EXTENSION idem'
 	expect_version fresh 1.2
@@ -134,7 +143,7 @@ SQL
 	local db attempt call="idem_execute_ex('pay:invoice-4471',
        'INSERT INTO payments (invoice, amount) VALUES (\$1, \$2) RETURNING id, invoice, amount',
        'invoice-4471', 99.50::numeric)"
-	for db in upgraded fresh; do
+	for db in upgraded upgraded11 fresh; do
 		say "database $db: a call executes, its retry replays, a different request is ID422"
 		psql -d "$db" -c "CREATE TABLE payments (id bigserial PRIMARY KEY, invoice text NOT NULL,
 			amount numeric(12,2) NOT NULL)" \
@@ -178,7 +187,7 @@ SQL
 	done
 
 	"${runas[@]}" "$pgbin/pg_ctl" -D "$dir/data" -w -m fast stop >/dev/null
-	say "ok: upgraded from 1.0 and created at 1.2; executed, replayed, ID422 in both; cluster stopped"
+	say "ok: upgraded from 1.0 and from 1.1, created at 1.2; executed, replayed, ID422 in each; cluster stopped"
 }
 
 case $mode in

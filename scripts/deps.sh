@@ -28,32 +28,40 @@ for arg in "$@"; do
 	esac
 done
 
-pgbin=/usr/lib/postgresql/15/bin
+# the major of PG_CONFIG's installation (Debian's layout), 15 by default:
+# Debian 12 has 15, Debian 13 17, forky 18 (scripts/test-versions.sh)
+major=15
+[[ ${PG_CONFIG:-} =~ /postgresql/([0-9]+)/bin/pg_config$ ]] && major=${BASH_REMATCH[1]}
+pgbin=/usr/lib/postgresql/$major/bin
 pg_config=$pgbin/pg_config
 
 # One line "package what" for each missing item.
 missing() {
-	[ -x "$pgbin/postgres" ] || echo "postgresql-15 $pgbin/postgres"
+	[ -x "$pgbin/postgres" ] || echo "postgresql-$major $pgbin/postgres"
 	if [ -x "$pg_config" ]; then
 		local pgxs src inc clang llvm
 		pgxs=$("$pg_config" --pgxs)	# .../lib/pgxs/src/makefiles/pgxs.mk
 		src=$(dirname "$(dirname "$pgxs")")
 		inc=$("$pg_config" --includedir-server)
-		[ -f "$inc/postgres.h" ] || echo "postgresql-server-dev-15 $inc/postgres.h"
+		[ -f "$inc/postgres.h" ] || echo "postgresql-server-dev-$major $inc/postgres.h"
 		# idem hashes with OpenSSL's SHA-256 where the server uses OpenSSL
 		if grep -q '^#define USE_OPENSSL 1' "$inc/pg_config.h" 2>/dev/null; then
 			[ -f /usr/include/openssl/sha.h ] || echo "libssl-dev /usr/include/openssl/sha.h"
 		fi
-		[ -f "$pgxs" ] || echo "postgresql-client-15 $pgxs"
-		[ -f "$src/Makefile.global" ] || echo "postgresql-client-15 $src/Makefile.global"
+		# utils/pg_locale.h includes ICU's headers where the server uses ICU
+		if grep -q '^#define USE_ICU 1' "$inc/pg_config.h" 2>/dev/null; then
+			[ -f /usr/include/unicode/ucol.h ] || echo "libicu-dev /usr/include/unicode/ucol.h"
+		fi
+		[ -f "$pgxs" ] || echo "postgresql-client-$major $pgxs"
+		[ -f "$src/Makefile.global" ] || echo "postgresql-client-$major $src/Makefile.global"
 		[ -x "$src/test/regress/pg_regress" ] ||
-			echo "postgresql-client-15 $src/test/regress/pg_regress"
+			echo "postgresql-client-$major $src/test/regress/pg_regress"
 		[ -x "$src/test/isolation/isolationtester" ] ||
-			echo "postgresql-client-15 $src/test/isolation/isolationtester"
+			echo "postgresql-client-$major $src/test/isolation/isolationtester"
 		[ -x "$src/test/isolation/pg_isolation_regress" ] ||
-			echo "postgresql-client-15 $src/test/isolation/pg_isolation_regress"
+			echo "postgresql-client-$major $src/test/isolation/pg_isolation_regress"
 		[ -f "$src/test/perl/PostgreSQL/Test/Utils.pm" ] ||
-			echo "postgresql-client-15 $src/test/perl/PostgreSQL/Test/Utils.pm"
+			echo "postgresql-client-$major $src/test/perl/PostgreSQL/Test/Utils.pm"
 		# Debian builds PostgreSQL with LLVM: PGXS also compiles the module
 		# to bitcode with clang and indexes it with llvm-lto on install.
 		mk() { sed -n "s/^$1[[:space:]]*=[[:space:]]*//p" "$src/Makefile.global" 2>/dev/null | head -n1; }
@@ -74,10 +82,10 @@ missing() {
 			rm -rf "$t"
 		fi
 	else
-		echo "postgresql-client-15 $pg_config"
+		echo "postgresql-client-$major $pg_config"
 		# postgresql-server-dev-15 depends on postgresql-client-15, so
 		# without pg_config there are no server headers either
-		echo "postgresql-server-dev-15 server headers (postgres.h)"
+		echo "postgresql-server-dev-$major server headers (postgres.h)"
 	fi
 	command -v gcc >/dev/null || echo "gcc gcc"
 	command -v make >/dev/null || echo "make make"

@@ -32,7 +32,8 @@ idem_throwaway_cluster() {
 	dir=$(mktemp -d "/tmp/idem-$1.XXXXXX")
 	[ "$(id -u)" -eq 0 ] && chown postgres: "$dir"
 	trap 'run pg_ctl -D "$dir/data" -m immediate stop >/dev/null 2>&1 || true; rm -rf "$dir"' EXIT
-	run initdb -D "$dir/data" -A trust -U postgres >/dev/null
+	# the encoding and locale stated: without LANG initdb makes SQL_ASCII
+	run initdb -D "$dir/data" -A trust -U postgres --encoding=UTF8 --no-locale >/dev/null
 }
 
 # Build and install idem from $1, then copy the tree (without .git) into a

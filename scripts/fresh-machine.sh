@@ -7,7 +7,9 @@
 # as root, from the clone's top directory, in a clean environment:
 #
 #   a  postgresql-15 preinstalled (server and client, no -dev package), git
-#   b  bare: only git
+#   b  bare: only git, and an empty environment (env -i: no LANG, HOME or
+#      PATH, as a container's default), where the test clusters must still
+#      come up UTF-8
 #
 # Variant c tests the package route instead:
 #
@@ -30,6 +32,7 @@
 set -euo pipefail
 
 top=$(cd "$(dirname "$0")/.." && pwd)
+. "$top/scripts/roots.sh"
 suite=bookworm
 variants="a b c"
 keep=0
@@ -85,44 +88,8 @@ quick=$(awk '
 mapfile -t cmds <<<"$quick"
 
 # --- the Debian archive, from the host's apt sources --------------------------
-# "URI suite components" for each deb source in sources.list, *.list
-# (one-line format) and *.sources (deb822).
-apt_sources() {
-	local f
-	for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list; do
-		[ -f "$f" ] || continue
-		sed -e 's/#.*//' -e 's/\[[^]]*\]//' "$f" |
-			awk '$1 == "deb" && NF >= 3 { c = ""; for (i = 4; i <= NF; i++) c = c " " $i
-				print $2, $3, (c == "" ? " main" : c) }'
-	done
-	for f in /etc/apt/sources.list.d/*.sources; do
-		[ -f "$f" ] || continue
-		awk 'function flush(   i, j, nu, ns, u, s) {
-				if (types ~ /(^| )deb( |$)/ && enabled !~ /^(no|false)$/) {
-					nu = split(uris, u, " "); ns = split(suites, s, " ")
-					for (i = 1; i <= nu; i++) for (j = 1; j <= ns; j++)
-						print u[i], s[j], (comps == "" ? "main" : comps)
-				}
-				types = uris = suites = comps = enabled = ""
-			}
-			/^[ \t]*#/ { next }
-			/^[ \t]*$/ { flush(); next }
-			/^[ \t]/ {					# continuation of a multi-line field
-				if (k == "uris:") uris = uris " " $0
-				else if (k == "suites:") suites = suites " " $0
-				else if (k == "components:") comps = comps " " $0
-				next
-			}
-			{ v = $0; sub(/^[^:]*:[ \t]*/, "", v); k = tolower($1) }
-			k == "types:" { types = v } k == "uris:" { uris = v }
-			k == "suites:" { suites = v } k == "components:" { comps = v }
-			k == "enabled:" { enabled = tolower(v) }
-			END { flush() }' "$f"
-	done
-}
 # only Debian's own bookworm suites: a fresh machine has no third-party ones
-mapfile -t sources < <(apt_sources |
-	awk -v s="$suite" '$2 == s || $2 == s "-updates" || $2 == s "-security"' | awk '!seen[$0]++')
+mapfile -t sources < <(release_sources "$suite")
 mirror=$(printf '%s\n' "${sources[@]}" | awk -v s="$suite" '$2 == s { print $1; exit }')
 [ -n "$mirror" ] || die "no '$suite' source in the host's apt sources (/etc/apt/sources.list, /etc/apt/sources.list.d/)"
 
@@ -132,67 +99,6 @@ logs=$work/logs
 mkdir -p "$logs"
 failed=0
 bg_pid=""		# the command in_bg waits for
-
-# mount points at or under $1, most recent first
-mounts_under() {
-	awk -v d="$1" '$2 == d || index($2, d "/") == 1 { print $2 }' /proc/mounts | tac
-}
-
-alive() {
-	local p
-	for p; do
-		kill -0 "$p" 2>/dev/null && return 0
-	done
-	return 1
-}
-
-# is a process of group $1 still running (zombies do not count)?
-group_alive() {
-	ps -e -o pgid=,stat= | awk -v g="$1" '$1 == g && $2 !~ /^Z/ { f = 1 } END { exit !f }'
-}
-
-# kill every process whose root directory is at or under $1 (the servers
-# and clients a command may have left behind)
-kill_in_root() {
-	local r=$1 p root pids sig i
-	for sig in TERM KILL; do
-		pids=()
-		for p in /proc/[0-9]*; do
-			root=$(readlink "$p/root" 2>/dev/null) || continue
-			[ "$root" = "$r" ] || [ "${root#"$r"/}" != "$root" ] || continue
-			pids+=("${p#/proc/}")
-		done
-		[ ${#pids[@]} -eq 0 ] && return 0
-		say "killing (SIG$sig) processes left in $r: ${pids[*]}"
-		kill -"$sig" "${pids[@]}" 2>/dev/null || true
-		for i in $(seq 1 20); do
-			alive "${pids[@]}" || break
-			sleep 0.5
-		done
-	done
-}
-
-unmount_under() {
-	local d=$1 m
-	for _ in 1 2 3; do
-		for m in $(mounts_under "$d"); do
-			umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || true
-		done
-		[ -z "$(mounts_under "$d")" ] && return 0
-		sleep 1
-	done
-	echo "fresh-machine: still mounted under $d:" >&2
-	mounts_under "$d" >&2
-	return 1
-}
-
-# remove a root only when nothing is mounted in it any more
-remove_root() {
-	local r=$1
-	kill_in_root "$r"
-	unmount_under "$r" || { echo "fresh-machine: not removing $r" >&2; return 1; }
-	rm -rf --one-file-system "$r"
-}
 
 cleanup() {
 	local rc=$?
@@ -222,41 +128,6 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
-
-# Run "$@" in the background, in a process group of its own, and wait for
-# it: a signal then interrupts the wait and the cleanup runs at once,
-# killing that group (debootstrap runs outside the roots) and what runs in
-# the roots, instead of after the command.  The command gets SIGINT and
-# SIGQUIT back, which a background command of a script would otherwise
-# ignore.  Its output is appended to LOG here, not by redirecting this
-# function: the cleanup trap would run with that redirection in effect.
-in_bg() {	# LOG command...
-	local log=$1 rc=0
-	shift
-	(trap - INT QUIT; exec setsid "$@") </dev/null >>"$log" 2>&1 &
-	bg_pid=$!
-	wait $bg_pid || rc=$?
-	bg_pid=""
-	return $rc
-}
-
-mount_root() {
-	local r=$1
-	mount -t proc proc "$r/proc"
-	mount --bind /dev "$r/dev"
-	mount --bind /dev/pts "$r/dev/pts"
-	mount -t tmpfs -o mode=1777,nosuid,nodev shm "$r/dev/shm"
-}
-
-# run a set-up command in root $1, in a clean environment, logging to $2
-in_root() {
-	local r=$1 log=$2
-	shift 2
-	in_bg "$log" chroot "$r" /usr/bin/env -i HOME=/root LANG=C.UTF-8 DEBIAN_FRONTEND=noninteractive \
-		PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
-		"$@" ||
-		{ echo "fresh-machine: failed in $r: $*" >&2; tail -n 30 "$log" >&2; return 1; }
-}
 
 # phase timings, printed in the summary
 declare -a summary=()
@@ -289,37 +160,10 @@ if ! command -v debootstrap >/dev/null; then
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap >/dev/null
 fi
 base=$work/base
-phase_start "debootstrap --variant=minbase $suite"
-in_bg "$logs/debootstrap.log" debootstrap --variant=minbase "$suite" "$base" "$mirror" ||
-	{ tail -n 30 "$logs/debootstrap.log" >&2; die "debootstrap failed (log: $logs/debootstrap.log)"; }
-phase_end "debootstrap --variant=minbase $suite"
-
-phase_start "base root: apt sources, policy-rc.d, git"
-printf '#!/bin/sh\n# no service starts in this root\nexit 101\n' >"$base/usr/sbin/policy-rc.d"
-chmod 755 "$base/usr/sbin/policy-rc.d"
-# the Debian sources the host uses, as a fresh machine would have them
-rm -f "$base"/etc/apt/sources.list.d/*
-printf '%s\n' "${sources[@]}" | sed 's/^/deb /' >"$base/etc/apt/sources.list"
-# the host's Acquire settings (proxy, validity checks) are how this network
-# reaches that archive; a fresh machine here would need them too
-for f in /etc/apt/apt.conf /etc/apt/apt.conf.d/*; do
-	[ -f "$f" ] && grep -qi '^[[:space:]]*Acquire' "$f" && cp "$f" "$base/etc/apt/apt.conf.d/"
-done
-cp /etc/resolv.conf "$base/etc/resolv.conf"
-cp /etc/hosts "$base/etc/hosts"
-# likewise the certificate authorities the host adds to Debian's (this
-# network's TLS egress proxy signs with one), which npm needs to reach its
-# registry; ca-certificates puts them in the root's bundle
-mkdir -p "$base/usr/local/share/ca-certificates"
-for f in /usr/local/share/ca-certificates/*.crt; do
-	[ -f "$f" ] && cp "$f" "$base/usr/local/share/ca-certificates/"
-done
-mount_root "$base"
-in_root "$base" "$logs/base.log" apt-get update -qq
-in_root "$base" "$logs/base.log" apt-get install -y -qq git ca-certificates
-kill_in_root "$base"
-unmount_under "$base"
-phase_end "base root: apt sources, policy-rc.d, git"
+phase_start "base root: debootstrap --variant=minbase $suite, apt sources, git"
+make_root "$base" "$suite" "$logs/base.log" "git ca-certificates" "${sources[@]}" ||
+	die "the base root failed (log: $logs/base.log)"
+phase_end "base root: debootstrap minbase $suite, git"
 
 # Node (npm) trusts only its own CA list unless told: where the host added
 # authorities of its own, point Node at the root's bundle, which has them.
@@ -338,9 +182,12 @@ run_step() {	# variant root number dir command [VAR=value...]
 	log=$logs/$v-$i.log
 	say "variant $v: $cmd"
 	t=$(date +%s)
-	in_bg "$log" chroot "$root" /usr/bin/env -i HOME=/root LANG=C.UTF-8 \
-		PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
-		"${tls_env[@]}" "$@" \
+	# variant b: an empty environment, as a container starts (no LANG,
+	# no HOME, bash's default PATH); the others a login's
+	local envv=(HOME=/root LANG=C.UTF-8
+		PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin "${tls_env[@]}" "$@")
+	[ "$v" = b ] && envv=()
+	in_bg "$log" chroot "$root" /usr/bin/env -i "${envv[@]}" \
 		/bin/bash -c "cd $dir && $cmd" || rc=$?
 	t=$(( $(date +%s) - t ))
 	summary+=("$(printf '  %-44s exit %-3d %4ds' "$cmd" "$rc" "$t")")

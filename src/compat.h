@@ -2,7 +2,7 @@
  *
  * compat.h
  *		Every PG_VERSION_NUM switch idem needs, so the rest of the code is
- *		written against one API (PostgreSQL 15) and builds on 14 to 17.
+ *		written against one API (PostgreSQL 15) and builds on 15, 17 and 18.
  *
  * Copyright (c) 2026, idem authors
  *
@@ -18,8 +18,22 @@
 #include "utils/guc.h"
 
 
+/*
+ * The majors idem is built and tested on are 15, 17 and 18
+ * (scripts/test-versions.sh); every switch below is needed by one of them.
+ */
 #if PG_VERSION_NUM < 150000
-#define MarkGUCPrefixReserved(prefix) EmitWarningsOnPlaceholders(prefix)
+#error "idem requires PostgreSQL 15 or later"
+#endif
+
+/*
+ * Whether the core scanner numbers its tokens as src/tokens15.h does: on 15
+ * src/tokens.c checks the table against the server instead of translating.
+ */
+#if PG_VERSION_NUM >= 150000 && PG_VERSION_NUM < 160000
+#define IDEM_TOKENS_ARE_15 true
+#else
+#define IDEM_TOKENS_ARE_15 false
 #endif
 
 /* namespace.c's "is this still the same search path" API was renamed in 17 */
@@ -29,6 +43,25 @@
 #define GetOverrideSearchPath(cxt) GetSearchPathMatcher(cxt)
 #define OverrideSearchPathMatchesCurrent(path) \
 	SearchPathMatchesCurrentEnvironment(path)
+#endif
+
+/*
+ * Index scans take an instrumentation struct from 18 on; idem's catalog
+ * scans pass none (NULL), written against 18's signature.
+ */
+#include "access/genam.h"
+#if PG_VERSION_NUM < 180000
+#define index_beginscan(heap, index, snapshot, instrument, nkeys, norderbys) \
+	index_beginscan((heap), (index), (snapshot), (nkeys), (norderbys))
+#endif
+
+/*
+ * From 17 an index access method may keep state between the inserts of a
+ * statement (BRIN keeps its range map's buffer pinned) until
+ * index_insert_cleanup(); before 17 there is none to release.
+ */
+#if PG_VERSION_NUM < 170000
+#define index_insert_cleanup(index, indexInfo) ((void) 0)
 #endif
 
 #include "replication/message.h"
@@ -45,7 +78,6 @@
  * a per-backend xoroshiro128** generator with a strong seed (15+) costs a
  * few nanoseconds where OpenSSL's RAND_bytes cost microseconds per call.
  */
-#if PG_VERSION_NUM >= 150000
 #include "common/pg_prng.h"
 static inline void
 idem_random_id(uint8 *dest)
@@ -66,14 +98,6 @@ idem_random_id(uint8 *dest)
 	memcpy(dest, &hi, sizeof(hi));
 	memcpy(dest + sizeof(hi), &lo, sizeof(lo));
 }
-#else
-static inline void
-idem_random_id(uint8 *dest)
-{
-	if (!pg_strong_random(dest, 16))
-		elog(ERROR, "could not generate random values");
-}
-#endif
 
 /*
  * SHA-256 into caller-provided state: IdemSha256 buf; ctx =
@@ -82,11 +106,7 @@ idem_random_id(uint8 *dest)
  * allocates, registers with the resource owner and fetches an EVP method
  * on every call, about half of what a replay spends on its fingerprint.
  * The digest is the same SHA-256 either way.
- * pg_cryptohash arrived in 14; that sets idem's floor.
  */
-#if PG_VERSION_NUM < 140000
-#error "idem requires PostgreSQL 14 or later (pg_cryptohash)"
-#endif
 
 #ifdef USE_OPENSSL
 /* the one-shot SHA256_* API is deprecated in OpenSSL 3 but kept */
@@ -150,34 +170,6 @@ idem_sha256_end(idem_sha256_ctx ctx, uint8 *dest)
 #endif
 
 
-/* materialized set-returning functions: InitMaterializedSRF() is 15's */
-#if PG_VERSION_NUM < 150000
-#include "funcapi.h"
-#include "miscadmin.h"
-#include "utils/tuplestore.h"
-static inline void
-InitMaterializedSRF(FunctionCallInfo fcinfo, bits32 flags)
-{
-	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
-	MemoryContext oldcxt;
-	TupleDesc	tupdesc;
-
-	if (rsinfo == NULL || !IsA(rsinfo, ReturnSetInfo) ||
-		!(rsinfo->allowedModes & SFRM_Materialize))
-		ereport(ERROR,
-				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
-				 errmsg("set-valued function called in context that cannot accept a set")));
-	oldcxt = MemoryContextSwitchTo(rsinfo->econtext->ecxt_per_query_memory);
-	if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE)
-		elog(ERROR, "return type must be a row type");
-	rsinfo->returnMode = SFRM_Materialize;
-	rsinfo->setResult = tuplestore_begin_heap(true, false, work_mem);
-	rsinfo->setDesc = CreateTupleDescCopy(tupdesc);
-	MemoryContextSwitchTo(oldcxt);
-}
-#endif
-
-
 /* GUC "extra" data: guc_malloc() and guc_free() are exported from 16 on */
 #if PG_VERSION_NUM < 160000
 #define guc_malloc(elevel, size) malloc(size)
@@ -185,24 +177,12 @@ InitMaterializedSRF(FunctionCallInfo fcinfo, bits32 flags)
 #endif
 
 
-/* parse analysis learned about query environments in 15 */
-#include "parser/analyze.h"
-#if PG_VERSION_NUM < 150000
-#define parse_analyze_varparams(raw, sql, types, n, env) \
-	parse_analyze_varparams((raw), (sql), (types), (n))
-#endif
-
-
 /*
  * A uniform double in [0, 1) for backoff jitter (the per-backend global
  * generator, seeded at backend start).
  */
-#if PG_VERSION_NUM >= 150000
 #include "common/pg_prng.h"
 #define idem_random_double() pg_prng_double(&pg_global_prng_state)
-#else
-#define idem_random_double() ((double) random() / ((double) MAX_RANDOM_VALUE + 1.0))
-#endif
 
 /*
  * The GUC table (idem.c reads the placeholders a session set before the
@@ -219,13 +199,7 @@ idem_guc_variables(int *n)
 	return get_guc_variables();
 }
 #endif
-#if PG_VERSION_NUM >= 150000
 #define idem_guc_setter(gen) ((gen)->srole)
-#else
-#define idem_guc_setter(gen) InvalidOid
-#define set_config_option_ext(name, value, context, source, srole, action, changeVal, elevel, is_reload) \
-	set_config_option((name), (value), (context), (source), (action), (changeVal), (elevel), (is_reload))
-#endif
 
 /*
  * Update a heap tuple and say which indexes need an entry for the new

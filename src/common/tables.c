@@ -511,7 +511,7 @@ probe_key(Relation rel, Relation idx, TupleTableSlot *slot, Oid owner,
 				ObjectIdGetDatum(owner));
 	ScanKeyInit(&skey[1], 2, BTEqualStrategyNumber, F_TEXTEQ,
 				PointerGetDatum(keytext));
-	scan = index_beginscan(rel, idx, SnapshotSelf, 2, 0);
+	scan = index_beginscan(rel, idx, SnapshotSelf, NULL, 2, 0);
 	index_rescan(scan, skey, 2, NULL, 0);
 	found = index_getnext_slot(scan, ForwardScanDirection, slot);
 	index_endscan(scan);
@@ -791,6 +791,8 @@ index_row(TableWriter *tw, Relation rel, HeapTuple tuple, bool summarizing_only)
 		(void) index_insert(idx, idxvalues, idxnulls, &tuple->t_self, rel,
 							ii->ii_Unique ? UNIQUE_CHECK_YES : UNIQUE_CHECK_NO,
 							false, ii);
+		/* what the executor does at ExecCloseIndices: BRIN's pins go */
+		index_insert_cleanup(idx, ii);
 		index_close(idx, NoLock);
 	}
 }
@@ -996,7 +998,7 @@ purge_scan(Relation rel, Oid indexoid, ScanKey skey, int64 limit)
 {
 	Relation	idx = index_open(indexoid, AccessShareLock);
 	TupleTableSlot *slot = table_slot_create(rel, NULL);
-	IndexScanDesc scan = index_beginscan(rel, idx, SnapshotSelf, 1, 0);
+	IndexScanDesc scan = index_beginscan(rel, idx, SnapshotSelf, NULL, 1, 0);
 	int64		deleted = 0;
 
 	index_rescan(scan, skey, 1, NULL, 0);
@@ -1042,7 +1044,7 @@ next_owner(Relation rel, Oid after)
 {
 	Relation	idx = index_open(catalog.keys_pkey, AccessShareLock);
 	TupleTableSlot *slot = table_slot_create(rel, NULL);
-	IndexScanDesc scan = index_beginscan(rel, idx, SnapshotSelf, 1, 0);
+	IndexScanDesc scan = index_beginscan(rel, idx, SnapshotSelf, NULL, 1, 0);
 	ScanKeyData skey;
 	Oid			owner = InvalidOid;
 

@@ -170,7 +170,7 @@ topic_allows(const char *topic, Oid role, TopicPrivilege priv, bool *exists)
 
 	ScanKeyInit(&skey, 1, BTEqualStrategyNumber, F_TEXTEQ,
 				PointerGetDatum(topictext));
-	scan = index_beginscan(rel, idx, SnapshotSelf, 1, 0);
+	scan = index_beginscan(rel, idx, SnapshotSelf, NULL, 1, 0);
 	index_rescan(scan, &skey, 1, NULL, 0);
 	*exists = index_getnext_slot(scan, ForwardScanDirection, slot);
 	if (*exists)

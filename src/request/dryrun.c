@@ -81,6 +81,31 @@ look_ahead(IdemStatement *stmt, IdemRequest *req, const uint8 *fingerprint,
 }
 
 /*
+ * look_ahead() in a subtransaction that is rolled back, so the statement
+ * changes nothing.  A function of its own: PG_TRY blocks nested in one
+ * function shadow each other's variables, which 17's -Wshadow refuses.
+ */
+static void
+look_ahead_undone(IdemStatement *stmt, IdemRequest *req,
+				  const uint8 *fingerprint, DryRunResult *result)
+{
+	IdemSubxact sx;
+
+	idem_subxact_begin(&sx);
+	PG_TRY();
+	{
+		look_ahead(stmt, req, fingerprint, result);
+	}
+	PG_CATCH();
+	{
+		/* the statement's own error, raised again once it is undone */
+		ReThrowError(idem_subxact_abort(&sx));
+	}
+	PG_END_TRY();
+	idem_subxact_end(&sx, false);
+}
+
+/*
  * idem_dry_run(key text, sql text [, VARIADIC args "any"],
  *		OUT action text, OUT response jsonb) returns record
  */
@@ -91,7 +116,6 @@ idem_dry_run(PG_FUNCTION_ARGS)
 	IdemStatement *stmt;
 	uint8		fingerprint[IDEM_FINGERPRINT_LEN];
 	DryRunResult result;
-	IdemSubxact sx;
 	TupleDesc	tupdesc;
 	Datum		values[2];
 	bool		nulls[2] = {false, false};
@@ -107,18 +131,7 @@ idem_dry_run(PG_FUNCTION_ARGS)
 	{
 		idem_statement_fingerprint(stmt, &req, fingerprint);
 
-		idem_subxact_begin(&sx);
-		PG_TRY();
-		{
-			look_ahead(stmt, &req, fingerprint, &result);
-		}
-		PG_CATCH();
-		{
-			/* the statement's own error, raised again once it is undone */
-			ReThrowError(idem_subxact_abort(&sx));
-		}
-		PG_END_TRY();
-		idem_subxact_end(&sx, false);
+		look_ahead_undone(stmt, &req, fingerprint, &result);
 	}
 	PG_FINALLY();
 	{

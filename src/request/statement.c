@@ -59,7 +59,6 @@
 #include "parser/analyze.h"
 #include "parser/parse_expr.h"
 #include "parser/scanner.h"
-#include "parser/gram.h"
 #include "pgtime.h"
 #include "tcop/utility.h"
 #include "utils/array.h"
@@ -83,6 +82,7 @@
 
 #include "compat.h"
 #include "request/request.h"
+#include "request/tokens.h"
 
 /* Domain tag of version 2 fingerprints, so no v1 input can collide. */
 #define FINGERPRINT_V2_TAG		"idem fingerprint 2"
@@ -427,9 +427,7 @@ check_statement(const char *sql)
 		case T_InsertStmt:
 		case T_UpdateStmt:
 		case T_DeleteStmt:
-#if PG_VERSION_NUM >= 150000
 		case T_MergeStmt:
-#endif
 			break;
 		case T_SelectStmt:
 			if (select_has_into((SelectStmt *) stmt))
@@ -515,29 +513,35 @@ digest_tokens(const char *sql, uint8 *digest)
 	for (;;)
 	{
 		int			tok = core_yylex(&yylval, &yylloc, yyscanner);
-		int32		tok32 = tok;
+		int32		tok32;
 
 		if (tok == 0)
 			break;
+		/* the same number on every major (src/tokens.c) */
+		tok = idem_token_15(tok);
+		tok32 = tok;
 		idem_sha256_update(ctx, &tok32, sizeof(tok32));
 
 		switch (tok)
 		{
-			case IDENT:
-			case UIDENT:
-			case FCONST:
-			case SCONST:
-			case USCONST:
-			case BCONST:
-			case XCONST:
-			case Op:
+			case IDEM_TOK_IDENT:
+			case IDEM_TOK_UIDENT:
+			case IDEM_TOK_FCONST:
+			case IDEM_TOK_SCONST:
+			case IDEM_TOK_USCONST:
+			case IDEM_TOK_BCONST:
+			case IDEM_TOK_XCONST:
+			case IDEM_TOK_OP:
 				/* length first, so adjacent tokens cannot run together */
 				update_str(ctx, yylval.str);
 				break;
-			case ICONST:
-			case PARAM:
+			case IDEM_TOK_NEW_KEYWORD:
+				update_str(ctx, yylval.keyword);
+				break;
+			case IDEM_TOK_ICONST:
+			case IDEM_TOK_PARAM:
 				idem_sha256_update(ctx, &yylval.ival, sizeof(yylval.ival));
-				if (tok == PARAM)
+				if (tok == IDEM_TOK_PARAM)
 					maxparam = Max(maxparam, yylval.ival);
 				break;
 			default:

@@ -86,6 +86,9 @@ sub idem_node
 	my ($name, %params) = @_;
 	my $node = PostgreSQL::Test::Cluster->new($name);
 
+	# the encoding and locale stated, not taken from the environment
+	# (without LANG initdb makes a SQL_ASCII cluster)
+	$params{extra} = [ '--encoding=UTF8', '--no-locale', @{ $params{extra} // [] } ];
 	$node->init(%params);
 	# Cluster.pm logs every statement; clients send thousands.  Streaming
 	# nodes get shared_buffers = 1MB and max_connections = 10, too small

@@ -70,7 +70,10 @@ SET idem.max_response_size = '1kB';
 SELECT idem_execute('err:3', 'INSERT INTO ledger(amount) VALUES (1) RETURNING repeat(''x'', 2000) AS big');
 \echo :LAST_ERROR_SQLSTATE
 RESET idem.max_response_size;
+-- (the range in the message gains units in 17: the SQLSTATE alone)
+\set VERBOSITY sqlstate
 SET idem.max_response_size = 10;
+\set VERBOSITY default
 \echo :LAST_ERROR_SQLSTATE
 
 -- read-only transactions
@@ -84,7 +87,10 @@ SELECT idem_execute('err:4', 'SELECT 1');
 RESET default_transaction_read_only;
 
 -- bad settings
+-- (the range in the message gains units in 17: the SQLSTATE alone)
+\set VERBOSITY sqlstate
 SET idem.ttl = 0;
+\set VERBOSITY default
 \echo :LAST_ERROR_SQLSTATE
 SET idem.statement_cache_size = 0;
 \echo :LAST_ERROR_SQLSTATE

@@ -11,13 +11,24 @@ SELECT p.oid::regprocedure AS function, n.nspname AS schema,
  WHERE p.proname LIKE 'idem%'
  ORDER BY 1::text;
 
--- every member of the extension
+-- every member of the extension (the row types of its tables and views,
+-- and their array types, are members of their own from PostgreSQL 17 on:
+-- below)
 SELECT pg_describe_object(classid, objid, objsubid) AS member
-  FROM pg_depend
+  FROM pg_depend d
  WHERE refclassid = 'pg_extension'::regclass
    AND refobjid = (SELECT oid FROM pg_extension WHERE extname = 'idem')
    AND deptype = 'e'
+   AND NOT (classid = 'pg_type'::regclass AND EXISTS
+            (SELECT FROM pg_type t LEFT JOIN pg_type e ON e.oid = t.typelem
+              WHERE t.oid = d.objid AND (t.typrelid <> 0 OR e.typrelid <> 0)))
  ORDER BY 1;
+SELECT (count(*) > 0) = (current_setting('server_version_num')::int >= 170000)
+       AS row_types_are_members_from_17
+  FROM pg_depend d JOIN pg_type t ON d.classid = 'pg_type'::regclass AND t.oid = d.objid
+ WHERE d.refclassid = 'pg_extension'::regclass
+   AND d.refobjid = (SELECT oid FROM pg_extension WHERE extname = 'idem')
+   AND d.deptype = 'e' AND t.typrelid <> 0;
 
 -- the catalog and the outbox are dumped by pg_dump
 SELECT extconfig::regclass[] AS config_tables
@@ -62,7 +73,10 @@ SET idem.tll = '1h';
 -- a schema named idem that the extension did not create is never adopted
 DROP EXTENSION idem;
 CREATE SCHEMA idem;
+-- (18 adds the script's line as context)
+\set SHOW_CONTEXT never
 CREATE EXTENSION idem;
+\set SHOW_CONTEXT errors
 DROP SCHEMA idem;
 CREATE EXTENSION idem;
 SELECT count(*) AS keys_after_reinstall FROM idem.keys;

@@ -42,7 +42,10 @@ SET idem.audit = 'off';
 SET idem.audit_retention = 0;
 \echo :LAST_ERROR_SQLSTATE
 RESET ROLE;
+-- (the range in the message gains units in 17: the SQLSTATE alone)
+\set VERBOSITY sqlstate
 SET idem.audit_retention = -1;
+\set VERBOSITY default
 \echo :LAST_ERROR_SQLSTATE
 -- the worker's settings come from the configuration file only
 SET idem.purge_interval = 5;

@@ -45,7 +45,7 @@ my $keys = 50;
 my $transactions = 1000;
 
 my $node = PostgreSQL::Test::Cluster->new('hot_keys');
-$node->init;
+$node->init(extra => [ '--encoding=UTF8', '--no-locale' ]);
 # test nodes get max_connections = 10
 $node->append_conf('postgresql.conf',
 	'max_connections = ' . ($clients + 10) . "\n");

@@ -43,7 +43,9 @@ async function start({ preload = true, pooler = true } = {}) {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'idem-nodetest.'));
   const data = path.join(dir, 'data');
   const port = await freePort();
-  execFileSync(path.join(BINDIR, 'initdb'), ['-D', data, '-A', 'trust', '-U', 'postgres'], { stdio: 'ignore' });
+  // the encoding and locale stated: without LANG initdb makes SQL_ASCII
+  execFileSync(path.join(BINDIR, 'initdb'),
+    ['-D', data, '-A', 'trust', '-U', 'postgres', '--encoding=UTF8', '--no-locale'], { stdio: 'ignore' });
   fs.appendFileSync(path.join(data, 'postgresql.conf'),
     `listen_addresses = '127.0.0.1'\nport = ${port}\nunix_socket_directories = '${dir}'\n` +
     (preload ? "shared_preload_libraries = 'idem'\n" : ''));

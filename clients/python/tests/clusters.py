@@ -49,8 +49,10 @@ class Cluster:
         self.dir = tempfile.mkdtemp(prefix="idem-pytest.")
         self.port = free_port()
         data = os.path.join(self.dir, "data")
+        # the encoding and locale stated: without LANG initdb makes SQL_ASCII
         subprocess.run([os.path.join(BINDIR, "initdb"), "-D", data, "-A", "trust",
-                        "-U", "postgres"], check=True, stdout=subprocess.DEVNULL)
+                        "-U", "postgres", "--encoding=UTF8", "--no-locale"],
+                       check=True, stdout=subprocess.DEVNULL)
         with open(os.path.join(data, "postgresql.conf"), "a") as f:
             f.write(f"listen_addresses = '127.0.0.1'\nport = {self.port}\n"
                     f"unix_socket_directories = '{self.dir}'\n"

@@ -1,0 +1,264 @@
+#!/usr/bin/env bash
+# Prove idem on every PostgreSQL major it supports, each in a fresh root of
+# the Debian release that ships it, from this repository's HEAD (uncommitted
+# changes are not tested):
+#
+#   bookworm  PostgreSQL 15      trixie  PostgreSQL 17      forky  PostgreSQL 18
+#
+# For each release:
+#   suite    a root with postgresql-<major> and postgresql-server-dev-<major>
+#            and a clone of HEAD runs scripts/test.sh against that major
+#            (pg_regress, isolation, TAP, the Python and Node helpers' tests,
+#            PgBouncer included; deps.sh installs the rest), in an empty
+#            environment: no LANG, no HOME, only PATH and PG_CONFIG
+#   package  in the same root, scripts/package.sh builds
+#            postgresql-<major>-idem with pg_buildext (lintian included)
+#   use      a second root with postgresql-<major> and no compiler, make,
+#            headers or source tree installs that .deb alone and
+#            scripts/check-package.sh exercises it (create, execute, replay,
+#            ID422, update from 1.0 and from 1.1), then purges it
+#
+#   scripts/test-versions.sh [--release bookworm|trixie|forky]... [--no-cache]
+#                            [--parallel-suites] [--keep]
+#
+# The releases' roots are made at the same time (mostly waiting for the
+# archive); their suites run one at a time unless --parallel-suites (two
+# cores cannot run three suites at once without their timeouts).  Each
+# release's minimal base root (debootstrap minbase, the archive's sources,
+# ca-certificates) is cached as /var/cache/idem-roots/<release>-<UTC
+# date>.tar and reused that day; --no-cache makes them from nothing (the
+# result must be the same).  Everything else is made anew in a mktemp -d
+# directory under /tmp, removed at the end unless --keep (logs are kept
+# when something failed).  Needs root.  Exits non-zero if any part failed.
+# The summary lists each part's time and result.
+set -euo pipefail
+
+top=$(cd "$(dirname "$0")/.." && pwd)
+. "$top/scripts/roots.sh"
+
+all_releases="bookworm trixie forky"
+releases=""
+use_cache=1
+parallel_suites=0
+keep=0
+cache_dir=/var/cache/idem-roots
+
+usage() {
+	sed -n '/^#   scripts\/test-versions.sh/,/^#  *\[--parallel-suites\]/p' "$0" | sed 's/^# *//' >&2
+	exit 2
+}
+while [ $# -gt 0 ]; do
+	case "$1" in
+		--release)
+			[ $# -ge 2 ] || usage
+			case " $all_releases " in *" $2 "*) releases="$releases $2" ;; *) usage ;; esac
+			shift ;;
+		--no-cache) use_cache=0 ;;
+		--parallel-suites) parallel_suites=1 ;;
+		--keep) keep=1 ;;
+		*) usage ;;
+	esac
+	shift
+done
+releases=${releases:-$all_releases}
+
+major_of() {
+	case $1 in bookworm) echo 15 ;; trixie) echo 17 ;; forky) echo 18 ;; esac
+}
+
+say() { echo "[$(date -u +%H:%M:%S)] $*" >&2; }
+die() { echo "test-versions: $*" >&2; exit 1; }
+
+[ "$(id -u)" -eq 0 ] || die "must run as root (debootstrap, chroot, mounts)"
+head=$(git -C "$top" rev-parse HEAD)
+if ! command -v debootstrap >/dev/null; then
+	say "installing debootstrap"
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap >/dev/null
+fi
+
+work=$(mktemp -d /tmp/idem-versions.XXXXXX)
+logs=$work/logs
+mkdir -p "$logs"
+bg_pid=""
+pids=()
+
+cleanup() {
+	local rc=$? p
+	trap - EXIT INT TERM
+	for p in "${pids[@]}"; do
+		kill -TERM "$p" 2>/dev/null || true
+	done
+	for p in "${pids[@]}"; do
+		wait "$p" 2>/dev/null || true
+	done
+	kill_in_root "$work"
+	if ! unmount_under "$work"; then
+		echo "test-versions: left $work in place (mounts remain)" >&2
+	elif [ $keep -eq 1 ]; then
+		echo "test-versions: kept $work" >&2
+	elif [ $rc -ne 0 ]; then
+		find "$work" -mindepth 1 -maxdepth 1 ! -name logs ! -name debs -exec rm -rf --one-file-system {} +
+		echo "test-versions: logs kept in $logs" >&2
+	else
+		rm -rf --one-file-system "$work"
+	fi
+	exit $rc
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# Node (npm) trusts only its own CA list: where the host added authorities
+# of its own (make_root copies them into the roots), point Node at the
+# root's bundle, which has them.
+tls_env=()
+compgen -G "/usr/local/share/ca-certificates/*.crt" >/dev/null &&
+	tls_env+=("NODE_EXTRA_CA_CERTS=/etc/ssl/certs/ca-certificates.crt")
+
+# --- one release, in a subshell: its summary lines go to $logs/<rel>.summary --
+# "part<TAB>seconds<TAB>result" per part; the subshell exits non-zero when a
+# part failed.
+prove_release() {	# release
+	local rel=$1 major sum t rc tarball dev pkg deb srcs
+	major=$(major_of "$rel")
+	sum=$logs/$rel.summary
+	: >"$sum"
+	bg_pid=""
+	trap 'kill -TERM -- -"$bg_pid" 2>/dev/null; exit 143' TERM
+
+	part() {	# name command...: run, time and record one part
+		local name=$1 rc=0 t
+		shift
+		t=$(date +%s)
+		say "$rel: $name"
+		"$@" || rc=$?
+		printf '%s\t%d\t%s\n' "$name" $(( $(date +%s) - t )) \
+			"$([ $rc -eq 0 ] && echo ok || echo "FAILED (exit $rc)")" >>"$sum"
+		return $rc
+	}
+	# a command in root $1 from /root/idem, in an empty environment but for
+	# PATH, PG_CONFIG and Node's CA bundle; output to log $2
+	in_env() {	# root log command
+		local r=$1 log=$2
+		shift 2
+		in_bg "$log" chroot "$r" /usr/bin/env -i \
+			PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+			PG_CONFIG="/usr/lib/postgresql/$major/bin/pg_config" "${tls_env[@]}" \
+			/bin/bash -c "cd /root/idem && $*" ||
+			{ echo "=== $rel: '$*' failed; last 60 lines of $log:" >&2; tail -n 60 "$log" >&2; return 1; }
+	}
+	base() {
+		mapfile -t srcs < <(release_sources "$rel")
+		[ ${#srcs[@]} -gt 0 ] || { echo "test-versions: no Debian source for $rel" >&2; return 1; }
+		tarball=$cache_dir/$rel-$(date -u +%Y%m%d).tar
+		if [ $use_cache -eq 1 ] && [ -f "$tarball" ]; then
+			say "$rel: base root from $tarball"
+			return 0
+		fi
+		[ $use_cache -eq 1 ] || tarball=$work/$rel-base.tar
+		make_root "$work/$rel-base" "$rel" "$logs/$rel-base.log" ca-certificates "${srcs[@]}" || return 1
+		if [ $use_cache -eq 1 ]; then
+			mkdir -p "$cache_dir"
+			rm -f "$cache_dir/$rel"-*.tar
+		fi
+		tar -C "$work/$rel-base" -cf "$tarball.$$" . && mv "$tarball.$$" "$tarball"
+		rm -rf --one-file-system "$work/$rel-base"
+	}
+	unpack() {	# dir
+		mkdir "$1" && tar -C "$1" -xf "$tarball" && mount_root "$1"
+	}
+	dev_root() {
+		unpack "$dev" &&
+			in_root "$dev" "$logs/$rel-dev.log" apt-get install -y -qq \
+				"postgresql-$major" "postgresql-server-dev-$major" git &&
+			git clone -q --no-hardlinks "$top" "$dev/root/idem" &&
+			git -C "$dev/root/idem" checkout -q --detach "$head"
+	}
+	suite() {
+		if [ $parallel_suites -eq 1 ]; then
+			in_env "$dev" "$logs/$rel-suite.log" ./scripts/test.sh
+		else
+			# one suite at a time: wait here for the others
+			exec 9>"$work/suite.lock"
+			flock 9
+			in_env "$dev" "$logs/$rel-suite.log" ./scripts/test.sh
+			local rc=$?
+			flock -u 9
+			return $rc
+		fi
+	}
+	package() {
+		in_env "$dev" "$logs/$rel-package.log" ./scripts/package.sh --out /root/debs || return 1
+		mkdir -p "$work/debs/$rel"
+		cp "$dev"/root/debs/*.deb "$work/debs/$rel/"
+		deb=$(cd "$work/debs/$rel" && ls "postgresql-$major-idem_"*.deb 2>/dev/null | head -n1)
+		[ -n "$deb" ] || { echo "test-versions: $rel made no postgresql-$major-idem .deb" >&2; return 1; }
+		sed -n 's/^  \([EWIPXCO]: .*\)/lintian \1/p' "$logs/$rel-package.log" >>"$logs/$rel.lintian"
+	}
+	pkg_root() {
+		unpack "$pkg" &&
+			in_root "$pkg" "$logs/$rel-use.log" apt-get install -y -qq "postgresql-$major" &&
+			mkdir -p "$pkg/root/idem" &&
+			cp "$work/debs/$rel/$deb" "$pkg/root/idem/" &&
+			git -C "$top" show "$head:scripts/check-package.sh" >"$pkg/root/idem/check-package.sh" &&
+			chmod 755 "$pkg/root/idem/check-package.sh"
+	}
+	use() {
+		local c
+		for c in "./check-package.sh bare $major" \
+			"DEBIAN_FRONTEND=noninteractive apt-get install -y -q ./$deb" \
+			"./check-package.sh bare $major" "./check-package.sh installed $major" \
+			"./check-package.sh use $major" \
+			"DEBIAN_FRONTEND=noninteractive apt-get purge -y -q postgresql-$major-idem" \
+			"./check-package.sh purged $major"; do
+			in_env "$pkg" "$logs/$rel-use.log" "$c" || return 1
+		done
+	}
+
+	dev=$work/$rel-dev
+	pkg=$work/$rel-pkg
+	rc=0
+	part "base root ($rel minbase)" base || return 1
+	part "root: postgresql-$major, -dev, git" dev_root || return 1
+	part "suite (scripts/test.sh)" suite || rc=1
+	part "package (pg_buildext, lintian)" package || return 1
+	remove_root "$dev" || true
+	part "root: postgresql-$major, no compiler" pkg_root || return 1
+	part "the .deb alone (check-package.sh)" use || rc=1
+	remove_root "$pkg" || true
+	return $rc
+}
+
+say "testing $head on:$(for r in $releases; do printf ' %s/%s' "$r" "$(major_of "$r")"; done); work directory $work"
+t0=$(date +%s)
+declare -A pid_of=()
+for rel in $releases; do
+	(prove_release "$rel") >"$logs/$rel.log" 2>&1 &
+	pid_of[$rel]=$!
+	pids+=($!)
+done
+failed=0
+declare -A rc_of=()
+for rel in $releases; do
+	rc=0
+	wait "${pid_of[$rel]}" || rc=$?
+	rc_of[$rel]=$rc
+	[ $rc -eq 0 ] || failed=1
+done
+pids=()
+
+echo
+echo "test-versions: $head"
+for rel in $releases; do
+	echo "$rel / PostgreSQL $(major_of "$rel"): $([ "${rc_of[$rel]}" -eq 0 ] && echo passed || echo FAILED)"
+	awk -F'\t' '{ printf "  %-42s %5ds  %s\n", $1, $2, $3 }' "$logs/$rel.summary" 2>/dev/null || true
+	[ -f "$logs/$rel.lintian" ] && sed 's/^/    /' "$logs/$rel.lintian"
+	if [ "${rc_of[$rel]}" -ne 0 ]; then
+		echo "  log: $logs/$rel.log (and $logs/$rel-*.log)"
+		tail -n 40 "$logs/$rel.log" | sed 's/^/  | /'
+	fi
+done
+echo "  in all: $(( $(date +%s) - t0 ))s"
+ls "$work"/debs/*/*.deb 2>/dev/null | sed 's/^/  built: /'
+[ $failed -eq 0 ] || { echo "test-versions: FAILED"; exit 1; }
+echo "test-versions: all releases passed"
