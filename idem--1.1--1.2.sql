@@ -83,3 +83,17 @@ REVOKE ALL ON FUNCTION @extschema@.idem_outbox_channel(text) FROM PUBLIC;
 -- object the same way whatever the caller's search_path and quoting.
 ALTER FUNCTION @extschema@.idem_key(VARIADIC "any")
 	SET search_path = pg_catalog SET quote_all_identifiers = off;
+
+-- probe (issue 19): a step's record never expires.  idem 1.1's idem_step
+-- adopted a record idem_execute() had written under the step's key, with
+-- that call's ttl; 1.2 writes step records without expiry and adopts none.
+-- Each record a run lists as a completed step is made to never expire
+-- here, expired or not (an expired one not yet purged is still the step's
+-- result), so that the step replays instead of raising XX001 or running
+-- again.  A record already purged cannot be brought back.
+UPDATE idem.keys k
+   SET expires_at = 'infinity'
+  FROM idem.runs r CROSS JOIN LATERAL pg_catalog.unnest(r.done_steps) AS s(step)
+ WHERE k.owner OPERATOR(pg_catalog.=) r.owner
+   AND k.key OPERATOR(pg_catalog.=) @extschema@.idem_step_key(r.run_id, s.step)
+   AND k.expires_at OPERATOR(pg_catalog.<>) 'infinity'::timestamptz;

@@ -31,6 +31,19 @@ extern char *idem_name_arg(FunctionCallInfo fcinfo, int argno,
 extern int32 idem_purge_batch_arg(FunctionCallInfo fcinfo, const char *fname);
 extern void idem_check_variadic_dims(ArrayType *arr, const char *what);
 
+/* guc.c: the role and idem.* parameters a business statement must keep */
+typedef struct IdemSessionState
+{
+	Oid			user;
+	Oid			outer_user;
+	Oid			session_user;
+	union IdemParamValue *values;	/* each idem.* parameter's */
+} IdemSessionState;
+extern void idem_session_state_save(IdemSessionState *s);
+extern const char *idem_session_state_changed(const IdemSessionState *s);
+struct config_generic;
+extern struct config_generic *idem_own_param(const char *name);
+
 /* owner.c: whose keys a call uses (idem.key_owner) */
 extern Oid	idem_key_owner(void);
 

@@ -31,7 +31,8 @@ extern bool idem_statement_fingerprint_v1(IdemStatement *stmt,
 										  uint8 *fingerprint);
 extern void idem_statement_infer_types(const char *sql, int nargs,
 									   Oid *types);
-extern void idem_statement_check_settings(IdemStatement *stmt);
+extern void idem_statement_check_settings(IdemStatement *stmt,
+										  const IdemSessionState *before);
 extern bool idem_statement_fingerprint_v2_same(IdemRequest *req);
 extern void idem_value_digest(const char *tag, Oid typid, Datum value,
 							  uint8 *digest);
