@@ -14,6 +14,7 @@ OBJS = \
 	src/common/tables.o \
 	src/common/owner.o \
 	src/common/lease.o \
+	src/common/grants.o \
 	src/request/tokens.o \
 	src/request/statement.o \
 	src/request/exec.o \
@@ -25,6 +26,11 @@ OBJS = \
 	src/request/dryrun.o \
 	src/workflow/run.o \
 	src/workflow/call.o \
+	src/workflow/runlease.o \
+	src/workflow/queue.o \
+	src/workflow/claim.o \
+	src/workflow/signal.o \
+	src/workflow/control.o \
 	src/outbox/outbox.o \
 	src/outbox/wakeup.o \
 	src/ops/audit.o \
