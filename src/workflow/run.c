@@ -813,7 +813,7 @@ idem_run_begin(PG_FUNCTION_ARGS)
 					(errcode(ERRCODE_IDEM_KEY_REUSED),
 					 errmsg("run \"%s\" was already begun with different %s",
 							run_id, differs),
-					 errdetail("A run id names one run: its steps and input are fixed when it begins."),
+					 errdetail("A run id names one run: its steps, input, queue and retry policy are fixed when it begins."),
 					 idem_errhint(ERRCODE_IDEM_KEY_REUSED, "Use a new run id for a new run.")));
 		}
 	}
