@@ -324,9 +324,8 @@ run_step(IdemRequest *req, IdemStatement *stmt, Jsonb *result,
 	char	   *topic;
 	Jsonb	   *response;
 
-	idem_lock_run(req->owner, run_id, &run);
 	/* before anything executes or replays: a queued run's holder only */
-	idem_run_fence(&run, token, "work on");
+	idem_lock_run_fenced(req->owner, run_id, token, "work on", &run);
 	ordinal = step_ordinal(&run, step);
 
 	if (idem_find_record(stmt, req, fingerprint, now, &rec))

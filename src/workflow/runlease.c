@@ -266,6 +266,21 @@ idem_run_fence(IdemRunRow *run, const pg_uuid_t *token, const char *verb)
 }
 
 /*
+ * idem_lock_run_fenced
+ *		idem_lock_run(), with the fence checked on the run's latest version
+ *		before the snapshot is: a holder whose lease was taken over gets
+ *		ID412 at every isolation level, not a serialization failure.
+ */
+void
+idem_lock_run_fenced(Oid owner, const char *run_id, const pg_uuid_t *token,
+					 const char *verb, IdemRunRow *run)
+{
+	lock_and_read(owner, run_id, run);
+	idem_run_fence(run, token, verb);
+	idem_check_run_visible(run);
+}
+
+/*
  * idem_lock_run_leased
  *		Lock and read the queued run that token leases, fenced: the run's
  *		functions that take a lease token start here.
@@ -274,11 +289,8 @@ void
 idem_lock_run_leased(const char *run_id, const pg_uuid_t *token,
 					 const char *verb, IdemRunRow *run)
 {
-	Oid			owner = idem_leased_run_owner(run_id, token);
-
-	lock_and_read(owner, run_id, run);
-	idem_run_fence(run, token, verb);
-	idem_check_run_visible(run);
+	idem_lock_run_fenced(idem_leased_run_owner(run_id, token), run_id, token,
+						 verb, run);
 }
 
 /*

@@ -55,6 +55,9 @@ extern const pg_uuid_t *idem_lease_token_arg(FunctionCallInfo fcinfo,
 											 int argno, bool required);
 extern const pg_uuid_t *idem_lease_token_setting(void);
 extern Oid	idem_leased_run_owner(const char *run_id, const pg_uuid_t *token);
+extern void idem_lock_run_fenced(Oid owner, const char *run_id,
+								 const pg_uuid_t *token, const char *verb,
+								 IdemRunRow *run);
 extern void idem_lock_run_leased(const char *run_id, const pg_uuid_t *token,
 								 const char *verb, IdemRunRow *run);
 extern void idem_run_fence(IdemRunRow *run, const pg_uuid_t *token,
