@@ -193,3 +193,5 @@ idem_session_state_changed(const IdemSessionState *s)
 			return own_params[i]->name;
 	return NULL;
 }
+char	   *idem_lease_token = NULL;
+int			idem_run_max_lease = 3600;
