@@ -211,7 +211,13 @@ read_settings(IdemSettings *s)
 	s->datestyle = DateStyle;
 	s->dateorder = DateOrder;
 	s->intervalstyle = IntervalStyle;
-	s->float_digits = extra_float_digits;
+	/*
+	 * Each setting counts as the behaviour it selects, not as its spelling:
+	 * every positive extra_float_digits selects the shortest exact output,
+	 * so PgJDBC's 3 and lib/pq's 2 are psql's 1; zero and below each round
+	 * differently.
+	 */
+	s->float_digits = extra_float_digits > 0 ? 1 : extra_float_digits;
 	s->bytea_output = bytea_output;
 	s->xmloption = xmloption;
 	s->xmlbinary = xmlbinary;
