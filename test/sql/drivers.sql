@@ -60,18 +60,57 @@ PREPARE typed_varchar(text, text, varchar, numeric) AS
   SELECT replayed FROM idem_execute_ex($1, $2, $3, $4);
 EXECUTE typed_varchar('dr:1', 'INSERT INTO dr_pay (ref, amount) VALUES ($1, $2) RETURNING ref, amount', 'inv-1', 25.00);
 
--- Numbers spelled differently: an untyped argument is compared as a value
--- of the type the statement gives it, so '0.25e2' (ruby-pg's BigDecimal)
--- and '25' (Go, Perl, PHP) are one numeric; but numeric keeps its scale,
--- which the statement can show (RETURNING $2, $2::text), so '25.00' is
--- another value and another request: when unsure, refuse.  Where the
--- statement gives no type, the argument is text and its spelling is its value.
-SELECT idem_execute('dr:7', 'SELECT $1 AS amount', '0.25e2');
+-- Numbers spelled differently: an argument is compared as a value of the
+-- type the statement gives it, so '0.25e2' (ruby-pg's BigDecimal), '25'
+-- (Go, Perl, PHP) and ' +25 ' are one numeric.  numeric keeps its scale,
+-- and where the statement can show it (RETURNING $1, $1::text, a column
+-- without a scale) '25.00' is another value and another request: when
+-- unsure, refuse.
 SELECT idem_execute('dr:8', 'SELECT $1::numeric AS amount', '0.25e2');
 SELECT replayed FROM idem_execute_ex('dr:8', 'SELECT $1::numeric AS amount', '25');
 SELECT replayed FROM idem_execute_ex('dr:8', 'SELECT $1::numeric AS amount', ' +25 ');
 SELECT idem_execute('dr:8', 'SELECT $1::numeric AS amount', '25.00');
 \echo :LAST_ERROR_SQLSTATE
+-- Where the statement gives no type, the argument is text: its spelling
+-- is its value.
+SELECT idem_execute('dr:7', 'SELECT $1 AS amount', '0.25e2');
+SELECT idem_execute('dr:7', 'SELECT $1 AS amount', '25');
+\echo :LAST_ERROR_SQLSTATE
+-- Where the statement uses the argument only through a numeric(p,s)
+-- column, it stores and returns every spelling as that column's value:
+-- they are one request, typed or untyped, and a value that rounds to the
+-- same cents too.  Anything else the statement makes of the argument
+-- (here RETURNING it) brings the scale back.
+PREPARE pay AS SELECT replayed, response -> 'rows' AS rows FROM idem_execute_ex($1, $2, $3, $4);
+EXECUTE pay('dr:9', 'INSERT INTO dr_pay (ref, amount) VALUES ($1, $2) RETURNING ref, amount', 'inv-9', '0.25e2');
+EXECUTE pay('dr:9', 'INSERT INTO dr_pay (ref, amount) VALUES ($1, $2) RETURNING ref, amount', 'inv-9', '25');
+EXECUTE pay('dr:9', 'INSERT INTO dr_pay (ref, amount) VALUES ($1, $2) RETURNING ref, amount', 'inv-9', '25.00');
+EXECUTE pay('dr:9', 'INSERT INTO dr_pay (ref, amount) VALUES ($1, $2) RETURNING ref, amount', 'inv-9', '25.001');
+SELECT replayed FROM idem_execute_ex('dr:9', 'INSERT INTO dr_pay (ref, amount) VALUES ($1, $2) RETURNING ref, amount', 'inv-9', 25::numeric);
+SELECT replayed FROM idem_execute_ex('dr:9', 'INSERT INTO dr_pay (ref, amount) VALUES ($1, $2) RETURNING ref, amount', 'inv-9', 25.0000::numeric);
+EXECUTE pay('dr:9', 'INSERT INTO dr_pay (ref, amount) VALUES ($1, $2) RETURNING ref, amount', 'inv-9', '25.01');
+\echo :LAST_ERROR_SQLSTATE
+EXECUTE pay('dr:10', 'INSERT INTO dr_pay (ref, amount) VALUES ($1, $2) RETURNING ref, amount, $2 AS sent', 'inv-10', '25');
+EXECUTE pay('dr:10', 'INSERT INTO dr_pay (ref, amount) VALUES ($1, $2) RETURNING ref, amount, $2 AS sent', 'inv-10', '25.00');
+\echo :LAST_ERROR_SQLSTATE
+-- an UPDATE's SET is such a use too; its WHERE is not
+EXECUTE pay('dr:11', 'UPDATE dr_pay SET amount = $2 WHERE ref = $1 RETURNING amount', 'inv-9', '26');
+EXECUTE pay('dr:11', 'UPDATE dr_pay SET amount = $2 WHERE ref = $1 RETURNING amount', 'inv-9', '26.00');
+EXECUTE pay('dr:12', 'SELECT count(*) AS n FROM dr_pay WHERE amount = $2 AND ref = $1', 'inv-9', '26');
+EXECUTE pay('dr:12', 'SELECT count(*) AS n FROM dr_pay WHERE amount = $2 AND ref = $1', 'inv-9', '26.00');
+\echo :LAST_ERROR_SQLSTATE
+-- a column whose scale changes is looked at again: after ALTER TABLE the
+-- very call first made would store 7, not the 7.00 it stored, and is
+-- refused; 7.00 is still what was stored
+CREATE TABLE dr_free (amount numeric(12,2));
+EXECUTE pay('dr:13', 'INSERT INTO dr_free (amount) VALUES ($2) RETURNING $1 AS ref', 'x', '7');
+EXECUTE pay('dr:13', 'INSERT INTO dr_free (amount) VALUES ($2) RETURNING $1 AS ref', 'x', '7.00');
+ALTER TABLE dr_free ALTER COLUMN amount TYPE numeric;
+EXECUTE pay('dr:13', 'INSERT INTO dr_free (amount) VALUES ($2) RETURNING $1 AS ref', 'x', '7');
+\echo :LAST_ERROR_SQLSTATE
+EXECUTE pay('dr:13', 'INSERT INTO dr_free (amount) VALUES ($2) RETURNING $1 AS ref', 'x', '7.00');
+DROP TABLE dr_free;
+SELECT * FROM dr_seen;
 
 -- Settings count by the behaviour they select.  Every positive
 -- extra_float_digits selects the shortest exact float output, so PgJDBC's 3
