@@ -925,25 +925,22 @@ is_analysis_error(int sqlerrcode)
 }
 
 /*
- * Analyze a validated statement with its untyped parameters open.  False
- * when it cannot be analyzed that way; the untyped ones are then text.
+ * Parse analysis of a validated statement, in a subtransaction: the query,
+ * or NULL when the statement cannot be analyzed now (a missing table, an
+ * ambiguous operator).  Parameters whose *ptypes entry is InvalidOid are
+ * open, and their types are filled in, as parse_analyze_varparams() does.
  */
-static bool
-infer_types(const char *sql, int nargs, Oid *types)
+static Query *
+analyze_statement(const char *sql, Oid **ptypes, int *nparams)
 {
 	RawStmt    *raw = linitial_node(RawStmt, pg_parse_query(sql));
-	Oid		   *ptypes = palloc(nargs * sizeof(Oid));
-	int			nparams = nargs;
 	IdemSubxact sx;
-	bool		inferred = true;
-
-	for (int i = 0; i < nargs; i++)
-		ptypes[i] = types[i] == UNKNOWNOID ? InvalidOid : types[i];
+	Query	   *query = NULL;
 
 	idem_subxact_begin(&sx);
 	PG_TRY();
 	{
-		(void) parse_analyze_varparams(raw, sql, &ptypes, &nparams, NULL);
+		query = parse_analyze_varparams(raw, sql, ptypes, nparams, NULL);
 		idem_subxact_end(&sx, true);
 	}
 	PG_CATCH();
@@ -953,9 +950,26 @@ infer_types(const char *sql, int nargs, Oid *types)
 		if (!is_analysis_error(edata->sqlerrcode))
 			ReThrowError(edata);
 		FreeErrorData(edata);
-		inferred = false;
+		query = NULL;
 	}
 	PG_END_TRY();
+	return query;
+}
+
+/*
+ * Analyze a validated statement with its untyped parameters open.  False
+ * when it cannot be analyzed that way; the untyped ones are then text.
+ */
+static bool
+infer_types(const char *sql, int nargs, Oid *types)
+{
+	Oid		   *ptypes = palloc(nargs * sizeof(Oid));
+	int			nparams = nargs;
+	bool		inferred;
+
+	for (int i = 0; i < nargs; i++)
+		ptypes[i] = types[i] == UNKNOWNOID ? InvalidOid : types[i];
+	inferred = analyze_statement(sql, &ptypes, &nparams) != NULL;
 
 	for (int i = 0; i < nargs; i++)
 	{
@@ -1327,35 +1341,21 @@ static void
 find_numeric_uses(IdemStatement *stmt)
 {
 	ParamUses	uses;
-	IdemSubxact sx;
+	Oid		   *ptypes = palloc(stmt->nargs * sizeof(Oid));
+	int			nparams = stmt->nargs;
+	Query	   *query;
 
 	uses.nargs = stmt->nargs;
 	uses.typmod = palloc(stmt->nargs * sizeof(int32));
 	for (int i = 0; i < stmt->nargs; i++)
 		uses.typmod[i] = NUMERIC_USE_NONE;
-
-	idem_subxact_begin(&sx);
-	PG_TRY();
-	{
-		RawStmt    *raw = linitial_node(RawStmt, pg_parse_query(stmt->sql));
-		Query	   *query = parse_analyze_fixedparams(raw, stmt->sql,
-													  stmt->argtypes,
-													  stmt->nargs, NULL);
-
+	memcpy(ptypes, stmt->argtypes, stmt->nargs * sizeof(Oid));
+	query = analyze_statement(stmt->sql, &ptypes, &nparams);
+	if (query != NULL)
 		(void) query_tree_walker(query, numeric_uses_walker, &uses, 0);
-		idem_subxact_end(&sx, true);
-	}
-	PG_CATCH();
-	{
-		ErrorData  *edata = idem_subxact_abort(&sx);
-
-		if (!is_analysis_error(edata->sqlerrcode))
-			ReThrowError(edata);
-		FreeErrorData(edata);
+	else
 		for (int i = 0; i < stmt->nargs; i++)
 			uses.typmod[i] = NUMERIC_USE_EXACT;
-	}
-	PG_END_TRY();
 
 	for (int i = 0; i < stmt->nargs; i++)
 		stmt->arginfo[i].numeric_typmod =
@@ -1363,6 +1363,7 @@ find_numeric_uses(IdemStatement *stmt)
 			uses.typmod[i] : -1;
 	stmt->uses_epoch = numeric_uses_epoch;
 	pfree(uses.typmod);
+	pfree(ptypes);
 }
 
 /*
