@@ -24,6 +24,7 @@ OBJS = \
 	src/request/derive.o \
 	src/request/execute.o \
 	src/request/dryrun.o \
+	src/request/untyped.o \
 	src/workflow/run.o \
 	src/workflow/call.o \
 	src/workflow/runlease.o \
@@ -47,7 +48,7 @@ PG_CFLAGS	= -Wall -Wmissing-prototypes -Werror
 # pg_regress: one file per feature, test/sql/<feature>.sql <-> test/expected/<feature>.out
 REGRESS		= install execute fingerprint tokens identity errors atomicity nesting \
 			  expiry security tamper outbox outbox_delivery plancache upgrade \
-			  runs derive advice dryrun cache untyped call ops internals \
+			  runs derive advice dryrun cache untyped drivers call ops internals \
 			  queues run_leases run_signals
 # Every test cluster states its encoding and locale: initdb would take them
 # from the environment, and without LANG (a container's default) the

@@ -458,3 +458,61 @@ SELECT s.dbid, d.datname, s.roleid, r.rolname, s.executions, s.replays, s.mismat
   LEFT JOIN pg_catalog.pg_database d ON d.oid OPERATOR(pg_catalog.=) s.dbid
   LEFT JOIN pg_catalog.pg_roles r ON r.oid OPERATOR(pg_catalog.=) s.roleid;
 GRANT SELECT ON @extschema@.idem_stats_roles TO PUBLIC;
+-- drivers (issue 23): the forms of the calls that untyped arguments reach.
+-- 1.1's VARIADIC text[] overloads also took domains over text, char(n)
+-- and name through their implicit casts to text, and so lost their types.
+-- idem_untyped is text inside, but no type casts to it: only literals and
+-- parameters without a type (unknown) reach these overloads, every typed
+-- argument reaches VARIADIC "any" and keeps its type there (text and
+-- varchar are strings the statement types, in both forms).  Its category
+-- is S, so PostgreSQL prefers these overloads for untyped arguments as it
+-- preferred text[].
+CREATE TYPE @extschema@.idem_untyped;
+CREATE FUNCTION @extschema@.idem_untyped_in(pg_catalog.cstring)
+RETURNS @extschema@.idem_untyped AS 'textin' LANGUAGE internal IMMUTABLE STRICT PARALLEL SAFE;
+CREATE FUNCTION @extschema@.idem_untyped_out(@extschema@.idem_untyped)
+RETURNS pg_catalog.cstring AS 'textout' LANGUAGE internal IMMUTABLE STRICT PARALLEL SAFE;
+CREATE FUNCTION @extschema@.idem_untyped_recv(pg_catalog.internal)
+RETURNS @extschema@.idem_untyped AS 'textrecv' LANGUAGE internal STABLE STRICT PARALLEL SAFE;
+CREATE FUNCTION @extschema@.idem_untyped_send(@extschema@.idem_untyped)
+RETURNS pg_catalog.bytea AS 'textsend' LANGUAGE internal STABLE STRICT PARALLEL SAFE;
+CREATE TYPE @extschema@.idem_untyped (
+	INPUT = @extschema@.idem_untyped_in,
+	OUTPUT = @extschema@.idem_untyped_out,
+	RECEIVE = @extschema@.idem_untyped_recv,
+	SEND = @extschema@.idem_untyped_send,
+	INTERNALLENGTH = VARIABLE, STORAGE = extended, ALIGNMENT = int4,
+	CATEGORY = 'S'
+);
+
+DROP FUNCTION @extschema@.idem_execute(text, text, VARIADIC text[]);
+DROP FUNCTION @extschema@.idem_execute_ex(text, text, VARIADIC text[]);
+DROP FUNCTION @extschema@.idem_step(text, text, text, VARIADIC text[]);
+DROP FUNCTION @extschema@.idem_dry_run(text, text, VARIADIC text[]);
+
+CREATE FUNCTION @extschema@.idem_execute(key text, sql text,
+	VARIADIC args @extschema@.idem_untyped[])
+RETURNS pg_catalog.jsonb
+AS 'MODULE_PATHNAME', 'idem_execute_1_1'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+CREATE FUNCTION @extschema@.idem_execute_ex(key text, sql text,
+	VARIADIC args @extschema@.idem_untyped[],
+	OUT response pg_catalog.jsonb, OUT replayed boolean,
+	OUT first_executed_at timestamptz)
+RETURNS record
+AS 'MODULE_PATHNAME', 'idem_execute_ex_1_1'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+CREATE FUNCTION @extschema@.idem_step(run_id text, step text, sql text,
+	VARIADIC args @extschema@.idem_untyped[])
+RETURNS pg_catalog.jsonb
+AS 'MODULE_PATHNAME', 'idem_step'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+CREATE FUNCTION @extschema@.idem_dry_run(key text, sql text,
+	VARIADIC args @extschema@.idem_untyped[], OUT action text,
+	OUT response pg_catalog.jsonb)
+RETURNS record
+AS 'MODULE_PATHNAME', 'idem_dry_run'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;

@@ -494,6 +494,7 @@ _PG_init(void)
 		shmem_startup_hook = idem_shmem_startup;
 		idem_worker_register();
 	}
+	idem_untyped_install();
 	defined = true;
 
 	check_early_settings(settings);
