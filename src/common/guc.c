@@ -39,4 +39,5 @@ int			idem_audit_retention = 0;
 int			idem_audit_queue_size = 1024;
 int			idem_purge_interval = 60;
 int			idem_purge_batch_size = 10000;
-bool		idem_outbox_notify = true;
+bool		idem_outbox_notify = false;
+bool		idem_outbox_keep_delivered = false;
