@@ -13,6 +13,7 @@ OBJS = \
 	src/common/subxact.o \
 	src/common/tables.o \
 	src/common/owner.o \
+	src/common/lease.o \
 	src/request/tokens.o \
 	src/request/statement.o \
 	src/request/exec.o \

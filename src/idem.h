@@ -58,6 +58,9 @@ struct Latch;
 /* Longest key accepted, in bytes (Stripe's limit is 255 characters). */
 #define IDEM_MAX_KEY_BYTES		255
 
+/* The longest wait of a claim: it holds a snapshot, as any statement does. */
+#define IDEM_MAX_WAIT_S			3600
+
 /* Most steps a run declares or completes. */
 #define IDEM_MAX_RUN_STEPS		1000
 

@@ -31,6 +31,34 @@ extern char *idem_name_arg(FunctionCallInfo fcinfo, int argno,
 extern int32 idem_purge_batch_arg(FunctionCallInfo fcinfo, const char *fname);
 extern void idem_check_variadic_dims(ArrayType *arr, const char *what);
 
+/* lease.c: the lease of outbox events and queued runs */
+typedef enum IdemFence
+{
+	IDEM_FENCE_HELD,			/* the token is the row's current lease */
+	IDEM_FENCE_TAKEN_OVER,		/* leased, under another token */
+	IDEM_FENCE_NOT_LEASED		/* no lease holds the row */
+} IdemFence;
+typedef enum IdemJitter
+{
+	IDEM_JITTER_NONE,
+	IDEM_JITTER_FULL,
+	IDEM_JITTER_EQUAL
+} IdemJitter;
+extern Datum idem_random_uuid(void);
+extern int64 idem_interval_usecs(Interval *iv);
+extern int64 idem_lease_usecs(Interval *lease, int max_s, const char *setting);
+extern long idem_wait_ms(Interval *timeout);
+extern IdemFence idem_lease_fence(bool leased, bool token_matches);
+extern void idem_lease_lost(IdemFence fence, const char *noun,
+							const char *short_noun, const char *id,
+							const char *state, const char *verb,
+							const char *holder, const char *holder_does)
+			pg_attribute_noreturn();
+extern TimestampTz idem_backoff_next(TimestampTz now, int32 attempts,
+									 int base_ms, int cap_ms,
+									 IdemJitter jitter, int64 retry_after_us);
+extern IdemJitter idem_jitter_from_name(const char *name);
+
 /* owner.c: whose keys a call uses (idem.key_owner) */
 extern Oid	idem_key_owner(void);
 
