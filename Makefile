@@ -40,7 +40,7 @@ PG_CFLAGS	= -Wall -Wmissing-prototypes -Werror
 
 # pg_regress: one file per feature, test/sql/<feature>.sql <-> test/expected/<feature>.out
 REGRESS		= install execute fingerprint tokens identity errors atomicity nesting \
-			  expiry security tamper outbox outbox_delivery plancache upgrade \
+			  expiry security tamper outbox outbox_delivery outbox_ack plancache upgrade \
 			  runs derive advice dryrun cache untyped call ops internals
 # Every test cluster states its encoding and locale: initdb would take them
 # from the environment, and without LANG (a container's default) the
