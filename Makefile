@@ -47,7 +47,7 @@ PG_CFLAGS	= -Wall -Wmissing-prototypes -Werror
 
 # pg_regress: one file per feature, test/sql/<feature>.sql <-> test/expected/<feature>.out
 REGRESS		= install execute fingerprint tokens identity errors atomicity nesting \
-			  expiry security tamper outbox outbox_delivery plancache upgrade \
+			  expiry security tamper outbox outbox_delivery outbox_ack plancache upgrade \
 			  runs derive advice dryrun cache untyped drivers call ops internals \
 			  queues run_leases run_signals
 # Every test cluster states its encoding and locale: initdb would take them

@@ -116,6 +116,7 @@ extern int	idem_outbox_max_retry_after;
 extern int	idem_outbox_retention;
 extern bool idem_outbox_logical_message;
 extern bool idem_outbox_notify;
+extern bool idem_outbox_keep_delivered;
 extern int	idem_audit_level;
 extern int	idem_audit_retention;
 extern int	idem_audit_queue_size;
