@@ -22,7 +22,9 @@ compared.  A block without one must not fail: no ERROR from psql, exit
 status 0 from the others.  ```sql-notest (```python-notest, ...) marks a
 block that is only illustrative; it is counted, not run.  The README's
 quick-start block is not run here: .ci/run runs it verbatim on a fresh
-machine (scripts/fresh-machine.sh).
+machine (scripts/fresh-machine.sh).  A line <!-- doc: fresh database -->
+before a block starts a new database from that block on (e.g. for a Node
+example that repeats the Python one before it).
 
 After each page its database is dropped, the roles it made are dropped and
 ALTER SYSTEM settings are reset, so pages do not see each other.
@@ -51,6 +53,7 @@ class Block:
         self.path, self.line, self.lang, self.text = path, line, lang, text
         self.expected = None  # the ```text block that follows, if any
         self.expected_line = None
+        self.fresh = False  # preceded by <!-- doc: fresh database -->
 
     def where(self):
         return f"{os.path.relpath(self.path, TOP)}:{self.line}"
@@ -63,7 +66,10 @@ def parse(path):
     i = 0
     heading = None
     quick_start_seen = False
+    fresh = False
     while i < len(lines):
+        if lines[i].strip() == "<!-- doc: fresh database -->":
+            fresh = True
         m = re.match(r"^(\s*)(`{3,})(\S*)\s*$", lines[i])
         h = re.match(r"^#{1,6}\s+(.*?)\s*$", lines[i])
         if h:
@@ -83,6 +89,8 @@ def parse(path):
             sys.exit(f"{path}:{start}: unclosed ``` block")
         i += 1
         b = Block(path, start, lang, "\n".join(body) + "\n")
+        if lang != "text":
+            b.fresh, fresh = fresh, False
         # the quick start: scripts/fresh-machine.sh runs it, not us
         if (os.path.basename(path) == "README.md" and os.path.dirname(path) == TOP
                 and heading == "Quick start" and lang == "sh" and not quick_start_seen):
@@ -158,16 +166,8 @@ def show_diff(expected, got):
                                         "shown", "got", n=2)) + "\n"
 
 
-def run_page(cluster, path, db, stats, failures):
-    blocks = parse(path)
-    for b in blocks:
-        if b.lang.endswith("-notest"):
-            stats["notest"] += 1
-        elif b.lang == "sh-quickstart":
-            stats["quickstart"] += 1
-    runnable = [b for b in blocks if b.lang in RUN_LANGS]
-    if not runnable:
-        return
+def run_segment(cluster, runnable, db, stats, failures):
+    """Blocks of a page that share one database, in order."""
     cluster.psql("postgres", f'CREATE DATABASE "{db}";', check=True)
     env = dict(cluster.env, PGDATABASE=db)
     creates_ext = any(b.lang == "sql" and re.search(r"(?i)create\s+extension\s+idem\b", b.text)
@@ -227,8 +227,27 @@ def run_page(cluster, path, db, stats, failures):
                     or (b.lang != "sql" and "Traceback" in out):
                 failures.append(f"{b.where()}: the block failed:\n{out}")
 
+
+def run_page(cluster, path, db, stats, failures):
+    blocks = parse(path)
+    for b in blocks:
+        if b.lang.endswith("-notest"):
+            stats["notest"] += 1
+        elif b.lang == "sh-quickstart":
+            stats["quickstart"] += 1
+    runnable = [b for b in blocks if b.lang in RUN_LANGS]
+    if not runnable:
+        return
+    segments = []
+    for b in runnable:
+        if not segments or b.fresh:
+            segments.append([])
+        segments[-1].append(b)
+    for n, seg in enumerate(segments):
+        run_segment(cluster, seg, f"{db}_{n}", stats, failures)
+        cluster.psql("postgres", f'DROP DATABASE "{db}_{n}" WITH (FORCE);', check=True)
+
     # leave nothing for the next page: its database, its roles, ALTER SYSTEM
-    cluster.psql("postgres", f'DROP DATABASE "{db}" WITH (FORCE);', check=True)
     roles = cluster.psql("postgres", "\\pset tuples_only on\n\\pset format unaligned\n"
                          "SELECT quote_ident(rolname) FROM pg_roles "
                          "WHERE rolname !~ '^pg_' AND rolname <> 'postgres';", check=True).split()
