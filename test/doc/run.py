@@ -154,16 +154,18 @@ class Cluster:
         return p.stdout
 
 
+def norm(s):
+    return "\n".join(l.rstrip() for l in s.rstrip("\n").split("\n")).rstrip("\n")
+
+
 def compare(expected, got):
-    norm = lambda s: "\n".join(l.rstrip() for l in s.rstrip("\n").split("\n")).rstrip("\n")
     return norm(expected) == norm(got)
 
 
 def show_diff(expected, got):
     import difflib
-    return "".join(difflib.unified_diff(expected.rstrip("\n").splitlines(True),
-                                        got.rstrip("\n").splitlines(True),
-                                        "shown", "got", n=2)) + "\n"
+    return "\n".join(difflib.unified_diff(norm(expected).split("\n"), norm(got).split("\n"),
+                                         "shown", "got", n=2, lineterm="")) + "\n"
 
 
 def run_segment(cluster, runnable, db, stats, failures):
