@@ -259,6 +259,35 @@ def run_page(cluster, path, db, stats, failures):
     cluster.psql("postgres", reset, check=True)
 
 
+def reference_checks():
+    """What the reference pages must list, read from the code: every
+    SQLSTATE of src/idem.h in doc/api.md's table, every idem.* setting the C
+    code defines in doc/configuration.md's, every function, procedure and
+    view of the install scripts somewhere in doc/."""
+    problems = []
+    src = lambda *p: open(os.path.join(TOP, *p), encoding="utf-8").read()
+    api = src("doc", "api.md")
+    table = api[api.index("\n## SQLSTATEs"):]
+    for m in re.finditer(r"MAKE_SQLSTATE\('(.)',\s*'(.)',\s*'(.)',\s*'(.)',\s*'(.)'\)", src("src", "idem.h")):
+        code = "".join(m.groups())
+        if not re.search(r"^\| `" + code + "`", table, re.M):
+            problems.append(f"doc/api.md: SQLSTATE {code} (src/idem.h) has no row in the SQLSTATE table")
+    conf = src("doc", "configuration.md")
+    for root, _, names in os.walk(os.path.join(TOP, "src")):
+        for n in names:
+            if n.endswith(".c"):
+                for g in re.findall(r'DefineCustom\w+Variable\(\s*"(idem\.\w+)"', src(root, n)):
+                    if not re.search(r"^(\| `|### `)" + re.escape(g) + "`", conf, re.M):
+                        problems.append(f"doc/configuration.md: setting {g} ({os.path.relpath(os.path.join(root, n), TOP)}) is not documented")
+    docs = "".join(src("doc", f) for f in os.listdir(os.path.join(TOP, "doc")) if f.endswith(".md"))
+    for f in sorted(os.listdir(TOP)):
+        if re.match(r"idem--.*\.sql$", f):
+            for name in re.findall(r"(?i)CREATE\s+(?:OR\s+REPLACE\s+)?(?:FUNCTION|PROCEDURE|VIEW)\s+(?:@extschema@\.|idem\.)?(\w+)", src(f)):
+                if not re.search(r"\b" + name + r"\b", docs):
+                    problems.append(f"doc/: {name} ({f}) is mentioned on no page")
+    return sorted(set(problems))
+
+
 def main():
     ap = argparse.ArgumentParser(description="Run the docs' examples and check their output.")
     ap.add_argument("files", nargs="*", help="Markdown files (default: README.md, doc/*.md, clients/README.md)")
@@ -276,9 +305,9 @@ def main():
         sorted(os.path.join(TOP, "doc", f) for f in os.listdir(os.path.join(TOP, "doc")) if f.endswith(".md")) +
         [os.path.join(TOP, "clients/README.md")])
     t0 = time.time()
+    failures = [] if a.files else reference_checks()
     cluster = Cluster(pg_config)
     stats = {k: 0 for k in RUN_LANGS + ("compared", "notest", "quickstart")}
-    failures = []
     try:
         cluster.start()
         for n, f in enumerate(files):
