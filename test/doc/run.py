@@ -15,7 +15,7 @@ page in a database of its own:
 
 Python, Node and shell blocks connect through the libpq variables (PGHOST,
 PGPORT, PGDATABASE, PGUSER), set to the page's database, and run from the
-top of the tree.  A ```text block right after a block (blank lines between
+top of the tree (built: scripts/test.sh runs it in its built copy).  A ```text block right after a block (blank lines between
 allowed) is its expected output: psql's output (stdout and stderr, as psql
 prints them), or the program's; trailing blanks of each line are not
 compared.  A block without one must not fail: no ERROR from psql, exit
@@ -212,7 +212,7 @@ def run_segment(cluster, runnable, db, stats, failures):
             else:
                 args = ["bash", "-e", "-c", b.text]
                 benv = env
-            p = subprocess.run(args, env=benv, cwd=scratch if b.lang == "sh" else TOP,
+            p = subprocess.run(args, env=dict(benv, TMPDIR=scratch), cwd=TOP,
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                timeout=300)
             outputs = [p.stdout + ("" if p.returncode == 0 else f"[exit status {p.returncode}]\n")]
