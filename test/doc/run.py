@@ -310,8 +310,11 @@ def main():
     stats = {k: 0 for k in RUN_LANGS + ("compared", "notest", "quickstart")}
     try:
         cluster.start()
+        print(f"  cluster started: {time.time() - t0:.1f} s", flush=True)
         for n, f in enumerate(files):
+            tp = time.time()
             run_page(cluster, f, f"doc_{n}", stats, failures)
+            print(f"  {os.path.relpath(f, TOP)}: {time.time() - tp:.1f} s", flush=True)
     finally:
         cluster.stop()
         if failures or a.keep:
