@@ -44,6 +44,12 @@ import time
 
 TOP = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RUN_LANGS = ("sql", "python", "js", "sh")
+# fence names that look like examples but would not be run: refused, so
+# that an example cannot slip past the runner under another name
+ALIASES = {"bash": "sh", "shell": "sh", "console": "sh", "zsh": "sh", "psql": "sql",
+           "pgsql": "sql", "postgres": "sql", "postgresql": "sql", "plpgsql": "sql",
+           "py": "python", "python3": "python", "javascript": "js", "node": "js",
+           "mjs": "js", "cjs": "js"}
 SHOW = False
 PORT = 5432  # the socket lives in a private directory: no clash with others
 
@@ -233,6 +239,10 @@ def run_segment(cluster, runnable, db, stats, failures):
 def run_page(cluster, path, db, stats, failures):
     blocks = parse(path)
     for b in blocks:
+        base = b.lang[:-len("-notest")] if b.lang.endswith("-notest") else b.lang
+        if base in ALIASES:
+            failures.append(f"{b.where()}: a ```{b.lang} block is not run: write ```{ALIASES[base]}"
+                            + ("-notest" if b.lang.endswith("-notest") else ""))
         if b.lang.endswith("-notest"):
             stats["notest"] += 1
         elif b.lang == "sh-quickstart":
