@@ -29,8 +29,9 @@ example that repeats the Python one before it).
 After each page its database is dropped, the roles it made are dropped and
 ALTER SYSTEM settings are reset, so pages do not see each other.
 
-Runs as the cluster user (initdb refuses root): scripts/test.sh calls it
-through runuser.  PG_CONFIG names the PostgreSQL to use.
+Runs as the cluster user (initdb refuses root): as root it copies the tree
+for postgres and runs itself there through runuser (scripts/test.sh calls
+it through runuser in its own copy).  PG_CONFIG names the PostgreSQL to use.
 """
 
 import argparse
@@ -308,8 +309,23 @@ def main():
     global SHOW
     SHOW = a.show
     if os.geteuid() == 0:
-        sys.exit("test/doc/run.py: run it as the cluster user (runuser -u postgres --), in a tree that user can read")
-    pg_config = os.environ.get("PG_CONFIG", "/usr/lib/postgresql/15/bin/pg_config")
+        # initdb refuses root: run as postgres, in a copy of the tree it owns
+        # (the shell examples run from the top of the tree and may write there)
+        os.environ["PATH"] = os.environ.get("PATH") or "/usr/sbin:/usr/bin:/sbin:/bin"
+        copy = tempfile.mkdtemp(prefix="idem-doc-tree.")
+        subprocess.run(f"tar -C {TOP} --exclude=.git -cf - . | tar -C {copy} -xf - && chown -R postgres: {copy}",
+                       shell=True, check=True)
+        me = os.path.join(copy, os.path.relpath(os.path.abspath(__file__), TOP))
+        files = [os.path.join(copy, os.path.relpath(os.path.abspath(f), TOP)) for f in a.files]
+        opts = (["--keep"] if a.keep else []) + (["--print"] if a.show else [])
+        try:
+            r = subprocess.run(["runuser", "-u", "postgres", "--", "env",
+                                f"PG_CONFIG={os.environ.get('PG_CONFIG', '')}",
+                                "/usr/bin/python3", me] + opts + files)
+        finally:
+            shutil.rmtree(copy, ignore_errors=True)
+        sys.exit(r.returncode)
+    pg_config = os.environ.get("PG_CONFIG") or "/usr/lib/postgresql/15/bin/pg_config"
     files = [os.path.abspath(f) for f in a.files] or (
         [os.path.join(TOP, "README.md")] +
         sorted(os.path.join(TOP, "doc", f) for f in os.listdir(os.path.join(TOP, "doc")) if f.endswith(".md")) +
