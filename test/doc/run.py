@@ -175,6 +175,16 @@ def show_diff(expected, got):
                                          "shown", "got", n=2, lineterm="")) + "\n"
 
 
+def node_modules(env):
+    """node-postgres for the Node examples: from the committed lock file
+    (npm ci), as scripts/test-clients.sh installs it, when it is missing."""
+    node = os.path.join(TOP, "clients/node")
+    if subprocess.run(["node", "-e", 'require.resolve("pg")'], cwd=node, env=env,
+                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode != 0:
+        subprocess.run(["npm", "ci", "--no-audit", "--no-fund", "--no-update-notifier", "--loglevel=error"], cwd=node,
+                       env=env, check=True)
+
+
 def run_segment(cluster, runnable, db, stats, failures):
     """Blocks of a page that share one database, in order."""
     cluster.psql("postgres", f'CREATE DATABASE "{db}";', check=True)
@@ -211,6 +221,7 @@ def run_segment(cluster, runnable, db, stats, failures):
                 args = ["/usr/bin/python3", "-c", b.text]
                 benv = dict(env, PYTHONPATH=os.path.join(TOP, "clients/python"))
             elif b.lang == "js":
+                node_modules(env)
                 f = os.path.join(scratch, f"block{b.line}.js")
                 open(f, "w").write(b.text)
                 args = ["node", f]
