@@ -31,7 +31,8 @@ extern bool idem_statement_fingerprint_v1(IdemStatement *stmt,
 										  uint8 *fingerprint);
 extern void idem_statement_infer_types(const char *sql, int nargs,
 									   Oid *types);
-extern void idem_statement_check_settings(IdemStatement *stmt);
+extern void idem_statement_check_settings(IdemStatement *stmt,
+										  const IdemSessionState *before);
 extern bool idem_statement_fingerprint_v2_same(IdemRequest *req);
 extern void idem_value_digest(const char *tag, Oid typid, Datum value,
 							  uint8 *digest);
@@ -67,7 +68,7 @@ extern char *idem_derive_key(int nparts, const char *const *parts);
 /* execute.c: the parts of a call that workflow steps share */
 extern void idem_collect_args(FunctionCallInfo fcinfo, int first,
 							  IdemRequest *req);
-extern void idem_collect_array(ArrayType *arr, bool untyped, IdemRequest *req);
+extern void idem_collect_array(ArrayType *arr, bool strings, IdemRequest *req);
 extern void idem_keyed_request(FunctionCallInfo fcinfo, const char *fname,
 							   IdemRequest *req);
 extern void idem_execute_request(IdemRequest *req, IdemResult *result);
@@ -82,5 +83,8 @@ extern bool idem_find_record(IdemStatement *stmt, IdemRequest *req,
 extern char *idem_current_topic(Oid owner);
 extern char *idem_check_may_execute(IdemRequest *req);
 extern void idem_make_replay_durable(IdemRequest *req);
+
+/* untyped.c: unknown driver parameters in calls of idem's functions */
+extern void idem_untyped_install(void);
 
 #endif							/* IDEM_REQUEST_H */
