@@ -22,8 +22,10 @@ OBJS = \
 	src/request/derive.o \
 	src/request/execute.o \
 	src/request/dryrun.o \
+	src/request/citus.o \
 	src/workflow/run.o \
 	src/workflow/call.o \
+	src/workflow/tenant.o \
 	src/outbox/outbox.o \
 	src/outbox/wakeup.o \
 	src/ops/audit.o \
@@ -40,7 +42,7 @@ PG_CFLAGS	= -Wall -Wmissing-prototypes -Werror
 # pg_regress: one file per feature, test/sql/<feature>.sql <-> test/expected/<feature>.out
 REGRESS		= install execute fingerprint tokens identity errors atomicity nesting \
 			  expiry security tamper outbox outbox_delivery plancache upgrade \
-			  runs derive advice dryrun cache untyped call ops internals
+			  runs derive advice dryrun cache untyped call ops internals citus
 # Every test cluster states its encoding and locale: initdb would take them
 # from the environment, and without LANG (a container's default) the
 # cluster is SQL_ASCII, which cannot hold the suite's UTF-8 keys.
