@@ -11,10 +11,11 @@
  * distributed transaction, which commits apart from that key record (in
  * one phase: a lost reply from a worker, and the retry executes again).
  * Such a call is refused (IDC02) before anything is recorded, so its
- * transaction aborts everywhere.  Whether the statement opened a
- * distributed transaction is Citus's own state, InCoordinatedTransaction(),
- * looked up in Citus's library at the first use: Citus exports it, and
- * there is no SQL equivalent.
+ * transaction aborts everywhere.  Whether the transaction has a part on
+ * another node is Citus's own state: its list of the connections on which
+ * it opened a remote transaction (InProgressTransactions), looked up in
+ * Citus's library at the first use.  Citus exports it and there is no SQL
+ * equivalent; a statement that Citus executes on a local shard adds none.
  *
  * Copyright (c) 2026, idem authors
  *
@@ -28,16 +29,39 @@
 #include "catalog/namespace.h"
 #include "commands/extension.h"
 #include "fmgr.h"
+#include "lib/ilist.h"
+#include "nodes/makefuncs.h"
+#include "utils/datum.h"
+#include "utils/memutils.h"
 #include "utils/guc.h"
 #include "utils/lsyscache.h"
 
 #include "compat.h"
 #include "request/request.h"
 
-typedef bool (*citus_bool_fn) (void);
+/*
+ * Citus's InProgressTransactions: the connections to other nodes on which
+ * this transaction opened a remote transaction, once looked up.
+ */
+static dlist_head *citus_remote_transactions = NULL;
 
-/* Citus's InCoordinatedTransaction(), once looked up */
-static citus_bool_fn in_coordinated_transaction = NULL;
+/*
+ * Citus's AllowedDistributionColumn (distributed/transaction_management.h,
+ * the same in Citus 13 and 14): the distribution value a force-delegated
+ * function is pinned to.  While it is active, Citus refuses a statement on
+ * a distributed table that is not filtered by that value in that
+ * colocation group.
+ */
+typedef struct CitusAllowedValue
+{
+	Const	   *distributionColumnValue;
+	uint32		colocationId;
+	bool		isActive;
+	int			executorLevel;
+} CitusAllowedValue;
+
+static CitusAllowedValue *citus_allowed_value = NULL;
+static int *citus_executor_level = NULL;
 
 /*
  * idem_citus_present
@@ -94,18 +118,57 @@ citus_loaded(void)
 
 /*
  * idem_citus_in_distributed_transaction
- *		Whether Citus opened a distributed transaction in this one (false
- *		without Citus).
+ *		Whether this transaction has a part on another node, through Citus
+ *		(false without Citus).  Statements Citus executes on a local shard
+ *		have none.
  */
 bool
 idem_citus_in_distributed_transaction(void)
 {
 	if (!citus_loaded())
 		return false;
-	if (in_coordinated_transaction == NULL)
-		in_coordinated_transaction = (citus_bool_fn)
-			load_external_function("citus", "InCoordinatedTransaction", true, NULL);
-	return in_coordinated_transaction();
+	if (citus_remote_transactions == NULL)
+		citus_remote_transactions = (dlist_head *) (void *)
+			load_external_function("citus", "InProgressTransactions", true, NULL);
+	return !dlist_is_empty(citus_remote_transactions);
+}
+
+/*
+ * idem_citus_pin_tenant
+ *		Pin the next statement Citus executes in this backend to the
+ *		tenant's distribution value in the given colocation group, as Citus
+ *		pins a force-delegated function in a transaction block: a statement
+ *		on any other value, on several shards or on a table of another
+ *		group fails with Citus's "queries must filter by the distribution
+ *		argument" (0A000).  Citus unpins when that statement's execution
+ *		ends.  Nothing to do if Citus pinned the call already.
+ */
+void
+idem_citus_pin_tenant(Oid type, Datum value, uint32 colocation)
+{
+	MemoryContext old;
+	int16		typlen;
+	bool		typbyval;
+
+	if (citus_allowed_value == NULL)
+	{
+		citus_allowed_value = (CitusAllowedValue *) (void *)
+			load_external_function("citus", "AllowedDistributionColumnValue", true, NULL);
+		citus_executor_level = (int *) (void *)
+			load_external_function("citus", "ExecutorLevel", true, NULL);
+	}
+	if (citus_allowed_value->isActive)
+		return;
+	get_typlenbyval(type, &typlen, &typbyval);
+	/* Citus frees it, in its transaction's context */
+	old = MemoryContextSwitchTo(TopTransactionContext);
+	citus_allowed_value->distributionColumnValue =
+		makeConst(type, -1, get_typcollation(type), typlen,
+				  datumCopy(value, typbyval, typlen), false, typbyval);
+	MemoryContextSwitchTo(old);
+	citus_allowed_value->colocationId = colocation;
+	citus_allowed_value->executorLevel = *citus_executor_level;
+	citus_allowed_value->isActive = true;
 }
 
 /*

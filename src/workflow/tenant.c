@@ -48,6 +48,7 @@
 #include "funcapi.h"
 #include "miscadmin.h"
 #include "utils/builtins.h"
+#include "utils/guc.h"
 #include "utils/jsonb.h"
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
@@ -121,7 +122,8 @@ func_probin(Oid fn)
 static bool
 citus_keys_empty(void)
 {
-	run_sql("SELECT NOT EXISTS (SELECT FROM idem.citus_keys)", 0, NULL, NULL,
+	run_sql("SELECT count(*) OPERATOR(pg_catalog.=) 0"
+			" FROM (SELECT 1 FROM idem.citus_keys LIMIT 1) k", 0, NULL, NULL,
 			SPI_OK_SELECT);
 	return DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0],
 									  SPI_tuptable->tupdesc, 1, &(bool){0}));
@@ -146,6 +148,7 @@ idem_citus_colocate(PG_FUNCTION_ARGS)
 	Oid			types[1];
 	Datum		values[1];
 	char	   *probin;
+	int			nestlevel;
 
 	idem_citus_require(fname);
 	if (!superuser())
@@ -155,6 +158,15 @@ idem_citus_colocate(PG_FUNCTION_ARGS)
 				 errdetail("%s creates a distributed table and a distributed function.", fname),
 				 idem_errhint(ERRCODE_INSUFFICIENT_PRIVILEGE, NULL)));
 
+	/*
+	 * Citus runs a function's DDL over one connection per node, which a
+	 * table distributed in parallel earlier in the transaction has not
+	 * used; sequential for this call only.
+	 */
+	nestlevel = NewGUCNestLevel();
+	(void) set_config_option("citus.multi_shard_modify_mode", "sequential",
+							 PGC_USERSET, PGC_S_SESSION, GUC_ACTION_SAVE,
+							 true, 0, false);
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "SPI_connect failed");
 	if (!distribution_of(table, &type, &colocation))
@@ -174,6 +186,7 @@ idem_citus_colocate(PG_FUNCTION_ARGS)
 			keys_colocation == colocation)
 		{
 			SPI_finish();
+			AtEOXact_GUC(true, nestlevel);
 			PG_RETURN_VOID();
 		}
 		if (!citus_keys_empty())
@@ -251,6 +264,7 @@ idem_citus_colocate(PG_FUNCTION_ARGS)
 	}
 
 	SPI_finish();
+	AtEOXact_GUC(true, nestlevel);
 	PG_RETURN_VOID();
 }
 
@@ -295,10 +309,12 @@ run_keys_sql(Oid keys_owner, const char *sql, int nargs, Oid *types,
 
 /*
  * Whether this node holds a placement of the tenant's shard: false when
- * Citus did not delegate the call here.
+ * Citus did not delegate the call here.  *colocation: idem.citus_keys'
+ * colocation group.
  */
 static bool
-tenant_shard_is_local(Oid keys_owner, Oid tenant_type, Datum tenant)
+tenant_shard_is_local(Oid keys_owner, Oid tenant_type, Datum tenant,
+					  uint32 *colocation)
 {
 	Oid			types[1] = {tenant_type};
 	Datum		values[1] = {tenant};
@@ -310,8 +326,12 @@ tenant_shard_is_local(Oid keys_owner, Oid tenant_type, Datum tenant)
 				 " WHERE p.shardid OPERATOR(pg_catalog.=)"
 				 " pg_catalog.get_shard_id_for_distribution_column('idem.citus_keys'::pg_catalog.regclass, $1)"
 				 " AND p.groupid OPERATOR(pg_catalog.=)"
-				 " (SELECT g.groupid FROM pg_catalog.pg_dist_local_group g))",
+				 " (SELECT g.groupid FROM pg_catalog.pg_dist_local_group g)),"
+				 " (SELECT d.colocationid FROM pg_catalog.pg_dist_partition d"
+				 " WHERE d.logicalrelid OPERATOR(pg_catalog.=) 'idem.citus_keys'::pg_catalog.regclass)",
 				 1, types, values, NULL, true);
+	d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2, &isnull);
+	*colocation = isnull ? 0 : DatumGetUInt32(d);
 	d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
 	return !isnull && DatumGetBool(d);
 }
@@ -398,6 +418,43 @@ write_tenant_key(Oid keys_owner, Oid tenant_type, Datum tenant,
 }
 
 /*
+ * Run the business statement pinned to the tenant (idem_citus_pin_tenant()):
+ * Citus's refusal of a statement that does not keep to the tenant's value
+ * becomes IDC03, which says what to do.
+ */
+static Jsonb *
+run_tenant_statement(IdemStatement *stmt, IdemRequest *req, bool *cached)
+{
+	MemoryContext cxt = CurrentMemoryContext;
+	Jsonb	   *response = NULL;
+
+	PG_TRY();
+	{
+		response = idem_execute_caching_errors(stmt, req, cached);
+	}
+	PG_CATCH();
+	{
+		ErrorData  *edata;
+
+		MemoryContextSwitchTo(cxt);
+		edata = CopyErrorData();
+		if (edata->sqlerrcode != ERRCODE_FEATURE_NOT_SUPPORTED ||
+			edata->message == NULL ||
+			strncmp(edata->message, "queries must filter by the distribution argument", 48) != 0)
+			PG_RE_THROW();
+		FlushErrorState();
+		ereport(ERROR,
+				(errcode(ERRCODE_IDEM_CITUS_MISMATCH),
+				 errmsg("the statement passed to idem_citus_call() does not keep to the tenant"),
+				 errdetail("Citus refused a part of it that is not filtered by the tenant's distribution value, in idem's colocation group: %s.",
+						   edata->message),
+				 idem_errhint(ERRCODE_IDEM_CITUS_MISMATCH, "Filter every distributed table the statement reads or writes by the tenant's distribution value, in tables co-located with idem's.")));
+	}
+	PG_END_TRY();
+	return response;
+}
+
+/*
  * The lock that serializes the calls of one (role, tenant, key): calls of
  * a tenant all run on the node of its shard.
  */
@@ -428,6 +485,7 @@ citus_call(FunctionCallInfo fcinfo, IdemRequest *req, IdemResult *result)
 	Oid			keys_owner;
 	Oid			tenant_type;
 	Datum		tenant;
+	uint32		colocation;
 	IdemStatement *stmt;
 	uint8		fingerprint[IDEM_FINGERPRINT_LEN];
 	TimestampTz now = GetCurrentTransactionStartTimestamp();
@@ -464,7 +522,7 @@ citus_call(FunctionCallInfo fcinfo, IdemRequest *req, IdemResult *result)
 
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "SPI_connect failed");
-	if (!tenant_shard_is_local(keys_owner, tenant_type, tenant))
+	if (!tenant_shard_is_local(keys_owner, tenant_type, tenant, &colocation))
 		ereport(ERROR,
 				(errcode(ERRCODE_IDEM_CITUS_NOT_LOCAL),
 				 errmsg("%s was not delegated to the node of the tenant's shard", fname),
@@ -517,7 +575,8 @@ citus_call(FunctionCallInfo fcinfo, IdemRequest *req, IdemResult *result)
 
 			executing = true;
 			old = MemoryContextSwitchTo(callercxt);
-			result->response = idem_execute_caching_errors(stmt, req, &cached);
+			idem_citus_pin_tenant(tenant_type, tenant, colocation);
+			result->response = run_tenant_statement(stmt, req, &cached);
 			MemoryContextSwitchTo(old);
 			idem_citus_check_confined(fname, true);
 			write_tenant_key(keys_owner, tenant_type, tenant, req, false,
