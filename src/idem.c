@@ -334,6 +334,20 @@ _PG_init(void)
 							   "",
 							   PGC_USERSET, 0,
 							   NULL, NULL, NULL);
+	DefineCustomStringVariable("idem.lease_token",
+							   "The lease token idem_step() presents for a queued run's step.",
+							   "idem_call() and the run functions take it as an argument instead.",
+							   &idem_lease_token,
+							   "",
+							   PGC_USERSET, 0,
+							   NULL, NULL, NULL);
+	DefineCustomIntVariable("idem.run_max_lease",
+							"Longest lease a claim or an extension of a queued run may ask for.",
+							NULL,
+							&idem_run_max_lease,
+							3600, 1, 86400,
+							PGC_SUSET, GUC_UNIT_S,
+							NULL, NULL, NULL);
 	DefineCustomIntVariable("idem.outbox_max_attempts",
 							"Deliveries of an outbox event before it becomes a dead letter.",
 							"A failure or an expired lease on the last attempt moves the event to the dead state.",
@@ -463,11 +477,19 @@ _PG_init(void)
 	}
 
 	DefineCustomBoolVariable("idem.outbox_notify",
-							 "Whether a transaction that wrote outbox events sends NOTIFY idem_outbox at commit.",
-							 "PostgreSQL commits notifying transactions one at a time, including their wait for a synchronous standby.",
+							 "Whether a transaction that wrote outbox events sends NOTIFY on its topics' channels at commit.",
+							 "Off by default: PostgreSQL commits notifying transactions one at a time, including their wait for a synchronous standby. Consumers that claim with a wait (shared memory) or poll need no NOTIFY; those that LISTEN need it on.",
 							 &idem_outbox_notify,
-							 true,
+							 false,
 							 PGC_USERSET, 0,
+							 NULL, NULL, NULL);
+
+	DefineCustomBoolVariable("idem.outbox_keep_delivered",
+							 "Whether an acknowledged outbox event stays in idem.outbox as delivered, for the purge to remove after idem.outbox_retention.",
+							 "Off by default: an acknowledgement deletes the event.",
+							 &idem_outbox_keep_delivered,
+							 false,
+							 PGC_SUSET, 0,
 							 NULL, NULL, NULL);
 
 	MarkGUCPrefixReserved("idem");
@@ -480,6 +502,7 @@ _PG_init(void)
 		shmem_startup_hook = idem_shmem_startup;
 		idem_worker_register();
 	}
+	idem_untyped_install();
 	defined = true;
 
 	check_early_settings(settings);
