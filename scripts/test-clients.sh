@@ -24,8 +24,8 @@ echo "# clients/node (node --test)"
 # npm ci also when node_modules predates a dependency of the lock file
 if ! (cd "$top/clients/node" && node -e 'require.resolve("pg"); require.resolve("postgres")' 2>/dev/null); then
 	(cd "$top/clients/node" && npm ci --no-audit --no-fund --loglevel=error) || status=1
+fi
 # the files named: Node 22 (Debian forky) takes a directory argument for a
 # test file and fails on it, where Node 20 searched it
-fi
 (cd "$top/clients/node" && node --test --test-reporter=dot test/*.test.js) || status=1
 exit $status
