@@ -131,6 +131,20 @@ type_other_refs(Node *node, UntypedWalk *walk)
 	return expression_tree_walker(node, type_other_refs, walk);
 }
 
+/*
+ * Whether the statement's text names something that begins with "idem_", in
+ * any case: every function this hook is for does, and a statement that
+ * names none is left without walking its tree.
+ */
+static bool
+mentions_idem(const char *text)
+{
+	for (const char *p = text; (p = strpbrk(p, "iI")) != NULL; p++)
+		if (pg_strncasecmp(p, "idem_", 5) == 0)
+			return true;
+	return false;
+}
+
 static void
 untyped_post_parse_analyze(ParseState *pstate, Query *query,
 						   JumbleState *jstate)
@@ -142,7 +156,8 @@ untyped_post_parse_analyze(ParseState *pstate, Query *query,
 
 	/* only parameters whose types the parser settles can be unknown */
 	if (pstate == NULL || pstate->p_coerce_param_hook == NULL ||
-		pstate->p_paramref_hook == NULL)
+		pstate->p_paramref_hook == NULL || pstate->p_sourcetext == NULL ||
+		!mentions_idem(pstate->p_sourcetext))
 		return;
 
 	walk.pstate = pstate;
