@@ -355,19 +355,32 @@ current_settings(void)
 /*
  * idem_statement_check_settings
  *		Refuse a business statement that changed a setting of the request
- *		identity, with set_config() or SET in a function it calls: every
- *		later request of the session (or transaction) would mean something
- *		else than the same call before it.  The error aborts the
- *		transaction, which takes the change back.
+ *		identity (search_path, TimeZone, ...), the role, or one of idem's
+ *		own parameters (before: as they were when it started), with
+ *		set_config(), SET or SET ROLE in a function it calls: every later
+ *		request of the session (or transaction) would mean something else
+ *		than the same call before it, or be keyed by another role, or be
+ *		recorded differently.  The error aborts the transaction, which
+ *		takes the change back.
  */
 void
-idem_statement_check_settings(IdemStatement *stmt)
+idem_statement_check_settings(IdemStatement *stmt,
+							  const IdemSessionState *before)
 {
+	const char *changed;
+
 	if (memcmp(current_settings(), stmt->settings, IDEM_FINGERPRINT_LEN) != 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
 				 errmsg("business statement changed a setting that is part of the request identity"),
 				 errdetail("search_path, TimeZone, DateStyle and the other settings idem compares decide what every later request of the session means."),
+				 idem_errhint(ERRCODE_FEATURE_NOT_SUPPORTED, "Change the setting before the call, or in a SET clause of the function the statement calls, which restores it on exit.")));
+	changed = idem_session_state_changed(before);
+	if (changed != NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("business statement changed setting \"%s\"", changed),
+				 errdetail("The role and the idem.* settings decide whose keys every later request of the session uses and what idem records for it."),
 				 idem_errhint(ERRCODE_FEATURE_NOT_SUPPORTED, "Change the setting before the call, or in a SET clause of the function the statement calls, which restores it on exit.")));
 }
 
