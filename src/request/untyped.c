@@ -6,8 +6,8 @@
  *
  * A driver that sends one argument typed (a decimal as numeric) and
  * another untyped (a string as type 0) reaches the VARIADIC "any" form of
- * idem_execute() and its siblings: the typed argument fits no text[]
- * overload.  PostgreSQL leaves a Param of unknown type passed to "any"
+ * idem_execute() and its siblings: the typed argument fits no
+ * idem_untyped[] overload.  PostgreSQL leaves a Param of unknown type passed to "any"
  * unknown, and the extended protocol's Parse then fails with 42P18 ("could
  * not determine data type of parameter").  A literal in the same place
  * arrives as a C string of type unknown and is typed by the statement; a
