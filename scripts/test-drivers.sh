@@ -18,11 +18,14 @@
 # it).  A driver that cannot be installed or built counts as failed.
 #
 #   scripts/test-drivers.sh [--write-doc]
-# Environment: PG_CONFIG (Debian's PostgreSQL 15 by default), with idem
-# installed into it; IDEM_DRIVERS_PORT (5491; PgBouncer gets the next).
+# Builds and installs idem into PG_CONFIG's installation first (Debian's
+# PostgreSQL 15 by default, which scripts/deps.sh installs), so it runs on
+# a machine with nothing.  IDEM_DRIVERS_PORT: 5491; PgBouncer gets the next.
 set -uo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
-export PG_CONFIG=${PG_CONFIG:-/usr/lib/postgresql/15/bin/pg_config}
+"$top/scripts/deps.sh" --test || exit 1
+. "$top/scripts/env.sh"
+idem_build_install "$top" || exit 1
 bindir=$("$PG_CONFIG" --bindir)
 port=${IDEM_DRIVERS_PORT:-5491}
 bport=$((port + 1))
@@ -177,6 +180,7 @@ for d in "${drivers[@]}"; do
 		echo "# $name: cannot run (not installed, or did not build; see below)"
 	fi
 done
+echo "# cluster, PgBouncer and the drivers probed: $(($(date +%s) - started))s"
 [ -s "$build_log" ] && { echo "# build output:"; sed 's/^/#   /' "$build_log"; }
 
 cmd_of() {
@@ -187,17 +191,24 @@ cmd_of() {
 	done
 }
 
-# 1. each begins its own key
+# 1. each begins its own key, all at once
+i=0
 for name in "${usable[@]}"; do
+	i=$((i + 1))
+	eval "$(cmd_of "$name") begin $(key_of "$name")" >"$work/begin.$i" 2>"$work/begin.$i.err" &
+done
+wait
+i=0
+for name in "${usable[@]}"; do
+	i=$((i + 1))
 	key=$(key_of "$name")
-	out=$(eval "$(cmd_of "$name") begin $key" 2>"$work/err")
-	line=$(grep -P "^result\t$key\tfalse\t" <<<"$out")
+	line=$(grep -P "^result\t$key\tfalse\t" "$work/begin.$i")
 	if [ -n "$line" ]; then
 		begun[$name]=1
 		resp[$key]=$(cut -f4 <<<"$line")
 	else
 		begun[$name]=0
-		echo "# $name: begin failed:"; sed 's/^/#   /' <<<"$out"; sed 's/^/#   /' "$work/err" | tail -5
+		echo "# $name: begin failed:"; sed 's/^/#   /' "$work/begin.$i"; sed 's/^/#   /' "$work/begin.$i.err" | tail -5
 	fi
 done
 keys=()
@@ -215,40 +226,33 @@ check_retry() {	# name output -> "replays mismatches"
 	echo "$r $m"
 }
 # directly, all drivers at once (each key's lock orders the calls)
-i=0
-for name in "${usable[@]}"; do
-	i=$((i + 1))
-	eval "$(cmd_of "$name") retry ${keys[*]}" >"$work/direct.$i" 2>"$work/direct.$i.err" &
-done
-wait
+run_all() {	# prefix, then env assignments for the drivers
+	local prefix=$1 i=0 name cmd
+	shift
+	for name in "${usable[@]}"; do
+		i=$((i + 1))
+		cmd=$(cmd_of "$name")
+		(export "$@"; eval "$cmd retry ${keys[*]}") >"$work/$prefix.$i" 2>"$work/$prefix.$i.err" &
+	done
+	wait
+}
+run_all direct PGPORT=$port
 echo "# each driver retried every key directly: $(($(date +%s) - started))s"
-# through PgBouncer one after the other, each after the leaked SET
+# through PgBouncer's one pooled server connection, on which a client left
+# PgJDBC's setting
+psql_q -p "$bport" -c "SET extra_float_digits = 3" || echo "# could not SET through PgBouncer"
+run_all bouncer PGPORT=$bport VIA_BOUNCER=1
 i=0
 for name in "${usable[@]}"; do
 	i=$((i + 1))
-	cmd=$(cmd_of "$name")
-	out=$(cat "$work/direct.$i")
-	cp "$work/direct.$i.err" "$work/err"
-	read -r r m <<<"$(check_retry "$name" "$out")"
-	direct[$name]=$r mism[$name]=$m
-	if [ "$r" != "${#keys[@]}" ] || [ "$m" != "${#keys[@]}" ]; then
-		echo "# $name direct: $r/${#keys[@]} replays, $m/${#keys[@]} ID422:"
-		sed 's/^/#   /' <<<"$out" | head -40; sed 's/^/#   /' "$work/err" | tail -5
-	fi
-	# PgJDBC's SET, leaked by a pooled connection to the next client
-	psql_q -p "$bport" -c "SET extra_float_digits = 3" || echo "# could not SET through PgBouncer"
-	if [ "$name" = psql ]; then
-		out=$(PGPORT=$bport eval "$cmd retry ${keys[*]}" 2>"$work/err")
-	else
-		out=$(PGPORT=$bport VIA_BOUNCER=1 eval "$cmd retry ${keys[*]}" 2>"$work/err")
-	fi
-	read -r r m <<<"$(check_retry "$name" "$out")"
-	bounced[$name]=$r
-	if [ "$r" != "${#keys[@]}" ] || [ "$m" != "${#keys[@]}" ]; then
-		echo "# $name through PgBouncer: $r/${#keys[@]} replays, $m/${#keys[@]} ID422:"
-		sed 's/^/#   /' <<<"$out" | head -40; sed 's/^/#   /' "$work/err" | tail -5
-		bounced[$name]=$((r < m ? r : m))
-	fi
+	for via in direct bouncer; do
+		read -r r m <<<"$(check_retry "$name" "$(cat "$work/$via.$i")")"
+		if [ $via = direct ]; then direct[$name]=$r mism[$name]=$m; else bounced[$name]=$((r < m ? r : m)); fi
+		if [ "$r" != "${#keys[@]}" ] || [ "$m" != "${#keys[@]}" ]; then
+			echo "# $name $via: $r/${#keys[@]} replays, $m/${#keys[@]} ID422:"
+			sed 's/^/#   /' "$work/$via.$i" | head -40; sed 's/^/#   /' "$work/$via.$i.err" | tail -5
+		fi
+	done
 done
 leaked=$(psql_q -p "$bport" -c "SHOW extra_float_digits")
 rows=$(psql_q -c "SELECT count(*) FROM matrix_pay")
@@ -282,7 +286,7 @@ if [ "$write_doc" = 1 ]; then
 import re, sys
 path, table = sys.argv[1], sys.argv[2]
 text = open(path).read()
-new = re.sub(r"(<!-- matrix:begin -->\n).*?(\n<!-- matrix:end -->)", lambda m: m.group(1) + table + m.group(2), text, flags=re.S)
+new = re.sub(r"(<!-- matrix:begin -->\n)(?:.*?\n)?(<!-- matrix:end -->)", lambda m: m.group(1) + table + "\n" + m.group(2), text, flags=re.S)
 open(path, "w").write(new)
 PY
 	echo "# wrote the table into doc/drivers.md"

@@ -5,7 +5,9 @@
  *		parameters, and the entry points of SQL definitions older than the
  *		library.
  *
- * idem works without shared_preload_libraries.  Loaded at server start it
+ * idem works without shared_preload_libraries.  However loaded, it installs
+ * the parse analysis hook that types untyped driver parameters in calls of
+ * its functions (request/untyped.c).  Loaded at server start it
  * also asks for shared memory (stats.c's counters, audit.c's queue) and
  * registers the purge launcher (worker.c); the settings only these use
  * and that cannot change after start (PGC_POSTMASTER) exist only then.

@@ -6,8 +6,8 @@
  *
  * A driver that sends one argument typed (a decimal as numeric) and
  * another untyped (a string as type 0) reaches the VARIADIC "any" form of
- * idem_execute() and its siblings: the typed argument fits no text[]
- * overload.  PostgreSQL leaves a Param of unknown type passed to "any"
+ * idem_execute() and its siblings: the typed argument fits no
+ * idem_untyped[] overload.  PostgreSQL leaves a Param of unknown type passed to "any"
  * unknown, and the extended protocol's Parse then fails with 42P18 ("could
  * not determine data type of parameter").  A literal in the same place
  * arrives as a C string of type unknown and is typed by the statement; a
@@ -131,6 +131,20 @@ type_other_refs(Node *node, UntypedWalk *walk)
 	return expression_tree_walker(node, type_other_refs, walk);
 }
 
+/*
+ * Whether the statement's text names something that begins with "idem_", in
+ * any case: every function this hook is for does, and a statement that
+ * names none is left without walking its tree.
+ */
+static bool
+mentions_idem(const char *text)
+{
+	for (const char *p = text; (p = strpbrk(p, "iI")) != NULL; p++)
+		if (pg_strncasecmp(p, "idem_", 5) == 0)
+			return true;
+	return false;
+}
+
 static void
 untyped_post_parse_analyze(ParseState *pstate, Query *query,
 						   JumbleState *jstate)
@@ -142,7 +156,8 @@ untyped_post_parse_analyze(ParseState *pstate, Query *query,
 
 	/* only parameters whose types the parser settles can be unknown */
 	if (pstate == NULL || pstate->p_coerce_param_hook == NULL ||
-		pstate->p_paramref_hook == NULL)
+		pstate->p_paramref_hook == NULL || pstate->p_sourcetext == NULL ||
+		!mentions_idem(pstate->p_sourcetext))
 		return;
 
 	walk.pstate = pstate;

@@ -126,6 +126,26 @@ ALTER SYSTEM SET idem.outbox_logical_message = on;
 			"SELECT count(*) FROM idem.outbox WHERE key = 'ev-1'"),
 		'0', "$label: delivered (the ack deleted it)");
 
+	# typed and untyped driver parameters in one call (issue 23): the
+	# parse analysis hook types the untyped ones where the library is loaded
+	# when the statement is parsed.  A session's first statement finds it
+	# there when preloaded; otherwise PostgreSQL's 42P18, until a call
+	# loads it.
+	my $mixed = "PREPARE mixed AS SELECT idem_execute(\$1, \$2, \$3, \$4::numeric) ->> 'command';\n"
+	  . "EXECUTE mixed('mixed-1', 'INSERT INTO biz (key, client, n) VALUES (\$1, 1, \$2) RETURNING n', 'm', 7);";
+	($ret, $out, $err) = $node->psql('postgres', "\\set VERBOSITY verbose\n$mixed");
+	if ($preload)
+	{
+		is($out, 'INSERT', "$label: a mixed call works from the first statement");
+	}
+	else
+	{
+		like($err, qr/42P18: could not determine data type of parameter \$3/,
+			"$label: a session's first mixed call is PostgreSQL's 42P18");
+		is($node->safe_psql('postgres', "SELECT idem_retry_advice('ID422');\n$mixed"),
+			"never\nINSERT", "$label: once a call loaded the library, it works");
+	}
+
 	$node->stop;
 }
 
