@@ -52,6 +52,7 @@ ALIASES = {"bash": "sh", "shell": "sh", "console": "sh", "zsh": "sh", "psql": "s
            "py": "python", "python3": "python", "javascript": "js", "node": "js",
            "mjs": "js", "cjs": "js"}
 SHOW = False
+UPDATES = []  # (file, line of a text block's fence, the output got) for --update
 PORT = 5432  # the socket lives in a private directory: no clash with others
 
 
@@ -243,6 +244,7 @@ def run_segment(cluster, runnable, db, stats, failures):
                 if not compare(b.expected, out):
                     failures.append(f"{b.where()}: output differs from the text block at line "
                                     f"{b.expected_line}:\n" + show_diff(b.expected, out))
+                    UPDATES.append((b.path, b.expected_line, out))
             elif re.search(r"^(ERROR|FATAL|PANIC):", out, re.M) or "[exit status" in out \
                     or (b.lang != "sql" and "Traceback" in out):
                 failures.append(f"{b.where()}: the block failed:\n{out}")
@@ -281,6 +283,24 @@ def run_page(cluster, path, db, stats, failures):
     cluster.psql("postgres", reset, check=True)
 
 
+def update_text_blocks(updates):
+    """Replace the body of each text block (by its fence's line) with out."""
+    by_file = {}
+    for path, line, out in updates:
+        by_file.setdefault(path, []).append((line, out))
+    for path, items in by_file.items():
+        lines = open(path, encoding="utf-8").read().split("\n")
+        for line, out in sorted(items, reverse=True):  # bottom first: line numbers hold
+            fence = lines[line - 1]
+            indent = fence[:len(fence) - len(fence.lstrip())]
+            end = line
+            while not lines[end].strip().startswith("```"):
+                end += 1
+            body = [(indent + l).rstrip() if l else "" for l in out.rstrip("\n").split("\n")]
+            lines[line:end] = body
+        open(path, "w", encoding="utf-8").write("\n".join(lines))
+
+
 def reference_checks():
     """What the reference pages must list, read from the code: every
     SQLSTATE of src/idem.h in doc/api.md's table, every idem.* setting the C
@@ -314,6 +334,8 @@ def main():
     ap = argparse.ArgumentParser(description="Run the docs' examples and check their output.")
     ap.add_argument("files", nargs="*", help="Markdown files (default: README.md, doc/*.md, clients/README.md)")
     ap.add_argument("--keep", action="store_true", help="keep the cluster's directory")
+    ap.add_argument("--update", action="store_true",
+                    help="write the output got into the text blocks that differ (read the diffs first)")
     ap.add_argument("--print", action="store_true", dest="show",
                     help="print every block's output (to write a text block: read it first)")
     a = ap.parse_args()
@@ -328,7 +350,10 @@ def main():
                        shell=True, check=True)
         me = os.path.join(copy, os.path.relpath(os.path.abspath(__file__), TOP))
         files = [os.path.join(copy, os.path.relpath(os.path.abspath(f), TOP)) for f in a.files]
-        opts = (["--keep"] if a.keep else []) + (["--print"] if a.show else [])
+        opts = (["--keep"] if a.keep else []) + (["--print"] if a.show else []) + \
+            (["--update"] if a.update else [])
+        if a.update:
+            sys.exit("test/doc/run.py: --update as root would write into a copy; run it as the tree's owner")
         try:
             r = subprocess.run(["runuser", "-u", "postgres", "--", "env",
                                 f"PG_CONFIG={os.environ.get('PG_CONFIG', '')}",
@@ -360,6 +385,9 @@ def main():
             shutil.rmtree(cluster.dir, ignore_errors=True)
     for f in failures:
         print(f"FAIL {f}")
+    if a.update and UPDATES:
+        update_text_blocks(UPDATES)
+        print(f"test/doc/run.py: {len(UPDATES)} text blocks rewritten from the output got")
     ran = sum(stats[k] for k in RUN_LANGS)
     print(f"doc examples: {ran} blocks run in {len(files)} files "
           f"(sql {stats['sql']}, python {stats['python']}, js {stats['js']}, sh {stats['sh']}), "
