@@ -516,3 +516,14 @@ CREATE FUNCTION @extschema@.idem_dry_run(key text, sql text,
 RETURNS record
 AS 'MODULE_PATHNAME', 'idem_dry_run'
 LANGUAGE C VOLATILE PARALLEL UNSAFE;
+-- citus (issue 26, doc/citus.md): an administrator declares the Citus
+-- distributed table whose colocation group idem's tenant records follow.
+-- It creates idem.citus_keys (distributed by a tenant column of the table's
+-- distribution type, co-located with it) and idem_citus_call(tenant, key,
+-- sql [, VARIADIC args]) with that tenant type, which Citus delegates to the
+-- node of the tenant's shard.  Without Citus it raises IDC01.
+CREATE FUNCTION @extschema@.idem_citus_colocate(distributed_table regclass)
+RETURNS void
+AS 'MODULE_PATHNAME', 'idem_citus_colocate'
+LANGUAGE C VOLATILE STRICT PARALLEL UNSAFE;
+REVOKE ALL ON FUNCTION @extschema@.idem_citus_colocate(regclass) FROM PUBLIC;

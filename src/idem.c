@@ -477,11 +477,19 @@ _PG_init(void)
 	}
 
 	DefineCustomBoolVariable("idem.outbox_notify",
-							 "Whether a transaction that wrote outbox events sends NOTIFY idem_outbox at commit.",
-							 "PostgreSQL commits notifying transactions one at a time, including their wait for a synchronous standby.",
+							 "Whether a transaction that wrote outbox events sends NOTIFY on its topics' channels at commit.",
+							 "Off by default: PostgreSQL commits notifying transactions one at a time, including their wait for a synchronous standby. Consumers that claim with a wait (shared memory) or poll need no NOTIFY; those that LISTEN need it on.",
 							 &idem_outbox_notify,
-							 true,
+							 false,
 							 PGC_USERSET, 0,
+							 NULL, NULL, NULL);
+
+	DefineCustomBoolVariable("idem.outbox_keep_delivered",
+							 "Whether an acknowledged outbox event stays in idem.outbox as delivered, for the purge to remove after idem.outbox_retention.",
+							 "Off by default: an acknowledgement deletes the event.",
+							 &idem_outbox_keep_delivered,
+							 false,
+							 PGC_SUSET, 0,
 							 NULL, NULL, NULL);
 
 	MarkGUCPrefixReserved("idem");

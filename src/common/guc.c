@@ -45,7 +45,6 @@ int			idem_audit_retention = 0;
 int			idem_audit_queue_size = 1024;
 int			idem_purge_interval = 60;
 int			idem_purge_batch_size = 10000;
-bool		idem_outbox_notify = true;
 
 /*
  * The role a call runs as and idem's own parameters, as a business
@@ -195,3 +194,5 @@ idem_session_state_changed(const IdemSessionState *s)
 }
 char	   *idem_lease_token = NULL;
 int			idem_run_max_lease = 3600;
+bool		idem_outbox_notify = false;
+bool		idem_outbox_keep_delivered = false;

@@ -368,6 +368,7 @@ execute_and_record(IdemStatement *stmt, IdemRequest *req,
 	bool		cached_error;
 
 	result->response = idem_execute_caching_errors(stmt, req, &cached_error);
+	idem_citus_check_confined("idem_execute()", false);
 	/* a failed statement had no effect to announce */
 	if (cached_error)
 		topic = NULL;
@@ -399,24 +400,27 @@ idem_make_replay_durable(IdemRequest *req)
  * idem_keyed_request
  *		The request of a call shaped (key text, sql text [, VARIADIC args]),
  *		checked the way idem_execute() checks it; fname names the function.
+ *		keyarg is the key's argument number: the statement follows it, then
+ *		the statement's arguments.
  */
 void
-idem_keyed_request(FunctionCallInfo fcinfo, const char *fname, IdemRequest *req)
+idem_keyed_request(FunctionCallInfo fcinfo, const char *fname, int keyarg,
+				   IdemRequest *req)
 {
 	idem_check_can_write(fname);
 	req->ttl = idem_checked_ttl();
 
 	req->owner = idem_key_owner();
-	req->key = idem_name_arg(fcinfo, 0, "idempotency key");
+	req->key = idem_name_arg(fcinfo, keyarg, "idempotency key");
 	req->keylen = strlen(req->key);
 	idem_check_not_step_key(req->key, fname);
-	if (PG_ARGISNULL(1))
+	if (PG_ARGISNULL(keyarg + 1))
 		ereport(ERROR,
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
 				 errmsg("statement passed to %s must not be null", fname),
 				 idem_errhint(ERRCODE_NULL_VALUE_NOT_ALLOWED, NULL)));
-	req->sql = text_to_cstring(PG_GETARG_TEXT_PP(1));
-	idem_collect_args(fcinfo, IDEM_FIXED_ARGS, req);
+	req->sql = text_to_cstring(PG_GETARG_TEXT_PP(keyarg + 1));
+	idem_collect_args(fcinfo, keyarg + IDEM_FIXED_ARGS, req);
 }
 
 static void
@@ -424,7 +428,7 @@ idem_execute_internal(FunctionCallInfo fcinfo, IdemResult *result)
 {
 	IdemRequest req;
 
-	idem_keyed_request(fcinfo, "idem_execute()", &req);
+	idem_keyed_request(fcinfo, "idem_execute()", 0, &req);
 	idem_execute_request(&req, result);
 }
 

@@ -70,7 +70,7 @@ extern void idem_collect_args(FunctionCallInfo fcinfo, int first,
 							  IdemRequest *req);
 extern void idem_collect_array(ArrayType *arr, bool strings, IdemRequest *req);
 extern void idem_keyed_request(FunctionCallInfo fcinfo, const char *fname,
-							   IdemRequest *req);
+							   int keyarg, IdemRequest *req);
 extern void idem_execute_request(IdemRequest *req, IdemResult *result);
 extern Datum idem_result_datum(IdemResult *result);
 extern void idem_check_not_step_key(const char *key, const char *fname);
@@ -86,5 +86,12 @@ extern void idem_make_replay_durable(IdemRequest *req);
 
 /* untyped.c: unknown driver parameters in calls of idem's functions */
 extern void idem_untyped_install(void);
+/* citus.c: idem under Citus */
+extern bool idem_citus_present(void);
+extern void idem_citus_require(const char *fname);
+extern Oid	idem_citus_keys_relid(void);
+extern bool idem_citus_in_distributed_transaction(void);
+extern void idem_citus_check_confined(const char *fname, bool tenant_call);
+extern void idem_citus_pin_tenant(Oid type, Datum value, uint32 colocation);
 
 #endif							/* IDEM_REQUEST_H */
