@@ -301,6 +301,42 @@ def update_text_blocks(updates):
         open(path, "w", encoding="utf-8").write("\n".join(lines))
 
 
+def anchors(text):
+    """GitHub's anchors of a Markdown text's headings."""
+    seen, res, inb = {}, set(), False
+    for line in text.split("\n"):
+        if line.lstrip().startswith("```"):
+            inb = not inb
+            continue
+        m = None if inb else re.match(r"^#{1,6}\s+(.*)$", line)
+        if m:
+            a = re.sub(r"[^\w\- ]", "", m.group(1).strip().lower()).replace(" ", "-")
+            n = seen.get(a)
+            seen[a] = 0 if n is None else n + 1
+            res.add(a if n is None else f"{a}-{n + 1}")
+    return res
+
+
+def link_checks(files):
+    """Every relative link of the pages: its anchor exists in the page it
+    names.  A page that does not exist is only reported (pages of features
+    on other branches are linked before they merge)."""
+    problems, notes = [], set()
+    for f in files:
+        text = open(f, encoding="utf-8").read()
+        for m in re.finditer(r"\]\(([^)#\s]*)(?:#([^)\s]*))?\)", text):
+            target, anchor = m.group(1), m.group(2)
+            if re.match(r"[a-z]+:", target):
+                continue
+            path = os.path.normpath(os.path.join(os.path.dirname(f), target)) if target else f
+            where = os.path.relpath(f, TOP)
+            if not os.path.exists(path):
+                notes.add(f"{where}: links to {os.path.relpath(path, TOP)}, which does not exist (yet)")
+            elif anchor and path.endswith(".md") and anchor not in anchors(open(path, encoding="utf-8").read()):
+                problems.append(f"{where}: link to {target}#{anchor}: no such heading")
+    return problems, sorted(notes)
+
+
 def reference_checks():
     """What the reference pages must list, read from the code: every
     SQLSTATE of src/idem.h in doc/api.md's table, every idem.* setting the C
@@ -368,6 +404,10 @@ def main():
         [os.path.join(TOP, "clients/README.md")])
     t0 = time.time()
     failures = [] if a.files else reference_checks()
+    links, notes = link_checks(files)
+    failures += links
+    for n in notes:
+        print(f"note: {n}")
     cluster = Cluster(pg_config)
     stats = {k: 0 for k in RUN_LANGS + ("compared", "notest", "quickstart")}
     try:
