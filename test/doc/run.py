@@ -6,7 +6,8 @@ files named on the command line) and, in one throwaway cluster (idem in
 shared_preload_libraries, a Unix socket in a private directory), runs each
 page in a database of its own:
 
-  ```sql      consecutive blocks run in one psql session (psql -X -q, errors
+  ```sql      consecutive blocks run in one psql session (psql -X: psql's
+              default output, command tags and CONTEXT lines included; errors
               do not stop it); the page's first session runs
               CREATE EXTENSION idem unless the page creates it itself
   ```python   /usr/bin/python3, PYTHONPATH=clients/python
@@ -154,8 +155,8 @@ class Cluster:
         self.run([f"{self.bindir}/pg_ctl", "-D", self.data, "-m", "immediate", "stop"],
                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
-    def psql(self, db, script, check=False):
-        p = self.run([f"{self.bindir}/psql", "-X", "-q", "-d", db, "-v", "SHOW_CONTEXT=never"],
+    def psql(self, db, script, check=False, opts=()):
+        p = self.run([f"{self.bindir}/psql", "-X", *opts, "-d", db],
                      input=script, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         if check and (p.returncode != 0 or "ERROR:" in p.stdout):
             raise RuntimeError(f"psql on {db} failed:\n{script}\n{p.stdout}")
@@ -274,9 +275,9 @@ def run_page(cluster, path, db, stats, failures):
         cluster.psql("postgres", f'DROP DATABASE "{db}_{n}" WITH (FORCE);', check=True)
 
     # leave nothing for the next page: its database, its roles, ALTER SYSTEM
-    roles = cluster.psql("postgres", "\\pset tuples_only on\n\\pset format unaligned\n"
-                         "SELECT quote_ident(rolname) FROM pg_roles "
-                         "WHERE rolname !~ '^pg_' AND rolname <> 'postgres';", check=True).split()
+    roles = cluster.psql("postgres", "SELECT quote_ident(rolname) FROM pg_roles "
+                         "WHERE rolname !~ '^pg_' AND rolname <> 'postgres';",
+                         check=True, opts=("-A", "-t")).split()
     reset = "ALTER SYSTEM RESET ALL;\nSELECT pg_reload_conf();\n"
     if roles:
         reset = "DROP ROLE " + ", ".join(roles) + ";\n" + reset
