@@ -25,5 +25,7 @@ echo "# clients/node (node --test)"
 if ! (cd "$top/clients/node" && node -e 'require.resolve("pg"); require.resolve("postgres")' 2>/dev/null); then
 	(cd "$top/clients/node" && npm ci --no-audit --no-fund --loglevel=error) || status=1
 fi
-(cd "$top/clients/node" && node --test --test-reporter=dot test/) || status=1
+# the files named: Node 22 (Debian forky) takes a directory argument for a
+# test file and fails on it, where Node 20 searched it
+(cd "$top/clients/node" && node --test --test-reporter=dot test/*.test.js) || status=1
 exit $status

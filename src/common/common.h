@@ -32,12 +32,14 @@ extern int32 idem_purge_batch_arg(FunctionCallInfo fcinfo, const char *fname);
 extern void idem_check_variadic_dims(ArrayType *arr, const char *what);
 
 /* guc.c: the role and idem.* parameters a business statement must keep */
+#define IDEM_OWN_PARAMS_MAX 64
 typedef struct IdemSessionState
 {
 	Oid			user;
 	Oid			outer_user;
 	Oid			session_user;
-	union IdemParamValue *values;	/* each idem.* parameter's */
+	uint64		values[IDEM_OWN_PARAMS_MAX];	/* each idem.* parameter's
+												 * value, or its string */
 } IdemSessionState;
 extern void idem_session_state_save(IdemSessionState *s);
 extern const char *idem_session_state_changed(const IdemSessionState *s);

@@ -59,6 +59,20 @@ int			idem_purge_batch_size = 10000;
 static struct config_generic **own_params = NULL;
 static int	own_nparams = 0;
 
+/*
+ * Where each parameter's value lives, and its size: 0 for a string, whose
+ * value is compared by content (a new value may land at the old one's
+ * address).  Kept apart from the GUC table so that the snapshot a
+ * statement takes is a few word copies.
+ */
+typedef struct OwnParam
+{
+	void	   *variable;
+	int			size;
+} OwnParam;
+
+static OwnParam *own_vars = NULL;
+
 static void
 find_own_params(void)
 {
@@ -70,12 +84,46 @@ find_own_params(void)
 		if (strncmp(vars[i]->name, "idem.", 5) == 0 &&
 			!(vars[i]->flags & GUC_CUSTOM_PLACEHOLDER))
 			count++;
+	if (count > IDEM_OWN_PARAMS_MAX)
+		elog(ERROR, "idem defines %d parameters, more than %d", count,
+			 IDEM_OWN_PARAMS_MAX);
 	own_params = MemoryContextAlloc(TopMemoryContext,
 									Max(count, 1) * sizeof(*own_params));
+	own_vars = MemoryContextAlloc(TopMemoryContext,
+								  Max(count, 1) * sizeof(*own_vars));
 	for (int i = 0; i < n; i++)
-		if (strncmp(vars[i]->name, "idem.", 5) == 0 &&
-			!(vars[i]->flags & GUC_CUSTOM_PLACEHOLDER))
-			own_params[own_nparams++] = vars[i];
+	{
+		struct config_generic *gen = vars[i];
+		OwnParam   *v = &own_vars[own_nparams];
+
+		if (strncmp(gen->name, "idem.", 5) != 0 ||
+			(gen->flags & GUC_CUSTOM_PLACEHOLDER))
+			continue;
+		switch (gen->vartype)
+		{
+			case PGC_BOOL:
+				v->variable = ((struct config_bool *) gen)->variable;
+				v->size = sizeof(bool);
+				break;
+			case PGC_INT:
+				v->variable = ((struct config_int *) gen)->variable;
+				v->size = sizeof(int);
+				break;
+			case PGC_REAL:
+				v->variable = ((struct config_real *) gen)->variable;
+				v->size = sizeof(double);
+				break;
+			case PGC_ENUM:
+				v->variable = ((struct config_enum *) gen)->variable;
+				v->size = sizeof(int);
+				break;
+			case PGC_STRING:
+				v->variable = ((struct config_string *) gen)->variable;
+				v->size = 0;
+				break;
+		}
+		own_params[own_nparams++] = gen;
+	}
 }
 
 /*
@@ -94,85 +142,48 @@ idem_own_param(const char *name)
 	return NULL;				/* keep compiler quiet */
 }
 
-/* A parameter's value; a string's is copied when saved */
-typedef union IdemParamValue
+/* A non-string parameter's value as a word (sizes are constants: inlined) */
+static inline uint64
+param_word(const OwnParam *v)
 {
-	bool		b;
-	int			i;
-	double		r;
-	char	   *s;
-} IdemParamValue;
+	uint64		w = 0;
 
-static IdemParamValue
-param_value(struct config_generic *gen)
-{
-	IdemParamValue v;
-
-	memset(&v, 0, sizeof(v));
-	switch (gen->vartype)
-	{
-		case PGC_BOOL:
-			v.b = *((struct config_bool *) gen)->variable;
-			break;
-		case PGC_INT:
-			v.i = *((struct config_int *) gen)->variable;
-			break;
-		case PGC_REAL:
-			v.r = *((struct config_real *) gen)->variable;
-			break;
-		case PGC_ENUM:
-			v.i = *((struct config_enum *) gen)->variable;
-			break;
-		case PGC_STRING:
-			v.s = *((struct config_string *) gen)->variable;
-			break;
-	}
-	return v;
-}
-
-static bool
-param_same(struct config_generic *gen, IdemParamValue a, IdemParamValue b)
-{
-	switch (gen->vartype)
-	{
-		case PGC_BOOL:
-			return a.b == b.b;
-		case PGC_INT:
-		case PGC_ENUM:
-			return a.i == b.i;
-		case PGC_REAL:
-			return a.r == b.r;
-		case PGC_STRING:
-			if (a.s == NULL || b.s == NULL)
-				return a.s == b.s;
-			return strcmp(a.s, b.s) == 0;
-	}
-	return true;
+	if (v->size == sizeof(bool))
+		w = *(bool *) v->variable;
+	else if (v->size == sizeof(int))
+		w = (uint32) *(int *) v->variable;
+	else
+		memcpy(&w, v->variable, sizeof(double));
+	return w;
 }
 
 /*
  * idem_session_state_save
- *		Note the role and idem's parameters, in the current memory context.
+ *		Note the role and idem's parameters; a non-empty string is copied
+ *		in the current memory context.
  */
 void
 idem_session_state_save(IdemSessionState *s)
 {
-	IdemParamValue *values;
-
 	if (own_params == NULL)
 		find_own_params();
 	s->user = GetUserId();
 	s->outer_user = GetOuterUserId();
 	s->session_user = GetSessionUserId();
-	values = palloc(Max(own_nparams, 1) * sizeof(IdemParamValue));
 	for (int i = 0; i < own_nparams; i++)
 	{
-		values[i] = param_value(own_params[i]);
-		/* copied: a string's new value may land at the old one's address */
-		if (own_params[i]->vartype == PGC_STRING && values[i].s != NULL)
-			values[i].s = pstrdup(values[i].s);
+		const OwnParam *v = &own_vars[i];
+
+		if (v->size > 0)
+			s->values[i] = param_word(v);
+		else
+		{
+			const char *str = *(char **) v->variable;
+
+			s->values[i] = (uintptr_t) (str == NULL ? NULL :
+										str[0] == '\0' ? "" : pstrdup(str));
+		}
 	}
-	s->values = values;
 }
 
 /*
@@ -187,9 +198,25 @@ idem_session_state_changed(const IdemSessionState *s)
 	if (s->session_user != GetSessionUserId())
 		return "session_authorization";
 	for (int i = 0; i < own_nparams; i++)
-		if (!param_same(own_params[i], param_value(own_params[i]),
-						s->values[i]))
+	{
+		const OwnParam *v = &own_vars[i];
+		bool		same;
+
+		if (v->size > 0)
+			same = (param_word(v) == s->values[i]);
+		else
+		{
+			const char *now = *(char **) v->variable;
+			const char *then = (const char *) (uintptr_t) s->values[i];
+
+			if (now == NULL || then == NULL)
+				same = (now == then);
+			else
+				same = (strcmp(now, then) == 0);
+		}
+		if (!same)
 			return own_params[i]->name;
+	}
 	return NULL;
 }
 char	   *idem_lease_token = NULL;
