@@ -341,8 +341,9 @@ def link_checks(files):
 def reference_checks():
     """What the reference pages must list, read from the code: every
     SQLSTATE of src/idem.h in doc/api.md's table, every idem.* setting the C
-    code defines in doc/configuration.md's, every function, procedure and
-    view of the install scripts somewhere in doc/."""
+    code defines in doc/configuration.md's, every C file of src/ in
+    doc/internals.md, every function, procedure and view of the install
+    scripts somewhere in doc/."""
     problems = []
     src = lambda *p: open(os.path.join(TOP, *p), encoding="utf-8").read()
     api = src("doc", "api.md")
@@ -358,6 +359,11 @@ def reference_checks():
                 for g in re.findall(r'DefineCustom\w+Variable\(\s*"(idem\.\w+)"', src(root, n)):
                     if not re.search(r"^(\| `|### `)" + re.escape(g) + "`", conf, re.M):
                         problems.append(f"doc/configuration.md: setting {g} ({os.path.relpath(os.path.join(root, n), TOP)}) is not documented")
+    internals = src("doc", "internals.md")
+    for root, _, names in os.walk(os.path.join(TOP, "src")):
+        for n in names:
+            if n.endswith(".c") and f"`{n}`" not in internals:
+                problems.append(f"doc/internals.md: {os.path.relpath(os.path.join(root, n), TOP)} is not in the layers' table")
     docs = "".join(src("doc", f) for f in os.listdir(os.path.join(TOP, "doc")) if f.endswith(".md"))
     for f in sorted(os.listdir(TOP)):
         if re.match(r"idem--.*\.sql$", f):
