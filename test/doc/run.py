@@ -6,7 +6,8 @@ files named on the command line) and, in one throwaway cluster (idem in
 shared_preload_libraries, a Unix socket in a private directory), runs each
 page in a database of its own:
 
-  ```sql      consecutive blocks run in one psql session (psql -X -q, errors
+  ```sql      consecutive blocks run in one psql session (psql -X: psql's
+              default output, command tags and CONTEXT lines included; errors
               do not stop it); the page's first session runs
               CREATE EXTENSION idem unless the page creates it itself
   ```python   /usr/bin/python3, PYTHONPATH=clients/python
@@ -52,6 +53,7 @@ ALIASES = {"bash": "sh", "shell": "sh", "console": "sh", "zsh": "sh", "psql": "s
            "py": "python", "python3": "python", "javascript": "js", "node": "js",
            "mjs": "js", "cjs": "js"}
 SHOW = False
+UPDATES = []  # (file, line of a text block's fence, the output got) for --update
 PORT = 5432  # the socket lives in a private directory: no clash with others
 
 
@@ -153,8 +155,8 @@ class Cluster:
         self.run([f"{self.bindir}/pg_ctl", "-D", self.data, "-m", "immediate", "stop"],
                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
-    def psql(self, db, script, check=False):
-        p = self.run([f"{self.bindir}/psql", "-X", "-q", "-d", db, "-v", "SHOW_CONTEXT=never"],
+    def psql(self, db, script, check=False, opts=()):
+        p = self.run([f"{self.bindir}/psql", "-X", *opts, "-d", db],
                      input=script, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         if check and (p.returncode != 0 or "ERROR:" in p.stdout):
             raise RuntimeError(f"psql on {db} failed:\n{script}\n{p.stdout}")
@@ -243,6 +245,7 @@ def run_segment(cluster, runnable, db, stats, failures):
                 if not compare(b.expected, out):
                     failures.append(f"{b.where()}: output differs from the text block at line "
                                     f"{b.expected_line}:\n" + show_diff(b.expected, out))
+                    UPDATES.append((b.path, b.expected_line, out))
             elif re.search(r"^(ERROR|FATAL|PANIC):", out, re.M) or "[exit status" in out \
                     or (b.lang != "sql" and "Traceback" in out):
                 failures.append(f"{b.where()}: the block failed:\n{out}")
@@ -272,20 +275,75 @@ def run_page(cluster, path, db, stats, failures):
         cluster.psql("postgres", f'DROP DATABASE "{db}_{n}" WITH (FORCE);', check=True)
 
     # leave nothing for the next page: its database, its roles, ALTER SYSTEM
-    roles = cluster.psql("postgres", "\\pset tuples_only on\n\\pset format unaligned\n"
-                         "SELECT quote_ident(rolname) FROM pg_roles "
-                         "WHERE rolname !~ '^pg_' AND rolname <> 'postgres';", check=True).split()
+    roles = cluster.psql("postgres", "SELECT quote_ident(rolname) FROM pg_roles "
+                         "WHERE rolname !~ '^pg_' AND rolname <> 'postgres';",
+                         check=True, opts=("-A", "-t")).split()
     reset = "ALTER SYSTEM RESET ALL;\nSELECT pg_reload_conf();\n"
     if roles:
         reset = "DROP ROLE " + ", ".join(roles) + ";\n" + reset
     cluster.psql("postgres", reset, check=True)
 
 
+def update_text_blocks(updates):
+    """Replace the body of each text block (by its fence's line) with out."""
+    by_file = {}
+    for path, line, out in updates:
+        by_file.setdefault(path, []).append((line, out))
+    for path, items in by_file.items():
+        lines = open(path, encoding="utf-8").read().split("\n")
+        for line, out in sorted(items, reverse=True):  # bottom first: line numbers hold
+            fence = lines[line - 1]
+            indent = fence[:len(fence) - len(fence.lstrip())]
+            end = line
+            while not lines[end].strip().startswith("```"):
+                end += 1
+            body = [(indent + l).rstrip() if l else "" for l in out.rstrip("\n").split("\n")]
+            lines[line:end] = body
+        open(path, "w", encoding="utf-8").write("\n".join(lines))
+
+
+def anchors(text):
+    """GitHub's anchors of a Markdown text's headings."""
+    seen, res, inb = {}, set(), False
+    for line in text.split("\n"):
+        if line.lstrip().startswith("```"):
+            inb = not inb
+            continue
+        m = None if inb else re.match(r"^#{1,6}\s+(.*)$", line)
+        if m:
+            a = re.sub(r"[^\w\- ]", "", m.group(1).strip().lower()).replace(" ", "-")
+            n = seen.get(a)
+            seen[a] = 0 if n is None else n + 1
+            res.add(a if n is None else f"{a}-{n + 1}")
+    return res
+
+
+def link_checks(files):
+    """Every relative link of the pages: its anchor exists in the page it
+    names.  A page that does not exist is only reported (pages of features
+    on other branches are linked before they merge)."""
+    problems, notes = [], set()
+    for f in files:
+        text = open(f, encoding="utf-8").read()
+        for m in re.finditer(r"\]\(([^)#\s]*)(?:#([^)\s]*))?\)", text):
+            target, anchor = m.group(1), m.group(2)
+            if re.match(r"[a-z]+:", target):
+                continue
+            path = os.path.normpath(os.path.join(os.path.dirname(f), target)) if target else f
+            where = os.path.relpath(f, TOP)
+            if not os.path.exists(path):
+                notes.add(f"{where}: links to {os.path.relpath(path, TOP)}, which does not exist (yet)")
+            elif anchor and path.endswith(".md") and anchor not in anchors(open(path, encoding="utf-8").read()):
+                problems.append(f"{where}: link to {target}#{anchor}: no such heading")
+    return problems, sorted(notes)
+
+
 def reference_checks():
     """What the reference pages must list, read from the code: every
     SQLSTATE of src/idem.h in doc/api.md's table, every idem.* setting the C
-    code defines in doc/configuration.md's, every function, procedure and
-    view of the install scripts somewhere in doc/."""
+    code defines in doc/configuration.md's, every C file of src/ in
+    doc/internals.md, every function, procedure and view of the install
+    scripts somewhere in doc/."""
     problems = []
     src = lambda *p: open(os.path.join(TOP, *p), encoding="utf-8").read()
     api = src("doc", "api.md")
@@ -301,6 +359,11 @@ def reference_checks():
                 for g in re.findall(r'DefineCustom\w+Variable\(\s*"(idem\.\w+)"', src(root, n)):
                     if not re.search(r"^(\| `|### `)" + re.escape(g) + "`", conf, re.M):
                         problems.append(f"doc/configuration.md: setting {g} ({os.path.relpath(os.path.join(root, n), TOP)}) is not documented")
+    internals = src("doc", "internals.md")
+    for root, _, names in os.walk(os.path.join(TOP, "src")):
+        for n in names:
+            if n.endswith(".c") and f"`{n}`" not in internals:
+                problems.append(f"doc/internals.md: {os.path.relpath(os.path.join(root, n), TOP)} is not in the layers' table")
     docs = "".join(src("doc", f) for f in os.listdir(os.path.join(TOP, "doc")) if f.endswith(".md"))
     for f in sorted(os.listdir(TOP)):
         if re.match(r"idem--.*\.sql$", f):
@@ -314,6 +377,8 @@ def main():
     ap = argparse.ArgumentParser(description="Run the docs' examples and check their output.")
     ap.add_argument("files", nargs="*", help="Markdown files (default: README.md, doc/*.md, clients/README.md)")
     ap.add_argument("--keep", action="store_true", help="keep the cluster's directory")
+    ap.add_argument("--update", action="store_true",
+                    help="write the output got into the text blocks that differ (read the diffs first)")
     ap.add_argument("--print", action="store_true", dest="show",
                     help="print every block's output (to write a text block: read it first)")
     a = ap.parse_args()
@@ -328,7 +393,10 @@ def main():
                        shell=True, check=True)
         me = os.path.join(copy, os.path.relpath(os.path.abspath(__file__), TOP))
         files = [os.path.join(copy, os.path.relpath(os.path.abspath(f), TOP)) for f in a.files]
-        opts = (["--keep"] if a.keep else []) + (["--print"] if a.show else [])
+        opts = (["--keep"] if a.keep else []) + (["--print"] if a.show else []) + \
+            (["--update"] if a.update else [])
+        if a.update:
+            sys.exit("test/doc/run.py: --update as root would write into a copy; run it as the tree's owner")
         try:
             r = subprocess.run(["runuser", "-u", "postgres", "--", "env",
                                 f"PG_CONFIG={os.environ.get('PG_CONFIG', '')}",
@@ -343,6 +411,10 @@ def main():
         [os.path.join(TOP, "clients/README.md")])
     t0 = time.time()
     failures = [] if a.files else reference_checks()
+    links, notes = link_checks(files)
+    failures += links
+    for n in notes:
+        print(f"note: {n}")
     cluster = Cluster(pg_config)
     stats = {k: 0 for k in RUN_LANGS + ("compared", "notest", "quickstart")}
     try:
@@ -360,6 +432,9 @@ def main():
             shutil.rmtree(cluster.dir, ignore_errors=True)
     for f in failures:
         print(f"FAIL {f}")
+    if a.update and UPDATES:
+        update_text_blocks(UPDATES)
+        print(f"test/doc/run.py: {len(UPDATES)} text blocks rewritten from the output got")
     ran = sum(stats[k] for k in RUN_LANGS)
     print(f"doc examples: {ran} blocks run in {len(files)} files "
           f"(sql {stats['sql']}, python {stats['python']}, js {stats['js']}, sh {stats['sh']}), "
