@@ -61,6 +61,43 @@ static IdemQuery q_attempt_end = {
 	6, {REGROLEOID, TEXTOID, INT4OID, TIMESTAMPTZOID, TEXTOID, TEXTOID}
 };
 
+/*
+ * The owners of the runs whose tokens this backend saw last (claimed, or
+ * looked up): a worker's steps name the run by id and token, and a token
+ * belongs to one run forever, so the owner a step would look up again is
+ * known.  A stale entry is harmless: the fence compares the token with the
+ * run's row under its lock.
+ */
+#define TOKEN_CACHE_SIZE	16
+static struct
+{
+	pg_uuid_t	token;
+	Oid			owner;
+} token_cache[TOKEN_CACHE_SIZE];
+static int	token_cache_next = 0;
+
+/*
+ * idem_run_token_owner_note
+ *		Remember that token leases a run of owner.
+ */
+void
+idem_run_token_owner_note(const pg_uuid_t *token, Oid owner)
+{
+	token_cache[token_cache_next].token = *token;
+	token_cache[token_cache_next].owner = owner;
+	token_cache_next = (token_cache_next + 1) % TOKEN_CACHE_SIZE;
+}
+
+static Oid
+token_owner_cached(const pg_uuid_t *token)
+{
+	for (int i = 0; i < TOKEN_CACHE_SIZE; i++)
+		if (OidIsValid(token_cache[i].owner) &&
+			memcmp(token_cache[i].token.data, token->data, UUID_LEN) == 0)
+			return token_cache[i].owner;
+	return InvalidOid;
+}
+
 /* Keys derived for a run: its lock, and each step's record. */
 char *
 idem_run_lock_key(const char *run_id)
@@ -183,6 +220,9 @@ idem_leased_run_owner(const char *run_id, const pg_uuid_t *token)
 	char	   *state = NULL;
 	char	   *holder = NULL;
 
+	owner = token_owner_cached(token);
+	if (OidIsValid(owner))
+		return owner;
 	values[0] = CStringGetTextDatum(run_id);
 	values[1] = UUIDPGetDatum(token);
 	idem_owner_spi_begin(&spi, idem_catalog_runs());
@@ -211,7 +251,10 @@ idem_leased_run_owner(const char *run_id, const pg_uuid_t *token)
 	}
 	idem_owner_spi_end(&spi);
 	if (OidIsValid(owner))
+	{
+		idem_run_token_owner_note(token, owner);
 		return owner;
+	}
 	if (!any)
 		ereport(ERROR,
 				(errcode(ERRCODE_IDEM_RUN_NOT_FOUND),
