@@ -152,12 +152,10 @@ ALTER TABLE idem.runs
 	ALTER COLUMN attempt DROP DEFAULT,
 	ALTER COLUMN claims DROP DEFAULT,
 	ALTER COLUMN started_count DROP DEFAULT;
--- The claim's scan: a queue's unfinished runs, oldest due first.
+-- The claim's scan: a queue's unfinished runs, oldest due first; also the
+-- concurrency cap's count of the leases that hold (due_at after now).
 CREATE INDEX runs_due_idx ON idem.runs (queue, due_at)
 	WHERE queue_state IS NOT NULL;
--- The concurrency cap's count: a queue's leased runs.
-CREATE INDEX runs_leased_idx ON idem.runs (queue, due_at)
-	WHERE queue_state OPERATOR(pg_catalog.=) 'leased';
 -- A worker names a run by its id and lease token, not its owner.
 CREATE INDEX runs_queued_idx ON idem.runs (run_id)
 	WHERE queue IS NOT NULL;

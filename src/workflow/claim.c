@@ -38,6 +38,7 @@
 #include "miscadmin.h"
 #include "storage/latch.h"
 #include "utils/builtins.h"
+#include "utils/guc.h"
 #include "utils/jsonb.h"
 #include "utils/timestamp.h"
 #include "utils/tuplestore.h"
@@ -81,11 +82,13 @@ static IdemQuery q_lock_queue = {
 	1, {TEXTOID}
 };
 
+/* the leases that hold: on the claim's index, after now */
 static IdemQuery q_count_leased = {
 	"SELECT pg_catalog.count(*)::pg_catalog.int4 FROM idem.runs"
 	" WHERE queue OPERATOR(pg_catalog.=) $1"
-	"   AND queue_state OPERATOR(pg_catalog.=) 'leased'"
-	"   AND due_at OPERATOR(pg_catalog.>) $2",
+	"   AND queue_state IS NOT NULL"
+	"   AND due_at OPERATOR(pg_catalog.>) $2"
+	"   AND queue_state OPERATOR(pg_catalog.=) 'leased'",
 	2, {TEXTOID, TIMESTAMPTZOID},
 	CURSOR_OPT_GENERIC_PLAN
 };
@@ -240,6 +243,7 @@ claim_into(IdemQueue *q, int32 max_runs, int64 lease_us, Oid caller,
 	int32		want = room_under_cap(q, max_runs, now);
 	int32		leased = 0;
 	uint64		n;
+	int			nestlevel;
 	Oid		   *owners;
 	char	  **run_ids;
 
@@ -248,6 +252,19 @@ claim_into(IdemQueue *q, int32 max_runs, int64 lease_us, Oid caller,
 	values[0] = CStringGetTextDatum(q->queue);
 	values[1] = TimestampTzGetDatum(now);
 	values[2] = Int32GetDatum(want);
+
+	/*
+	 * The plan is made once per backend, perhaps while idem.runs is still
+	 * empty, when a scan of the whole table looks as cheap as the index:
+	 * it must be the index scan in due order whatever the table held then.
+	 */
+	nestlevel = NewGUCNestLevel();
+	(void) set_config_option("enable_seqscan", "off", PGC_USERSET,
+							 PGC_S_SESSION, GUC_ACTION_SAVE, true, 0, false);
+	(void) set_config_option("enable_sort", "off", PGC_USERSET,
+							 PGC_S_SESSION, GUC_ACTION_SAVE, true, 0, false);
+	(void) set_config_option("enable_bitmapscan", "off", PGC_USERSET,
+							 PGC_S_SESSION, GUC_ACTION_SAVE, true, 0, false);
 	idem_owner_spi_begin(&spi, idem_catalog_runs());
 	idem_query_run(&q_due, values, nulls, 0);
 	n = SPI_processed;
@@ -265,6 +282,7 @@ claim_into(IdemQueue *q, int32 max_runs, int64 lease_us, Oid caller,
 													  SPI_tuptable->tupdesc, 2));
 	}
 	idem_owner_spi_end(&spi);
+	AtEOXact_GUC(true, nestlevel);
 	for (uint64 i = 0; i < n; i++)
 	{
 		CHECK_FOR_INTERRUPTS();

@@ -44,23 +44,6 @@ static IdemQuery q_queued_by_id = {
 	2, {TEXTOID, UUIDOID}
 };
 
-static IdemQuery q_attempt_insert = {
-	"INSERT INTO idem.run_attempts"
-	"  (owner, run_id, claim, attempt, step, worker, leased_by, claimed_at)"
-	" VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
-	8, {REGROLEOID, TEXTOID, INT4OID, INT4OID, TEXTOID, TEXTOID, REGROLEOID,
-	TIMESTAMPTZOID}
-};
-
-static IdemQuery q_attempt_end = {
-	"UPDATE idem.run_attempts SET ended_at = $4, outcome = $5, error = $6"
-	" WHERE owner OPERATOR(pg_catalog.=) $1"
-	"   AND run_id OPERATOR(pg_catalog.=) $2"
-	"   AND claim OPERATOR(pg_catalog.=) $3"
-	"   AND outcome IS NULL",
-	6, {REGROLEOID, TEXTOID, INT4OID, TIMESTAMPTZOID, TEXTOID, TEXTOID}
-};
-
 /*
  * The owners of the runs whose tokens this backend saw last (claimed, or
  * looked up): a worker's steps name the run by id and token, and a token
@@ -344,22 +327,8 @@ idem_lock_run_leased(const char *run_id, const pg_uuid_t *token,
 void
 idem_run_attempt_begin(IdemRunRow *run, const char *step, TimestampTz now)
 {
-	IdemOwnerSPI spi;
-	Datum		values[8];
-	char		nulls[8] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' '};
-
-	values[0] = ObjectIdGetDatum(run->owner);
-	values[1] = CStringGetTextDatum(run->run_id);
-	values[2] = Int32GetDatum(run->claims);
-	values[3] = Int32GetDatum(run->attempt);
-	nulls[4] = step == NULL ? 'n' : ' ';
-	values[4] = step ? CStringGetTextDatum(step) : (Datum) 0;
-	values[5] = CStringGetTextDatum(run->lease_holder);
-	values[6] = ObjectIdGetDatum(run->leased_by);
-	values[7] = TimestampTzGetDatum(now);
-	idem_owner_spi_begin(&spi, idem_catalog_runs());
-	idem_query_run(&q_attempt_insert, values, nulls, 0);
-	idem_owner_spi_end(&spi);
+	idem_insert_run_attempt(run->owner, run->run_id, run->claims, run->attempt,
+							step, run->lease_holder, run->leased_by, now);
 }
 
 /*
@@ -371,24 +340,10 @@ void
 idem_run_end_lease(IdemRunRow *run, const char *outcome, const char *error,
 				   TimestampTz now)
 {
-	IdemOwnerSPI spi;
-	Datum		values[6];
-	char		nulls[6] = {' ', ' ', ' ', ' ', ' ', ' '};
-
 	if (run->claims > 0 && run->queue_state != NULL &&
 		strcmp(run->queue_state, "leased") == 0)
-	{
-		values[0] = ObjectIdGetDatum(run->owner);
-		values[1] = CStringGetTextDatum(run->run_id);
-		values[2] = Int32GetDatum(run->claims);
-		values[3] = TimestampTzGetDatum(now);
-		values[4] = CStringGetTextDatum(outcome);
-		nulls[5] = error == NULL ? 'n' : ' ';
-		values[5] = error ? CStringGetTextDatum(error) : (Datum) 0;
-		idem_owner_spi_begin(&spi, idem_catalog_runs());
-		idem_query_run(&q_attempt_end, values, nulls, 0);
-		idem_owner_spi_end(&spi);
-	}
+		idem_end_run_attempt(run->owner, run->run_id, run->claims, now,
+							 outcome, error);
 	run->has_token = false;
 	run->leased_by = InvalidOid;
 	run->lease_holder = NULL;
