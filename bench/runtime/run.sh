@@ -62,7 +62,7 @@ res="$here/results"
 mkdir -p "$res"
 report="$res/latest.txt"
 machine="$(nproc) vCPU ($(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n1)), PostgreSQL $(sql -c 'SHOW server_version'), idem at $(git -C "$top" rev-parse --short HEAD 2>/dev/null || echo '?')"
-echo "# runs on queues, $(date -u +%FT%TZ); $machine; ${seconds}s per round, $rounds rounds" | tee "$report"
+echo "# runs on queues, $(date -u +%FT%TZ); $machine; ${seconds}s per round, $rounds rounds; load average $(cut -d' ' -f1-3 /proc/loadavg)" | tee "$report"
 
 pgb() { run pgbench -n -M prepared -h "$dir" -p $port -U postgres "$@" $db 2>&1; }
 tps() { sed -n 's/^tps = \([0-9.]*\).*/\1/p' | head -n1; }
@@ -94,6 +94,28 @@ for d in leased plain_step plain_call; do
 done
 echo "leased / plain_step: $(echo "$med_leased / $med_plain_step" | bc -l | cut -c1-5)" | tee -a "$report"
 echo "leased / plain_call: $(echo "$med_leased / $med_plain_call" | bc -l | cut -c1-5)" | tee -a "$report"
+
+# CPU time per run of one backend (the same work by procedure, 1000 runs):
+# a loaded machine moves throughput far more than it moves CPU time
+for r in $(seq 1 "$rounds"); do
+	for d in leased plain_step plain_call; do
+		sql -c "TRUNCATE effects, idem.runs, idem.run_attempts, idem.run_signals, idem.keys; SELECT setval('bseq', 1, false)" >/dev/null
+		if [ $d = leased ]; then
+			sql -c "CALL begin_runs('q', 1000, 'bench')"
+		else
+			sql -c "CALL begin_runs('b', 1000, NULL)"
+		fi
+		sql -c "VACUUM ANALYZE" >/dev/null
+		c=$(sql <<SQL
+SET synchronous_commit = off;
+CREATE TEMP TABLE t AS SELECT split_part(s, ' ', 14)::int + split_part(s, ' ', 15)::int AS ticks FROM pg_read_file('/proc/' || pg_backend_pid() || '/stat') s;
+CALL cpu_$d(1000);
+SELECT round(((split_part(s, ' ', 14)::int + split_part(s, ' ', 15)::int - (SELECT ticks FROM t)) * 1000.0 / $(getconf CLK_TCK) / 1000)::numeric, 3) FROM pg_read_file('/proc/' || pg_backend_pid() || '/stat') s;
+SQL
+)
+		echo "round $r: $d: $c ms CPU per run" | tee -a "$report"
+	done
+done
 
 # 2. claim latency: 100k due runs, without and with 1M finished runs
 declare -A lat_got
