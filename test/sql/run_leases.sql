@@ -83,6 +83,8 @@ SELECT idem_step('ret-1', 'label', 'SELECT 1');						-- no token
 SELECT * FROM idem_call(NULL, 'SELECT 1', run_id => 'ret-1', step => 'label');
 SELECT idem_step_complete('ret-1', 'label', '{}');
 SELECT idem_execute(idem_step_key('ret-1', 'label'), 'SELECT 1');
+SELECT * FROM idem_dry_run(idem_step_key('ret-1', 'label'), 'SELECT 1');
+SELECT * FROM idem_call(idem_step_key('ret-1', 'label'), 'SELECT 1');
 RESET ROLE;
 SET ROLE regress_rl_agent;
 SELECT * FROM idem_call(NULL, 'INSERT INTO rl_refunds VALUES (''x'', 1)',
