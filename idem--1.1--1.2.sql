@@ -156,6 +156,9 @@ ALTER TABLE idem.runs
 -- concurrency cap's count of the leases that hold (due_at after now).
 CREATE INDEX runs_due_idx ON idem.runs (queue, due_at)
 	WHERE queue_state IS NOT NULL;
+-- The claim's share per role: each role's due runs, oldest first.
+CREATE INDEX runs_owner_due_idx ON idem.runs (queue, owner, due_at)
+	WHERE queue_state IS NOT NULL;
 -- A worker names a run by its id and lease token, not its owner.
 CREATE INDEX runs_queued_idx ON idem.runs (run_id)
 	WHERE queue IS NOT NULL;

@@ -68,6 +68,26 @@ pgb() { run pgbench -n -M prepared -h "$dir" -p $port -U postgres "$@" $db 2>&1;
 tps() { sed -n 's/^tps = \([0-9.]*\).*/\1/p' | head -n1; }
 lat() { sed -n 's/^latency average = \([0-9.]*\) ms/\1/p' | head -n1; }
 median() { sort -n | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2}'; }
+# The backend's CPU time in ms per unit of work for CALL $1 of $2 units.
+cpu_per() {
+	sql <<SQL
+SET synchronous_commit = off;
+CREATE TEMP TABLE t AS SELECT split_part(s, ' ', 14)::int + split_part(s, ' ', 15)::int AS ticks FROM pg_read_file('/proc/' || pg_backend_pid() || '/stat') s;
+CALL $1;
+SELECT round(((split_part(s, ' ', 14)::int + split_part(s, ' ', 15)::int - (SELECT ticks FROM t)) * 1000.0 / $(getconf CLK_TCK) / $2)::numeric, 4) FROM pg_read_file('/proc/' || pg_backend_pid() || '/stat') s;
+SQL
+}
+# idem.runs for the claim measurements: 100k due runs, and for "full" 1M
+# finished ones besides.
+fill_lat_table() {
+	sql -c "TRUNCATE idem.runs, idem.run_attempts, idem.run_signals" >/dev/null
+	if [ "$1" = empty ]; then
+		sql -c "CALL fill_lat(100000, 0)"
+	else
+		sql -c "CALL fill_lat(100000, 1000000)"
+	fi
+	sql -c "VACUUM ANALYZE idem.runs" -c "CHECKPOINT" >/dev/null
+}
 
 # 1. throughput: enough runs that the workers never run dry
 per_round=$((seconds * 1500))
@@ -106,13 +126,7 @@ for r in $(seq 1 "$rounds"); do
 			sql -c "CALL begin_runs('b', 1000, NULL)"
 		fi
 		sql -c "VACUUM ANALYZE" >/dev/null
-		c=$(sql <<SQL
-SET synchronous_commit = off;
-CREATE TEMP TABLE t AS SELECT split_part(s, ' ', 14)::int + split_part(s, ' ', 15)::int AS ticks FROM pg_read_file('/proc/' || pg_backend_pid() || '/stat') s;
-CALL cpu_$d(1000);
-SELECT round(((split_part(s, ' ', 14)::int + split_part(s, ' ', 15)::int - (SELECT ticks FROM t)) * 1000.0 / $(getconf CLK_TCK) / 1000)::numeric, 3) FROM pg_read_file('/proc/' || pg_backend_pid() || '/stat') s;
-SQL
-)
+		c=$(cpu_per "cpu_$d(1000)" 1000)
 		echo "round $r: $d: $c ms CPU per run" | tee -a "$report"
 	done
 done
@@ -121,13 +135,7 @@ done
 declare -A lat_got
 for r in $(seq 1 "$rounds"); do
 	for d in empty full; do
-		sql -c "TRUNCATE idem.runs, idem.run_attempts, idem.run_signals" >/dev/null
-		if [ $d = empty ]; then
-			sql -c "CALL fill_lat(100000, 0)"
-		else
-			sql -c "CALL fill_lat(100000, 1000000)"
-		fi
-		sql -c "VACUUM ANALYZE idem.runs" -c "CHECKPOINT" >/dev/null
+		fill_lat_table $d
 		rows=$(sql -c "SELECT count(*) FROM idem.runs")
 		l=$(pgb -c 1 -T "$seconds" -f "$dir/claim.sql" | tee "$dir/claim-$d-$r.log" | lat)
 		lat_got[$d]="${lat_got[$d]:-} $l"
@@ -140,3 +148,12 @@ for d in empty full; do
 	echo "median claim latency $d: $m ms" | tee -a "$report"
 done
 echo "claim latency full / empty: $(echo "$lat_full / $lat_empty" | bc -l | cut -c1-5)" | tee -a "$report"
+
+# CPU time per claim of one backend, 5000 claims a transaction each
+for r in $(seq 1 "$rounds"); do
+	for d in empty full; do
+		fill_lat_table $d
+		c=$(cpu_per "cpu_claim(5000)" 5000)
+		echo "round $r: claim, $d: $c ms CPU per claim" | tee -a "$report"
+	done
+done

@@ -91,3 +91,13 @@ BEGIN
 		COMMIT;
 	END LOOP;
 END $$;
+
+-- n claims of one due run each, a transaction each, for the CPU time per
+-- claim against the number of runs in idem.runs.
+CREATE PROCEDURE cpu_claim(n integer) LANGUAGE plpgsql AS $$
+BEGIN
+	FOR i IN 1..n LOOP
+		PERFORM idem_run_claim('lat', 1, '1 h', 'w');
+		COMMIT;
+	END LOOP;
+END $$;
