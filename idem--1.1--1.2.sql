@@ -130,7 +130,7 @@ ALTER TABLE idem.runs
 	ADD COLUMN queue text COLLATE "C",
 	ADD COLUMN queue_state text,
 	ADD COLUMN due_at timestamptz,
-	ADD COLUMN attempt integer NOT NULL DEFAULT 0,
+	ADD COLUMN attempt integer NOT NULL DEFAULT 1,
 	ADD COLUMN claims integer NOT NULL DEFAULT 0,
 	ADD COLUMN lease_token uuid,
 	ADD COLUMN leased_by regrole,
