@@ -69,6 +69,17 @@ struct Latch;
 #define ERRCODE_IDEM_RUN_NOT_RUNNING	MAKE_SQLSTATE('I','D','4','2','3')
 #define ERRCODE_IDEM_STEP_OUT_OF_SEQUENCE MAKE_SQLSTATE('I','D','4','2','5')
 
+/*
+ * Citus (request/citus.c, workflow/tenant.c, doc/citus.md): IDC01 Citus or
+ * the colocation idem_citus_colocate() declares is missing; IDC02 the call
+ * or its statement is not confined to one local transaction on the node of
+ * the tenant's shard; IDC03 the tenant value or table does not match the
+ * declared colocation.
+ */
+#define ERRCODE_IDEM_CITUS_NOT_COLOCATED	MAKE_SQLSTATE('I','D','C','0','1')
+#define ERRCODE_IDEM_CITUS_NOT_LOCAL		MAKE_SQLSTATE('I','D','C','0','2')
+#define ERRCODE_IDEM_CITUS_MISMATCH			MAKE_SQLSTATE('I','D','C','0','3')
+
 /* The extension version whose SQL definitions this library serves. */
 #define IDEM_SQL_VERSION		"1.2"
 
@@ -132,6 +143,7 @@ extern int	idem_outbox_max_retry_after;
 extern int	idem_outbox_retention;
 extern bool idem_outbox_logical_message;
 extern bool idem_outbox_notify;
+extern bool idem_outbox_keep_delivered;
 extern int	idem_audit_level;
 extern int	idem_audit_retention;
 extern int	idem_audit_queue_size;
