@@ -79,8 +79,9 @@ static IdemQuery q_due = {
 
 /*
  * The roles with due runs in a queue (a skip scan of runs_owner_due_idx,
- * one probe per role), those with the fewest leases that hold first, then
- * the one whose oldest due run is oldest.
+ * one probe per role), with their leases that hold and their oldest due
+ * run; sorted here, not by a Sort node, whose memory every claim would
+ * allocate and return to the system.
  */
 static IdemQuery q_owners = {
 	"WITH RECURSIVE o(owner) AS ("
@@ -104,9 +105,25 @@ static IdemQuery q_owners = {
 	"            AND r.queue_state IS NOT NULL AND r.due_at OPERATOR(pg_catalog.<=) $2"
 	"          ORDER BY r.due_at LIMIT 1) h"
 	"  WHERE o.owner IS NOT NULL"
-	"  ORDER BY 3, 2"
 	"  LIMIT $3",
 	3, {TEXTOID, TIMESTAMPTZOID, INT4OID},
+	CURSOR_OPT_GENERIC_PLAN
+};
+
+/*
+ * Whether the queue's unfinished runs belong to more than one role: two
+ * probes of runs_owner_due_idx, so that a queue of one role (the common
+ * case) pays nothing more for the share among roles.
+ */
+static IdemQuery q_several_owners = {
+	"SELECT (SELECT owner FROM idem.runs"
+	"         WHERE queue OPERATOR(pg_catalog.=) $1 AND queue_state IS NOT NULL"
+	"         ORDER BY owner LIMIT 1)"
+	"       IS DISTINCT FROM"
+	"       (SELECT owner FROM idem.runs"
+	"         WHERE queue OPERATOR(pg_catalog.=) $1 AND queue_state IS NOT NULL"
+	"         ORDER BY owner DESC LIMIT 1)",
+	1, {TEXTOID},
 	CURSOR_OPT_GENERIC_PLAN
 };
 
@@ -278,6 +295,28 @@ lease_run(Oid owner, const char *run_id, IdemQueue *q, int64 lease_us,
 	return true;
 }
 
+/* A role with due runs, as q_owners finds it. */
+typedef struct DueRole
+{
+	Oid			owner;
+	TimestampTz oldest;
+	int64		leased;
+} DueRole;
+
+/* The fewest leases first, then the oldest due run. */
+static int
+due_role_cmp(const void *a, const void *b)
+{
+	const DueRole *x = a;
+	const DueRole *y = b;
+
+	if (x->leased != y->leased)
+		return x->leased < y->leased ? -1 : 1;
+	if (x->oldest != y->oldest)
+		return x->oldest < y->oldest ? -1 : 1;
+	return 0;
+}
+
 /* The most roles a claim shares among: more wait for later claims. */
 #define CLAIM_MAX_OWNERS	1000
 
@@ -336,8 +375,9 @@ claim_into(IdemQueue *q, int32 max_runs, int64 lease_us, Oid caller,
 	int			nestlevel;
 	Oid		   *owners = NULL;
 	char	  **run_ids = NULL;
-	Oid		   *roles;
+	DueRole    *roles;
 	int			nroles;
+	bool		isnull0;
 
 	if (want == 0)
 		return 0;
@@ -361,16 +401,34 @@ claim_into(IdemQueue *q, int32 max_runs, int64 lease_us, Oid caller,
 	(void) set_config_option("jit", "off", PGC_USERSET,
 							 PGC_S_SESSION, GUC_ACTION_SAVE, true, 0, false);
 	idem_owner_spi_begin(&spi, idem_catalog_runs());
-	idem_query_run(&q_owners, values, nulls, 0);
-	nroles = (int) SPI_processed;
-	roles = MemoryContextAlloc(spi.callercxt, sizeof(Oid) * Max(nroles, 1));
-	for (int i = 0; i < nroles; i++)
+	idem_query_run(&q_several_owners, values, nulls, 0);
+	if (SPI_processed == 1 &&
+		!DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0],
+									SPI_tuptable->tupdesc, 1, &isnull0)))
 	{
-		bool		isnull;
+		/* one role, or none: its oldest due runs */
+		values[2] = Int32GetDatum(want);
+		n = collect_due(&q_due, values, nulls, &spi, &owners, &run_ids, 0);
+		nroles = 0;
+		roles = NULL;
+	}
+	else
+	{
+		idem_query_run(&q_owners, values, nulls, 0);
+		nroles = (int) SPI_processed;
+		roles = MemoryContextAlloc(spi.callercxt, sizeof(DueRole) * Max(nroles, 1));
+		for (int i = 0; i < nroles; i++)
+		{
+			HeapTuple	tup = SPI_tuptable->vals[i];
+			TupleDesc	desc = SPI_tuptable->tupdesc;
+			bool		isnull;
 
-		roles[i] = DatumGetObjectId(SPI_getbinval(SPI_tuptable->vals[i],
-												  SPI_tuptable->tupdesc, 1,
-												  &isnull));
+			roles[i].owner = DatumGetObjectId(SPI_getbinval(tup, desc, 1, &isnull));
+			roles[i].oldest = DatumGetTimestampTz(SPI_getbinval(tup, desc, 2, &isnull));
+			roles[i].leased = DatumGetInt64(SPI_getbinval(tup, desc, 3, &isnull));
+		}
+		if (nroles > 1)
+			qsort(roles, nroles, sizeof(DueRole), due_role_cmp);
 	}
 	if (nroles == 1)
 	{
@@ -394,7 +452,7 @@ claim_into(IdemQueue *q, int32 max_runs, int64 lease_us, Oid caller,
 		{
 			CHECK_FOR_INTERRUPTS();
 			start[i] = total;
-			values[3] = ObjectIdGetDatum(roles[i]);
+			values[3] = ObjectIdGetDatum(roles[i].owner);
 			total = collect_due(&q_due_owner, values, nulls, &spi, &all_owners,
 								&all_ids, total);
 		}
