@@ -143,7 +143,7 @@ ALTER TABLE idem.runs
 	ADD COLUMN queue text COLLATE "C",
 	ADD COLUMN queue_state text,
 	ADD COLUMN due_at timestamptz,
-	ADD COLUMN attempt integer NOT NULL DEFAULT 0,
+	ADD COLUMN attempt integer NOT NULL DEFAULT 1,
 	ADD COLUMN claims integer NOT NULL DEFAULT 0,
 	ADD COLUMN lease_token uuid,
 	ADD COLUMN leased_by regrole,
@@ -165,12 +165,13 @@ ALTER TABLE idem.runs
 	ALTER COLUMN attempt DROP DEFAULT,
 	ALTER COLUMN claims DROP DEFAULT,
 	ALTER COLUMN started_count DROP DEFAULT;
--- The claim's scan: a queue's unfinished runs, oldest due first.
+-- The claim's scan: a queue's unfinished runs, oldest due first; also the
+-- concurrency cap's count of the leases that hold (due_at after now).
 CREATE INDEX runs_due_idx ON idem.runs (queue, due_at)
 	WHERE queue_state IS NOT NULL;
--- The concurrency cap's count: a queue's leased runs.
-CREATE INDEX runs_leased_idx ON idem.runs (queue, due_at)
-	WHERE queue_state OPERATOR(pg_catalog.=) 'leased';
+-- The claim's share per role: each role's due runs, oldest first.
+CREATE INDEX runs_owner_due_idx ON idem.runs (queue, owner, due_at)
+	WHERE queue_state IS NOT NULL;
 -- A worker names a run by its id and lease token, not its owner.
 CREATE INDEX runs_queued_idx ON idem.runs (run_id)
 	WHERE queue IS NOT NULL;

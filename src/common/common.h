@@ -164,6 +164,13 @@ extern int64 idem_purge_expired(int batch_size);
 extern bool idem_lookup_run(Oid owner, const char *run_id, IdemRunRow *row);
 extern void idem_insert_run(IdemRunRow *row);
 extern void idem_update_run(IdemRunRow *row);
+extern void idem_insert_run_attempt(Oid owner, const char *run_id,
+									int32 claim, int32 attempt,
+									const char *step, const char *worker,
+									Oid leased_by, TimestampTz claimed_at);
+extern void idem_end_run_attempt(Oid owner, const char *run_id, int32 claim,
+								 TimestampTz ended_at, const char *outcome,
+								 const char *error);
 
 /*
  * tables.c: SQL on idem's tables, as the owner of a table (callers have
