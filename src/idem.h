@@ -22,6 +22,7 @@
 #include "utils/array.h"
 #include "utils/jsonb.h"
 #include "utils/timestamp.h"
+#include "utils/uuid.h"
 
 struct Latch;
 
@@ -51,6 +52,17 @@ struct Latch;
 #define ERRCODE_IDEM_STEP_UNDECLARED	MAKE_SQLSTATE('I','D','4','0','0')
 #define ERRCODE_IDEM_RUN_NOT_RUNNING	MAKE_SQLSTATE('I','D','4','2','3')
 #define ERRCODE_IDEM_STEP_OUT_OF_SEQUENCE MAKE_SQLSTATE('I','D','4','2','5')
+
+/*
+ * Citus (request/citus.c, workflow/tenant.c, doc/citus.md): IDC01 Citus or
+ * the colocation idem_citus_colocate() declares is missing; IDC02 the call
+ * or its statement is not confined to one local transaction on the node of
+ * the tenant's shard; IDC03 the tenant value or table does not match the
+ * declared colocation.
+ */
+#define ERRCODE_IDEM_CITUS_NOT_COLOCATED	MAKE_SQLSTATE('I','D','C','0','1')
+#define ERRCODE_IDEM_CITUS_NOT_LOCAL		MAKE_SQLSTATE('I','D','C','0','2')
+#define ERRCODE_IDEM_CITUS_MISMATCH			MAKE_SQLSTATE('I','D','C','0','3')
 
 /* The extension version whose SQL definitions this library serves. */
 #define IDEM_SQL_VERSION		"1.2"
@@ -123,6 +135,8 @@ extern int	idem_purge_interval;
 extern int	idem_purge_batch_size;
 extern int	idem_stats_max_databases;
 extern int	idem_stats_max_roles;
+extern char *idem_lease_token;
+extern int	idem_run_max_lease;
 
 /* Column numbers of idem.outbox (tables.c checks the shape, outbox.c writes) */
 #define Anum_outbox_event_id		1
@@ -222,6 +236,24 @@ typedef struct IdemRunRow
 	char	   *last_error;		/* or NULL */
 	ArrayType  *done_steps;		/* text[]: completed steps, in order */
 	ArrayType  *attempts;		/* int4[]: per completed step */
+	/* on a queue (all NULL, zero or DT_NOEND otherwise) */
+	char	   *queue;
+	char	   *queue_state;	/* ready, leased, waiting, sleeping; NULL */
+	TimestampTz due_at;			/* DT_NOEND: NULL */
+	int32		attempt;		/* of the current step */
+	int32		claims;			/* rows of idem.run_attempts */
+	bool		has_token;
+	pg_uuid_t	lease_token;
+	Oid			leased_by;
+	char	   *lease_holder;
+	char	   *awaiting;		/* event a waiting run waits for */
+	TimestampTz wait_until;		/* its deadline; DT_NOEND: none */
+	char	   *started_step;	/* external step started, not completed */
+	int32		started_count;
+	int32		max_attempts;	/* the run's own policy; 0: the queue's */
+	Interval   *backoff_base;	/* or NULL */
+	Interval   *backoff_cap;	/* or NULL */
+	char	   *jitter;			/* or NULL */
 } IdemRunRow;
 
 #endif							/* IDEM_H */

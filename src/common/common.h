@@ -31,6 +31,25 @@ extern char *idem_name_arg(FunctionCallInfo fcinfo, int argno,
 extern int32 idem_purge_batch_arg(FunctionCallInfo fcinfo, const char *fname);
 extern void idem_check_variadic_dims(ArrayType *arr, const char *what);
 
+/* guc.c: the role and idem.* parameters a business statement must keep */
+#define IDEM_OWN_PARAMS_MAX 64
+typedef struct IdemSessionState
+{
+	Oid			user;
+	Oid			outer_user;
+	Oid			session_user;
+	uint64		values[IDEM_OWN_PARAMS_MAX];	/* each idem.* parameter's
+												 * value, or its string */
+} IdemSessionState;
+extern void idem_session_state_save(IdemSessionState *s);
+extern const char *idem_session_state_changed(const IdemSessionState *s);
+struct config_generic;
+extern struct config_generic *idem_own_param(const char *name);
+/* grants.c: role lists that grant the use of topics and queues */
+extern bool idem_role_in(Oid role, Datum array);
+extern Datum idem_roles_arg(FunctionCallInfo fcinfo, int argno,
+							const char *name);
+
 /* lease.c: the lease of outbox events and queued runs */
 typedef enum IdemFence
 {
@@ -108,6 +127,11 @@ typedef enum IdemStatCounter
 	IDEM_STAT_AUDIT_WRITTEN,
 	IDEM_STAT_AUDIT_QUEUED,
 	IDEM_STAT_AUDIT_DROPPED,
+	IDEM_STAT_RUNS_CLAIMED,
+	IDEM_STAT_RUN_LEASE_EXPIRIES,
+	IDEM_STAT_RUN_RETRIES,
+	IDEM_STAT_RUN_SIGNALS,
+	IDEM_STAT_RUNS_FAILED,
 	IDEM_STAT_NCOUNTERS
 } IdemStatCounter;
 
@@ -130,6 +154,7 @@ extern void idem_insert_key(const char *key, Oid owner,
 							const uint8 *fingerprint, Jsonb *response,
 							TimestampTz created_at, TimestampTz expires_at);
 extern Oid	idem_catalog_outbox(void);
+extern Oid	idem_catalog_runs(void);
 extern Oid	idem_catalog_outbox_topics(Oid *pkey);
 extern uint64 idem_catalog_secret(void);
 extern uint64 idem_catalog_generation(void);
@@ -155,7 +180,7 @@ typedef struct IdemQuery
 {
 	const char *sql;
 	int			nargs;
-	Oid			argtypes[8];
+	Oid			argtypes[10];
 	int			cursor_options;
 	SPIPlanPtr	plan;
 } IdemQuery;

@@ -133,24 +133,6 @@ roles_changed(Datum arg, int cacheid, uint32 hashvalue)
  * ------------------------------------------------------------------------
  */
 
-static bool
-role_in(Oid role, Datum array)
-{
-	ArrayType  *arr = DatumGetArrayTypeP(array);
-	Datum	   *elems;
-	bool	   *nulls;
-	int			n;
-
-	deconstruct_array(arr, REGROLEOID, sizeof(Oid), true, TYPALIGN_INT,
-					  &elems, &nulls, &n);
-	for (int i = 0; i < n; i++)
-	{
-		if (!nulls[i] && has_privs_of_role(role, DatumGetObjectId(elems[i])))
-			return true;
-	}
-	return false;
-}
-
 /*
  * Whether the topic is registered, and whether role may use it as asked.
  * A superuser may use every registered topic.
@@ -181,7 +163,7 @@ topic_allows(const char *topic, Oid role, TopicPrivilege priv, bool *exists)
 		roles = slot_getattr(slot, priv == TOPIC_PUBLISH ?
 							 Anum_outbox_topics_publishers :
 							 Anum_outbox_topics_consumers, &isnull);
-		allowed = superuser_arg(role) || (!isnull && role_in(role, roles));
+		allowed = superuser_arg(role) || (!isnull && idem_role_in(role, roles));
 	}
 	index_endscan(scan);
 	ExecDropSingleTupleTableSlot(slot);
@@ -378,6 +360,19 @@ json_field(StringInfo buf, const char *name, const char *value, bool first)
 		appendStringInfoString(buf, "null");
 	else
 		escape_json(buf, value);
+}
+
+/*
+ * idem_wake_at_commit
+ *		Wake idem_wakeup_wait(name) callers when the transaction commits
+ *		(with shared memory; a rolled-back subtransaction's call is
+ *		forgotten): the run queues' wakeup, on the outbox's.
+ */
+void
+idem_wake_at_commit(const char *name)
+{
+	if (idem_wakeup_available())
+		remember_notify(name, false);
 }
 
 /*
@@ -1427,21 +1422,6 @@ idem_outbox_purge(PG_FUNCTION_ARGS)
  * ------------------------------------------------------------------------
  */
 
-static Datum
-checked_roles(FunctionCallInfo fcinfo, int argno, const char *name)
-{
-	ArrayType  *arr;
-
-	arg_not_null(fcinfo, argno, name);
-	arr = PG_GETARG_ARRAYTYPE_P(argno);
-	if (ARR_NDIM(arr) > 1 || array_contains_nulls(arr))
-		ereport(ERROR,
-				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("%s must be a one-dimensional array without nulls", name),
-				 idem_errhint(ERRCODE_NULL_VALUE_NOT_ALLOWED, NULL)));
-	return PointerGetDatum(arr);
-}
-
 /*
  * idem_outbox_create_topic(topic text, publishers regrole[],
  *							consumers regrole[]) returns void
@@ -1459,8 +1439,8 @@ idem_outbox_create_topic(PG_FUNCTION_ARGS)
 	topic = text_to_cstring(PG_GETARG_TEXT_PP(0));
 	idem_check_name("outbox topic", topic, OUTBOX_MAX_NAME_BYTES, NULL);
 	values[0] = PointerGetDatum(cstring_to_text(topic));
-	values[1] = checked_roles(fcinfo, 1, "publishers");
-	values[2] = checked_roles(fcinfo, 2, "consumers");
+	values[1] = idem_roles_arg(fcinfo, 1, "publishers");
+	values[2] = idem_roles_arg(fcinfo, 2, "consumers");
 	idem_check_can_write("idem_outbox_create_topic()");
 
 	idem_owner_spi_begin(&spi, idem_catalog_outbox());

@@ -6,6 +6,7 @@ as the cluster user (initdb refuses root); PG_CONFIG names the
 installation."""
 
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -90,9 +91,17 @@ class Cluster:
 class Bouncer:
     """PgBouncer in transaction pool mode on loopback.  Database idemtest
     has a pool of 4 server connections, idemone a pool of one, so that two
-    clients of idemone share one server session (what a leak needs)."""
+    clients of idemone share one server session (what a leak needs).
+    From PgBouncer 1.21 on (Debian 13 has 1.24) transaction mode keeps
+    protocol-level prepared statements (max_prepared_statements), so the
+    tests use the drivers' default prepares through it; before that
+    (Debian 12's 1.18) only unnamed statements work: `prepares` says which."""
 
     def __init__(self, cluster):
+        out = subprocess.run([PGBOUNCER, "--version"], capture_output=True, text=True).stdout
+        m = re.search(r"PgBouncer (\d+)\.(\d+)", out)
+        self.version = (int(m.group(1)), int(m.group(2))) if m else (0, 0)
+        self.prepares = self.version >= (1, 21)
         self.dir = tempfile.mkdtemp(prefix="idem-pgbouncer.")
         self.port = free_port()
         users = os.path.join(self.dir, "users.txt")
@@ -111,6 +120,7 @@ unix_socket_dir =
 auth_type = trust
 auth_file = {users}
 pool_mode = transaction
+{"max_prepared_statements = 200" if self.prepares else ""}
 max_client_conn = 100
 logfile = {self.dir}/pgbouncer.log
 pidfile =

@@ -36,21 +36,29 @@ def bouncer(cluster):
 
 
 @pytest.fixture(params=["direct", "pgbouncer"])
-def dsn(request, cluster):
+def route(request, cluster):
     """Every helper test runs twice: straight to the server and through
-    PgBouncer in transaction mode."""
+    PgBouncer in transaction mode.  (dsn, connect keywords): psycopg's
+    default prepares, except through a PgBouncer older than 1.21, which
+    needs unnamed statements only."""
     if request.param == "direct":
-        return cluster.dsn()
-    return request.getfixturevalue("bouncer").dsn()
+        return cluster.dsn(), {}
+    b = request.getfixturevalue("bouncer")
+    return b.dsn(), ({} if b.prepares else {"prepare_threshold": None})
 
 
 @pytest.fixture
-def connect(dsn):
+def dsn(route):
+    return route[0]
+
+
+@pytest.fixture
+def connect(route):
     opened = []
+    dsn, kw = route
 
     def _connect():
-        # unnamed statements only: what PgBouncer 1.18 in transaction mode needs
-        c = psycopg.connect(dsn, prepare_threshold=None)
+        c = psycopg.connect(dsn, **kw)
         opened.append(c)
         return c
     yield _connect
