@@ -206,7 +206,7 @@ if [ "$rounds" -gt 0 ]; then
 		echo "$rounds paired rounds of ${seconds}s per design in rotating order; load average at the end $(cut -d' ' -f1-3 /proc/loadavg)"
 		echo
 		for w in $workloads; do
-			echo "$w ($(events_of "$w") events per claim): events/s per round"
+			echo "$w ($(events_of "$w") per claim): events/s per round"
 			printf "  %-10s" design
 			for r in $(seq 1 "$rounds"); do printf " %9s" "round $r"; done
 			printf " %9s\n" median
