@@ -63,6 +63,8 @@ usage: $0 [options]
   --profile        also count instructions per event under callgrind
   --sustained S    also run idem and the lean queue side by side for S seconds
   --rate R         producer calls per second in the sustained run (default $rate)
+  --sustained-backlog N  pending events each design starts the sustained run with
+                   (default 6000 per second of the run: more than its consumers deliver)
   --port P         the throwaway cluster's port (default $port)
   --no-install     do not build and install idem first
 USAGE
@@ -79,6 +81,7 @@ while [ $# -gt 0 ]; do
 		--profile) profile=1 ;;
 		--sustained) sustained=$2; shift ;;
 		--rate) rate=$2; shift ;;
+		--sustained-backlog) sustained_backlog=$2; shift ;;
 		--port) port=$2; shift ;;
 		--no-install) install=0 ;;
 		-h|--help) usage; exit 0 ;;
@@ -203,7 +206,7 @@ if [ "$rounds" -gt 0 ]; then
 		echo "$rounds paired rounds of ${seconds}s per design in rotating order; load average at the end $(cut -d' ' -f1-3 /proc/loadavg)"
 		echo
 		for w in $workloads; do
-			echo "$w ($(events_of "$w") events per claim): events/s per round"
+			echo "$w ($(events_of "$w") per claim): events/s per round"
 			printf "  %-10s" design
 			for r in $(seq 1 "$rounds"); do printf " %9s" "round $r"; done
 			printf " %9s\n" median
@@ -231,6 +234,14 @@ if [ $profile -eq 1 ]; then
 	if ! command -v valgrind >/dev/null; then
 		log "--profile needs valgrind (apt-get install valgrind); skipped"
 	else
+		# a smaller queue, filled at full speed: under valgrind each refill
+		# and VACUUM costs minutes
+		backlog=20000
+		su_sql -c "TRUNCATE idem.outbox, bench.q, pgmq.q_payments"
+		for q in idem lean pgmq; do
+			su_sql -c "SELECT bench.top_up('$q', $backlog)" >/dev/null
+		done
+		su_sql -c "VACUUM ANALYZE idem.outbox, bench.q, pgmq.q_payments"
 		log "profile: restarting the cluster under callgrind"
 		run pg_ctl -D "$dir/data" -w -m fast stop >/dev/null
 		mkdir -p "$dir/cg"
@@ -307,7 +318,7 @@ fi
 # --- sustained: idem and the lean queue side by side --------------------------
 if [ "$sustained" -gt 0 ]; then
 	sus="$res/latest-sustained.txt"
-	sbacklog=$(( sustained * 6000 ))
+	sbacklog=${sustained_backlog:-$(( sustained * 6000 ))}
 	log "sustained: ${sustained}s, backlog $sbacklog events each"
 	su_sql -c "TRUNCATE idem.outbox, bench.q, bench.payments, idem.keys"
 	su_sql -c "SELECT bench.top_up('idem', $sbacklog), bench.top_up('lean', $sbacklog)" >/dev/null

@@ -486,12 +486,16 @@ idem_insert_outbox(const char *key, Oid owner, const char *topic,
  * events with a run id pay the probe, on a partial index of undelivered
  * run events.
  *
+ * One UPDATE, its rows returned as they are updated: the order by due time
+ * is made by claim_into() from each row's due time before the claim, a
+ * subquery over the few locked rows (a query around the update to sort
+ * them, or a join, costs every claim a plan tree several times as large,
+ * and a join is a hash join built at every claim).
+ *
  * Always the generic plan, whose shape does not depend on the values: the
  * update reaches the locked rows by TID whatever LIMIT the planner assumes
- * (a join on ctid would be a hash join over the whole table), the order
- * by due time comes from a subquery per claimed row over the few locked
- * ones (a join would again be a hash join, built at every claim),
- * and no call is planned with "now" as a constant, which makes the planner
+ * (a join on ctid would be a hash join over the whole table), and no call
+ * is planned with "now" as a constant, which makes the planner
  * probe the due index for its actual bounds, walking the dead entries that
  * earlier claims left at its head.
  */
@@ -512,28 +516,23 @@ static IdemQuery q_claim = {
 	"             AND p.state OPERATOR(pg_catalog.=) ANY (ARRAY['pending', 'leased']::pg_catalog.text[])))"
 	"   ORDER BY o.next_attempt_at"
 	"   LIMIT $3"
-	"   FOR UPDATE SKIP LOCKED),"
-	" u AS ("
-	"  UPDATE idem.outbox o"
-	"     SET state = CASE WHEN o.state OPERATOR(pg_catalog.=) 'leased' AND o.attempts OPERATOR(pg_catalog.>=) $5 THEN 'dead' ELSE 'leased' END,"
-	"         attempts = CASE WHEN o.state OPERATOR(pg_catalog.=) 'leased' AND o.attempts OPERATOR(pg_catalog.>=) $5 THEN o.attempts"
-	"                    ELSE o.attempts OPERATOR(pg_catalog.+) 1 END,"
-	"         next_attempt_at = $4,"
-	"         lease_token = CASE WHEN o.state OPERATOR(pg_catalog.=) 'leased' AND o.attempts OPERATOR(pg_catalog.>=) $5 THEN NULL"
-	"                       ELSE pg_catalog.gen_random_uuid() END,"
-	"         leased_by = $6,"
-	"         lease_holder = $7,"
-	"         last_error = CASE WHEN o.state OPERATOR(pg_catalog.=) 'leased' AND o.attempts OPERATOR(pg_catalog.>=) $5"
-	"                      THEN 'lease expired on the last attempt' ELSE o.last_error END"
-	"   WHERE o.ctid OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT tid FROM c))"
-	"  RETURNING o.event_id, o.key, o.owner, o.topic, o.payload, o.run_id, o.step,"
-	"            o.attempts, o.lease_token, o.created_at, o.next_attempt_at, o.state)"
-	" SELECT u.event_id, u.key, u.owner, u.topic, u.payload, u.run_id, u.step, u.attempts,"
-	"        u.lease_token, u.created_at, u.next_attempt_at,"
-	"        u.state OPERATOR(pg_catalog.=) 'dead'"
-	"   FROM u"
-	"  ORDER BY (SELECT c.due FROM c WHERE c.event_id OPERATOR(pg_catalog.=) u.event_id),"
-	"           u.created_at",
+	"   FOR UPDATE SKIP LOCKED)"
+	" UPDATE idem.outbox o"
+	"    SET state = CASE WHEN o.state OPERATOR(pg_catalog.=) 'leased' AND o.attempts OPERATOR(pg_catalog.>=) $5 THEN 'dead' ELSE 'leased' END,"
+	"        attempts = CASE WHEN o.state OPERATOR(pg_catalog.=) 'leased' AND o.attempts OPERATOR(pg_catalog.>=) $5 THEN o.attempts"
+	"                   ELSE o.attempts OPERATOR(pg_catalog.+) 1 END,"
+	"        next_attempt_at = $4,"
+	"        lease_token = CASE WHEN o.state OPERATOR(pg_catalog.=) 'leased' AND o.attempts OPERATOR(pg_catalog.>=) $5 THEN NULL"
+	"                      ELSE pg_catalog.gen_random_uuid() END,"
+	"        leased_by = $6,"
+	"        lease_holder = $7,"
+	"        last_error = CASE WHEN o.state OPERATOR(pg_catalog.=) 'leased' AND o.attempts OPERATOR(pg_catalog.>=) $5"
+	"                     THEN 'lease expired on the last attempt' ELSE o.last_error END"
+	"  WHERE o.ctid OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT tid FROM c))"
+	" RETURNING o.event_id, o.key, o.owner, o.topic, o.payload, o.run_id, o.step,"
+	"           o.attempts, o.lease_token, o.created_at, o.next_attempt_at,"
+	"           o.state OPERATOR(pg_catalog.=) 'dead',"
+	"           (SELECT c.due FROM c WHERE c.event_id OPERATOR(pg_catalog.=) o.event_id)",
 	7, {TEXTOID, TIMESTAMPTZOID, INT4OID, TIMESTAMPTZOID, INT4OID, REGROLEOID, TEXTOID},
 	CURSOR_OPT_GENERIC_PLAN
 };
@@ -704,6 +703,37 @@ check_can_wait(const char *what)
 }
 
 /*
+ * The columns of q_claim's rows: the function's result columns first (the
+ * tuplestore takes the first CLAIM_COL_DEAD of them), then whether the row
+ * became a dead letter, then its due time before the claim.
+ */
+#define CLAIM_COL_CREATED_AT	9
+#define CLAIM_COL_DEAD			11
+#define CLAIM_COL_DUE			12
+#define CLAIM_COLS				13
+
+typedef struct ClaimedRow
+{
+	TimestampTz due;
+	TimestampTz created_at;
+	uint64		row;
+} ClaimedRow;
+
+/* oldest due first, then oldest written, then as the update returned them */
+static int
+claimed_row_cmp(const void *a, const void *b)
+{
+	const ClaimedRow *x = (const ClaimedRow *) a;
+	const ClaimedRow *y = (const ClaimedRow *) b;
+
+	if (x->due != y->due)
+		return x->due < y->due ? -1 : 1;
+	if (x->created_at != y->created_at)
+		return x->created_at < y->created_at ? -1 : 1;
+	return x->row < y->row ? -1 : (x->row > y->row ? 1 : 0);
+}
+
+/*
  * One claim of topic by caller into store: leases from now.  Returns the
  * events leased (dead letters made on the way are counted, not returned).
  */
@@ -716,6 +746,7 @@ claim_into(const char *topic, int32 max_events, int64 lease_us, Oid caller,
 	char		nulls[7] = {' ', ' ', ' ', ' ', ' ', ' ', ' '};
 	uint64		dead = 0;
 	uint64		claimed;
+	ClaimedRow *order;
 
 	/*
 	 * Clock time, not the transaction's start: a consumer loop in one
@@ -735,15 +766,32 @@ claim_into(const char *topic, int32 max_events, int64 lease_us, Oid caller,
 	idem_wakeup_note_claim(topic);
 	idem_owner_spi_begin(&spi, idem_catalog_outbox());
 	idem_query_run(&q_claim, values, nulls, 0);
+	/* in SPI's memory, which idem_owner_spi_end() frees */
+	order = palloc(sizeof(ClaimedRow) * Max(SPI_processed, 1));
 	for (uint64 i = 0; i < SPI_processed; i++)
 	{
-		Datum		row[12];
-		bool		rownulls[12];
+		HeapTuple	tup = SPI_tuptable->vals[i];
+		bool		isnull;
 
-		heap_deform_tuple(SPI_tuptable->vals[i], SPI_tuptable->tupdesc,
-						  row, rownulls);
+		order[i].due = DatumGetTimestampTz(heap_getattr(tup, CLAIM_COL_DUE + 1,
+													   SPI_tuptable->tupdesc,
+													   &isnull));
+		order[i].created_at = DatumGetTimestampTz(heap_getattr(tup, CLAIM_COL_CREATED_AT + 1,
+															  SPI_tuptable->tupdesc,
+															  &isnull));
+		order[i].row = i;
+	}
+	if (SPI_processed > 1)
+		qsort(order, SPI_processed, sizeof(ClaimedRow), claimed_row_cmp);
+	for (uint64 i = 0; i < SPI_processed; i++)
+	{
+		Datum		row[CLAIM_COLS];
+		bool		rownulls[CLAIM_COLS];
+
+		heap_deform_tuple(SPI_tuptable->vals[order[i].row],
+						  SPI_tuptable->tupdesc, row, rownulls);
 		/* the claim that finds a last lease expired makes it a dead letter */
-		if (DatumGetBool(row[11]))
+		if (DatumGetBool(row[CLAIM_COL_DEAD]))
 			dead++;
 		else
 			tuplestore_putvalues(store, tupdesc, row, rownulls);
@@ -812,7 +860,14 @@ idem_outbox_claim(PG_FUNCTION_ARGS)
 					 idem_errhint(ERRCODE_FEATURE_NOT_SUPPORTED, "Claim without a wait, or in a READ COMMITTED transaction.")));
 	}
 
-	if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE)
+	/*
+	 * The row type the caller expects, where it says (a function scan
+	 * does), spares building it from the catalog at every claim.
+	 */
+	if (rsinfo->expectedDesc != NULL &&
+		rsinfo->expectedDesc->natts == CLAIM_COL_DEAD)
+		tupdesc = rsinfo->expectedDesc;
+	else if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE)
 		elog(ERROR, "return type must be a row type");
 
 	oldcxt = MemoryContextSwitchTo(rsinfo->econtext->ecxt_per_query_memory);
