@@ -22,7 +22,7 @@ rm -f "${TMPDIR:-/tmp}/idem-agent-demo.$$.log"
 
 echo "# clients/node (node --test)"
 # npm ci also when node_modules predates a dependency of the lock file
-if ! (cd "$top/clients/node" && node -e 'require.resolve("pg"); require.resolve("postgres")' 2>/dev/null); then
+if ! (cd "$top/clients/node" && node -e 'for (const m of ["pg", "postgres", "typescript", "@types/pg/package.json"]) require.resolve(m)' 2>/dev/null); then
 	(cd "$top/clients/node" && npm ci --no-audit --no-fund --loglevel=error) || status=1
 fi
 (cd "$top/clients/node" && node --test --test-reporter=dot test/) || status=1

@@ -13,13 +13,22 @@
 // columns: a number with a fraction or exponent, or beyond 2^53, comes
 // back as the string the server wrote ('25.00'); small integers as numbers.
 
+// node-postgres' conventions: a server error is an Error with .code (the
+// SQLSTATE), .severity, .detail, .hint, .position, .where, .schema, .table,
+// .column, .constraint...  idem's errors keep all of them (copied from the
+// driver's error, which stays as .cause) and add .sqlstate, the same as .code.
+const PG_FIELDS = ['severity', 'position', 'internalPosition', 'internalQuery', 'where', 'schema',
+  'table', 'column', 'dataType', 'constraint', 'file', 'line', 'routine'];
 class IdemError extends Error {
   constructor(message, { sqlstate, detail, hint, cause } = {}) {
     super(message, cause ? { cause } : undefined);
     this.name = this.constructor.name;
     this.sqlstate = sqlstate || this.constructor.sqlstate;
+    this.code = this.sqlstate;
     this.detail = detail;
     this.hint = hint;
+    for (const f of PG_FIELDS) if (cause && cause[f] !== undefined) this[f] = cause[f];
+    if (this.severity === undefined) this.severity = 'ERROR';
   }
 }
 const kinds = {
@@ -31,6 +40,7 @@ const kinds = {
   RunNotRunning: 'ID423', // the run is failed or completed
   OutOfSequence: 'ID425', // earlier declared steps have not all completed
   EventNotFound: 'IDE04', // no such outbox event (never written, or purged)
+  LeaseLost: 'ID412', // the lease token no longer holds the run or event: stop working on it
 };
 const errors = { IdemError };
 const bySqlstate = {};
@@ -479,5 +489,9 @@ async function consume(connect, topic, handler, { maxEvents = 10, lease = 30, co
   return acked;
 }
 
+const { KeyReused, InProgress, NestedKey, RunNotFound, StepUndeclared, RunNotRunning, OutOfSequence,
+  EventNotFound, LeaseLost } = errors;
+// listed one by one so that ES modules can import them by name
 module.exports = { execute, step, retry, retryAdvice, consume, RetryAfter, sqlstateOf, parseExact,
-  toArg, ...errors };
+  toArg, IdemError, KeyReused, InProgress, NestedKey, RunNotFound, StepUndeclared, RunNotRunning,
+  OutOfSequence, EventNotFound, LeaseLost, CachedError };
