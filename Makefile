@@ -13,6 +13,8 @@ OBJS = \
 	src/common/subxact.o \
 	src/common/tables.o \
 	src/common/owner.o \
+	src/common/lease.o \
+	src/common/grants.o \
 	src/request/tokens.o \
 	src/request/statement.o \
 	src/request/exec.o \
@@ -24,6 +26,11 @@ OBJS = \
 	src/request/dryrun.o \
 	src/workflow/run.o \
 	src/workflow/call.o \
+	src/workflow/runlease.o \
+	src/workflow/queue.o \
+	src/workflow/claim.o \
+	src/workflow/signal.o \
+	src/workflow/control.o \
 	src/outbox/outbox.o \
 	src/outbox/wakeup.o \
 	src/ops/audit.o \
@@ -40,7 +47,8 @@ PG_CFLAGS	= -Wall -Wmissing-prototypes -Werror
 # pg_regress: one file per feature, test/sql/<feature>.sql <-> test/expected/<feature>.out
 REGRESS		= install execute fingerprint tokens identity errors atomicity nesting \
 			  expiry security tamper outbox outbox_delivery plancache upgrade \
-			  runs derive advice dryrun cache untyped call ops internals
+			  runs derive advice dryrun cache untyped call ops internals \
+			  queues run_leases run_signals
 # Every test cluster states its encoding and locale: initdb would take them
 # from the environment, and without LANG (a container's default) the
 # cluster is SQL_ASCII, which cannot hold the suite's UTF-8 keys.

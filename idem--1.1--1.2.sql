@@ -83,3 +83,365 @@ REVOKE ALL ON FUNCTION @extschema@.idem_outbox_channel(text) FROM PUBLIC;
 -- object the same way whatever the caller's search_path and quoting.
 ALTER FUNCTION @extschema@.idem_key(VARIADIC "any")
 	SET search_path = pg_catalog SET quote_all_identifiers = off;
+
+/*
+ * ------------------------------------------------------------------------
+ * Runs on queues (issue 21): queues with producer, worker and signal
+ * grants; runs leased to workers (the outbox's lease, src/common/lease.c),
+ * fenced steps, retries with backoff and jitter, waits for signals and
+ * sleeps, cancel and retry, the operators' view idem_runs, and every
+ * attempt on record.  src/workflow/queue.c, claim.c, signal.c, control.c.
+ * ------------------------------------------------------------------------
+ */
+
+-- A queue and who may use it: producers enqueue runs (idem_run_begin with
+-- queue), workers claim them, signallers signal other roles' runs.  Like
+-- outbox topics: membership counts, superusers may use every queue.  The
+-- retry policy applies to each step of a run (a completed step starts the
+-- count again); a run may override it.  concurrency caps the runs leased
+-- at once, cluster-wide (NULL: no cap).
+CREATE TABLE idem.queues (
+	queue			text COLLATE "C" NOT NULL,
+	producers		regrole[] NOT NULL,
+	workers			regrole[] NOT NULL,
+	signallers		regrole[] NOT NULL,
+	concurrency		integer,
+	max_attempts	integer NOT NULL,
+	backoff_base	interval NOT NULL,
+	backoff_cap		interval NOT NULL,
+	jitter			text NOT NULL,
+	created_at		timestamptz NOT NULL,
+	CONSTRAINT queues_pkey PRIMARY KEY (queue),
+	CONSTRAINT queues_jitter_check
+		CHECK (jitter OPERATOR(pg_catalog.=) ANY ('{full,equal,none}'::pg_catalog.text[]))
+);
+SELECT pg_catalog.pg_extension_config_dump('idem.queues', '');
+
+-- A queued run's place in its queue, on its row, so that a step's fence
+-- check reads nothing the step does not read already.  queue_state is
+-- ready (due at due_at), leased (until due_at), waiting (for the signal
+-- awaiting, or until wait_until) or sleeping (until due_at); NULL once the
+-- run is finished, which takes it out of the partial indexes below: a
+-- queue of a million finished runs claims as fast as an empty one.
+-- attempt counts the current step's attempts; claims numbers the rows of
+-- idem.run_attempts.  started_step: an external step begun
+-- (idem_step_start) and not completed, started_count times.
+ALTER TABLE idem.runs
+	ADD COLUMN queue text COLLATE "C",
+	ADD COLUMN queue_state text,
+	ADD COLUMN due_at timestamptz,
+	ADD COLUMN attempt integer NOT NULL DEFAULT 0,
+	ADD COLUMN claims integer NOT NULL DEFAULT 0,
+	ADD COLUMN lease_token uuid,
+	ADD COLUMN leased_by regrole,
+	ADD COLUMN lease_holder text,
+	ADD COLUMN awaiting text COLLATE "C",
+	ADD COLUMN wait_until timestamptz,
+	ADD COLUMN started_step text COLLATE "C",
+	ADD COLUMN started_count integer NOT NULL DEFAULT 0,
+	ADD COLUMN max_attempts integer,
+	ADD COLUMN backoff_base interval,
+	ADD COLUMN backoff_cap interval,
+	ADD COLUMN jitter text,
+	DROP CONSTRAINT runs_status_check,
+	ADD CONSTRAINT runs_status_check
+		CHECK (status OPERATOR(pg_catalog.=) ANY ('{running,completed,failed,cancelled}'::pg_catalog.text[])),
+	ADD CONSTRAINT runs_queue_state_check
+		CHECK (queue_state OPERATOR(pg_catalog.=) ANY ('{ready,leased,waiting,sleeping}'::pg_catalog.text[]));
+ALTER TABLE idem.runs
+	ALTER COLUMN attempt DROP DEFAULT,
+	ALTER COLUMN claims DROP DEFAULT,
+	ALTER COLUMN started_count DROP DEFAULT;
+-- The claim's scan: a queue's unfinished runs, oldest due first.
+CREATE INDEX runs_due_idx ON idem.runs (queue, due_at)
+	WHERE queue_state IS NOT NULL;
+-- The concurrency cap's count: a queue's leased runs.
+CREATE INDEX runs_leased_idx ON idem.runs (queue, due_at)
+	WHERE queue_state OPERATOR(pg_catalog.=) 'leased';
+-- A worker names a run by its id and lease token, not its owner.
+CREATE INDEX runs_queued_idx ON idem.runs (run_id)
+	WHERE queue IS NOT NULL;
+
+-- Every claim of a run, committed with the claim, and how it ended:
+-- completed (the run), step_failed, failed (the run, on its last attempt),
+-- lease_expired, waiting, sleeping, released or cancelled; NULL while the
+-- lease holds.
+CREATE TABLE idem.run_attempts (
+	owner		regrole NOT NULL,
+	run_id		text COLLATE "C" NOT NULL,
+	claim		integer NOT NULL,
+	attempt		integer NOT NULL,
+	step		text COLLATE "C",
+	worker		text NOT NULL,
+	leased_by	regrole NOT NULL,
+	claimed_at	timestamptz NOT NULL,
+	ended_at	timestamptz,
+	outcome		text,
+	error		text,
+	CONSTRAINT run_attempts_pkey PRIMARY KEY (owner, run_id, claim),
+	CONSTRAINT run_attempts_run_fkey FOREIGN KEY (owner, run_id)
+		REFERENCES idem.runs (owner, run_id) ON DELETE CASCADE
+);
+SELECT pg_catalog.pg_extension_config_dump('idem.run_attempts', '');
+
+-- Signals, one per run and event, kept until the run is purged: a signal
+-- sent before its await waits for it.
+CREATE TABLE idem.run_signals (
+	owner			regrole NOT NULL,
+	run_id			text COLLATE "C" NOT NULL,
+	event			text COLLATE "C" NOT NULL,
+	payload			pg_catalog.jsonb NOT NULL,
+	signalled_by	regrole NOT NULL,
+	signalled_at	timestamptz NOT NULL,
+	CONSTRAINT run_signals_pkey PRIMARY KEY (owner, run_id, event),
+	CONSTRAINT run_signals_run_fkey FOREIGN KEY (owner, run_id)
+		REFERENCES idem.runs (owner, run_id) ON DELETE CASCADE
+);
+SELECT pg_catalog.pg_extension_config_dump('idem.run_signals', '');
+
+-- Administrators of runs: every role's rows in idem_runs, and cancel and
+-- retry of any role's run.  A cluster-wide role, kept if it exists.
+DO $$
+BEGIN
+	IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname OPERATOR(pg_catalog.=) 'idem_admin') THEN
+		CREATE ROLE idem_admin NOLOGIN;
+	END IF;
+END
+$$;
+
+CREATE FUNCTION @extschema@.idem_queue_create(queue text,
+	producers regrole[] DEFAULT '{}', workers regrole[] DEFAULT '{}',
+	concurrency integer DEFAULT NULL, max_attempts integer DEFAULT 5,
+	backoff_base interval DEFAULT '1 s', backoff_cap interval DEFAULT '1 h',
+	jitter text DEFAULT 'full', signallers regrole[] DEFAULT '{}')
+RETURNS void
+AS 'MODULE_PATHNAME', 'idem_queue_create'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+CREATE FUNCTION @extschema@.idem_queue_grant(queue text, role regrole,
+	privilege text)
+RETURNS void
+AS 'MODULE_PATHNAME', 'idem_queue_grant'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+CREATE FUNCTION @extschema@.idem_queue_revoke(queue text, role regrole,
+	privilege text)
+RETURNS void
+AS 'MODULE_PATHNAME', 'idem_queue_revoke'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+-- idem_run_begin with a queue and a run's own retry policy.
+DROP FUNCTION @extschema@.idem_run_begin(text, text[], pg_catalog.jsonb);
+CREATE FUNCTION @extschema@.idem_run_begin(run_id text,
+	steps text[] DEFAULT NULL, input pg_catalog.jsonb DEFAULT NULL,
+	queue text DEFAULT NULL, max_attempts integer DEFAULT NULL,
+	backoff_base interval DEFAULT NULL, backoff_cap interval DEFAULT NULL,
+	jitter text DEFAULT NULL,
+	OUT status text, OUT next_step text, OUT created boolean,
+	OUT started_at timestamptz)
+RETURNS record
+AS 'MODULE_PATHNAME', 'idem_run_begin'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+-- A claim commits on its own: its lease and its attempt's record.
+CREATE FUNCTION @extschema@.idem_run_claim(queue text,
+	max_runs integer DEFAULT 1, lease interval DEFAULT '30 s',
+	worker text DEFAULT NULL, wait interval DEFAULT NULL)
+RETURNS TABLE (run_id text, owner regrole, input pg_catalog.jsonb,
+	steps text[], next_step text, attempt integer, lease_token uuid,
+	lease_until timestamptz, results pg_catalog.jsonb, started_step text,
+	started_attempts integer)
+AS 'MODULE_PATHNAME', 'idem_run_claim'
+LANGUAGE C VOLATILE PARALLEL UNSAFE ROWS 1;
+
+CREATE FUNCTION @extschema@.idem_run_extend(run_id text, lease_token uuid,
+	lease interval DEFAULT '30 s')
+RETURNS timestamptz
+AS 'MODULE_PATHNAME', 'idem_run_extend'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+CREATE FUNCTION @extschema@.idem_run_release(run_id text, lease_token uuid)
+RETURNS void
+AS 'MODULE_PATHNAME', 'idem_run_release'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+-- idem_call with the lease token a queued run's steps need.
+DROP FUNCTION @extschema@.idem_call(text, text, text[], text, interval,
+	boolean, text, text);
+CREATE FUNCTION @extschema@.idem_call(key text, sql text,
+	args text[] DEFAULT '{}'::pg_catalog.text[],
+	outbox_topic text DEFAULT NULL, ttl interval DEFAULT NULL,
+	wait boolean DEFAULT NULL, run_id text DEFAULT NULL, step text DEFAULT NULL,
+	lease_token uuid DEFAULT NULL,
+	OUT response pg_catalog.jsonb, OUT replayed boolean,
+	OUT first_executed_at timestamptz)
+RETURNS record
+AS 'MODULE_PATHNAME', 'idem_call'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+DROP FUNCTION @extschema@.idem_step_complete(text, text, pg_catalog.jsonb);
+CREATE FUNCTION @extschema@.idem_step_complete(run_id text, step text,
+	result pg_catalog.jsonb, lease_token uuid DEFAULT NULL)
+RETURNS pg_catalog.jsonb
+AS 'MODULE_PATHNAME', 'idem_step_complete'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+-- An external step's attempt, recorded before the worker calls out.
+CREATE FUNCTION @extschema@.idem_step_start(run_id text, step text,
+	lease_token uuid)
+RETURNS TABLE (step_key text, attempt integer, completed boolean,
+	result pg_catalog.jsonb)
+AS 'MODULE_PATHNAME', 'idem_step_start'
+LANGUAGE C VOLATILE PARALLEL UNSAFE ROWS 1;
+
+CREATE FUNCTION @extschema@.idem_step_fail(run_id text, step text,
+	lease_token uuid, error text, retry_after interval DEFAULT NULL)
+RETURNS timestamptz
+AS 'MODULE_PATHNAME', 'idem_step_fail'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+CREATE FUNCTION @extschema@.idem_run_await(run_id text, event text,
+	lease_token uuid, timeout interval DEFAULT NULL,
+	OUT state text, OUT payload pg_catalog.jsonb)
+RETURNS record
+AS 'MODULE_PATHNAME', 'idem_run_await'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+CREATE FUNCTION @extschema@.idem_run_signal(run_id text, event text,
+	payload pg_catalog.jsonb DEFAULT '{}', owner regrole DEFAULT NULL)
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'idem_run_signal'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+CREATE FUNCTION @extschema@.idem_run_sleep(run_id text, lease_token uuid,
+	until timestamptz)
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'idem_run_sleep'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+CREATE FUNCTION @extschema@.idem_run_cancel(run_id text,
+	reason text DEFAULT NULL, owner regrole DEFAULT NULL)
+RETURNS text
+AS 'MODULE_PATHNAME', 'idem_run_cancel'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+CREATE FUNCTION @extschema@.idem_run_retry(run_id text,
+	owner regrole DEFAULT NULL)
+RETURNS text
+AS 'MODULE_PATHNAME', 'idem_run_retry'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+-- Whether the current role sees every role's runs.
+CREATE FUNCTION @extschema@.idem_runs_admin()
+RETURNS boolean
+LANGUAGE sql STABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+SELECT r.rolsuper
+	OR pg_catalog.pg_has_role(CURRENT_USER, 'pg_monitor', 'USAGE')
+	OR pg_catalog.pg_has_role(CURRENT_USER, 'idem_admin', 'USAGE')
+  FROM pg_catalog.pg_roles r WHERE r.rolname OPERATOR(pg_catalog.=) CURRENT_USER
+$$;
+
+-- Runs for operators: every role's for superusers and members of
+-- pg_monitor or idem_admin, the current role's own otherwise.  An expired
+-- lease shows as ready: the run is due again.
+CREATE VIEW @extschema@.idem_runs WITH (security_barrier) AS
+SELECT r.run_id, r.owner, r.queue, r.status,
+	   CASE WHEN r.queue_state OPERATOR(pg_catalog.=) 'leased'
+				 AND r.due_at OPERATOR(pg_catalog.<=) pg_catalog.now()
+			THEN 'ready'::pg_catalog.text ELSE r.queue_state END AS state,
+	   CASE WHEN r.steps IS NOT NULL
+				 AND pg_catalog.cardinality(r.done_steps) OPERATOR(pg_catalog.<) pg_catalog.cardinality(r.steps)
+			THEN r.steps[pg_catalog.cardinality(r.done_steps) OPERATOR(pg_catalog.+) 1] END AS next_step,
+	   pg_catalog.cardinality(r.done_steps) AS steps_done,
+	   pg_catalog.cardinality(r.steps) AS steps_total,
+	   r.attempt,
+	   COALESCE(r.max_attempts, q.max_attempts) AS max_attempts,
+	   CASE WHEN r.queue_state OPERATOR(pg_catalog.=) 'leased' THEN r.lease_holder END AS holder,
+	   CASE WHEN r.queue_state OPERATOR(pg_catalog.=) 'leased' THEN r.leased_by END AS leased_by,
+	   CASE WHEN r.queue_state OPERATOR(pg_catalog.=) 'leased' THEN r.due_at END AS lease_until,
+	   CASE WHEN r.queue_state OPERATOR(pg_catalog.<>) 'leased' THEN r.due_at END AS next_due,
+	   r.awaiting, r.last_error, r.started_at, r.finished_at,
+	   pg_catalog.now() OPERATOR(pg_catalog.-) r.started_at AS age
+  FROM idem.runs r
+  LEFT JOIN idem.queues q ON q.queue OPERATOR(pg_catalog.=) r.queue
+ WHERE pg_catalog.pg_has_role(CURRENT_USER, r.owner, 'USAGE')
+	OR @extschema@.idem_runs_admin();
+GRANT SELECT ON @extschema@.idem_runs TO PUBLIC;
+
+CREATE VIEW @extschema@.idem_run_attempts WITH (security_barrier) AS
+SELECT a.owner, a.run_id, a.claim, a.attempt, a.step, a.worker, a.leased_by,
+	   a.claimed_at, a.ended_at, a.outcome, a.error
+  FROM idem.run_attempts a
+ WHERE pg_catalog.pg_has_role(CURRENT_USER, a.owner, 'USAGE')
+	OR @extschema@.idem_runs_admin();
+GRANT SELECT ON @extschema@.idem_run_attempts TO PUBLIC;
+
+-- Queues are administered, claimed and worked by grant, never by PUBLIC.
+REVOKE ALL ON FUNCTION @extschema@.idem_queue_create(text, regrole[], regrole[], integer, integer, interval, interval, text, regrole[]) FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.idem_queue_grant(text, regrole, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.idem_queue_revoke(text, regrole, text) FROM PUBLIC;
+
+-- idem_stats: the runtime's counters.
+DROP VIEW @extschema@.idem_stats;
+DROP VIEW @extschema@.idem_stats_roles;
+DROP FUNCTION @extschema@.idem_stats(boolean);
+CREATE FUNCTION @extschema@.idem_stats(
+	by_role boolean DEFAULT false,
+	OUT dbid oid,
+	OUT roleid oid,
+	OUT executions bigint,
+	OUT replays bigint,
+	OUT mismatches bigint,
+	OUT in_progress bigint,
+	OUT conflicts bigint,
+	OUT sequencing_errors bigint,
+	OUT errors bigint,
+	OUT lock_waits bigint,
+	OUT lock_wait_time double precision,
+	OUT purged_keys bigint,
+	OUT purged_audit_entries bigint,
+	OUT outbox_written bigint,
+	OUT outbox_claimed bigint,
+	OUT outbox_acked bigint,
+	OUT outbox_failed bigint,
+	OUT outbox_dead bigint,
+	OUT purged_outbox_events bigint,
+	OUT audit_written bigint,
+	OUT audit_queued bigint,
+	OUT audit_dropped bigint,
+	OUT runs_claimed bigint,
+	OUT run_lease_expiries bigint,
+	OUT run_retries bigint,
+	OUT run_signals bigint,
+	OUT runs_failed bigint,
+	OUT stats_reset timestamptz)
+RETURNS SETOF record
+AS 'MODULE_PATHNAME', 'idem_stats_1_1'
+LANGUAGE C STRICT VOLATILE PARALLEL SAFE;
+
+CREATE VIEW @extschema@.idem_stats AS
+SELECT s.dbid, d.datname, s.executions, s.replays, s.mismatches,
+	   s.in_progress, s.conflicts, s.sequencing_errors, s.errors,
+	   s.lock_waits, s.lock_wait_time, s.purged_keys, s.purged_audit_entries,
+	   s.outbox_written, s.outbox_claimed, s.outbox_acked, s.outbox_failed,
+	   s.outbox_dead, s.purged_outbox_events, s.audit_written, s.audit_queued, s.audit_dropped,
+	   s.runs_claimed, s.run_lease_expiries, s.run_retries, s.run_signals, s.runs_failed,
+	   s.stats_reset
+  FROM @extschema@.idem_stats(false) s
+  LEFT JOIN pg_catalog.pg_database d ON d.oid OPERATOR(pg_catalog.=) s.dbid;
+GRANT SELECT ON @extschema@.idem_stats TO PUBLIC;
+
+CREATE VIEW @extschema@.idem_stats_roles AS
+SELECT s.dbid, d.datname, s.roleid, r.rolname, s.executions, s.replays, s.mismatches,
+	   s.in_progress, s.conflicts, s.sequencing_errors, s.errors,
+	   s.lock_waits, s.lock_wait_time, s.purged_keys, s.purged_audit_entries,
+	   s.outbox_written, s.outbox_claimed, s.outbox_acked, s.outbox_failed,
+	   s.outbox_dead, s.purged_outbox_events, s.audit_written, s.audit_queued, s.audit_dropped,
+	   s.runs_claimed, s.run_lease_expiries, s.run_retries, s.run_signals, s.runs_failed,
+	   s.stats_reset
+  FROM @extschema@.idem_stats(true) s
+  LEFT JOIN pg_catalog.pg_database d ON d.oid OPERATOR(pg_catalog.=) s.dbid
+  LEFT JOIN pg_catalog.pg_roles r ON r.oid OPERATOR(pg_catalog.=) s.roleid;
+GRANT SELECT ON @extschema@.idem_stats_roles TO PUBLIC;

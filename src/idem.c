@@ -287,6 +287,20 @@ _PG_init(void)
 							   "",
 							   PGC_USERSET, 0,
 							   NULL, NULL, NULL);
+	DefineCustomStringVariable("idem.lease_token",
+							   "The lease token idem_step() presents for a queued run's step.",
+							   "idem_call() and the run functions take it as an argument instead.",
+							   &idem_lease_token,
+							   "",
+							   PGC_USERSET, 0,
+							   NULL, NULL, NULL);
+	DefineCustomIntVariable("idem.run_max_lease",
+							"Longest lease a claim or an extension of a queued run may ask for.",
+							NULL,
+							&idem_run_max_lease,
+							3600, 1, 86400,
+							PGC_SUSET, GUC_UNIT_S,
+							NULL, NULL, NULL);
 	DefineCustomIntVariable("idem.outbox_max_attempts",
 							"Deliveries of an outbox event before it becomes a dead letter.",
 							"A failure or an expired lease on the last attempt moves the event to the dead state.",

@@ -22,6 +22,7 @@
 #include "utils/array.h"
 #include "utils/jsonb.h"
 #include "utils/timestamp.h"
+#include "utils/uuid.h"
 
 struct Latch;
 
@@ -57,6 +58,9 @@ struct Latch;
 
 /* Longest key accepted, in bytes (Stripe's limit is 255 characters). */
 #define IDEM_MAX_KEY_BYTES		255
+
+/* The longest wait of a claim: it holds a snapshot, as any statement does. */
+#define IDEM_MAX_WAIT_S			3600
 
 /* Most steps a run declares or completes. */
 #define IDEM_MAX_RUN_STEPS		1000
@@ -119,6 +123,8 @@ extern int	idem_purge_interval;
 extern int	idem_purge_batch_size;
 extern int	idem_stats_max_databases;
 extern int	idem_stats_max_roles;
+extern char *idem_lease_token;
+extern int	idem_run_max_lease;
 
 /* Column numbers of idem.outbox (tables.c checks the shape, outbox.c writes) */
 #define Anum_outbox_event_id		1
@@ -218,6 +224,24 @@ typedef struct IdemRunRow
 	char	   *last_error;		/* or NULL */
 	ArrayType  *done_steps;		/* text[]: completed steps, in order */
 	ArrayType  *attempts;		/* int4[]: per completed step */
+	/* on a queue (all NULL, zero or DT_NOEND otherwise) */
+	char	   *queue;
+	char	   *queue_state;	/* ready, leased, waiting, sleeping; NULL */
+	TimestampTz due_at;			/* DT_NOEND: NULL */
+	int32		attempt;		/* of the current step */
+	int32		claims;			/* rows of idem.run_attempts */
+	bool		has_token;
+	pg_uuid_t	lease_token;
+	Oid			leased_by;
+	char	   *lease_holder;
+	char	   *awaiting;		/* event a waiting run waits for */
+	TimestampTz wait_until;		/* its deadline; DT_NOEND: none */
+	char	   *started_step;	/* external step started, not completed */
+	int32		started_count;
+	int32		max_attempts;	/* the run's own policy; 0: the queue's */
+	Interval   *backoff_base;	/* or NULL */
+	Interval   *backoff_cap;	/* or NULL */
+	char	   *jitter;			/* or NULL */
 } IdemRunRow;
 
 #endif							/* IDEM_H */

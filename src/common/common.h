@@ -31,6 +31,39 @@ extern char *idem_name_arg(FunctionCallInfo fcinfo, int argno,
 extern int32 idem_purge_batch_arg(FunctionCallInfo fcinfo, const char *fname);
 extern void idem_check_variadic_dims(ArrayType *arr, const char *what);
 
+/* grants.c: role lists that grant the use of topics and queues */
+extern bool idem_role_in(Oid role, Datum array);
+extern Datum idem_roles_arg(FunctionCallInfo fcinfo, int argno,
+							const char *name);
+
+/* lease.c: the lease of outbox events and queued runs */
+typedef enum IdemFence
+{
+	IDEM_FENCE_HELD,			/* the token is the row's current lease */
+	IDEM_FENCE_TAKEN_OVER,		/* leased, under another token */
+	IDEM_FENCE_NOT_LEASED		/* no lease holds the row */
+} IdemFence;
+typedef enum IdemJitter
+{
+	IDEM_JITTER_NONE,
+	IDEM_JITTER_FULL,
+	IDEM_JITTER_EQUAL
+} IdemJitter;
+extern Datum idem_random_uuid(void);
+extern int64 idem_interval_usecs(Interval *iv);
+extern int64 idem_lease_usecs(Interval *lease, int max_s, const char *setting);
+extern long idem_wait_ms(Interval *timeout);
+extern IdemFence idem_lease_fence(bool leased, bool token_matches);
+extern void idem_lease_lost(IdemFence fence, const char *noun,
+							const char *short_noun, const char *id,
+							const char *state, const char *verb,
+							const char *holder, const char *holder_does)
+			pg_attribute_noreturn();
+extern TimestampTz idem_backoff_next(TimestampTz now, int32 attempts,
+									 int base_ms, int cap_ms,
+									 IdemJitter jitter, int64 retry_after_us);
+extern IdemJitter idem_jitter_from_name(const char *name);
+
 /* owner.c: whose keys a call uses (idem.key_owner) */
 extern Oid	idem_key_owner(void);
 
@@ -80,6 +113,11 @@ typedef enum IdemStatCounter
 	IDEM_STAT_AUDIT_WRITTEN,
 	IDEM_STAT_AUDIT_QUEUED,
 	IDEM_STAT_AUDIT_DROPPED,
+	IDEM_STAT_RUNS_CLAIMED,
+	IDEM_STAT_RUN_LEASE_EXPIRIES,
+	IDEM_STAT_RUN_RETRIES,
+	IDEM_STAT_RUN_SIGNALS,
+	IDEM_STAT_RUNS_FAILED,
 	IDEM_STAT_NCOUNTERS
 } IdemStatCounter;
 
@@ -102,6 +140,7 @@ extern void idem_insert_key(const char *key, Oid owner,
 							const uint8 *fingerprint, Jsonb *response,
 							TimestampTz created_at, TimestampTz expires_at);
 extern Oid	idem_catalog_outbox(void);
+extern Oid	idem_catalog_runs(void);
 extern Oid	idem_catalog_outbox_topics(Oid *pkey);
 extern uint64 idem_catalog_secret(void);
 extern uint64 idem_catalog_generation(void);
@@ -127,7 +166,7 @@ typedef struct IdemQuery
 {
 	const char *sql;
 	int			nargs;
-	Oid			argtypes[8];
+	Oid			argtypes[10];
 	int			cursor_options;
 	SPIPlanPtr	plan;
 } IdemQuery;

@@ -40,3 +40,5 @@ int			idem_audit_queue_size = 1024;
 int			idem_purge_interval = 60;
 int			idem_purge_batch_size = 10000;
 bool		idem_outbox_notify = true;
+char	   *idem_lease_token = NULL;
+int			idem_run_max_lease = 3600;

@@ -283,11 +283,17 @@ emit_row(Tuplestorestate *ts, TupleDesc desc, Oid dbid, Oid roleid,
 	bool		nulls[STATS_COLS] = {0};
 	int			col = 0;
 
+	/*
+	 * The SQL definition before an update may list fewer counters: those it
+	 * lists are the first ones.
+	 */
+	int			ncounters = desc->natts - 3;
+
 	values[col] = ObjectIdGetDatum(dbid);
 	nulls[col++] = !OidIsValid(dbid);
 	values[col] = ObjectIdGetDatum(roleid);
 	nulls[col++] = !OidIsValid(roleid);
-	for (int c = 0; c < IDEM_STAT_NCOUNTERS; c++)
+	for (int c = 0; c < ncounters; c++)
 	{
 		uint64		v = slot ? pg_atomic_read_u64(&slot->counters[c]) : 0;
 
@@ -324,8 +330,8 @@ idem_stats_1_1(PG_FUNCTION_ARGS)
 	int			end;
 
 	InitMaterializedSRF(fcinfo, 0);
-	if (rsinfo->setDesc->natts != STATS_COLS)
-		elog(ERROR, "idem_stats() must return %d columns", STATS_COLS);
+	if (rsinfo->setDesc->natts > STATS_COLS || rsinfo->setDesc->natts < 3)
+		elog(ERROR, "idem_stats() must return at most %d columns", STATS_COLS);
 
 	if (stats_shared == NULL)
 	{

@@ -57,6 +57,7 @@
 #include "storage/lock.h"
 #include "utils/timestamp.h"
 #include "utils/builtins.h"
+#include "utils/datum.h"
 #include "utils/fmgroids.h"
 #include "utils/inval.h"
 #include "utils/lsyscache.h"
@@ -89,7 +90,23 @@
 #define Anum_runs_last_error	8
 #define Anum_runs_done_steps	9
 #define Anum_runs_attempts		10
-#define Natts_runs				10
+#define Anum_runs_queue			11
+#define Anum_runs_queue_state	12
+#define Anum_runs_due_at		13
+#define Anum_runs_attempt		14
+#define Anum_runs_claims		15
+#define Anum_runs_lease_token	16
+#define Anum_runs_leased_by		17
+#define Anum_runs_lease_holder	18
+#define Anum_runs_awaiting		19
+#define Anum_runs_wait_until	20
+#define Anum_runs_started_step	21
+#define Anum_runs_started_count	22
+#define Anum_runs_max_attempts	23
+#define Anum_runs_backoff_base	24
+#define Anum_runs_backoff_cap	25
+#define Anum_runs_jitter		26
+#define Natts_runs				26
 
 typedef struct IdemCatalog
 {
@@ -141,7 +158,14 @@ static const ColumnShape runs_shape[Natts_runs] = {
 	{"input", JSONBOID, true}, {"status", TEXTOID},
 	{"started_at", TIMESTAMPTZOID}, {"finished_at", TIMESTAMPTZOID, true},
 	{"last_error", TEXTOID, true}, {"done_steps", TEXTARRAYOID},
-	{"attempts", INT4ARRAYOID}
+	{"attempts", INT4ARRAYOID}, {"queue", TEXTOID, true},
+	{"queue_state", TEXTOID, true}, {"due_at", TIMESTAMPTZOID, true},
+	{"attempt", INT4OID}, {"claims", INT4OID}, {"lease_token", UUIDOID, true},
+	{"leased_by", REGROLEOID, true}, {"lease_holder", TEXTOID, true},
+	{"awaiting", TEXTOID, true}, {"wait_until", TIMESTAMPTZOID, true},
+	{"started_step", TEXTOID, true}, {"started_count", INT4OID},
+	{"max_attempts", INT4OID, true}, {"backoff_base", INTERVALOID, true},
+	{"backoff_cap", INTERVALOID, true}, {"jitter", TEXTOID, true}
 };
 static const int16 runs_pkey_columns[] = {Anum_runs_owner, Anum_runs_run_id};
 static const ColumnShape audit_shape[Natts_audit] = {
@@ -1141,6 +1165,37 @@ idem_lookup_run(Oid owner, const char *run_id, IdemRunRow *row)
 		row->last_error = isnull ? NULL : TextDatumGetCString(d);
 		row->done_steps = DatumGetArrayTypePCopy(slot_getattr(slot, Anum_runs_done_steps, &isnull));
 		row->attempts = DatumGetArrayTypePCopy(slot_getattr(slot, Anum_runs_attempts, &isnull));
+		d = slot_getattr(slot, Anum_runs_queue, &isnull);
+		row->queue = isnull ? NULL : TextDatumGetCString(d);
+		d = slot_getattr(slot, Anum_runs_queue_state, &isnull);
+		row->queue_state = isnull ? NULL : TextDatumGetCString(d);
+		d = slot_getattr(slot, Anum_runs_due_at, &isnull);
+		row->due_at = isnull ? DT_NOEND : DatumGetTimestampTz(d);
+		row->attempt = DatumGetInt32(slot_getattr(slot, Anum_runs_attempt, &isnull));
+		row->claims = DatumGetInt32(slot_getattr(slot, Anum_runs_claims, &isnull));
+		d = slot_getattr(slot, Anum_runs_lease_token, &isnull);
+		row->has_token = !isnull;
+		if (!isnull)
+			memcpy(&row->lease_token, DatumGetUUIDP(d), UUID_LEN);
+		d = slot_getattr(slot, Anum_runs_leased_by, &isnull);
+		row->leased_by = isnull ? InvalidOid : DatumGetObjectId(d);
+		d = slot_getattr(slot, Anum_runs_lease_holder, &isnull);
+		row->lease_holder = isnull ? NULL : TextDatumGetCString(d);
+		d = slot_getattr(slot, Anum_runs_awaiting, &isnull);
+		row->awaiting = isnull ? NULL : TextDatumGetCString(d);
+		d = slot_getattr(slot, Anum_runs_wait_until, &isnull);
+		row->wait_until = isnull ? DT_NOEND : DatumGetTimestampTz(d);
+		d = slot_getattr(slot, Anum_runs_started_step, &isnull);
+		row->started_step = isnull ? NULL : TextDatumGetCString(d);
+		row->started_count = DatumGetInt32(slot_getattr(slot, Anum_runs_started_count, &isnull));
+		d = slot_getattr(slot, Anum_runs_max_attempts, &isnull);
+		row->max_attempts = isnull ? 0 : DatumGetInt32(d);
+		d = slot_getattr(slot, Anum_runs_backoff_base, &isnull);
+		row->backoff_base = isnull ? NULL : DatumGetIntervalP(datumCopy(d, false, sizeof(Interval)));
+		d = slot_getattr(slot, Anum_runs_backoff_cap, &isnull);
+		row->backoff_cap = isnull ? NULL : DatumGetIntervalP(datumCopy(d, false, sizeof(Interval)));
+		d = slot_getattr(slot, Anum_runs_jitter, &isnull);
+		row->jitter = isnull ? NULL : TextDatumGetCString(d);
 		row->visible = probe_row_visible(&p);
 	}
 	probe_row_end(&p);
@@ -1165,6 +1220,41 @@ run_values(IdemRunRow *row, Datum *values, bool *nulls)
 		row->last_error ? CStringGetTextDatum(row->last_error) : (Datum) 0;
 	values[Anum_runs_done_steps - 1] = PointerGetDatum(row->done_steps);
 	values[Anum_runs_attempts - 1] = PointerGetDatum(row->attempts);
+	nulls[Anum_runs_queue - 1] = row->queue == NULL;
+	values[Anum_runs_queue - 1] =
+		row->queue ? CStringGetTextDatum(row->queue) : (Datum) 0;
+	nulls[Anum_runs_queue_state - 1] = row->queue_state == NULL;
+	values[Anum_runs_queue_state - 1] =
+		row->queue_state ? CStringGetTextDatum(row->queue_state) : (Datum) 0;
+	nulls[Anum_runs_due_at - 1] = TIMESTAMP_IS_NOEND(row->due_at);
+	values[Anum_runs_due_at - 1] = TimestampTzGetDatum(row->due_at);
+	values[Anum_runs_attempt - 1] = Int32GetDatum(row->attempt);
+	values[Anum_runs_claims - 1] = Int32GetDatum(row->claims);
+	nulls[Anum_runs_lease_token - 1] = !row->has_token;
+	values[Anum_runs_lease_token - 1] = UUIDPGetDatum(&row->lease_token);
+	nulls[Anum_runs_leased_by - 1] = !OidIsValid(row->leased_by);
+	values[Anum_runs_leased_by - 1] = ObjectIdGetDatum(row->leased_by);
+	nulls[Anum_runs_lease_holder - 1] = row->lease_holder == NULL;
+	values[Anum_runs_lease_holder - 1] =
+		row->lease_holder ? CStringGetTextDatum(row->lease_holder) : (Datum) 0;
+	nulls[Anum_runs_awaiting - 1] = row->awaiting == NULL;
+	values[Anum_runs_awaiting - 1] =
+		row->awaiting ? CStringGetTextDatum(row->awaiting) : (Datum) 0;
+	nulls[Anum_runs_wait_until - 1] = TIMESTAMP_IS_NOEND(row->wait_until);
+	values[Anum_runs_wait_until - 1] = TimestampTzGetDatum(row->wait_until);
+	nulls[Anum_runs_started_step - 1] = row->started_step == NULL;
+	values[Anum_runs_started_step - 1] =
+		row->started_step ? CStringGetTextDatum(row->started_step) : (Datum) 0;
+	values[Anum_runs_started_count - 1] = Int32GetDatum(row->started_count);
+	nulls[Anum_runs_max_attempts - 1] = row->max_attempts == 0;
+	values[Anum_runs_max_attempts - 1] = Int32GetDatum(row->max_attempts);
+	nulls[Anum_runs_backoff_base - 1] = row->backoff_base == NULL;
+	values[Anum_runs_backoff_base - 1] = IntervalPGetDatum(row->backoff_base);
+	nulls[Anum_runs_backoff_cap - 1] = row->backoff_cap == NULL;
+	values[Anum_runs_backoff_cap - 1] = IntervalPGetDatum(row->backoff_cap);
+	nulls[Anum_runs_jitter - 1] = row->jitter == NULL;
+	values[Anum_runs_jitter - 1] =
+		row->jitter ? CStringGetTextDatum(row->jitter) : (Datum) 0;
 }
 
 /*
@@ -1207,6 +1297,18 @@ idem_update_run(IdemRunRow *row)
 	heap_freetuple(tuple);
 	table_close(rel, RowExclusiveLock);
 	CommandCounterIncrement();
+}
+
+/*
+ * idem_catalog_runs
+ *		idem.runs, checked like the other tables: the relation whose owner
+ *		runs SQL on the runtime's tables.
+ */
+Oid
+idem_catalog_runs(void)
+{
+	catalog_resolve();
+	return catalog.runs;
 }
 
 /*

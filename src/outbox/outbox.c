@@ -133,24 +133,6 @@ roles_changed(Datum arg, int cacheid, uint32 hashvalue)
  * ------------------------------------------------------------------------
  */
 
-static bool
-role_in(Oid role, Datum array)
-{
-	ArrayType  *arr = DatumGetArrayTypeP(array);
-	Datum	   *elems;
-	bool	   *nulls;
-	int			n;
-
-	deconstruct_array(arr, REGROLEOID, sizeof(Oid), true, TYPALIGN_INT,
-					  &elems, &nulls, &n);
-	for (int i = 0; i < n; i++)
-	{
-		if (!nulls[i] && has_privs_of_role(role, DatumGetObjectId(elems[i])))
-			return true;
-	}
-	return false;
-}
-
 /*
  * Whether the topic is registered, and whether role may use it as asked.
  * A superuser may use every registered topic.
@@ -181,7 +163,7 @@ topic_allows(const char *topic, Oid role, TopicPrivilege priv, bool *exists)
 		roles = slot_getattr(slot, priv == TOPIC_PUBLISH ?
 							 Anum_outbox_topics_publishers :
 							 Anum_outbox_topics_consumers, &isnull);
-		allowed = superuser_arg(role) || (!isnull && role_in(role, roles));
+		allowed = superuser_arg(role) || (!isnull && idem_role_in(role, roles));
 	}
 	index_endscan(scan);
 	ExecDropSingleTupleTableSlot(slot);
@@ -367,18 +349,6 @@ remember_notify(const char *topic, bool notify)
 	MemoryContextSwitchTo(oldcxt);
 }
 
-static Datum
-random_uuid(void)
-{
-	pg_uuid_t  *uuid = palloc(UUID_LEN);
-
-	idem_random_id(uuid->data);
-	/* RFC 4122 version 4, variant 1 */
-	uuid->data[6] = (uuid->data[6] & 0x0f) | 0x40;
-	uuid->data[8] = (uuid->data[8] & 0x3f) | 0x80;
-	return UUIDPGetDatum(uuid);
-}
-
 static void
 json_field(StringInfo buf, const char *name, const char *value, bool first)
 {
@@ -390,6 +360,19 @@ json_field(StringInfo buf, const char *name, const char *value, bool first)
 		appendStringInfoString(buf, "null");
 	else
 		escape_json(buf, value);
+}
+
+/*
+ * idem_wake_at_commit
+ *		Wake idem_wakeup_wait(name) callers when the transaction commits
+ *		(with shared memory; a rolled-back subtransaction's call is
+ *		forgotten): the run queues' wakeup, on the outbox's.
+ */
+void
+idem_wake_at_commit(const char *name)
+{
+	if (idem_wakeup_available())
+		remember_notify(name, false);
 }
 
 /*
@@ -443,7 +426,7 @@ idem_insert_outbox(const char *key, Oid owner, const char *topic,
 
 	idem_outbox_check_publish(topic, owner);
 
-	values[Anum_outbox_event_id - 1] = random_uuid();
+	values[Anum_outbox_event_id - 1] = idem_random_uuid();
 	values[Anum_outbox_key - 1] = CStringGetTextDatum(key);
 	values[Anum_outbox_owner - 1] = ObjectIdGetDatum(owner);
 	values[Anum_outbox_topic - 1] = CStringGetTextDatum(topic);
@@ -661,26 +644,6 @@ arg_not_null(FunctionCallInfo fcinfo, int argno, const char *name)
 				 idem_errhint(ERRCODE_NULL_VALUE_NOT_ALLOWED, NULL)));
 }
 
-/*
- * An interval as microseconds, months as 30 days (as interval comparison),
- * saturating: an absurd interval must fail the callers' bounds checks, not
- * wrap around into them.
- */
-static int64
-interval_usecs(Interval *iv)
-{
-	int64		days;
-	int64		us;
-
-	if (pg_mul_s64_overflow((int64) iv->month, DAYS_PER_MONTH, &days) ||
-		pg_add_s64_overflow(days, iv->day, &days) ||
-		pg_mul_s64_overflow(days, USECS_PER_DAY, &us) ||
-		pg_add_s64_overflow(us, iv->time, &us))
-		return (iv->month < 0 || (iv->month == 0 && iv->day < 0)) ?
-			PG_INT64_MIN : PG_INT64_MAX;
-	return us;
-}
-
 /* ------------------------------------------------------------------------
  * Claim
  * ------------------------------------------------------------------------
@@ -696,36 +659,7 @@ interval_usecs(Interval *iv)
 static int64
 checked_lease(Interval *lease)
 {
-	int64		lease_us = interval_usecs(lease);
-
-	if (lease_us <= 0 || lease_us > (int64) idem_outbox_max_lease * USECS_PER_SEC)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("lease must be greater than zero and at most idem.outbox_max_lease"),
-				 errdetail("idem.outbox_max_lease is %d s.", idem_outbox_max_lease),
-				 idem_errhint(ERRCODE_INVALID_PARAMETER_VALUE, NULL)));
-	return lease_us;
-}
-
-/* the longest wait: it holds a snapshot, as any running statement does */
-#define OUTBOX_MAX_WAIT_S	3600
-
-/*
- * A wait's timeout as milliseconds, once the wait is known to be possible:
- * in bounds, and with the shared memory it sleeps on.
- */
-static long
-checked_wait(Interval *timeout)
-{
-	int64		timeout_us = interval_usecs(timeout);
-
-	if (timeout_us < 0 || timeout_us > (int64) OUTBOX_MAX_WAIT_S * USECS_PER_SEC)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("timeout must be between 0 and %d s", OUTBOX_MAX_WAIT_S),
-				 errdetail("A waiting statement holds its snapshot, which keeps VACUUM from removing rows deleted since it began."),
-				 idem_errhint(ERRCODE_INVALID_PARAMETER_VALUE, NULL)));
-	return (long) (timeout_us / 1000);
+	return idem_lease_usecs(lease, idem_outbox_max_lease, "idem.outbox_max_lease");
 }
 
 static void
@@ -823,7 +757,7 @@ idem_outbox_claim(PG_FUNCTION_ARGS)
 	lease = PG_GETARG_INTERVAL_P(2);
 	consumer = PG_ARGISNULL(3) ? psprintf("pid %d", MyProcPid) :
 		text_to_cstring(PG_GETARG_TEXT_PP(3));
-	wait_ms = PG_ARGISNULL(4) ? 0 : checked_wait(PG_GETARG_INTERVAL_P(4));
+	wait_ms = PG_ARGISNULL(4) ? 0 : idem_wait_ms(PG_GETARG_INTERVAL_P(4));
 
 	if (max_events <= 0 || max_events > OUTBOX_MAX_CLAIM)
 		ereport(ERROR,
@@ -941,17 +875,10 @@ report_not_leased(Datum event_id, LockedEvent *ev, const char *what)
 						   "It was acknowledged under this lease." :
 						   "It was acknowledged under another lease."),
 				 idem_errhint(ERRCODE_IDEM_EVENT_DELIVERED, NULL)));
-	if (strcmp(ev->state, "leased") == 0)
-		ereport(ERROR,
-				(errcode(ERRCODE_IDEM_LEASE_LOST),
-				 errmsg("lease token does not hold outbox event %s", id),
-				 errdetail("The event is leased under another token: the lease was taken over after it expired, or the token is not one a claim returned."),
-				 idem_errhint(ERRCODE_IDEM_LEASE_LOST, psprintf("Do not %s the event; its current holder delivers it.", what))));
-	ereport(ERROR,
-			(errcode(ERRCODE_IDEM_LEASE_LOST),
-			 errmsg("lease token does not hold outbox event %s", id),
-			 errdetail("The event is %s: no lease holds it.", ev->state),
-			 idem_errhint(ERRCODE_IDEM_LEASE_LOST, psprintf("Claim the event again before you %s it.", what))));
+	idem_lease_lost(idem_lease_fence(strcmp(ev->state, "leased") == 0,
+									 ev->token_matches),
+					"outbox event", "event", id, ev->state, what, NULL,
+					"delivers it");
 }
 
 /*
@@ -968,7 +895,8 @@ lock_leased(IdemOwnerSPI *spi, FunctionCallInfo fcinfo, const char *what,
 		idem_owner_spi_end(spi);
 		report_not_found(PG_GETARG_DATUM(0));
 	}
-	if (strcmp(ev->state, "leased") != 0 || !ev->token_matches)
+	if (idem_lease_fence(strcmp(ev->state, "leased") == 0,
+						 ev->token_matches) != IDEM_FENCE_HELD)
 	{
 		idem_owner_spi_end(spi);
 		check_topic(ev->topic, GetUserId(), TOPIC_CONSUME);
@@ -1152,27 +1080,6 @@ idem_outbox_ack_batch(PG_FUNCTION_ARGS)
 }
 
 /*
- * When the next attempt after a failure is due: a random point of the
- * backoff window (full jitter), never before retry_after.  The window of
- * the n-th attempt's failure is min(cap, base * 2^(n-1)).
- */
-static TimestampTz
-next_attempt(TimestampTz now, int32 attempts, int64 retry_after_us)
-{
-	double		window_ms;
-	double		delay_ms;
-	int64		delay_us;
-
-	window_ms = (double) idem_outbox_backoff_base *
-		pow(2.0, (double) Max(attempts - 1, 0));
-	window_ms = Min(window_ms, (double) idem_outbox_backoff_cap);
-	delay_ms = idem_outbox_jitter ? idem_random_double() * window_ms : window_ms;
-	delay_us = (int64) (delay_ms * 1000.0);
-	delay_us = Max(delay_us, retry_after_us);
-	return now + delay_us;
-}
-
-/*
  * idem_outbox_fail(event_id uuid, lease_token uuid, error text,
  *					retry_after interval) returns timestamptz
  *
@@ -1198,7 +1105,7 @@ idem_outbox_fail(PG_FUNCTION_ARGS)
 	error = text_to_cstring(PG_GETARG_TEXT_PP(2));
 	if (!PG_ARGISNULL(3))
 	{
-		retry_after_us = interval_usecs(PG_GETARG_INTERVAL_P(3));
+		retry_after_us = idem_interval_usecs(PG_GETARG_INTERVAL_P(3));
 		if (retry_after_us < 0 ||
 			retry_after_us > (int64) idem_outbox_max_retry_after * USECS_PER_SEC)
 			ereport(ERROR,
@@ -1215,7 +1122,10 @@ idem_outbox_fail(PG_FUNCTION_ARGS)
 
 	dead = ev.attempts >= idem_outbox_max_attempts;
 	if (!dead)
-		next = next_attempt(now, ev.attempts, retry_after_us);
+		next = idem_backoff_next(now, ev.attempts, idem_outbox_backoff_base,
+								 idem_outbox_backoff_cap,
+								 idem_outbox_jitter ? IDEM_JITTER_FULL : IDEM_JITTER_NONE,
+								 retry_after_us);
 	values[0] = PointerGetDatum(&ev.tid);
 	values[1] = CStringGetTextDatum(dead ? "dead" : "pending");
 	values[2] = TimestampTzGetDatum(next);
@@ -1353,7 +1263,7 @@ idem_outbox_wait(PG_FUNCTION_ARGS)
 	arg_not_null(fcinfo, 0, "topic");
 	arg_not_null(fcinfo, 1, "timeout");
 	topic = text_to_cstring(PG_GETARG_TEXT_PP(0));
-	timeout_ms = checked_wait(PG_GETARG_INTERVAL_P(1));
+	timeout_ms = idem_wait_ms(PG_GETARG_INTERVAL_P(1));
 	idem_check_name("outbox topic", topic, OUTBOX_MAX_NAME_BYTES, NULL);
 	check_topic(topic, GetUserId(), TOPIC_CONSUME);
 	check_can_wait("idem_outbox_wait()");
@@ -1426,21 +1336,6 @@ idem_outbox_purge(PG_FUNCTION_ARGS)
  * ------------------------------------------------------------------------
  */
 
-static Datum
-checked_roles(FunctionCallInfo fcinfo, int argno, const char *name)
-{
-	ArrayType  *arr;
-
-	arg_not_null(fcinfo, argno, name);
-	arr = PG_GETARG_ARRAYTYPE_P(argno);
-	if (ARR_NDIM(arr) > 1 || array_contains_nulls(arr))
-		ereport(ERROR,
-				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("%s must be a one-dimensional array without nulls", name),
-				 idem_errhint(ERRCODE_NULL_VALUE_NOT_ALLOWED, NULL)));
-	return PointerGetDatum(arr);
-}
-
 /*
  * idem_outbox_create_topic(topic text, publishers regrole[],
  *							consumers regrole[]) returns void
@@ -1458,8 +1353,8 @@ idem_outbox_create_topic(PG_FUNCTION_ARGS)
 	topic = text_to_cstring(PG_GETARG_TEXT_PP(0));
 	idem_check_name("outbox topic", topic, OUTBOX_MAX_NAME_BYTES, NULL);
 	values[0] = PointerGetDatum(cstring_to_text(topic));
-	values[1] = checked_roles(fcinfo, 1, "publishers");
-	values[2] = checked_roles(fcinfo, 2, "consumers");
+	values[1] = idem_roles_arg(fcinfo, 1, "publishers");
+	values[2] = idem_roles_arg(fcinfo, 2, "consumers");
 	idem_check_can_write("idem_outbox_create_topic()");
 
 	idem_owner_spi_begin(&spi, idem_catalog_outbox());

@@ -23,6 +23,7 @@ extern void idem_insert_outbox(const char *key, Oid owner, const char *topic,
 							   const char *run_id, const char *step,
 							   int32 run_position);
 extern int64 idem_outbox_purge_delivered(int batch_size);
+extern void idem_wake_at_commit(const char *name);
 
 
 /* wakeup.c: the outbox's wakeup in shared memory */

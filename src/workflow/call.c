@@ -11,7 +11,8 @@
  * returns, and by the transaction's abort if it fails.  The arguments are
  * a text[] typed by the statement, as untyped driver parameters are, so a
  * client passes a plain array of strings.  With run_id and step instead of
- * a key, the call is a workflow step.
+ * a key, the call is a workflow step; with lease_token too, a step of the
+ * queued run that token leases.
  *
  * Copyright (c) 2026, idem authors
  *
@@ -45,7 +46,8 @@ enum
 	CALL_TTL,
 	CALL_WAIT,
 	CALL_RUN_ID,
-	CALL_STEP
+	CALL_STEP,
+	CALL_LEASE_TOKEN
 };
 
 static void
@@ -75,7 +77,7 @@ ttl_seconds(Interval *ttl)
 /*
  * idem_call(key text, sql text, args text[] DEFAULT '{}',
  *		outbox_topic text, ttl interval, wait boolean, run_id text, step text,
- *		OUT response jsonb, OUT replayed boolean,
+ *		lease_token uuid, OUT response jsonb, OUT replayed boolean,
  *		OUT first_executed_at timestamptz) returns record
  */
 Datum
@@ -87,6 +89,7 @@ idem_call(PG_FUNCTION_ARGS)
 	bool		is_step = !PG_ARGISNULL(CALL_RUN_ID) || !PG_ARGISNULL(CALL_STEP);
 	char	   *run_id = NULL;
 	char	   *step = NULL;
+	const pg_uuid_t *token = NULL;
 
 	idem_check_can_write("idem_call()");
 
@@ -96,6 +99,12 @@ idem_call(PG_FUNCTION_ARGS)
 				 errmsg("idem_call() takes either a key or a run_id and a step"),
 				 errdetail("A step's key is idem_step_key(run_id, step)."),
 				 idem_errhint(ERRCODE_INVALID_PARAMETER_VALUE, "Pass NULL as the key of a step.")));
+	if (!is_step && PG_NARGS() > CALL_LEASE_TOKEN &&
+		!PG_ARGISNULL(CALL_LEASE_TOKEN))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("idem_call() takes a lease_token only with a run_id and a step"),
+				 idem_errhint(ERRCODE_INVALID_PARAMETER_VALUE, NULL)));
 	if (PG_ARGISNULL(CALL_SQL))
 		ereport(ERROR,
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
@@ -115,7 +124,11 @@ idem_call(PG_FUNCTION_ARGS)
 	{
 		run_id = idem_name_arg(fcinfo, CALL_RUN_ID, "run id");
 		step = idem_name_arg(fcinfo, CALL_STEP, "step name");
-		idem_step_key_request(run_id, step, &req);
+		token = PG_NARGS() > CALL_LEASE_TOKEN ?
+			idem_lease_token_arg(fcinfo, CALL_LEASE_TOKEN, false) : NULL;
+		if (token == NULL)
+			token = idem_lease_token_setting();
+		idem_step_key_request(run_id, step, token, &req);
 	}
 	else
 	{
@@ -131,7 +144,7 @@ idem_call(PG_FUNCTION_ARGS)
 		idem_collect_array(PG_GETARG_ARRAYTYPE_P(CALL_ARGS), true, &req);
 
 	if (is_step)
-		idem_step_request(&req, run_id, step, &result);
+		idem_step_request(&req, run_id, step, token, &result);
 	else
 		idem_execute_request(&req, &result);
 

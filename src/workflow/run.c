@@ -57,68 +57,15 @@ PG_FUNCTION_INFO_V1(idem_run_complete);
 PG_FUNCTION_INFO_V1(idem_run_status);
 PG_FUNCTION_INFO_V1(idem_run_steps);
 PG_FUNCTION_INFO_V1(idem_run_try_lock);
+PG_FUNCTION_INFO_V1(idem_step_start);
+PG_FUNCTION_INFO_V1(idem_step_fail);
+PG_FUNCTION_INFO_V1(idem_run_await);
 
 /* Arguments of idem_step() before the statement's own: run, step, sql */
 #define STEP_FIXED_ARGS 3
 
-/* Keys derived for a run: its lock, and each step's record. */
-static char *
-run_lock_key(const char *run_id)
-{
-	const char *parts[] = {"idem.run", run_id};
-
-	return idem_derive_key(2, parts);
-}
-
-static char *
-derive_step_key(const char *run_id, const char *step)
-{
-	const char *parts[] = {IDEM_STEP_KEY_PART, run_id, step};
-
-	return idem_derive_key(3, parts);
-}
-
-static void
-report_run_not_found(const char *run_id)
-{
-	ereport(ERROR,
-			(errcode(ERRCODE_IDEM_RUN_NOT_FOUND),
-			 errmsg("run \"%s\" does not exist", run_id),
-			 errdetail("No run with this id was begun by the current role."),
-			 idem_errhint(ERRCODE_IDEM_RUN_NOT_FOUND, "Begin it with idem_run_begin() first.")));
-}
-
-/*
- * A run a caller's snapshot cannot see the latest version of (REPEATABLE
- * READ or SERIALIZABLE: another agent moved it on after the snapshot) must
- * not be acted on.
- */
-static void
-check_run_visible(IdemRunRow *run)
-{
-	if (!run->visible)
-		ereport(ERROR,
-				(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
-				 errmsg("could not serialize access due to concurrent update of run \"%s\"",
-						run->run_id),
-				 errdetail("Another transaction changed the run after this transaction's snapshot was taken."),
-				 idem_errhint(ERRCODE_T_R_SERIALIZATION_FAILURE, "Retry the transaction: the retry sees the run's progress.")));
-}
-
-/*
- * Take the run's lock and read the run, as the current snapshot may act on
- * it.  Raises ID404 if the current role has no such run.
- */
-static void
-lock_run(Oid owner, const char *run_id, IdemRunRow *run)
-{
-	char	   *lockkey = run_lock_key(run_id);
-
-	idem_lock_key(owner, lockkey, strlen(lockkey), idem_wait);
-	if (!idem_lookup_run(owner, run_id, run))
-		report_run_not_found(run_id);
-	check_run_visible(run);
-}
+/* The longest wait of idem_run_await() and sleep of idem_run_sleep(). */
+#define RUN_MAX_WAIT_DAYS	366
 
 static int
 run_nsteps(IdemRunRow *run)
@@ -231,6 +178,12 @@ report_not_running(IdemRunRow *run)
 				 errmsg("run \"%s\" has failed", run->run_id),
 				 errdetail("A failed run executes no new steps; completed steps still replay."),
 				 idem_errhint(ERRCODE_IDEM_RUN_NOT_RUNNING, "Call idem_run_resume() to continue it.")));
+	if (strcmp(run->status, "cancelled") == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_IDEM_RUN_NOT_RUNNING),
+				 errmsg("run \"%s\" was cancelled", run->run_id),
+				 errdetail("A cancelled run executes no new steps; completed steps still replay."),
+				 idem_errhint(ERRCODE_IDEM_RUN_NOT_RUNNING, "Begin a new run for new work.")));
 	ereport(ERROR,
 			(errcode(ERRCODE_IDEM_RUN_NOT_RUNNING),
 			 errmsg("run \"%s\" is %s", run->run_id, run->status),
@@ -247,7 +200,7 @@ report_lost_record(IdemRunRow *run, const char *step)
 			 errmsg("step \"%s\" of run \"%s\" is counted as completed but has no record",
 					step, run->run_id),
 			 errdetail("The key record %s was removed from idem.keys.",
-					   derive_step_key(run->run_id, step)),
+					   idem_run_step_key(run->run_id, step)),
 			 idem_errhint(ERRCODE_DATA_CORRUPTED, NULL)));
 }
 
@@ -307,6 +260,21 @@ record_step(IdemRunRow *run, const char *step, TimestampTz now)
 									  TYPALIGN_INT);
 	run->attempts = construct_array(counts, n + 1, INT4OID, 4, true,
 									TYPALIGN_INT);
+	if (run->queue != NULL)
+	{
+		/* the next step has its own attempts */
+		run->attempt = 1;
+		if (run->started_step != NULL && strcmp(run->started_step, step) == 0)
+		{
+			run->started_step = NULL;
+			run->started_count = 0;
+		}
+		if (run->awaiting != NULL && strcmp(run->awaiting, step) == 0)
+		{
+			run->awaiting = NULL;
+			run->wait_until = DT_NOEND;
+		}
+	}
 	if (run->steps != NULL && n + 1 == run_nsteps(run))
 	{
 		run->status = "completed";
@@ -314,6 +282,12 @@ record_step(IdemRunRow *run, const char *step, TimestampTz now)
 		run->finished_at = now;
 		/* a failure the run was resumed from is over */
 		run->last_error = NULL;
+		if (run->queue != NULL)
+		{
+			idem_run_end_lease(run, "completed", NULL, GetCurrentTimestamp());
+			run->queue_state = NULL;
+			run->due_at = DT_NOEND;
+		}
 	}
 	idem_update_run(run);
 }
@@ -339,8 +313,8 @@ count_attempt(IdemRunRow *run, int pos)
  */
 static void
 run_step(IdemRequest *req, IdemStatement *stmt, Jsonb *result,
-		 const char *run_id, const char *step, const uint8 *fingerprint,
-		 IdemResult *out, volatile bool *executing)
+		 const char *run_id, const char *step, const pg_uuid_t *token,
+		 const uint8 *fingerprint, IdemResult *out, volatile bool *executing)
 {
 	TimestampTz now = GetCurrentTransactionStartTimestamp();
 	TimestampTz never;
@@ -350,7 +324,8 @@ run_step(IdemRequest *req, IdemStatement *stmt, Jsonb *result,
 	char	   *topic;
 	Jsonb	   *response;
 
-	lock_run(req->owner, run_id, &run);
+	/* before anything executes or replays: a queued run's holder only */
+	idem_lock_run_fenced(req->owner, run_id, token, "work on", &run);
 	ordinal = step_ordinal(&run, step);
 
 	if (idem_find_record(stmt, req, fingerprint, now, &rec))
@@ -399,13 +374,19 @@ run_step(IdemRequest *req, IdemStatement *stmt, Jsonb *result,
 	out->first_executed_at = now;
 }
 
-/* A step's request: the caller's role and the step's key. */
+/*
+ * A step's request: the step's key, and the caller's role, or with a lease
+ * token the owner of the queued run it leases (a worker works other roles'
+ * runs).
+ */
 void
-idem_step_key_request(const char *run_id, const char *step, IdemRequest *req)
+idem_step_key_request(const char *run_id, const char *step,
+					  const pg_uuid_t *token, IdemRequest *req)
 {
-	req->owner = idem_key_owner();
+	req->owner = token != NULL ? idem_leased_run_owner(run_id, token) :
+		idem_key_owner();
 	req->ttl = 0;
-	req->key = derive_step_key(run_id, step);
+	req->key = idem_run_step_key(run_id, step);
 	req->keylen = strlen(req->key);
 	req->nargs = 0;
 }
@@ -416,14 +397,14 @@ idem_step_key_request(const char *run_id, const char *step, IdemRequest *req)
  */
 static void
 run_step_noted(IdemRequest *req, IdemStatement *stmt, Jsonb *result,
-			   const char *run_id, const char *step,
+			   const char *run_id, const char *step, const pg_uuid_t *token,
 			   const uint8 *fingerprint, IdemResult *out)
 {
 	volatile bool executing = false;
 
 	PG_TRY();
 	{
-		run_step(req, stmt, result, run_id, step, fingerprint, out,
+		run_step(req, stmt, result, run_id, step, token, fingerprint, out,
 				 &executing);
 	}
 	PG_CATCH();
@@ -441,11 +422,11 @@ run_step_noted(IdemRequest *req, IdemStatement *stmt, Jsonb *result,
 
 static void
 step_request(FunctionCallInfo fcinfo, IdemRequest *req, char **run_id,
-			 char **step)
+			 char **step, const pg_uuid_t *token)
 {
 	*run_id = idem_name_arg(fcinfo, 0, "run id");
 	*step = idem_name_arg(fcinfo, 1, "step name");
-	idem_step_key_request(*run_id, *step, req);
+	idem_step_key_request(*run_id, *step, token, req);
 }
 
 /*
@@ -455,7 +436,7 @@ step_request(FunctionCallInfo fcinfo, IdemRequest *req, char **run_id,
  */
 void
 idem_step_request(IdemRequest *req, const char *run_id, const char *step,
-				  IdemResult *result)
+				  const pg_uuid_t *token, IdemResult *result)
 {
 	IdemStatement *stmt;
 	uint8		fingerprint[IDEM_FINGERPRINT_LEN];
@@ -464,7 +445,8 @@ idem_step_request(IdemRequest *req, const char *run_id, const char *step,
 	PG_TRY();
 	{
 		idem_statement_fingerprint(stmt, req, fingerprint);
-		run_step_noted(req, stmt, NULL, run_id, step, fingerprint, result);
+		run_step_noted(req, stmt, NULL, run_id, step, token, fingerprint,
+					   result);
 	}
 	PG_FINALLY();
 	{
@@ -484,9 +466,10 @@ idem_step(PG_FUNCTION_ARGS)
 	char	   *run_id;
 	char	   *step;
 	IdemResult	result;
+	const pg_uuid_t *token = idem_lease_token_setting();
 
 	idem_check_can_write("idem_step()");
-	step_request(fcinfo, &req, &run_id, &step);
+	step_request(fcinfo, &req, &run_id, &step, token);
 	if (PG_ARGISNULL(2))
 		ereport(ERROR,
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
@@ -494,12 +477,13 @@ idem_step(PG_FUNCTION_ARGS)
 				 idem_errhint(ERRCODE_NULL_VALUE_NOT_ALLOWED, NULL)));
 	req.sql = text_to_cstring(PG_GETARG_TEXT_PP(2));
 	idem_collect_args(fcinfo, STEP_FIXED_ARGS, &req);
-	idem_step_request(&req, run_id, step, &result);
+	idem_step_request(&req, run_id, step, token, &result);
 	PG_RETURN_JSONB_P(result.response);
 }
 
 /*
- * idem_step_complete(run_id text, step text, result jsonb) returns jsonb
+ * idem_step_complete(run_id text, step text, result jsonb,
+ *		lease_token uuid) returns jsonb
  *
  * Records the result of a step done outside the database.  Completing it
  * again with the same result returns it; with another result is ID422, and
@@ -514,9 +498,13 @@ idem_step_complete(PG_FUNCTION_ARGS)
 	Jsonb	   *result;
 	uint8		fingerprint[IDEM_FINGERPRINT_LEN];
 	IdemResult	out;
+	const pg_uuid_t *token = PG_NARGS() > 3 ?
+		idem_lease_token_arg(fcinfo, 3, false) : NULL;
 
+	if (token == NULL)
+		token = idem_lease_token_setting();
 	idem_check_can_write("idem_step_complete()");
-	step_request(fcinfo, &req, &run_id, &step);
+	step_request(fcinfo, &req, &run_id, &step, token);
 	if (PG_ARGISNULL(2))
 		ereport(ERROR,
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
@@ -527,7 +515,7 @@ idem_step_complete(PG_FUNCTION_ARGS)
 
 	idem_value_digest("idem_step_complete", JSONBOID, JsonbPGetDatum(result),
 					  fingerprint);
-	run_step_noted(&req, NULL, result, run_id, step, fingerprint, &out);
+	run_step_noted(&req, NULL, result, run_id, step, token, fingerprint, &out);
 	PG_RETURN_JSONB_P(out.response);
 }
 
@@ -543,7 +531,7 @@ idem_step_key(PG_FUNCTION_ARGS)
 	char	   *run_id = idem_name_arg(fcinfo, 0, "run id");
 	char	   *step = idem_name_arg(fcinfo, 1, "step name");
 
-	PG_RETURN_TEXT_P(cstring_to_text(derive_step_key(run_id, step)));
+	PG_RETURN_TEXT_P(cstring_to_text(idem_run_step_key(run_id, step)));
 }
 
 /* A declared step's name and place, to find duplicates by sorting. */
@@ -668,8 +656,8 @@ same_value(void *a, void *b)
 }
 
 /* The step a declared run runs next, or NULL. */
-static char *
-next_step(IdemRunRow *run)
+char *
+idem_run_next_step(IdemRunRow *run)
 {
 	int			ndone = run_ndone(run);
 
@@ -678,14 +666,77 @@ next_step(IdemRunRow *run)
 	return declared_step(run, ndone + 1);
 }
 
+/* Whether two optional strings are the same. */
+static bool
+same_string(const char *a, const char *b)
+{
+	if (a == NULL || b == NULL)
+		return a == b;
+	return strcmp(a, b) == 0;
+}
+
+static bool
+same_interval(Interval *a, Interval *b)
+{
+	if (a == NULL || b == NULL)
+		return a == b;
+	return DatumGetBool(DirectFunctionCall2(interval_eq, IntervalPGetDatum(a),
+											IntervalPGetDatum(b)));
+}
+
+/* A run's fields on no queue: no lease, nothing due. */
+static void
+init_queue_fields(IdemRunRow *run)
+{
+	run->queue = NULL;
+	run->queue_state = NULL;
+	run->due_at = DT_NOEND;
+	run->attempt = 1;
+	run->claims = 0;
+	run->has_token = false;
+	run->leased_by = InvalidOid;
+	run->lease_holder = NULL;
+	run->awaiting = NULL;
+	run->wait_until = DT_NOEND;
+	run->started_step = NULL;
+	run->started_count = 0;
+	run->max_attempts = 0;
+	run->backoff_base = NULL;
+	run->backoff_cap = NULL;
+	run->jitter = NULL;
+}
+
 /*
- * idem_run_begin(run_id text, steps text[], input jsonb,
- *		OUT status text, OUT next_step text, OUT created boolean,
- *		OUT started_at timestamptz) returns record
+ * The argument of idem_run_begin() that differs from the existing run's,
+ * or NULL.
+ */
+static const char *
+begin_differs(IdemRunRow *run, IdemRunRow *asked)
+{
+	if (!same_value(run->steps, asked->steps))
+		return "steps";
+	if (!same_value(run->input, asked->input))
+		return "input";
+	if (!same_string(run->queue, asked->queue))
+		return "queue";
+	if (run->max_attempts != asked->max_attempts ||
+		!same_string(run->jitter, asked->jitter) ||
+		!same_interval(run->backoff_base, asked->backoff_base) ||
+		!same_interval(run->backoff_cap, asked->backoff_cap))
+		return "retry policy";
+	return NULL;
+}
+
+/*
+ * idem_run_begin(run_id text, steps text[], input jsonb, queue text,
+ *		max_attempts integer, backoff_base interval, backoff_cap interval,
+ *		jitter text, OUT status text, OUT next_step text,
+ *		OUT created boolean, OUT started_at timestamptz) returns record
  *
  * Begins a run, or returns the existing run when called again with the
- * same steps and input (the same bytes: jsonb 1.0 and 1.00 differ, as in
- * request fingerprints); other steps or input under the same id is ID422.
+ * same steps, input, queue and policy (the same bytes: jsonb 1.0 and 1.00
+ * differ, as in request fingerprints); anything else under the same id is
+ * ID422.  With a queue (and its produce grant) the run is due at once.
  */
 Datum
 idem_run_begin(PG_FUNCTION_ARGS)
@@ -696,6 +747,8 @@ idem_run_begin(PG_FUNCTION_ARGS)
 	Oid			owner = idem_key_owner();
 	char	   *lockkey;
 	IdemRunRow	run;
+	IdemRunRow	asked;
+	IdemQueue	queue;
 	bool		created = false;
 	TupleDesc	tupdesc;
 	Datum		values[4];
@@ -713,13 +766,38 @@ idem_run_begin(PG_FUNCTION_ARGS)
 		input = PG_GETARG_JSONB_P(2);
 		idem_check_response_size(input, "run input");
 	}
+	init_queue_fields(&asked);
+	if (PG_NARGS() > 7)
+	{
+		idem_queue_check_policy(fcinfo, 4, 5, 6, 7);
+		if (!PG_ARGISNULL(3))
+			asked.queue = idem_name_arg(fcinfo, 3, "run queue");
+		else if (!PG_ARGISNULL(4) || !PG_ARGISNULL(5) || !PG_ARGISNULL(6) ||
+				 !PG_ARGISNULL(7))
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("a retry policy needs a queue"),
+					 errdetail("Only runs on a queue are retried."),
+					 idem_errhint(ERRCODE_INVALID_PARAMETER_VALUE, "Pass the queue the run is enqueued on.")));
+		asked.max_attempts = PG_ARGISNULL(4) ? 0 : PG_GETARG_INT32(4);
+		asked.backoff_base = PG_ARGISNULL(5) ? NULL : PG_GETARG_INTERVAL_P(5);
+		asked.backoff_cap = PG_ARGISNULL(6) ? NULL : PG_GETARG_INTERVAL_P(6);
+		asked.jitter = PG_ARGISNULL(7) ? NULL : text_to_cstring(PG_GETARG_TEXT_PP(7));
+	}
+	asked.steps = steps;
+	asked.input = input;
+	if (asked.queue != NULL)
+		idem_queue_check(asked.queue, GetUserId(), QUEUE_PRODUCE, &queue);
 
-	lockkey = run_lock_key(run_id);
+	lockkey = idem_run_lock_key(run_id);
 	idem_lock_key(owner, lockkey, strlen(lockkey), idem_wait);
 	if (idem_lookup_run(owner, run_id, &run))
 	{
-		check_run_visible(&run);
-		if (!same_value(run.steps, steps) || !same_value(run.input, input))
+		const char *differs;
+
+		idem_check_run_visible(&run);
+		differs = begin_differs(&run, &asked);
+		if (differs != NULL)
 		{
 			IdemRequest req;
 
@@ -733,18 +811,16 @@ idem_run_begin(PG_FUNCTION_ARGS)
 			ereport(ERROR,
 					(errcode(ERRCODE_IDEM_KEY_REUSED),
 					 errmsg("run \"%s\" was already begun with different %s",
-							run_id,
-							!same_value(run.steps, steps) ? "steps" : "input"),
-					 errdetail("A run id names one run: its steps and input are fixed when it begins."),
+							run_id, differs),
+					 errdetail("A run id names one run: its steps, input, queue and retry policy are fixed when it begins."),
 					 idem_errhint(ERRCODE_IDEM_KEY_REUSED, "Use a new run id for a new run.")));
 		}
 	}
 	else
 	{
+		run = asked;
 		run.owner = owner;
 		run.run_id = run_id;
-		run.steps = steps;
-		run.input = input;
 		run.status = "running";
 		run.started_at = GetCurrentTransactionStartTimestamp();
 		run.finished = false;
@@ -752,18 +828,38 @@ idem_run_begin(PG_FUNCTION_ARGS)
 		run.last_error = NULL;
 		run.done_steps = construct_empty_array(TEXTOID);
 		run.attempts = construct_empty_array(INT4OID);
+		if (run.queue != NULL)
+		{
+			run.queue_state = "ready";
+			run.due_at = run.started_at;
+			idem_queue_wake(run.queue);
+		}
 		idem_insert_run(&run);
 		created = true;
 	}
 
 	values[0] = CStringGetTextDatum(run.status);
-	next = next_step(&run);
+	next = idem_run_next_step(&run);
 	nulls[1] = next == NULL;
 	values[1] = next ? CStringGetTextDatum(next) : (Datum) 0;
 	values[2] = BoolGetDatum(created);
 	values[3] = TimestampTzGetDatum(run.started_at);
 	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(BlessTupleDesc(tupdesc),
 													  values, nulls)));
+}
+
+/*
+ * A queued run that finishes leaves its queue: its lease, if one holds it,
+ * ends with outcome, and it is due no more.
+ */
+static void
+leave_queue(IdemRunRow *run, const char *outcome, const char *error)
+{
+	if (run->queue == NULL)
+		return;
+	idem_run_end_lease(run, outcome, error, GetCurrentTimestamp());
+	run->queue_state = NULL;
+	run->due_at = DT_NOEND;
 }
 
 /*
@@ -780,7 +876,7 @@ set_run_status(FunctionCallInfo fcinfo, const char *verb)
 
 	idem_check_can_write(psprintf("idem_run_%s()", verb));
 	run_id = idem_name_arg(fcinfo, 0, "run id");
-	lock_run(owner, run_id, &run);
+	idem_lock_run(owner, run_id, &run);
 
 	if (strcmp(verb, "fail") == 0)
 	{
@@ -795,11 +891,21 @@ set_run_status(FunctionCallInfo fcinfo, const char *verb)
 		run.status = "failed";
 		run.finished = true;
 		run.finished_at = now;
+		leave_queue(&run, "failed", run.last_error);
 	}
 	else if (strcmp(verb, "resume") == 0)
 	{
-		if (strcmp(run.status, "completed") == 0)
+		if (strcmp(run.status, "completed") == 0 ||
+			strcmp(run.status, "cancelled") == 0)
 			report_not_running(&run);
+		/* a queued run that failed is due again, with fresh attempts */
+		if (run.queue != NULL && strcmp(run.status, "failed") == 0)
+		{
+			run.queue_state = "ready";
+			run.due_at = GetCurrentTimestamp();
+			run.attempt = 1;
+			idem_queue_wake(run.queue);
+		}
 		run.status = "running";
 		run.finished = false;
 	}
@@ -807,12 +913,12 @@ set_run_status(FunctionCallInfo fcinfo, const char *verb)
 	{
 		if (strcmp(run.status, "failed") == 0)
 			report_not_running(&run);
-		if (next_step(&run) != NULL)
+		if (idem_run_next_step(&run) != NULL)
 			ereport(ERROR,
 					(errcode(ERRCODE_IDEM_STEP_OUT_OF_SEQUENCE),
 					 errmsg("run \"%s\" has steps that have not completed", run_id),
 					 errdetail("%d of its %d steps have completed; step \"%s\" is next.",
-							   run_ndone(&run), run_nsteps(&run), next_step(&run)),
+							   run_ndone(&run), run_nsteps(&run), idem_run_next_step(&run)),
 					 idem_errhint(ERRCODE_IDEM_STEP_OUT_OF_SEQUENCE, "A run with declared steps completes with its last step.")));
 		if (strcmp(run.status, "completed") != 0)
 		{
@@ -820,6 +926,7 @@ set_run_status(FunctionCallInfo fcinfo, const char *verb)
 			run.finished = true;
 			run.finished_at = now;
 			run.last_error = NULL;
+			leave_queue(&run, "completed", NULL);
 		}
 	}
 	idem_update_run(&run);
@@ -854,7 +961,7 @@ read_run(FunctionCallInfo fcinfo, IdemRunRow *run)
 	char	   *run_id = idem_name_arg(fcinfo, 0, "run id");
 
 	if (!idem_lookup_run(idem_key_owner(), run_id, run) || !run->visible)
-		report_run_not_found(run_id);
+		idem_report_run_not_found(run_id);
 }
 
 /*
@@ -872,7 +979,7 @@ idem_run_status(PG_FUNCTION_ARGS)
 
 	InitMaterializedSRF(fcinfo, 0);
 	read_run(fcinfo, &run);
-	next = next_step(&run);
+	next = idem_run_next_step(&run);
 	values[0] = CStringGetTextDatum(run.status);
 	nulls[1] = next == NULL;
 	values[1] = next ? CStringGetTextDatum(next) : (Datum) 0;
@@ -930,24 +1037,36 @@ idem_run_steps(PG_FUNCTION_ARGS)
 		int			pos = i < ndone ? i + 1 : 0;
 		IdemRecord	rec;
 		bool		found;
+		const char *state;
 
 		CHECK_FOR_INTERRUPTS();
 		oldcxt = MemoryContextSwitchTo(rowcxt);
 		name = TextDatumGetCString(names[i]);
-		key = derive_step_key(run.run_id, name);
+		key = idem_run_step_key(run.run_id, name);
 		found = pos > 0 && idem_lookup_key(run.owner, key, &rec) && rec.visible;
 
 		values[0] = Int32GetDatum(i + 1);
 		values[1] = names[i];
-		values[2] = CStringGetTextDatum(pos > 0 ? "completed" : "pending");
+		if (pos > 0)
+			state = "completed";
+		else if (run.started_step != NULL && strcmp(run.started_step, name) == 0)
+			state = "started";
+		else if (run.awaiting != NULL && strcmp(run.awaiting, name) == 0)
+			state = "waiting";
+		else
+			state = "pending";
+		values[2] = CStringGetTextDatum(state);
 		nulls[3] = nulls[4] = !found;
 		if (found)
 		{
 			values[3] = JsonbPGetDatum(rec.response);
 			values[4] = TimestampTzGetDatum(rec.created_at);
 		}
+		/* a started external step: how many times it was started */
 		values[5] = Int32GetDatum(pos > 0 && pos <= ncounts ?
-								  DatumGetInt32(counts[pos - 1]) : 0);
+								  DatumGetInt32(counts[pos - 1]) :
+								  strcmp(state, "started") == 0 ?
+								  run.started_count : 0);
 		values[6] = CStringGetTextDatum(key);
 		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
 		MemoryContextSwitchTo(oldcxt);
@@ -969,7 +1088,288 @@ Datum
 idem_run_try_lock(PG_FUNCTION_ARGS)
 {
 	Oid			owner = PG_GETARG_OID(0);
-	char	   *lockkey = run_lock_key(text_to_cstring(PG_GETARG_TEXT_PP(1)));
+	char	   *lockkey = idem_run_lock_key(text_to_cstring(PG_GETARG_TEXT_PP(1)));
 
 	PG_RETURN_BOOL(idem_try_lock_key(owner, lockkey, strlen(lockkey)));
+}
+
+/* The recorded result of a completed step, or NULL. */
+static Jsonb *
+recorded_result(IdemRunRow *run, const char *step, int ordinal)
+{
+	IdemRecord	rec;
+
+	if (done_position(run, step, ordinal) == 0)
+		return NULL;
+	if (!idem_lookup_key(run->owner, idem_run_step_key(run->run_id, step), &rec) ||
+		!rec.visible)
+		report_lost_record(run, step);
+	return rec.response;
+}
+
+/* Record result as step of the leased run, as idem_step_complete() does. */
+static Jsonb *
+complete_leased_step(const char *run_id, const char *step,
+					 const pg_uuid_t *token, Jsonb *result)
+{
+	IdemRequest req;
+	uint8		fingerprint[IDEM_FINGERPRINT_LEN];
+	IdemResult	out;
+
+	idem_step_key_request(run_id, step, token, &req);
+	idem_value_digest("idem_step_complete", JSONBOID, JsonbPGetDatum(result),
+					  fingerprint);
+	run_step_noted(&req, NULL, result, run_id, step, token, fingerprint, &out);
+	return out.response;
+}
+
+/*
+ * idem_step_start(run_id text, step text, lease_token uuid)
+ *		returns table (step_key, attempt, completed, result)
+ *
+ * Records, before a worker calls out, that it starts attempt n of an
+ * external step: the caller commits this first, so a worker that resumes
+ * the run after a crash learns the step was started (and how often) and
+ * calls again with the same step key, which the provider deduplicates.  A
+ * step that completed is not started again: its result comes back.
+ */
+Datum
+idem_step_start(PG_FUNCTION_ARGS)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	char	   *run_id = idem_name_arg(fcinfo, 0, "run id");
+	char	   *step = idem_name_arg(fcinfo, 1, "step name");
+	const pg_uuid_t *token = idem_lease_token_arg(fcinfo, 2, true);
+	IdemRunRow	run;
+	int			ordinal;
+	Jsonb	   *done;
+	Datum		values[4];
+	bool		nulls[4] = {0};
+
+	idem_check_can_write("idem_step_start()");
+	InitMaterializedSRF(fcinfo, 0);
+	idem_lock_run_leased(run_id, token, "start a step of", &run);
+	ordinal = step_ordinal(&run, step);
+	values[0] = CStringGetTextDatum(idem_run_step_key(run_id, step));
+	done = recorded_result(&run, step, ordinal);
+	if (done != NULL)
+	{
+		nulls[1] = true;
+		values[2] = BoolGetDatum(true);
+		values[3] = JsonbPGetDatum(done);
+	}
+	else
+	{
+		check_step_may_run(&run, step, ordinal);
+		if (run.started_step != NULL && strcmp(run.started_step, step) == 0)
+			run.started_count++;
+		else
+		{
+			run.started_step = step;
+			run.started_count = 1;
+		}
+		idem_update_run(&run);
+		values[1] = Int32GetDatum(run.started_count);
+		values[2] = BoolGetDatum(false);
+		nulls[3] = true;
+	}
+	tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+	return (Datum) 0;
+}
+
+/* A duration's microseconds as whole milliseconds for idem_backoff_next(). */
+static int
+backoff_ms(int64 us)
+{
+	return (int) Min(us / 1000, (int64) INT_MAX);
+}
+
+/*
+ * idem_step_fail(run_id text, step text, lease_token uuid, error text,
+ *		retry_after interval) returns timestamptz
+ *
+ * The step's attempt failed: the lease ends, and the run is due again
+ * after the backoff of the run's (or its queue's) policy, never before
+ * retry_after.  After the last attempt the run is failed, with the error;
+ * returns NULL then, else when the run is due again.
+ */
+Datum
+idem_step_fail(PG_FUNCTION_ARGS)
+{
+	char	   *run_id = idem_name_arg(fcinfo, 0, "run id");
+	char	   *step = idem_name_arg(fcinfo, 1, "step name");
+	const pg_uuid_t *token = idem_lease_token_arg(fcinfo, 2, true);
+	char	   *error;
+	int64		retry_after_us = 0;
+	IdemRunRow	run;
+	IdemQueue	q;
+	int			ordinal;
+	int			max_attempts;
+	TimestampTz now = GetCurrentTimestamp();
+	TimestampTz next;
+
+	if (PG_ARGISNULL(3))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("error must not be null"),
+				 idem_errhint(ERRCODE_NULL_VALUE_NOT_ALLOWED, NULL)));
+	error = text_to_cstring(PG_GETARG_TEXT_PP(3));
+	if (!PG_ARGISNULL(4))
+	{
+		retry_after_us = idem_interval_usecs(PG_GETARG_INTERVAL_P(4));
+		if (retry_after_us < 0 ||
+			retry_after_us > (int64) idem_outbox_max_retry_after * USECS_PER_SEC)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("retry_after must be between zero and idem.outbox_max_retry_after"),
+					 errdetail("idem.outbox_max_retry_after is %d s.",
+							   idem_outbox_max_retry_after),
+					 idem_errhint(ERRCODE_INVALID_PARAMETER_VALUE, NULL)));
+	}
+	idem_check_can_write("idem_step_fail()");
+	idem_lock_run_leased(run_id, token, "fail a step of", &run);
+	ordinal = step_ordinal(&run, step);
+	if (done_position(&run, step, ordinal) > 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_IDEM_STEP_OUT_OF_SEQUENCE),
+				 errmsg("step \"%s\" of run \"%s\" has completed", step, run_id),
+				 errdetail("A completed step cannot fail; its result replays."),
+				 idem_errhint(ERRCODE_IDEM_STEP_OUT_OF_SEQUENCE, NULL)));
+	check_step_may_run(&run, step, ordinal);
+
+	idem_queue_read(run.queue, &q);
+	max_attempts = run.max_attempts > 0 ? run.max_attempts : q.max_attempts;
+	run.last_error = error;
+	if (run.attempt >= max_attempts)
+	{
+		idem_run_end_lease(&run, "failed", error, now);
+		run.status = "failed";
+		run.finished = true;
+		run.finished_at = GetCurrentTransactionStartTimestamp();
+		run.queue_state = NULL;
+		run.due_at = DT_NOEND;
+		idem_update_run(&run);
+		idem_stats_count_for(MyDatabaseId, run.owner, IDEM_STAT_RUNS_FAILED, 1);
+		PG_RETURN_NULL();
+	}
+	next = idem_backoff_next(now, run.attempt,
+							 backoff_ms(run.backoff_base ?
+										idem_interval_usecs(run.backoff_base) :
+										q.backoff_base_us),
+							 backoff_ms(run.backoff_cap ?
+										idem_interval_usecs(run.backoff_cap) :
+										q.backoff_cap_us),
+							 run.jitter ? idem_jitter_from_name(run.jitter) :
+							 q.jitter,
+							 retry_after_us);
+	idem_run_end_lease(&run, "step_failed", error, now);
+	run.attempt++;
+	run.queue_state = "ready";
+	run.due_at = next;
+	idem_update_run(&run);
+	idem_stats_count_for(MyDatabaseId, run.owner, IDEM_STAT_RUN_RETRIES, 1);
+	PG_RETURN_TIMESTAMPTZ(next);
+}
+
+/* A wait's bound, in microseconds: (0, RUN_MAX_WAIT_DAYS]. */
+static int64
+checked_run_wait(Interval *iv, const char *name)
+{
+	int64		us = idem_interval_usecs(iv);
+
+	if (us <= 0 || us > (int64) RUN_MAX_WAIT_DAYS * USECS_PER_DAY)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("%s must be greater than zero and at most %d days",
+						name, RUN_MAX_WAIT_DAYS),
+				 idem_errhint(ERRCODE_INVALID_PARAMETER_VALUE, NULL)));
+	return us;
+}
+
+static Datum
+await_result(FunctionCallInfo fcinfo, const char *state, Jsonb *payload)
+{
+	TupleDesc	tupdesc;
+	Datum		values[2];
+	bool		nulls[2] = {false, payload == NULL};
+
+	if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE)
+		elog(ERROR, "return type must be a row type");
+	values[0] = CStringGetTextDatum(state);
+	values[1] = payload ? JsonbPGetDatum(payload) : (Datum) 0;
+	return HeapTupleGetDatum(heap_form_tuple(BlessTupleDesc(tupdesc), values,
+											 nulls));
+}
+
+/* JSON null: what a wait that timed out records as its step's result. */
+static Jsonb *
+json_null(void)
+{
+	return DatumGetJsonbP(DirectFunctionCall1(jsonb_in, CStringGetDatum("null")));
+}
+
+static bool
+is_json_null(Jsonb *j)
+{
+	return JB_ROOT_IS_SCALAR(j) &&
+		strcmp(JsonbToCString(NULL, &j->root, VARSIZE(j)), "null") == 0;
+}
+
+/*
+ * idem_run_await(run_id text, event text, lease_token uuid,
+ *		timeout interval, OUT state text, OUT payload jsonb) returns record
+ *
+ * The step named event completes with the payload of the run's signal of
+ * that name (state 'signalled'), or with JSON null once timeout has passed
+ * without one ('timed_out'); until then the lease ends and the run waits,
+ * not claimable until the signal comes or the timeout passes ('waiting':
+ * the worker stops working on it).  A later claim's worker calls again
+ * and gets the outcome; the timeout counts from the first call.
+ */
+Datum
+idem_run_await(PG_FUNCTION_ARGS)
+{
+	char	   *run_id = idem_name_arg(fcinfo, 0, "run id");
+	char	   *event = idem_name_arg(fcinfo, 1, "event");
+	const pg_uuid_t *token = idem_lease_token_arg(fcinfo, 2, true);
+	int64		timeout_us = PG_ARGISNULL(3) ? 0 :
+		checked_run_wait(PG_GETARG_INTERVAL_P(3), "timeout");
+	IdemRunRow	run;
+	int			ordinal;
+	Jsonb	   *done;
+	Jsonb	   *payload;
+	TimestampTz now = GetCurrentTimestamp();
+	bool		same_wait;
+
+	idem_check_can_write("idem_run_await()");
+	idem_lock_run_leased(run_id, token, "await an event of", &run);
+	ordinal = step_ordinal(&run, event);
+	done = recorded_result(&run, event, ordinal);
+	if (done != NULL)
+		PG_RETURN_DATUM(await_result(fcinfo, is_json_null(done) ?
+									 "timed_out" : "signalled",
+									 is_json_null(done) ? NULL : done));
+	check_step_may_run(&run, event, ordinal);
+
+	if (idem_run_signal_payload(run.owner, run_id, event, &payload))
+		PG_RETURN_DATUM(await_result(fcinfo, "signalled",
+									 complete_leased_step(run_id, event, token,
+														  payload)));
+	same_wait = run.awaiting != NULL && strcmp(run.awaiting, event) == 0;
+	if (same_wait && !TIMESTAMP_IS_NOEND(run.wait_until) &&
+		run.wait_until <= now)
+	{
+		(void) complete_leased_step(run_id, event, token, json_null());
+		PG_RETURN_DATUM(await_result(fcinfo, "timed_out", NULL));
+	}
+	if (!same_wait)
+	{
+		run.awaiting = event;
+		run.wait_until = timeout_us > 0 ? now + timeout_us : DT_NOEND;
+	}
+	idem_run_end_lease(&run, "waiting", NULL, now);
+	run.queue_state = "waiting";
+	run.due_at = run.wait_until;
+	idem_update_run(&run);
+	PG_RETURN_DATUM(await_result(fcinfo, "waiting", NULL));
 }

@@ -13,12 +13,73 @@
 #ifndef IDEM_WORKFLOW_H
 #define IDEM_WORKFLOW_H
 
+#include "outbox/outbox.h"
 #include "request/request.h"
+
+/* queue.c: run queues, their grants and retry policy */
+typedef enum IdemQueuePrivilege
+{
+	QUEUE_PRODUCE,
+	QUEUE_WORK,
+	QUEUE_SIGNAL
+} IdemQueuePrivilege;
+
+typedef struct IdemQueue
+{
+	char	   *queue;
+	int32		concurrency;	/* 0: no cap */
+	int32		max_attempts;
+	int64		backoff_base_us;
+	int64		backoff_cap_us;
+	IdemJitter	jitter;
+} IdemQueue;
+
+extern void idem_queue_read(const char *queue, IdemQueue *q);
+extern bool idem_queue_allows(const char *queue, Oid role,
+							  IdemQueuePrivilege priv, IdemQueue *q);
+extern void idem_queue_check(const char *queue, Oid role,
+							 IdemQueuePrivilege priv, IdemQueue *q);
+extern void idem_queue_wake(const char *queue);
+extern void idem_queue_check_policy(FunctionCallInfo fcinfo, int attempts_arg,
+									int base_arg, int cap_arg,
+									int jitter_arg);
+extern void idem_queue_channel(const char *queue, char *name, size_t size);
+
+/* runlease.c: a queued run's lease, as its functions see it */
+extern char *idem_run_lock_key(const char *run_id);
+extern char *idem_run_step_key(const char *run_id, const char *step);
+extern void idem_report_run_not_found(const char *run_id);
+extern void idem_check_run_visible(IdemRunRow *run);
+extern void idem_lock_run(Oid owner, const char *run_id, IdemRunRow *run);
+extern const pg_uuid_t *idem_lease_token_arg(FunctionCallInfo fcinfo,
+											 int argno, bool required);
+extern const pg_uuid_t *idem_lease_token_setting(void);
+extern Oid	idem_leased_run_owner(const char *run_id, const pg_uuid_t *token);
+extern void idem_lock_run_fenced(Oid owner, const char *run_id,
+								 const pg_uuid_t *token, const char *verb,
+								 IdemRunRow *run);
+extern void idem_lock_run_leased(const char *run_id, const pg_uuid_t *token,
+								 const char *verb, IdemRunRow *run);
+extern void idem_run_fence(IdemRunRow *run, const pg_uuid_t *token,
+						   const char *verb);
+extern void idem_run_end_lease(IdemRunRow *run, const char *outcome,
+							   const char *error, TimestampTz now);
+extern void idem_run_attempt_begin(IdemRunRow *run, const char *step,
+								   TimestampTz now);
+extern bool idem_run_is_admin(Oid role);
+extern Oid	idem_run_owner_arg(FunctionCallInfo fcinfo, int argno,
+							   const char *what);
+
+/* signal.c: signals to runs */
+extern bool idem_run_signal_payload(Oid owner, const char *run_id,
+									const char *event, Jsonb **payload);
 
 /* run.c: workflow steps, also for idem_call() */
 extern void idem_step_key_request(const char *run_id, const char *step,
-								  IdemRequest *req);
+								  const pg_uuid_t *token, IdemRequest *req);
 extern void idem_step_request(IdemRequest *req, const char *run_id,
-							  const char *step, IdemResult *result);
+							  const char *step, const pg_uuid_t *token,
+							  IdemResult *result);
+extern char *idem_run_next_step(IdemRunRow *run);
 
 #endif							/* IDEM_WORKFLOW_H */

@@ -1,0 +1,209 @@
+/*-------------------------------------------------------------------------
+ *
+ * lease.c
+ *		The one lease implementation of outbox events and queued runs:
+ *		lease tokens, the fence a token's holder must pass, the bounds of
+ *		a lease and of a wait, and when a failed attempt is retried
+ *		(exponential backoff, jitter, a caller's retry_after).
+ *
+ * A lease is a due time moved to the lease's end and a random token.  The
+ * claim that issues it is the only writer of the token; every later call
+ * of the holder presents the token, and the fence compares it with the one
+ * on the row, locked.  A lease that ran out still holds until another
+ * claim takes the row over (a new token): the holder's work happened, and
+ * accepting it spares a duplicate.
+ *
+ * Copyright (c) 2026, idem authors
+ *
+ * IDENTIFICATION
+ *	  src/common/lease.c
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include <math.h>
+
+#include "common/int.h"
+#include "datatype/timestamp.h"
+#include "utils/builtins.h"
+#include "utils/uuid.h"
+
+#include "compat.h"
+#include "common/common.h"
+
+/*
+ * idem_random_uuid
+ *		A random (version 4) UUID: event ids and lease tokens.
+ */
+Datum
+idem_random_uuid(void)
+{
+	pg_uuid_t  *uuid = palloc(UUID_LEN);
+
+	idem_random_id(uuid->data);
+	/* RFC 4122 version 4, variant 1 */
+	uuid->data[6] = (uuid->data[6] & 0x0f) | 0x40;
+	uuid->data[8] = (uuid->data[8] & 0x3f) | 0x80;
+	return UUIDPGetDatum(uuid);
+}
+
+/*
+ * idem_interval_usecs
+ *		An interval as microseconds, months as 30 days (as interval
+ *		comparison), saturating: an absurd interval must fail the callers'
+ *		bounds checks, not wrap around into them.
+ */
+int64
+idem_interval_usecs(Interval *iv)
+{
+	int64		days;
+	int64		us;
+
+	if (pg_mul_s64_overflow((int64) iv->month, DAYS_PER_MONTH, &days) ||
+		pg_add_s64_overflow(days, iv->day, &days) ||
+		pg_mul_s64_overflow(days, USECS_PER_DAY, &us) ||
+		pg_add_s64_overflow(us, iv->time, &us))
+		return (iv->month < 0 || (iv->month == 0 && iv->day < 0)) ?
+			PG_INT64_MIN : PG_INT64_MAX;
+	return us;
+}
+
+/*
+ * idem_lease_usecs
+ *		A lease argument in microseconds, within (0, max_s seconds]; setting
+ *		names the parameter that sets max_s.
+ */
+int64
+idem_lease_usecs(Interval *lease, int max_s, const char *setting)
+{
+	int64		lease_us = idem_interval_usecs(lease);
+
+	if (lease_us <= 0 || lease_us > (int64) max_s * USECS_PER_SEC)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("lease must be greater than zero and at most %s", setting),
+				 errdetail("%s is %d s.", setting, max_s),
+				 idem_errhint(ERRCODE_INVALID_PARAMETER_VALUE, NULL)));
+	return lease_us;
+}
+
+/*
+ * idem_wait_ms
+ *		A wait's timeout as milliseconds, within [0, IDEM_MAX_WAIT_S].
+ */
+long
+idem_wait_ms(Interval *timeout)
+{
+	int64		timeout_us = idem_interval_usecs(timeout);
+
+	if (timeout_us < 0 || timeout_us > (int64) IDEM_MAX_WAIT_S * USECS_PER_SEC)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("timeout must be between 0 and %d s", IDEM_MAX_WAIT_S),
+				 errdetail("A waiting statement holds its snapshot, which keeps VACUUM from removing rows deleted since it began."),
+				 idem_errhint(ERRCODE_INVALID_PARAMETER_VALUE, NULL)));
+	return (long) (timeout_us / 1000);
+}
+
+/*
+ * idem_lease_fence
+ *		Whether a token holds a row: leased says the row is under a lease
+ *		(whether or not it ran out), token_matches that the presented token
+ *		is the row's.
+ */
+IdemFence
+idem_lease_fence(bool leased, bool token_matches)
+{
+	if (leased && token_matches)
+		return IDEM_FENCE_HELD;
+	return leased ? IDEM_FENCE_TAKEN_OVER : IDEM_FENCE_NOT_LEASED;
+}
+
+/*
+ * idem_lease_lost
+ *		Raise ID412 for a token the fence refused: noun names the kind of
+ *		row ("outbox event", "run"), id the row, state what it is now, verb
+ *		what the caller tried, holder who holds it now (or NULL) and
+ *		holder_does what that holder goes on to do.
+ */
+void
+idem_lease_lost(IdemFence fence, const char *noun, const char *short_noun,
+				const char *id, const char *state, const char *verb,
+				const char *holder, const char *holder_does)
+{
+	Assert(fence != IDEM_FENCE_HELD);
+	if (fence == IDEM_FENCE_TAKEN_OVER)
+		ereport(ERROR,
+				(errcode(ERRCODE_IDEM_LEASE_LOST),
+				 errmsg("lease token does not hold %s %s", noun, id),
+				 holder == NULL ?
+				 errdetail("The %s is leased under another token: the lease was taken over after it expired, or the token is not one a claim returned.",
+						   short_noun) :
+				 errdetail("The %s is leased to %s under another token: the lease was taken over after it expired, or the token is not one a claim returned.",
+						   short_noun, holder),
+				 idem_errhint(ERRCODE_IDEM_LEASE_LOST,
+							  psprintf("Do not %s the %s; its current holder %s.",
+									   verb, short_noun, holder_does))));
+	ereport(ERROR,
+			(errcode(ERRCODE_IDEM_LEASE_LOST),
+			 errmsg("lease token does not hold %s %s", noun, id),
+			 errdetail("The %s is %s: no lease holds it.", short_noun, state),
+			 idem_errhint(ERRCODE_IDEM_LEASE_LOST,
+						  psprintf("Claim the %s again before you %s it.",
+								   short_noun, verb))));
+}
+
+/*
+ * idem_backoff_next
+ *		When the next attempt after the failure of attempt number attempts
+ *		is due: the backoff window is min(cap, base * 2^(attempts-1)); full
+ *		jitter takes a random point of it, equal jitter a random point of
+ *		its second half, none its end.  Never before retry_after.
+ */
+TimestampTz
+idem_backoff_next(TimestampTz now, int32 attempts, int base_ms, int cap_ms,
+				  IdemJitter jitter, int64 retry_after_us)
+{
+	double		window_ms;
+	double		delay_ms;
+	int64		delay_us;
+
+	window_ms = (double) base_ms * pow(2.0, (double) Max(attempts - 1, 0));
+	window_ms = Min(window_ms, (double) cap_ms);
+	switch (jitter)
+	{
+		case IDEM_JITTER_FULL:
+			delay_ms = idem_random_double() * window_ms;
+			break;
+		case IDEM_JITTER_EQUAL:
+			delay_ms = window_ms / 2.0 + idem_random_double() * window_ms / 2.0;
+			break;
+		default:
+			delay_ms = window_ms;
+			break;
+	}
+	delay_us = (int64) (delay_ms * 1000.0);
+	delay_us = Max(delay_us, retry_after_us);
+	return now + delay_us;
+}
+
+/*
+ * idem_jitter_from_name
+ *		"full", "equal" or "none"; an error for anything else.
+ */
+IdemJitter
+idem_jitter_from_name(const char *name)
+{
+	if (strcmp(name, "full") == 0)
+		return IDEM_JITTER_FULL;
+	if (strcmp(name, "equal") == 0)
+		return IDEM_JITTER_EQUAL;
+	if (strcmp(name, "none") == 0)
+		return IDEM_JITTER_NONE;
+	ereport(ERROR,
+			(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+			 errmsg("unrecognized jitter \"%s\"", name),
+			 idem_errhint(ERRCODE_INVALID_PARAMETER_VALUE, "The jitters are \"full\", \"equal\" and \"none\".")));
+	return IDEM_JITTER_NONE;	/* keep compiler quiet */
+}

@@ -1,0 +1,421 @@
+/*-------------------------------------------------------------------------
+ *
+ * claim.c
+ *		Workers' side of run queues: idem_run_claim(), which leases due
+ *		runs, idem_run_extend() (the heartbeat) and idem_run_release().
+ *
+ * A claim takes a queue's runs that are due (new, retry time reached,
+ * signal arrived, wait or sleep over, or the last holder's lease ran out),
+ * oldest due first, from the partial index of unfinished queued runs, and
+ * locks them without waiting for those another claim holds.  It then takes
+ * each run's lock without waiting (a run whose step is running is left for
+ * the next claim) and re-reads the run, as every step does, before it
+ * leases it: a new token, due_at moved to the lease's end (so leased runs
+ * leave the head of the index scan, and an expired lease is simply due
+ * again), and a row of idem.run_attempts.  A claim that takes over an
+ * expired lease counts it as a failed attempt; on the last attempt the
+ * run fails instead.
+ *
+ * A queue's concurrency cap is kept by one claim at a time: the claim
+ * locks the queue's row and counts the leases that hold, in a statement of
+ * its own after the lock, and so in READ COMMITTED sees every lease an
+ * earlier claim committed.  A claim commits on its own: its lease and its
+ * attempt's record must be durable before the worker acts on them.
+ *
+ * Copyright (c) 2026, idem authors
+ *
+ * IDENTIFICATION
+ *	  src/workflow/claim.c
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "access/xact.h"
+#include "catalog/pg_type.h"
+#include "executor/spi.h"
+#include "funcapi.h"
+#include "miscadmin.h"
+#include "storage/latch.h"
+#include "utils/builtins.h"
+#include "utils/jsonb.h"
+#include "utils/timestamp.h"
+#include "utils/tuplestore.h"
+#include "utils/wait_event.h"
+
+#include "compat.h"
+#include "workflow/workflow.h"
+
+PG_FUNCTION_INFO_V1(idem_run_claim);
+PG_FUNCTION_INFO_V1(idem_run_extend);
+PG_FUNCTION_INFO_V1(idem_run_release);
+
+/* Most runs one claim may lease. */
+#define CLAIM_MAX_RUNS		1000
+/* Longest worker label, in bytes. */
+#define CLAIM_MAX_WORKER_BYTES	255
+/* How often a waiting claim looks again for runs that became due by time. */
+#define CLAIM_POLL_MS		200
+
+#define CLAIM_COLS	11
+
+/*
+ * Due runs of a queue, oldest due first, locked without waiting for those
+ * another claim holds.  The generic plan, as the outbox's claim: no call
+ * is planned with "now" as a constant.
+ */
+static IdemQuery q_due = {
+	"SELECT owner, run_id FROM idem.runs"
+	" WHERE queue OPERATOR(pg_catalog.=) $1"
+	"   AND queue_state IS NOT NULL"
+	"   AND due_at OPERATOR(pg_catalog.<=) $2"
+	" ORDER BY due_at"
+	" LIMIT $3"
+	" FOR UPDATE SKIP LOCKED",
+	3, {TEXTOID, TIMESTAMPTZOID, INT4OID},
+	CURSOR_OPT_GENERIC_PLAN
+};
+
+static IdemQuery q_lock_queue = {
+	"SELECT FROM idem.queues WHERE queue OPERATOR(pg_catalog.=) $1 FOR UPDATE",
+	1, {TEXTOID}
+};
+
+static IdemQuery q_count_leased = {
+	"SELECT pg_catalog.count(*)::pg_catalog.int4 FROM idem.runs"
+	" WHERE queue OPERATOR(pg_catalog.=) $1"
+	"   AND queue_state OPERATOR(pg_catalog.=) 'leased'"
+	"   AND due_at OPERATOR(pg_catalog.>) $2",
+	2, {TEXTOID, TIMESTAMPTZOID},
+	CURSOR_OPT_GENERIC_PLAN
+};
+
+/* How many runs this claim may lease under the queue's cap. */
+static int32
+room_under_cap(IdemQueue *q, int32 want, TimestampTz now)
+{
+	IdemOwnerSPI spi;
+	Datum		values[2];
+	char		nulls[2] = {' ', ' '};
+	bool		isnull;
+	int32		leased;
+
+	if (q->concurrency <= 0)
+		return want;
+	values[0] = CStringGetTextDatum(q->queue);
+	values[1] = TimestampTzGetDatum(now);
+	idem_owner_spi_begin(&spi, idem_catalog_runs());
+	idem_query_run(&q_lock_queue, values, nulls, 0);
+	idem_query_run(&q_count_leased, values, nulls, 0);
+	leased = DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[0],
+										 SPI_tuptable->tupdesc, 1, &isnull));
+	idem_owner_spi_end(&spi);
+	return Max(Min(want, q->concurrency - leased), 0);
+}
+
+/* The results of the run's completed steps, as one object by step name. */
+static Jsonb *
+results_so_far(IdemRunRow *run)
+{
+	JsonbParseState *state = NULL;
+	JsonbValue *res;
+	Datum	   *names;
+	int			n;
+
+	deconstruct_array(run->done_steps, TEXTOID, -1, false, TYPALIGN_INT,
+					  &names, NULL, &n);
+	(void) pushJsonbValue(&state, WJB_BEGIN_OBJECT, NULL);
+	for (int i = 0; i < n; i++)
+	{
+		char	   *step = TextDatumGetCString(names[i]);
+		IdemRecord	rec;
+		JsonbValue	k;
+		JsonbValue	v;
+
+		CHECK_FOR_INTERRUPTS();
+		if (!idem_lookup_key(run->owner, idem_run_step_key(run->run_id, step),
+							 &rec) || !rec.visible)
+			continue;
+		k.type = jbvString;
+		k.val.string.val = step;
+		k.val.string.len = strlen(step);
+		(void) pushJsonbValue(&state, WJB_KEY, &k);
+		v.type = jbvBinary;
+		v.val.binary.data = &rec.response->root;
+		v.val.binary.len = VARSIZE(rec.response) - VARHDRSZ;
+		(void) pushJsonbValue(&state, WJB_VALUE, &v);
+	}
+	res = pushJsonbValue(&state, WJB_END_OBJECT, NULL);
+	return JsonbValueToJsonb(res);
+}
+
+/*
+ * Lease one due run found by the scan, if it still is due once its lock is
+ * taken; put it into store.  Returns whether it was leased.
+ */
+static bool
+lease_run(Oid owner, const char *run_id, IdemQueue *q, int64 lease_us,
+		  Oid caller, const char *worker, Tuplestorestate *store,
+		  TupleDesc tupdesc)
+{
+	char	   *lockkey = idem_run_lock_key(run_id);
+	TimestampTz now = GetCurrentTimestamp();
+	IdemRunRow	run;
+	Datum		values[CLAIM_COLS];
+	bool		nulls[CLAIM_COLS] = {0};
+	char	   *next;
+	int			max_attempts;
+
+	/* a run whose step or verb is running now is the next claim's */
+	if (!idem_try_lock_key(owner, lockkey, strlen(lockkey)))
+		return false;
+	if (!idem_lookup_run(owner, run_id, &run) ||
+		run.queue == NULL || strcmp(run.queue, q->queue) != 0 ||
+		run.queue_state == NULL || strcmp(run.status, "running") != 0 ||
+		TIMESTAMP_IS_NOEND(run.due_at) || run.due_at > now)
+		return false;
+
+	if (strcmp(run.queue_state, "leased") == 0)
+	{
+		/* the holder's lease ran out: its attempt failed */
+		idem_run_end_lease(&run, "lease_expired", "lease expired", now);
+		idem_stats_count_for(MyDatabaseId, owner, IDEM_STAT_RUN_LEASE_EXPIRIES, 1);
+		max_attempts = run.max_attempts > 0 ? run.max_attempts : q->max_attempts;
+		if (run.attempt >= max_attempts)
+		{
+			run.status = "failed";
+			run.finished = true;
+			run.finished_at = now;
+			run.last_error = "lease expired on the last attempt";
+			run.queue_state = NULL;
+			run.due_at = DT_NOEND;
+			idem_update_run(&run);
+			idem_stats_count_for(MyDatabaseId, owner, IDEM_STAT_RUNS_FAILED, 1);
+			return false;
+		}
+		run.attempt++;
+	}
+
+	run.queue_state = "leased";
+	run.due_at = now + lease_us;
+	run.has_token = true;
+	memcpy(&run.lease_token, DatumGetUUIDP(idem_random_uuid()), UUID_LEN);
+	run.leased_by = caller;
+	run.lease_holder = (char *) worker;
+	run.claims++;
+	idem_update_run(&run);
+	next = idem_run_next_step(&run);
+	idem_run_attempt_begin(&run, next, now);
+	idem_stats_count_for(MyDatabaseId, owner, IDEM_STAT_RUNS_CLAIMED, 1);
+
+	values[0] = CStringGetTextDatum(run.run_id);
+	values[1] = ObjectIdGetDatum(owner);
+	nulls[2] = run.input == NULL;
+	values[2] = run.input ? JsonbPGetDatum(run.input) : (Datum) 0;
+	nulls[3] = run.steps == NULL;
+	values[3] = PointerGetDatum(run.steps);
+	nulls[4] = next == NULL;
+	values[4] = next ? CStringGetTextDatum(next) : (Datum) 0;
+	values[5] = Int32GetDatum(run.attempt);
+	values[6] = UUIDPGetDatum(&run.lease_token);
+	values[7] = TimestampTzGetDatum(run.due_at);
+	values[8] = JsonbPGetDatum(results_so_far(&run));
+	nulls[9] = nulls[10] = run.started_step == NULL;
+	values[9] = run.started_step ? CStringGetTextDatum(run.started_step) : (Datum) 0;
+	values[10] = Int32GetDatum(run.started_count);
+	tuplestore_putvalues(store, tupdesc, values, nulls);
+	return true;
+}
+
+/* One claim of queue into store; returns how many runs it leased. */
+static int32
+claim_into(IdemQueue *q, int32 max_runs, int64 lease_us, Oid caller,
+		   const char *worker, Tuplestorestate *store, TupleDesc tupdesc)
+{
+	IdemOwnerSPI spi;
+	Datum		values[3];
+	char		nulls[3] = {' ', ' ', ' '};
+	TimestampTz now = GetCurrentTimestamp();
+	int32		want = room_under_cap(q, max_runs, now);
+	int32		leased = 0;
+	uint64		n;
+	Oid		   *owners;
+	char	  **run_ids;
+
+	if (want == 0)
+		return 0;
+	values[0] = CStringGetTextDatum(q->queue);
+	values[1] = TimestampTzGetDatum(now);
+	values[2] = Int32GetDatum(want);
+	idem_owner_spi_begin(&spi, idem_catalog_runs());
+	idem_query_run(&q_due, values, nulls, 0);
+	n = SPI_processed;
+	owners = MemoryContextAlloc(spi.callercxt, sizeof(Oid) * Max(n, 1));
+	run_ids = MemoryContextAlloc(spi.callercxt, sizeof(char *) * Max(n, 1));
+	for (uint64 i = 0; i < n; i++)
+	{
+		bool		isnull;
+
+		owners[i] = DatumGetObjectId(SPI_getbinval(SPI_tuptable->vals[i],
+												   SPI_tuptable->tupdesc, 1,
+												   &isnull));
+		run_ids[i] = MemoryContextStrdup(spi.callercxt,
+										 SPI_getvalue(SPI_tuptable->vals[i],
+													  SPI_tuptable->tupdesc, 2));
+	}
+	idem_owner_spi_end(&spi);
+	for (uint64 i = 0; i < n; i++)
+	{
+		CHECK_FOR_INTERRUPTS();
+		if (lease_run(owners[i], run_ids[i], q, lease_us, caller, worker,
+					  store, tupdesc))
+			leased++;
+	}
+	return leased;
+}
+
+/* Sleep until the queue is woken or ms pass. */
+static void
+wait_for_runs(const char *channel, long ms)
+{
+	if (idem_wakeup_available())
+		(void) idem_wakeup_wait(channel, ms);
+	else
+	{
+		(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
+						 ms, PG_WAIT_EXTENSION);
+		ResetLatch(MyLatch);
+	}
+	CHECK_FOR_INTERRUPTS();
+}
+
+/*
+ * idem_run_claim(queue text, max_runs integer, lease interval,
+ *		worker text, wait interval) returns table (run_id, owner, input,
+ *		steps, next_step, attempt, lease_token, lease_until, results,
+ *		started_step, started_attempts)
+ *
+ * With wait, a claim that finds nothing looks again when a run of the
+ * queue is enqueued, signalled or released (with shared memory), and at
+ * least every CLAIM_POLL_MS for runs that became due by time, until it
+ * leases some or wait has passed.
+ */
+Datum
+idem_run_claim(PG_FUNCTION_ARGS)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	Oid			caller = GetUserId();
+	char	   *queue;
+	int32		max_runs;
+	int64		lease_us;
+	char	   *worker;
+	long		wait_ms;
+	IdemQueue	q;
+	TimestampTz deadline;
+	char		channel[300];
+
+	queue = idem_name_arg(fcinfo, 0, "run queue");
+	if (PG_ARGISNULL(1) || PG_ARGISNULL(2))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("max_runs and lease must not be null"),
+				 idem_errhint(ERRCODE_NULL_VALUE_NOT_ALLOWED, NULL)));
+	max_runs = PG_GETARG_INT32(1);
+	if (max_runs < 1 || max_runs > CLAIM_MAX_RUNS)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("max_runs must be between 1 and %d", CLAIM_MAX_RUNS),
+				 errdetail("max_runs is %d.", max_runs),
+				 idem_errhint(ERRCODE_INVALID_PARAMETER_VALUE, NULL)));
+	lease_us = idem_lease_usecs(PG_GETARG_INTERVAL_P(2), idem_run_max_lease,
+								"idem.run_max_lease");
+	worker = PG_ARGISNULL(3) ? psprintf("pid %d", MyProcPid) :
+		text_to_cstring(PG_GETARG_TEXT_PP(3));
+	idem_check_name("worker", worker, CLAIM_MAX_WORKER_BYTES, NULL);
+	wait_ms = PG_ARGISNULL(4) ? 0 : idem_wait_ms(PG_GETARG_INTERVAL_P(4));
+	idem_check_can_write("idem_run_claim()");
+	if (IsolationUsesXactSnapshot())
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("idem_run_claim() needs READ COMMITTED"),
+				 errdetail("The transaction's isolation level is %s.",
+						   IsolationIsSerializable() ? "SERIALIZABLE" : "REPEATABLE READ"),
+				 idem_errhint(ERRCODE_FEATURE_NOT_SUPPORTED, "Claim in a READ COMMITTED transaction of its own.")));
+	idem_queue_check(queue, caller, QUEUE_WORK, &q);
+
+	InitMaterializedSRF(fcinfo, 0);
+	if (rsinfo->setDesc->natts != CLAIM_COLS)
+		elog(ERROR, "idem_run_claim() must return %d columns", CLAIM_COLS);
+	idem_queue_channel(queue, channel, sizeof(channel));
+	deadline = GetCurrentTimestamp() + (int64) wait_ms * 1000;
+	for (;;)
+	{
+		TimestampTz now;
+		long		left;
+
+		idem_wakeup_note_claim(channel);
+		if (claim_into(&q, max_runs, lease_us, caller, worker,
+					   rsinfo->setResult, rsinfo->setDesc) > 0)
+			break;
+		now = GetCurrentTimestamp();
+		if (now >= deadline)
+			break;
+		left = (long) ((deadline - now) / 1000);
+		wait_for_runs(channel, Max(Min(left, CLAIM_POLL_MS), 1));
+	}
+	return (Datum) 0;
+}
+
+/*
+ * idem_run_extend(run_id text, lease_token uuid, lease interval)
+ *		returns timestamptz
+ *
+ * The heartbeat: the lease runs on from now, fenced like a step (a lease
+ * that ran out and was not taken over still extends).  Returns the new end
+ * of the lease.
+ */
+Datum
+idem_run_extend(PG_FUNCTION_ARGS)
+{
+	char	   *run_id = idem_name_arg(fcinfo, 0, "run id");
+	const pg_uuid_t *token = idem_lease_token_arg(fcinfo, 1, true);
+	int64		lease_us;
+	IdemRunRow	run;
+
+	if (PG_ARGISNULL(2))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("lease must not be null"),
+				 idem_errhint(ERRCODE_NULL_VALUE_NOT_ALLOWED, NULL)));
+	lease_us = idem_lease_usecs(PG_GETARG_INTERVAL_P(2), idem_run_max_lease,
+								"idem.run_max_lease");
+	idem_check_can_write("idem_run_extend()");
+	idem_lock_run_leased(run_id, token, "extend", &run);
+	run.due_at = GetCurrentTimestamp() + lease_us;
+	idem_update_run(&run);
+	PG_RETURN_TIMESTAMPTZ(run.due_at);
+}
+
+/*
+ * idem_run_release(run_id text, lease_token uuid) returns void
+ *
+ * A worker hands back a run it will not work on (it is stopping): due now,
+ * the attempt not counted, so another worker takes it at once.
+ */
+Datum
+idem_run_release(PG_FUNCTION_ARGS)
+{
+	char	   *run_id = idem_name_arg(fcinfo, 0, "run id");
+	const pg_uuid_t *token = idem_lease_token_arg(fcinfo, 1, true);
+	IdemRunRow	run;
+	TimestampTz now = GetCurrentTimestamp();
+
+	idem_check_can_write("idem_run_release()");
+	idem_lock_run_leased(run_id, token, "release", &run);
+	idem_run_end_lease(&run, "released", NULL, now);
+	run.queue_state = "ready";
+	run.due_at = now;
+	idem_update_run(&run);
+	idem_queue_wake(run.queue);
+	PG_RETURN_VOID();
+}

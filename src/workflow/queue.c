@@ -1,0 +1,364 @@
+/*-------------------------------------------------------------------------
+ *
+ * queue.c
+ *		Run queues: idem_queue_create(), idem_queue_grant() and
+ *		idem_queue_revoke(), the check of a role's produce, work and signal
+ *		privileges, a queue's retry policy, and the wakeup of claims that
+ *		wait on a queue.
+ *
+ * A queue is a row of idem.queues, administered like an outbox topic:
+ * the functions are granted by an administrator, never to PUBLIC, and a
+ * role may use a queue as its lists say (membership counts; superusers
+ * may use every queue).  The row is read through SPI, as the tables'
+ * owner, with every name schema-qualified.
+ *
+ * Copyright (c) 2026, idem authors
+ *
+ * IDENTIFICATION
+ *	  src/workflow/queue.c
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "catalog/pg_type.h"
+#include "executor/spi.h"
+#include "miscadmin.h"
+#include "utils/builtins.h"
+#include "utils/timestamp.h"
+
+#include "compat.h"
+#include "workflow/workflow.h"
+
+PG_FUNCTION_INFO_V1(idem_queue_create);
+PG_FUNCTION_INFO_V1(idem_queue_grant);
+PG_FUNCTION_INFO_V1(idem_queue_revoke);
+
+/* Longest queue name, in bytes (like a topic). */
+#define QUEUE_MAX_NAME_BYTES	255
+/* Most attempts of a step a policy may allow. */
+#define QUEUE_MAX_ATTEMPTS		1000
+
+static const char *const privilege_names[] = {"produce", "work", "signal"};
+static const char *const list_names[] = {"producers", "workers", "signallers"};
+
+static IdemQuery q_read = {
+	"SELECT producers, workers, signallers, concurrency, max_attempts,"
+	"       backoff_base, backoff_cap, jitter"
+	"  FROM idem.queues WHERE queue OPERATOR(pg_catalog.=) $1",
+	1, {TEXTOID}
+};
+
+static IdemQuery q_insert = {
+	"INSERT INTO idem.queues (queue, producers, workers, signallers,"
+	"  concurrency, max_attempts, backoff_base, backoff_cap, jitter, created_at)"
+	" VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, pg_catalog.now())"
+	" ON CONFLICT (queue) DO NOTHING",
+	9, {TEXTOID, REGROLEARRAYOID, REGROLEARRAYOID, REGROLEARRAYOID, INT4OID,
+	INT4OID, INTERVALOID, INTERVALOID, TEXTOID}
+};
+
+/* $3: 0 producers, 1 workers, 2 signallers */
+static IdemQuery q_grant = {
+	"UPDATE idem.queues"
+	"   SET producers = CASE WHEN $3 OPERATOR(pg_catalog.=) 0 AND NOT $2 OPERATOR(pg_catalog.=) ANY (producers)"
+	"                   THEN pg_catalog.array_append(producers, $2) ELSE producers END,"
+	"       workers = CASE WHEN $3 OPERATOR(pg_catalog.=) 1 AND NOT $2 OPERATOR(pg_catalog.=) ANY (workers)"
+	"                 THEN pg_catalog.array_append(workers, $2) ELSE workers END,"
+	"       signallers = CASE WHEN $3 OPERATOR(pg_catalog.=) 2 AND NOT $2 OPERATOR(pg_catalog.=) ANY (signallers)"
+	"                    THEN pg_catalog.array_append(signallers, $2) ELSE signallers END"
+	" WHERE queue OPERATOR(pg_catalog.=) $1",
+	3, {TEXTOID, REGROLEOID, INT4OID}
+};
+
+static IdemQuery q_revoke = {
+	"UPDATE idem.queues"
+	"   SET producers = CASE WHEN $3 OPERATOR(pg_catalog.=) 0"
+	"                   THEN pg_catalog.array_remove(producers, $2) ELSE producers END,"
+	"       workers = CASE WHEN $3 OPERATOR(pg_catalog.=) 1"
+	"                 THEN pg_catalog.array_remove(workers, $2) ELSE workers END,"
+	"       signallers = CASE WHEN $3 OPERATOR(pg_catalog.=) 2"
+	"                    THEN pg_catalog.array_remove(signallers, $2) ELSE signallers END"
+	" WHERE queue OPERATOR(pg_catalog.=) $1",
+	3, {TEXTOID, REGROLEOID, INT4OID}
+};
+
+static void
+report_no_queue(const char *queue)
+{
+	ereport(ERROR,
+			(errcode(ERRCODE_UNDEFINED_OBJECT),
+			 errmsg("run queue \"%s\" does not exist", queue),
+			 idem_errhint(ERRCODE_UNDEFINED_OBJECT, "An administrator creates queues with idem_queue_create().")));
+}
+
+/*
+ * Read the queue into q; with role, also whether role may use it as priv
+ * asks.  Returns false if there is no such queue.
+ */
+static bool
+read_queue(const char *queue, Oid role, IdemQueuePrivilege priv,
+		   IdemQueue *q, bool *allowed)
+{
+	IdemOwnerSPI spi;
+	Datum		values[1];
+	char		nulls[1] = {' '};
+	HeapTuple	tup;
+	TupleDesc	desc;
+	bool		isnull;
+	Datum		d;
+
+	idem_check_name("run queue", queue, QUEUE_MAX_NAME_BYTES, NULL);
+	values[0] = CStringGetTextDatum(queue);
+	idem_owner_spi_begin(&spi, idem_catalog_runs());
+	idem_query_run(&q_read, values, nulls, 1);
+	if (SPI_processed == 0)
+	{
+		idem_owner_spi_end(&spi);
+		return false;
+	}
+	tup = SPI_tuptable->vals[0];
+	desc = SPI_tuptable->tupdesc;
+	if (allowed != NULL)
+		*allowed = superuser_arg(role) ||
+			idem_role_in(role, SPI_getbinval(tup, desc, 1 + priv, &isnull));
+	q->queue = MemoryContextStrdup(spi.callercxt, queue);
+	d = SPI_getbinval(tup, desc, 4, &isnull);
+	q->concurrency = isnull ? 0 : DatumGetInt32(d);
+	q->max_attempts = DatumGetInt32(SPI_getbinval(tup, desc, 5, &isnull));
+	q->backoff_base_us = idem_interval_usecs(DatumGetIntervalP(SPI_getbinval(tup, desc, 6, &isnull)));
+	q->backoff_cap_us = idem_interval_usecs(DatumGetIntervalP(SPI_getbinval(tup, desc, 7, &isnull)));
+	q->jitter = idem_jitter_from_name(TextDatumGetCString(SPI_getbinval(tup, desc, 8, &isnull)));
+	idem_owner_spi_end(&spi);
+	return true;
+}
+
+/*
+ * idem_queue_read
+ *		The queue's policy; an error if it does not exist.
+ */
+void
+idem_queue_read(const char *queue, IdemQueue *q)
+{
+	if (!read_queue(queue, InvalidOid, QUEUE_WORK, q, NULL))
+		report_no_queue(queue);
+}
+
+/*
+ * idem_queue_allows
+ *		Whether role may use queue as priv asks (the queue must exist);
+ *		fills q.
+ */
+bool
+idem_queue_allows(const char *queue, Oid role, IdemQueuePrivilege priv,
+				  IdemQueue *q)
+{
+	bool		allowed;
+
+	if (!read_queue(queue, role, priv, q, &allowed))
+		report_no_queue(queue);
+	return allowed;
+}
+
+/*
+ * idem_queue_check
+ *		Fail unless role may use queue as priv asks (42704 if there is no
+ *		such queue, 42501 without the grant); fills q.
+ */
+void
+idem_queue_check(const char *queue, Oid role, IdemQueuePrivilege priv,
+				 IdemQueue *q)
+{
+	if (!idem_queue_allows(queue, role, priv, q))
+		ereport(ERROR,
+				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+				 errmsg("permission denied to %s on run queue \"%s\"",
+						privilege_names[priv], queue),
+				 errdetail("Role \"%s\" is not among the queue's %s.",
+						   GetUserNameFromId(role, false), list_names[priv]),
+				 idem_errhint(ERRCODE_INSUFFICIENT_PRIVILEGE,
+							  psprintf("An administrator grants it with idem_queue_grant('%s', role, '%s').",
+									   queue, privilege_names[priv]))));
+}
+
+/* The name claims on queue wait on (the outbox's wakeup, under a prefix). */
+void
+idem_queue_channel(const char *queue, char *name, size_t size)
+{
+	snprintf(name, size, "idem.queue:%s", queue);
+}
+
+/*
+ * idem_queue_wake
+ *		Wake the claims waiting on queue when the transaction commits.
+ */
+void
+idem_queue_wake(const char *queue)
+{
+	char		name[QUEUE_MAX_NAME_BYTES + 16];
+
+	idem_queue_channel(queue, name, sizeof(name));
+	idem_wake_at_commit(name);
+}
+
+static int64
+checked_backoff(FunctionCallInfo fcinfo, int argno, const char *name)
+{
+	int64		us;
+
+	if (PG_ARGISNULL(argno))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("%s must not be null", name),
+				 idem_errhint(ERRCODE_NULL_VALUE_NOT_ALLOWED, NULL)));
+	us = idem_interval_usecs(PG_GETARG_INTERVAL_P(argno));
+	if (us < 0 || us > (int64) INT_MAX * 1000)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("%s must be between 0 and %d days", name,
+						(int) ((int64) INT_MAX * 1000 / USECS_PER_DAY)),
+				 idem_errhint(ERRCODE_INVALID_PARAMETER_VALUE, NULL)));
+	return us;
+}
+
+/*
+ * idem_queue_check_policy
+ *		Check a retry policy's arguments (any may be NULL: the queue's
+ *		own applies), as idem_queue_create() and idem_run_begin() get them.
+ */
+void
+idem_queue_check_policy(FunctionCallInfo fcinfo, int attempts_arg,
+						int base_arg, int cap_arg, int jitter_arg)
+{
+	if (!PG_ARGISNULL(attempts_arg))
+	{
+		int32		n = PG_GETARG_INT32(attempts_arg);
+
+		if (n < 1 || n > QUEUE_MAX_ATTEMPTS)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("max_attempts must be between 1 and %d", QUEUE_MAX_ATTEMPTS),
+					 errdetail("max_attempts is %d.", n),
+					 idem_errhint(ERRCODE_INVALID_PARAMETER_VALUE, NULL)));
+	}
+	if (!PG_ARGISNULL(base_arg))
+		(void) checked_backoff(fcinfo, base_arg, "backoff_base");
+	if (!PG_ARGISNULL(cap_arg))
+		(void) checked_backoff(fcinfo, cap_arg, "backoff_cap");
+	if (!PG_ARGISNULL(jitter_arg))
+		(void) idem_jitter_from_name(text_to_cstring(PG_GETARG_TEXT_PP(jitter_arg)));
+}
+
+/*
+ * idem_queue_create(queue text, producers regrole[], workers regrole[],
+ *		concurrency integer, max_attempts integer, backoff_base interval,
+ *		backoff_cap interval, jitter text, signallers regrole[]) returns void
+ */
+Datum
+idem_queue_create(PG_FUNCTION_ARGS)
+{
+	IdemOwnerSPI spi;
+	char	   *queue;
+	Datum		values[9];
+	char		nulls[9] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' '};
+	uint64		inserted;
+
+	queue = idem_name_arg(fcinfo, 0, "run queue");
+	idem_check_name("run queue", queue, QUEUE_MAX_NAME_BYTES, NULL);
+	values[0] = CStringGetTextDatum(queue);
+	values[1] = idem_roles_arg(fcinfo, 1, "producers");
+	values[2] = idem_roles_arg(fcinfo, 2, "workers");
+	values[3] = idem_roles_arg(fcinfo, 8, "signallers");
+	if (PG_ARGISNULL(3))
+		nulls[4] = 'n';
+	else
+	{
+		int32		c = PG_GETARG_INT32(3);
+
+		if (c < 1)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("concurrency must be at least 1"),
+					 errdetail("concurrency is %d.", c),
+					 idem_errhint(ERRCODE_INVALID_PARAMETER_VALUE, "Pass NULL for no cap.")));
+		values[4] = Int32GetDatum(c);
+	}
+	if (PG_ARGISNULL(4) || PG_ARGISNULL(5) || PG_ARGISNULL(6) || PG_ARGISNULL(7))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("a queue's retry policy must not be null"),
+				 errdetail("max_attempts, backoff_base, backoff_cap and jitter need values."),
+				 idem_errhint(ERRCODE_NULL_VALUE_NOT_ALLOWED, NULL)));
+	idem_queue_check_policy(fcinfo, 4, 5, 6, 7);
+	values[5] = PG_GETARG_DATUM(4);
+	values[6] = PG_GETARG_DATUM(5);
+	values[7] = PG_GETARG_DATUM(6);
+	values[8] = PG_GETARG_DATUM(7);
+	idem_check_can_write("idem_queue_create()");
+
+	idem_owner_spi_begin(&spi, idem_catalog_runs());
+	idem_query_run(&q_insert, values, nulls, 0);
+	inserted = SPI_processed;
+	idem_owner_spi_end(&spi);
+	if (inserted == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_DUPLICATE_OBJECT),
+				 errmsg("run queue \"%s\" already exists", queue),
+				 idem_errhint(ERRCODE_DUPLICATE_OBJECT, "Use idem_queue_grant() to add roles to it.")));
+	PG_RETURN_VOID();
+}
+
+static void
+change_queue(FunctionCallInfo fcinfo, IdemQuery *q, const char *what)
+{
+	IdemOwnerSPI spi;
+	char	   *queue;
+	char	   *privilege;
+	Datum		values[3];
+	char		nulls[3] = {' ', ' ', ' '};
+	int			priv = -1;
+	uint64		updated;
+
+	queue = idem_name_arg(fcinfo, 0, "run queue");
+	if (PG_ARGISNULL(1) || PG_ARGISNULL(2))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("role and privilege must not be null"),
+				 idem_errhint(ERRCODE_NULL_VALUE_NOT_ALLOWED, NULL)));
+	privilege = text_to_cstring(PG_GETARG_TEXT_PP(2));
+	for (int i = 0; i < lengthof(privilege_names); i++)
+		if (strcmp(privilege, privilege_names[i]) == 0)
+			priv = i;
+	if (priv < 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("unrecognized run queue privilege \"%s\"", privilege),
+				 idem_errhint(ERRCODE_INVALID_PARAMETER_VALUE, "The privileges are \"produce\", \"work\" and \"signal\".")));
+	idem_check_can_write(what);
+	values[0] = CStringGetTextDatum(queue);
+	values[1] = PG_GETARG_DATUM(1);
+	values[2] = Int32GetDatum(priv);
+
+	idem_owner_spi_begin(&spi, idem_catalog_runs());
+	idem_query_run(q, values, nulls, 0);
+	updated = SPI_processed;
+	idem_owner_spi_end(&spi);
+	if (updated == 0)
+		report_no_queue(queue);
+}
+
+/* idem_queue_grant(queue text, role regrole, privilege text) returns void */
+Datum
+idem_queue_grant(PG_FUNCTION_ARGS)
+{
+	change_queue(fcinfo, &q_grant, "idem_queue_grant()");
+	PG_RETURN_VOID();
+}
+
+/* idem_queue_revoke(queue text, role regrole, privilege text) returns void */
+Datum
+idem_queue_revoke(PG_FUNCTION_ARGS)
+{
+	change_queue(fcinfo, &q_revoke, "idem_queue_revoke()");
+	PG_RETURN_VOID();
+}

@@ -1,0 +1,390 @@
+/*-------------------------------------------------------------------------
+ *
+ * runlease.c
+ *		A queued run's lease as the run's functions see it: finding the
+ *		run a worker names by its id and lease token (any owner's), the
+ *		fence every step, completion, failure, wait and extension passes,
+ *		and the record of each claim in idem.run_attempts.  The lease
+ *		itself (tokens, fence decision, backoff) is common/lease.c's, shared
+ *		with outbox events.
+ *
+ * A run's lease lives on its row of idem.runs (queue_state 'leased', the
+ * token, due_at its end), so the fence of a step reads nothing the step
+ * does not read already: the run's lock is taken, its latest version read,
+ * and the token compared before anything executes.  The fence comes before
+ * the snapshot check, so a holder whose lease was taken over gets ID412 at
+ * every isolation level.
+ *
+ * Copyright (c) 2026, idem authors
+ *
+ * IDENTIFICATION
+ *	  src/workflow/runlease.c
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "catalog/pg_authid.h"
+#include "catalog/pg_type.h"
+#include "executor/spi.h"
+#include "miscadmin.h"
+#include "utils/acl.h"
+#include "utils/builtins.h"
+#include "utils/uuid.h"
+
+#include "compat.h"
+#include "workflow/workflow.h"
+
+/* A worker's run: by id among queued runs, with whether the token holds it. */
+static IdemQuery q_queued_by_id = {
+	"SELECT owner, lease_token OPERATOR(pg_catalog.=) $2, queue_state, status,"
+	"       lease_holder"
+	"  FROM idem.runs"
+	" WHERE run_id OPERATOR(pg_catalog.=) $1 AND queue IS NOT NULL",
+	2, {TEXTOID, UUIDOID}
+};
+
+static IdemQuery q_attempt_insert = {
+	"INSERT INTO idem.run_attempts"
+	"  (owner, run_id, claim, attempt, step, worker, leased_by, claimed_at)"
+	" VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+	8, {REGROLEOID, TEXTOID, INT4OID, INT4OID, TEXTOID, TEXTOID, REGROLEOID,
+	TIMESTAMPTZOID}
+};
+
+static IdemQuery q_attempt_end = {
+	"UPDATE idem.run_attempts SET ended_at = $4, outcome = $5, error = $6"
+	" WHERE owner OPERATOR(pg_catalog.=) $1"
+	"   AND run_id OPERATOR(pg_catalog.=) $2"
+	"   AND claim OPERATOR(pg_catalog.=) $3"
+	"   AND outcome IS NULL",
+	6, {REGROLEOID, TEXTOID, INT4OID, TIMESTAMPTZOID, TEXTOID, TEXTOID}
+};
+
+/* Keys derived for a run: its lock, and each step's record. */
+char *
+idem_run_lock_key(const char *run_id)
+{
+	const char *parts[] = {"idem.run", run_id};
+
+	return idem_derive_key(2, parts);
+}
+
+char *
+idem_run_step_key(const char *run_id, const char *step)
+{
+	const char *parts[] = {IDEM_STEP_KEY_PART, run_id, step};
+
+	return idem_derive_key(3, parts);
+}
+
+void
+idem_report_run_not_found(const char *run_id)
+{
+	ereport(ERROR,
+			(errcode(ERRCODE_IDEM_RUN_NOT_FOUND),
+			 errmsg("run \"%s\" does not exist", run_id),
+			 errdetail("No run with this id was begun by the current role."),
+			 idem_errhint(ERRCODE_IDEM_RUN_NOT_FOUND, "Begin it with idem_run_begin() first.")));
+}
+
+/*
+ * A run a caller's snapshot cannot see the latest version of (REPEATABLE
+ * READ or SERIALIZABLE: another agent moved it on after the snapshot) must
+ * not be acted on.
+ */
+void
+idem_check_run_visible(IdemRunRow *run)
+{
+	if (!run->visible)
+		ereport(ERROR,
+				(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+				 errmsg("could not serialize access due to concurrent update of run \"%s\"",
+						run->run_id),
+				 errdetail("Another transaction changed the run after this transaction's snapshot was taken."),
+				 idem_errhint(ERRCODE_T_R_SERIALIZATION_FAILURE, "Retry the transaction: the retry sees the run's progress.")));
+}
+
+static void
+lock_and_read(Oid owner, const char *run_id, IdemRunRow *run)
+{
+	char	   *lockkey = idem_run_lock_key(run_id);
+
+	idem_lock_key(owner, lockkey, strlen(lockkey), idem_wait);
+	if (!idem_lookup_run(owner, run_id, run))
+		idem_report_run_not_found(run_id);
+}
+
+/*
+ * idem_lock_run
+ *		Take the run's lock and read the run, as the current snapshot may
+ *		act on it.  Raises ID404 if owner has no such run.
+ */
+void
+idem_lock_run(Oid owner, const char *run_id, IdemRunRow *run)
+{
+	lock_and_read(owner, run_id, run);
+	idem_check_run_visible(run);
+}
+
+static const pg_uuid_t *
+parse_token(const char *text)
+{
+	return DatumGetUUIDP(DirectFunctionCall1(uuid_in, CStringGetDatum(text)));
+}
+
+/*
+ * idem_lease_token_arg
+ *		A lease token argument, or NULL when it is null and not required.
+ */
+const pg_uuid_t *
+idem_lease_token_arg(FunctionCallInfo fcinfo, int argno, bool required)
+{
+	if (PG_ARGISNULL(argno))
+	{
+		if (required)
+			ereport(ERROR,
+					(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+					 errmsg("lease_token must not be null"),
+					 idem_errhint(ERRCODE_NULL_VALUE_NOT_ALLOWED, "Pass the lease_token idem_run_claim() returned.")));
+		return NULL;
+	}
+	return PG_GETARG_UUID_P(argno);
+}
+
+/*
+ * idem_lease_token_setting
+ *		The token idem.lease_token names, for idem_step(), or NULL.
+ */
+const pg_uuid_t *
+idem_lease_token_setting(void)
+{
+	if (idem_lease_token == NULL || idem_lease_token[0] == '\0')
+		return NULL;
+	return parse_token(idem_lease_token);
+}
+
+/*
+ * idem_leased_run_owner
+ *		The owner of the queued run run_id that token leases: a worker
+ *		works other roles' runs, and names them by id and token.  Raises
+ *		ID404 if no queued run has the id, ID412 if the token holds none of
+ *		them (saying why for the first).
+ */
+Oid
+idem_leased_run_owner(const char *run_id, const pg_uuid_t *token)
+{
+	IdemOwnerSPI spi;
+	Datum		values[2];
+	char		nulls[2] = {' ', ' '};
+	Oid			owner = InvalidOid;
+	bool		any = false;
+	bool		leased = false;
+	char	   *state = NULL;
+	char	   *holder = NULL;
+
+	values[0] = CStringGetTextDatum(run_id);
+	values[1] = UUIDPGetDatum(token);
+	idem_owner_spi_begin(&spi, idem_catalog_runs());
+	idem_query_run(&q_queued_by_id, values, nulls, 0);
+	for (uint64 i = 0; i < SPI_processed && !OidIsValid(owner); i++)
+	{
+		HeapTuple	tup = SPI_tuptable->vals[i];
+		TupleDesc	desc = SPI_tuptable->tupdesc;
+		bool		isnull;
+		bool		matches = DatumGetBool(SPI_getbinval(tup, desc, 2, &isnull)) && !isnull;
+
+		if (matches)
+			owner = DatumGetObjectId(SPI_getbinval(tup, desc, 1, &isnull));
+		else if (!any)
+		{
+			char	   *qs = SPI_getvalue(tup, desc, 3);
+			MemoryContext oldcxt = MemoryContextSwitchTo(spi.callercxt);
+
+			any = true;
+			leased = qs != NULL && strcmp(qs, "leased") == 0;
+			state = pstrdup(qs != NULL ? qs : SPI_getvalue(tup, desc, 4));
+			holder = SPI_getvalue(tup, desc, 5);
+			holder = holder ? pstrdup(holder) : NULL;
+			MemoryContextSwitchTo(oldcxt);
+		}
+	}
+	idem_owner_spi_end(&spi);
+	if (OidIsValid(owner))
+		return owner;
+	if (!any)
+		ereport(ERROR,
+				(errcode(ERRCODE_IDEM_RUN_NOT_FOUND),
+				 errmsg("run \"%s\" does not exist", run_id),
+				 errdetail("No run with this id is on a queue."),
+				 idem_errhint(ERRCODE_IDEM_RUN_NOT_FOUND, "Pass the run_id idem_run_claim() returned.")));
+	idem_lease_lost(idem_lease_fence(leased, false), "run",
+					"run", psprintf("\"%s\"", run_id), state, "work on",
+					leased ? holder : NULL, "runs it");
+	return InvalidOid;			/* keep compiler quiet */
+}
+
+/*
+ * idem_run_fence
+ *		Raise ID412 unless token is the lease that holds the run now.  A
+ *		run that is on no queue takes no token; a queued run's every step,
+ *		completion, failure, wait and extension needs its token.  A lease
+ *		that ran out but was not taken over still holds.
+ */
+void
+idem_run_fence(IdemRunRow *run, const pg_uuid_t *token, const char *verb)
+{
+	bool		leased;
+	bool		matches;
+
+	if (run->queue == NULL)
+	{
+		if (token == NULL)
+			return;
+		ereport(ERROR,
+				(errcode(ERRCODE_IDEM_LEASE_LOST),
+				 errmsg("lease token does not hold run \"%s\"", run->run_id),
+				 errdetail("The run is on no queue: no lease holds it."),
+				 idem_errhint(ERRCODE_IDEM_LEASE_LOST, "Call the run's functions without a lease token.")));
+	}
+	if (token == NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_IDEM_LEASE_LOST),
+				 errmsg("run \"%s\" is on queue \"%s\": a lease token is needed to %s it",
+						run->run_id, run->queue, verb),
+				 errdetail("Only the worker that holds a queued run's lease works on it."),
+				 idem_errhint(ERRCODE_IDEM_LEASE_LOST, "Claim the run with idem_run_claim() and pass its lease_token.")));
+	leased = run->queue_state != NULL && strcmp(run->queue_state, "leased") == 0 &&
+		strcmp(run->status, "running") == 0;
+	matches = run->has_token &&
+		memcmp(run->lease_token.data, token->data, UUID_LEN) == 0;
+	if (idem_lease_fence(leased, matches) != IDEM_FENCE_HELD)
+		idem_lease_lost(idem_lease_fence(leased, matches), "run", "run",
+						psprintf("\"%s\"", run->run_id),
+						run->queue_state != NULL ? run->queue_state : run->status,
+						verb, leased ? run->lease_holder : NULL, "runs it");
+}
+
+/*
+ * idem_lock_run_fenced
+ *		idem_lock_run(), with the fence checked on the run's latest version
+ *		before the snapshot is: a holder whose lease was taken over gets
+ *		ID412 at every isolation level, not a serialization failure.
+ */
+void
+idem_lock_run_fenced(Oid owner, const char *run_id, const pg_uuid_t *token,
+					 const char *verb, IdemRunRow *run)
+{
+	lock_and_read(owner, run_id, run);
+	idem_run_fence(run, token, verb);
+	idem_check_run_visible(run);
+}
+
+/*
+ * idem_lock_run_leased
+ *		Lock and read the queued run that token leases, fenced: the run's
+ *		functions that take a lease token start here.
+ */
+void
+idem_lock_run_leased(const char *run_id, const pg_uuid_t *token,
+					 const char *verb, IdemRunRow *run)
+{
+	idem_lock_run_fenced(idem_leased_run_owner(run_id, token), run_id, token,
+						 verb, run);
+}
+
+/*
+ * idem_run_attempt_begin
+ *		Record the claim that just leased run (its claims already counted):
+ *		the row commits with the claim.
+ */
+void
+idem_run_attempt_begin(IdemRunRow *run, const char *step, TimestampTz now)
+{
+	IdemOwnerSPI spi;
+	Datum		values[8];
+	char		nulls[8] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' '};
+
+	values[0] = ObjectIdGetDatum(run->owner);
+	values[1] = CStringGetTextDatum(run->run_id);
+	values[2] = Int32GetDatum(run->claims);
+	values[3] = Int32GetDatum(run->attempt);
+	nulls[4] = step == NULL ? 'n' : ' ';
+	values[4] = step ? CStringGetTextDatum(step) : (Datum) 0;
+	values[5] = CStringGetTextDatum(run->lease_holder);
+	values[6] = ObjectIdGetDatum(run->leased_by);
+	values[7] = TimestampTzGetDatum(now);
+	idem_owner_spi_begin(&spi, idem_catalog_runs());
+	idem_query_run(&q_attempt_insert, values, nulls, 0);
+	idem_owner_spi_end(&spi);
+}
+
+/*
+ * idem_run_end_lease
+ *		End the run's lease, if one holds it, with outcome on its attempt's
+ *		record; the caller sets the run's new queue_state and writes it.
+ */
+void
+idem_run_end_lease(IdemRunRow *run, const char *outcome, const char *error,
+				   TimestampTz now)
+{
+	IdemOwnerSPI spi;
+	Datum		values[6];
+	char		nulls[6] = {' ', ' ', ' ', ' ', ' ', ' '};
+
+	if (run->claims > 0 && run->queue_state != NULL &&
+		strcmp(run->queue_state, "leased") == 0)
+	{
+		values[0] = ObjectIdGetDatum(run->owner);
+		values[1] = CStringGetTextDatum(run->run_id);
+		values[2] = Int32GetDatum(run->claims);
+		values[3] = TimestampTzGetDatum(now);
+		values[4] = CStringGetTextDatum(outcome);
+		nulls[5] = error == NULL ? 'n' : ' ';
+		values[5] = error ? CStringGetTextDatum(error) : (Datum) 0;
+		idem_owner_spi_begin(&spi, idem_catalog_runs());
+		idem_query_run(&q_attempt_end, values, nulls, 0);
+		idem_owner_spi_end(&spi);
+	}
+	run->has_token = false;
+	run->leased_by = InvalidOid;
+	run->lease_holder = NULL;
+}
+
+/*
+ * idem_run_is_admin
+ *		Superusers and members of idem_admin act on every role's runs.
+ */
+bool
+idem_run_is_admin(Oid role)
+{
+	Oid			admin = get_role_oid("idem_admin", true);
+
+	return superuser_arg(role) ||
+		(OidIsValid(admin) && has_privs_of_role(role, admin));
+}
+
+/*
+ * idem_run_owner_arg
+ *		Whose run an operator's call names: the argument, or the caller's
+ *		key owner.  Another role's run is for that role's members and
+ *		administrators only (42501).
+ */
+Oid
+idem_run_owner_arg(FunctionCallInfo fcinfo, int argno, const char *what)
+{
+	Oid			owner;
+
+	if (PG_ARGISNULL(argno))
+		return idem_key_owner();
+	owner = PG_GETARG_OID(argno);
+	if (!has_privs_of_role(GetUserId(), owner) &&
+		!idem_run_is_admin(GetUserId()))
+		ereport(ERROR,
+				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+				 errmsg("permission denied to %s runs of role \"%s\"", what,
+						GetUserNameFromId(owner, false)),
+				 errdetail("Only the run's owner, superusers and members of idem_admin may."),
+				 idem_errhint(ERRCODE_INSUFFICIENT_PRIVILEGE, "An administrator grants idem_admin.")));
+	return owner;
+}

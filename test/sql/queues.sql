@@ -1,0 +1,122 @@
+--
+-- queues: run queues and who may use them, enqueueing runs on a queue
+-- (idempotent like idem_run_begin), the retry policy's bounds, and bad
+-- input (issue 21)
+--
+CREATE ROLE regress_rq_app;
+CREATE ROLE regress_rq_producers;			-- a group granted produce
+CREATE ROLE regress_rq_member IN ROLE regress_rq_producers;
+CREATE ROLE regress_rq_agent;
+CREATE ROLE regress_rq_other;
+-- everything the runtime's tables hold, to show that a refused call changed nothing
+CREATE VIEW rq_digest AS
+SELECT (SELECT count(*) FROM idem.queues) AS queues,
+	   (SELECT count(*) FROM idem.runs) AS runs,
+	   md5(coalesce((SELECT string_agg(q::text, ',' ORDER BY queue) FROM idem.queues q), '') ||
+		   coalesce((SELECT string_agg(r::text, ',' ORDER BY run_id) FROM idem.runs r), '')) AS digest;
+
+-- administering queues is not granted to PUBLIC
+SELECT p.oid::regprocedure AS function,
+	   has_function_privilege('regress_rq_other', p.oid, 'EXECUTE') AS other_may_execute
+  FROM pg_proc p WHERE p.proname LIKE 'idem_queue%' ORDER BY 1::text;
+
+SELECT idem_queue_create('returns', producers => '{regress_rq_app,regress_rq_producers}',
+	workers => '{regress_rq_agent}', concurrency => 8);
+SELECT queue, producers, workers, signallers, concurrency, max_attempts,
+	   backoff_base, backoff_cap, jitter FROM idem.queues;
+
+-- bad input: a clear error, nothing changed
+SELECT * FROM rq_digest \gset before_
+SELECT idem_queue_create('returns');							-- 42710
+SELECT idem_queue_create(NULL);
+SELECT idem_queue_create('');
+SELECT idem_queue_create(repeat('q', 256));
+SELECT idem_queue_create('q2', concurrency => 0);
+SELECT idem_queue_create('q2', max_attempts => 0);
+SELECT idem_queue_create('q2', max_attempts => 1001);
+SELECT idem_queue_create('q2', backoff_base => '-1 s');
+SELECT idem_queue_create('q2', backoff_cap => '100 years');
+SELECT idem_queue_create('q2', jitter => 'half');
+SELECT idem_queue_create('q2', jitter => NULL);
+SELECT idem_queue_create('q2', workers => NULL);
+SELECT idem_queue_create('q2', workers => '{NULL}');
+SELECT idem_queue_grant('nope', 'regress_rq_other', 'work');	-- 42704
+SELECT idem_queue_grant('returns', 'regress_rq_other', 'consume');
+SELECT (SELECT digest FROM rq_digest) = :'before_digest' AS unchanged;
+
+-- grants: produce, work, signal; granting twice lists the role once
+SELECT idem_queue_grant('returns', 'regress_rq_other', 'signal');
+SELECT idem_queue_grant('returns', 'regress_rq_other', 'signal');
+SELECT signallers FROM idem.queues WHERE queue = 'returns';
+SELECT idem_queue_revoke('returns', 'regress_rq_other', 'signal');
+SELECT signallers FROM idem.queues WHERE queue = 'returns';
+
+-- enqueue: the producer's run, due at once
+SET ROLE regress_rq_app;
+SELECT status, next_step, created FROM idem_run_begin('returns:acme:ret-4471',
+	steps => ARRAY['check','label','refund','notify'],
+	input => '{"return_id": "ret-4471"}', queue => 'returns');
+-- the same request returns the run
+SELECT status, next_step, created FROM idem_run_begin('returns:acme:ret-4471',
+	steps => ARRAY['check','label','refund','notify'],
+	input => '{"return_id": "ret-4471"}', queue => 'returns');
+-- another queue or policy under the same id is another request: ID422
+RESET ROLE;
+SELECT * FROM rq_digest \gset before_
+SET ROLE regress_rq_app;
+SELECT status FROM idem_run_begin('returns:acme:ret-4471',
+	steps => ARRAY['check','label','refund','notify'],
+	input => '{"return_id": "ret-4471"}');
+SELECT status FROM idem_run_begin('returns:acme:ret-4471',
+	steps => ARRAY['check','label','refund','notify'],
+	input => '{"return_id": "ret-4471"}', queue => 'returns', max_attempts => 3);
+RESET ROLE;
+SELECT (SELECT digest FROM rq_digest) = :'before_digest' AS unchanged;
+SELECT run_id, owner, queue, status, state, next_step, steps_done, steps_total,
+	   attempt, max_attempts, holder, next_due IS NOT NULL AS due
+  FROM idem_runs;
+
+-- a member of a producer group may enqueue; others may not
+SET ROLE regress_rq_member;
+SELECT created FROM idem_run_begin('m1', queue => 'returns', max_attempts => 2,
+	backoff_base => '10 ms', backoff_cap => '1 s', jitter => 'equal');
+RESET ROLE;
+SELECT * FROM rq_digest \gset before_
+SET ROLE regress_rq_other;
+SELECT created FROM idem_run_begin('o1', queue => 'returns');		-- 42501
+SELECT created FROM idem_run_begin('o1', queue => 'nope');			-- 42704
+SELECT created FROM idem_run_begin('o1', max_attempts => 2);		-- a policy needs a queue
+SELECT created FROM idem_run_begin('o1', queue => 'returns', max_attempts => 0);
+SELECT created FROM idem_run_begin('o1', queue => 'returns', jitter => 'some');
+RESET ROLE;
+SELECT (SELECT digest FROM rq_digest) = :'before_digest' AS unchanged;
+
+-- idem_runs: a role sees its own runs; superusers, pg_monitor and
+-- idem_admin members see every role's
+SET ROLE regress_rq_other;
+SELECT count(*) AS others_sees FROM idem_runs;
+RESET ROLE;
+SET ROLE regress_rq_app;
+SELECT run_id FROM idem_runs ORDER BY 1;
+RESET ROLE;
+GRANT pg_monitor TO regress_rq_other;
+SET ROLE regress_rq_other;
+SELECT run_id FROM idem_runs ORDER BY 1;
+RESET ROLE;
+REVOKE pg_monitor FROM regress_rq_other;
+GRANT idem_admin TO regress_rq_other;
+SET ROLE regress_rq_other;
+SELECT run_id FROM idem_runs ORDER BY 1;
+RESET ROLE;
+REVOKE idem_admin FROM regress_rq_other;
+-- nobody reads the tables themselves
+SET ROLE regress_rq_other;
+SELECT count(*) FROM idem.queues;
+RESET ROLE;
+
+-- cleanup
+DELETE FROM idem.runs WHERE queue = 'returns';
+DELETE FROM idem.queues;
+DROP VIEW rq_digest;
+DROP ROLE regress_rq_app, regress_rq_member, regress_rq_producers,
+	regress_rq_agent, regress_rq_other;

@@ -1,0 +1,266 @@
+--
+-- run_leases: claims under a lease (oldest due first, the concurrency
+-- cap, takeover of an expired lease), the heartbeat, fenced steps (a
+-- holder whose lease was taken over executes nothing), external steps,
+-- failures with backoff and the last attempt, every attempt on record,
+-- cancel and retry, and bad input (issue 21)
+--
+CREATE ROLE regress_rl_app;
+CREATE ROLE regress_rl_agent;
+CREATE ROLE regress_rl_other;
+CREATE TABLE rl_refunds (id text PRIMARY KEY, amount int NOT NULL);
+GRANT ALL ON rl_refunds TO regress_rl_agent, regress_rl_app;
+-- what a worker remembers between its claim and its calls
+CREATE TABLE rl_claimed (who text, run_id text, token uuid, attempt int,
+	next_step text, results jsonb, started_step text, started_attempts int);
+GRANT ALL ON rl_claimed TO PUBLIC;
+CREATE FUNCTION rl_token(w text) RETURNS uuid LANGUAGE sql
+	AS $$ SELECT token FROM rl_claimed WHERE who = w $$;
+-- everything the runtime's tables hold, to show that a refused call changed nothing
+CREATE VIEW rl_digest AS
+SELECT md5(coalesce((SELECT string_agg(r::text, ',' ORDER BY owner, run_id) FROM idem.runs r), '') ||
+		   coalesce((SELECT string_agg(a::text, ',' ORDER BY owner, run_id, claim) FROM idem.run_attempts a), '') ||
+		   coalesce((SELECT string_agg(k::text, ',' ORDER BY owner, key) FROM idem.keys k), '') ||
+		   (SELECT count(*) FROM rl_refunds)::text) AS digest;
+GRANT SELECT ON rl_digest TO PUBLIC;
+
+SELECT idem_queue_create('rl', producers => '{regress_rl_app}',
+	workers => '{regress_rl_agent}', concurrency => 2, max_attempts => 3,
+	backoff_base => '1 h', backoff_cap => '4 h', jitter => 'none');
+SET ROLE regress_rl_app;
+SELECT created FROM idem_run_begin('ret-1', steps => ARRAY['check','label','refund'],
+	input => '{"amount": 10}', queue => 'rl');
+SELECT created FROM idem_run_begin('ret-2', steps => ARRAY['check','ship'], queue => 'rl');
+SELECT created FROM idem_run_begin('ret-0', queue => 'rl');
+RESET ROLE;
+
+-- only workers claim
+SET ROLE regress_rl_other;
+SELECT * FROM idem_run_claim('rl');
+RESET ROLE;
+
+-- oldest due first, up to the cap of 2 leased runs
+SET ROLE regress_rl_agent;
+INSERT INTO rl_claimed SELECT 'w1', run_id, lease_token, attempt, next_step,
+	results, started_step, started_attempts
+  FROM idem_run_claim('rl', max_runs => 1, lease => '1 h', worker => 'w1');
+INSERT INTO rl_claimed SELECT 'w2', run_id, lease_token, attempt, next_step,
+	results, started_step, started_attempts
+  FROM idem_run_claim('rl', max_runs => 5, lease => '1 h', worker => 'w2');
+SELECT who, run_id, attempt, next_step, results FROM rl_claimed ORDER BY who;
+-- the cap holds: a third claim gets nothing
+SELECT count(*) FROM idem_run_claim('rl', max_runs => 5, worker => 'w3');
+RESET ROLE;
+-- a run that waits for its turn can be cancelled by its owner
+SET ROLE regress_rl_app;
+SELECT idem_run_cancel('ret-0', 'not needed');
+RESET ROLE;
+SELECT run_id, owner, status, state, holder, leased_by, attempt, lease_until > now() AS leased,
+	   last_error
+  FROM idem_runs ORDER BY run_id;
+
+-- a fenced database step: the holder's token, the run's owner's record
+SET ROLE regress_rl_agent;
+SELECT response, replayed FROM idem_call(NULL,
+	'INSERT INTO rl_refunds VALUES ($1, 10) RETURNING id', ARRAY['chk-1'],
+	run_id => 'ret-1', step => 'check', lease_token => rl_token('w1'));
+-- replays under the lease
+SELECT response, replayed FROM idem_call(NULL,
+	'INSERT INTO rl_refunds VALUES ($1, 10) RETURNING id', ARRAY['chk-1'],
+	run_id => 'ret-1', step => 'check', lease_token => rl_token('w1'));
+-- idem_step takes the token from idem.lease_token
+BEGIN;
+SELECT set_config('idem.lease_token', rl_token('w2')::text, true) IS NOT NULL AS set;
+SELECT idem_step('ret-2', 'check', 'SELECT 2 AS two');
+COMMIT;
+RESET ROLE;
+SELECT owner, key FROM idem.keys ORDER BY key;
+
+-- no path reaches a queued run's step without its lease: nothing changes
+SELECT * FROM rl_digest \gset before_
+SET ROLE regress_rl_app;
+SELECT idem_step('ret-1', 'label', 'SELECT 1');						-- no token
+SELECT * FROM idem_call(NULL, 'SELECT 1', run_id => 'ret-1', step => 'label');
+SELECT idem_step_complete('ret-1', 'label', '{}');
+SELECT idem_execute(idem_step_key('ret-1', 'label'), 'SELECT 1');
+RESET ROLE;
+SET ROLE regress_rl_agent;
+SELECT * FROM idem_call(NULL, 'INSERT INTO rl_refunds VALUES (''x'', 1)',
+	run_id => 'ret-1', step => 'label', lease_token => rl_token('w2'));	-- another run's token
+SELECT * FROM idem_call(NULL, 'INSERT INTO rl_refunds VALUES (''x'', 1)',
+	run_id => 'ret-1', step => 'label', lease_token => gen_random_uuid());
+SELECT * FROM idem_call(NULL, 'INSERT INTO rl_refunds VALUES (''x'', 1)',
+	run_id => 'nope', step => 'label', lease_token => gen_random_uuid());
+SELECT * FROM idem_call('k', 'SELECT 1', lease_token => rl_token('w1'));
+SELECT idem_run_extend('ret-1', gen_random_uuid(), '1 h');
+SELECT * FROM idem_step_start('ret-1', 'label', NULL);
+RESET ROLE;
+SELECT (SELECT digest FROM rl_digest) = :'before_digest' AS unchanged;
+
+-- the heartbeat moves the lease's end
+SET ROLE regress_rl_agent;
+SELECT idem_run_extend('ret-1', rl_token('w1'), '50 min') > now() + interval '40 min' AS extended;
+SELECT idem_run_extend('ret-1', rl_token('w1'), '0 s');
+SELECT idem_run_extend('ret-1', rl_token('w1'), '2 days');
+RESET ROLE;
+
+-- an external step: started (committed first), started again on resume,
+-- then completed; a completed step is not started again
+SET ROLE regress_rl_agent;
+SELECT * FROM idem_step_start('ret-1', 'label', rl_token('w1'));
+SELECT * FROM idem_step_start('ret-1', 'label', rl_token('w1'));
+SELECT * FROM idem_step_start('ret-1', 'refund', rl_token('w1'));		-- out of sequence
+SELECT * FROM idem_step_start('ret-1', 'ship', rl_token('w1'));		-- undeclared
+RESET ROLE;
+SET ROLE regress_rl_app;
+SELECT ordinal, step, state, attempts FROM idem_run_steps('ret-1');
+RESET ROLE;
+
+-- the lease runs out and another worker takes the run over: its attempt
+-- is the next, it learns of the started step, and the old holder is fenced
+UPDATE idem.runs SET due_at = now() - interval '1 day' WHERE run_id = 'ret-1';
+SET ROLE regress_rl_agent;
+INSERT INTO rl_claimed SELECT 'w3', run_id, lease_token, attempt, next_step,
+	results, started_step, started_attempts
+  FROM idem_run_claim('rl', worker => 'w3');
+SELECT who, run_id, attempt, next_step, results, started_step, started_attempts
+  FROM rl_claimed WHERE who = 'w3';
+RESET ROLE;
+SELECT * FROM rl_digest \gset before_
+SET ROLE regress_rl_agent;
+SELECT idem_step_complete('ret-1', 'label', '{"label_id": "LB-1"}', lease_token => rl_token('w1'));
+SELECT idem_run_extend('ret-1', rl_token('w1'), '1 h');
+SELECT idem_step_fail('ret-1', 'label', rl_token('w1'), 'late');
+RESET ROLE;
+SELECT (SELECT digest FROM rl_digest) = :'before_digest' AS unchanged;
+SET ROLE regress_rl_agent;
+SELECT idem_step_complete('ret-1', 'label', '{"label_id": "LB-1"}', lease_token => rl_token('w3'));
+SELECT * FROM idem_step_start('ret-1', 'label', rl_token('w3'));
+-- a failure: the lease ends, the run is due after the backoff window of
+-- the step's first attempt (a completed step starts the count again; no
+-- jitter: the whole window of 1 h)
+SELECT due BETWEEN now() + interval '59 min' AND now() + interval '61 min' AS backoff
+  FROM (SELECT idem_step_fail('ret-1', 'refund', rl_token('w3'), 'bank 503') AS due) f;
+RESET ROLE;
+SELECT run_id, status, state, attempt, last_error, holder FROM idem_runs WHERE run_id = 'ret-1';
+-- not due yet: nothing to claim for it
+UPDATE idem.runs SET due_at = now() - interval '1 day' WHERE run_id = 'ret-1';
+SET ROLE regress_rl_agent;
+INSERT INTO rl_claimed SELECT 'w4', run_id, lease_token, attempt, next_step,
+	results, started_step, started_attempts
+  FROM idem_run_claim('rl', worker => 'w4');
+SELECT who, run_id, attempt, next_step, results FROM rl_claimed WHERE who = 'w4';
+-- retry_after wins over a shorter backoff (attempt 2: 2 h)
+SELECT due BETWEEN now() + interval '299 min' AND now() + interval '301 min' AS retry_after_kept
+  FROM (SELECT idem_step_fail('ret-1', 'refund', rl_token('w4'), 'bank 429', retry_after => '5 h') AS due) f;
+RESET ROLE;
+-- the last attempt fails the run, with its error; it stays inspectable
+UPDATE idem.runs SET due_at = now() - interval '1 day' WHERE run_id = 'ret-1';
+SET ROLE regress_rl_agent;
+INSERT INTO rl_claimed SELECT 'w5', run_id, lease_token, attempt, next_step,
+	results, started_step, started_attempts
+  FROM idem_run_claim('rl', worker => 'w5');
+SELECT who, attempt FROM rl_claimed WHERE who = 'w5';
+SELECT idem_step_fail('ret-1', 'refund', rl_token('w5'), 'bank down') AS due_again;
+RESET ROLE;
+SELECT run_id, status, state, attempt, last_error FROM idem_runs WHERE run_id = 'ret-1';
+-- every attempt is on record, with how it ended
+SELECT run_id, claim, attempt, step, worker, leased_by, outcome, error
+  FROM idem_run_attempts WHERE run_id = 'ret-1' ORDER BY claim;
+-- and the check's business write happened once, the refund's never
+SELECT * FROM rl_refunds ORDER BY id;
+
+-- retry: the failed run is due now with fresh attempts; completed steps stay
+SET ROLE regress_rl_app;
+SELECT idem_run_retry('ret-1');
+RESET ROLE;
+SET ROLE regress_rl_agent;
+INSERT INTO rl_claimed SELECT 'w6', run_id, lease_token, attempt, next_step,
+	results, started_step, started_attempts
+  FROM idem_run_claim('rl', worker => 'w6');
+SELECT who, run_id, attempt, next_step, results FROM rl_claimed WHERE who = 'w6';
+SELECT response FROM idem_call(NULL,
+	'INSERT INTO rl_refunds VALUES ($1, 10) RETURNING id', ARRAY['ref-1'],
+	run_id => 'ret-1', step => 'refund', lease_token => rl_token('w6'));
+RESET ROLE;
+-- the last step completes the run and ends its lease
+SELECT run_id, status, state, holder FROM idem_runs WHERE run_id = 'ret-1';
+SELECT claim, outcome FROM idem_run_attempts WHERE run_id = 'ret-1' ORDER BY claim DESC LIMIT 1;
+
+-- release: due at once, the attempt not counted
+SET ROLE regress_rl_app;
+SELECT created FROM idem_run_begin('ret-3', queue => 'rl');
+RESET ROLE;
+SET ROLE regress_rl_agent;
+INSERT INTO rl_claimed SELECT 'w7', run_id, lease_token, attempt, next_step,
+	results, started_step, started_attempts
+  FROM idem_run_claim('rl', worker => 'w7');
+SELECT idem_run_release('ret-3', rl_token('w7'));
+INSERT INTO rl_claimed SELECT 'w8', run_id, lease_token, attempt, next_step,
+	results, started_step, started_attempts
+  FROM idem_run_claim('rl', worker => 'w8');
+SELECT who, run_id, attempt FROM rl_claimed WHERE who IN ('w7', 'w8') ORDER BY who;
+RESET ROLE;
+
+-- cancel: the holder is fenced off, the run executes nothing more
+SELECT * FROM rl_digest \gset before_
+SET ROLE regress_rl_other;
+SELECT idem_run_cancel('ret-2', owner => 'regress_rl_app');			-- 42501
+RESET ROLE;
+SELECT (SELECT digest FROM rl_digest) = :'before_digest' AS unchanged;
+SET ROLE regress_rl_app;
+SELECT idem_run_cancel('ret-2', 'customer withdrew');
+SELECT idem_run_cancel('ret-2');
+RESET ROLE;
+SET ROLE regress_rl_agent;
+SELECT idem_step_complete('ret-2', 'ship', '{}', lease_token => rl_token('w2'));
+RESET ROLE;
+SELECT run_id, status, state, last_error FROM idem_runs WHERE run_id = 'ret-2';
+-- administrators cancel any role's run
+GRANT idem_admin TO regress_rl_other;
+SET ROLE regress_rl_other;
+SELECT idem_run_cancel('ret-3', owner => 'regress_rl_app');
+RESET ROLE;
+REVOKE idem_admin FROM regress_rl_other;
+SELECT run_id, claim, worker, outcome, error FROM idem_run_attempts WHERE run_id IN ('ret-2', 'ret-3') ORDER BY 1, 2;
+
+-- a lease that expires on the last attempt fails the run at the next claim
+SELECT idem_queue_create('rl1', producers => '{regress_rl_app}',
+	workers => '{regress_rl_agent}', max_attempts => 1);
+SET ROLE regress_rl_app;
+SELECT created FROM idem_run_begin('x-1', queue => 'rl1');
+RESET ROLE;
+SET ROLE regress_rl_agent;
+SELECT count(*) FROM idem_run_claim('rl1', lease => '1 ms');
+SELECT pg_sleep(0.01);
+SELECT count(*) FROM idem_run_claim('rl1');
+RESET ROLE;
+SELECT run_id, status, state, last_error FROM idem_runs WHERE run_id = 'x-1';
+
+-- bad input
+SET ROLE regress_rl_agent;
+SELECT * FROM idem_run_claim('rl', max_runs => 0);
+SELECT * FROM idem_run_claim('rl', max_runs => 1001);
+SELECT * FROM idem_run_claim('rl', lease => '0 s');
+SELECT * FROM idem_run_claim('rl', lease => '1 year');
+SELECT * FROM idem_run_claim('rl', wait => '2 h');
+SELECT * FROM idem_run_claim('rl', wait => '-1 s');
+SELECT * FROM idem_run_claim('nope');
+SELECT * FROM idem_run_claim(NULL);
+BEGIN ISOLATION LEVEL REPEATABLE READ;
+SELECT * FROM idem_run_claim('rl');
+ROLLBACK;
+SELECT idem_step_fail('ret-1', 'refund', NULL, 'x');
+SELECT idem_step_fail('ret-1', 'refund', gen_random_uuid(), NULL);
+SELECT idem_step_fail('ret-1', 'refund', gen_random_uuid(), 'x', retry_after => '-1 s');
+SELECT idem_step_fail('ret-1', 'refund', gen_random_uuid(), 'x', retry_after => '10 years');
+RESET ROLE;
+
+-- cleanup
+DELETE FROM idem.runs WHERE queue IN ('rl', 'rl1');
+DELETE FROM idem.keys WHERE owner = 'regress_rl_app'::regrole;
+DELETE FROM idem.queues;
+DROP VIEW rl_digest;
+DROP FUNCTION rl_token(text);
+DROP TABLE rl_claimed, rl_refunds;
+DROP ROLE regress_rl_app, regress_rl_agent, regress_rl_other;
