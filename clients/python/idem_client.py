@@ -31,8 +31,19 @@ __all__ = [
     "IdemError", "KeyReused", "InProgress", "NestedKey", "RunNotFound",
     "StepUndeclared", "RunNotRunning", "OutOfSequence", "EventNotFound",
     "LeaseLost", "CachedError", "dumps", "loads",
-    "consume", "RetryAfter",
+    "consume", "RetryAfter", "Workflow", "Worker",
 ]
+
+_WORKFLOW_NAMES = ("Workflow", "Worker", "Context", "Started")
+
+
+def __getattr__(name):
+    # the workflow layer (idem_workflow.py) is built on this module and
+    # loaded on first use, so that either module may be imported first
+    if name in _WORKFLOW_NAMES:
+        import idem_workflow
+        return getattr(idem_workflow, name)
+    raise AttributeError(f"module 'idem_client' has no attribute {name!r}")
 
 
 class Result(NamedTuple):
@@ -245,9 +256,10 @@ def _translate(exc: psycopg.Error) -> Exception:
 # response, joined by U+001F, which JSON text cannot contain unescaped.
 _SEP = "\x1f"
 _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
-_OPTIONS = ("outbox_topic", "ttl", "wait", "run_id", "step")
+_OPTIONS = ("outbox_topic", "ttl", "wait", "run_id", "step", "lease_token")
 _OPTION_SQL = {"outbox_topic": "outbox_topic => %s", "ttl": "ttl => %s::interval",
-               "wait": "wait => %s::boolean", "run_id": "run_id => %s", "step": "step => %s"}
+               "wait": "wait => %s::boolean", "run_id": "run_id => %s", "step": "step => %s",
+               "lease_token": "lease_token => %s::uuid"}
 _calls: dict = {}
 
 
@@ -275,9 +287,9 @@ def _array_literal(values):
     return "{" + ",".join(out) + "}"
 
 
-def _call(conn, key, run_id, step_name, sql, args, outbox_topic, ttl, wait):
+def _call(conn, key, run_id, step_name, sql, args, outbox_topic, ttl, wait, lease_token=None):
     options = {"outbox_topic": outbox_topic, "ttl": _ttl(ttl), "wait": _wait(wait),
-               "run_id": run_id, "step": step_name}
+               "run_id": run_id, "step": step_name, "lease_token": lease_token}
     present = tuple(o for o in _OPTIONS if options[o] is not None)
     params = [key, sql, _array_literal(args)] + [options[o] for o in present]
     try:
@@ -309,10 +321,12 @@ def execute(conn: psycopg.Connection, key: str, sql: str, *args,
 
 
 def step(conn: psycopg.Connection, run_id: str, step: str, sql: str, *args,
-         outbox_topic: Optional[str] = None, wait: Optional[bool] = None) -> Result:
+         outbox_topic: Optional[str] = None, wait: Optional[bool] = None,
+         lease_token: Optional[str] = None) -> Result:
     """Run one step of a workflow run (see idem_run_begin) in the current
-    transaction; a completed step replays."""
-    return _call(conn, None, run_id, step, sql, args, outbox_topic, None, wait)
+    transaction; a completed step replays.  A run on a queue needs the
+    ``lease_token`` of its claim (else LeaseLost, ID412)."""
+    return _call(conn, None, run_id, step, sql, args, outbox_topic, None, wait, lease_token)
 
 
 _advice_cache: dict = {}
@@ -377,12 +391,30 @@ def retry(connect: Callable[[], psycopg.Connection],
 
 
 class RetryAfter(Exception):
-    """Raised by an outbox handler: the downstream asked to be called again
-    no earlier than ``seconds`` from now (its Retry-After)."""
+    """Raised by an outbox handler or a workflow step: the downstream asked
+    to be called again no earlier than ``seconds`` from now.  ``seconds``
+    may be a number or an HTTP Retry-After header's value (delay seconds or
+    an HTTP date); None means "later", at the server's backoff."""
 
-    def __init__(self, seconds: float, message: str = "retry after"):
+    def __init__(self, seconds=None, message: str = "retry after"):
         super().__init__(message)
-        self.seconds = seconds
+        self.seconds = _retry_after_seconds(seconds)
+
+
+def _retry_after_seconds(value) -> float:
+    if value is None or value == "":
+        return 0.0
+    if isinstance(value, (int, float, decimal.Decimal)):
+        return max(0.0, float(value))
+    text = str(value).strip()
+    try:
+        return max(0.0, float(text))
+    except ValueError:
+        import email.utils
+        when = email.utils.parsedate_to_datetime(text)   # ValueError if neither
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=datetime.timezone.utc)
+        return max(0.0, (when - datetime.datetime.now(datetime.timezone.utc)).total_seconds())
 
 
 _log = logging.getLogger("idem_client")

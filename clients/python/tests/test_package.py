@@ -24,9 +24,10 @@ def test_pip_install_offline(tmp_path):
     subprocess.run(pip + ["install", "--no-index", "--no-cache-dir", "-q", HERE], check=True,
                    cwd=tmp_path)
     out = subprocess.run([str(venv / "bin" / "python"), "-c",
-                          "import idem_client; print(idem_client.__file__)"],
+                          "import idem_client, idem_workflow; print(idem_client.__file__);"
+                          " print(idem_client.Workflow is idem_workflow.Workflow)"],
                          check=True, capture_output=True, text=True, cwd="/").stdout.split()
-    assert out[0].startswith(str(venv))
+    assert out[0].startswith(str(venv)) and out[1] == "True"
     meta = subprocess.run(pip + ["show", "idem-client"], check=True, capture_output=True,
                           text=True).stdout
     assert "Requires: psycopg" in meta
