@@ -235,8 +235,8 @@ class Worker:
     ``concurrency`` runs at a time (threads, one connection each, plus one
     for claims and one for heartbeats).  ``connect()`` returns a new
     psycopg connection (made autocommit here).  ``run()`` returns when
-    stopped: SIGTERM/SIGINT in the main thread, or ``stop`` (a
-    threading.Event) set."""
+    stopped: by ``stop`` (a threading.Event) set, or without one by
+    SIGTERM/SIGINT (run() in the main thread)."""
 
     def __init__(self, connect: Callable[[], psycopg.Connection], workflows: List[Workflow], *,
                  concurrency: int = 4, lease: float = 30, poll: float = 1.0,
@@ -250,6 +250,7 @@ class Worker:
         self.lease = lease
         self.poll = poll
         self.name = name or f"{socket.gethostname()}:{os.getpid()}"
+        self._own_stop = stop is None
         self.stop = stop or threading.Event()
         self.stats = {"claimed": 0, "steps": 0, "completed": 0, "failed_steps": 0,
                       "lost": 0, "released": 0}
@@ -284,7 +285,7 @@ class Worker:
         """Claim and run until stopped; returns counts (claimed, steps,
         completed, failed_steps, lost, released)."""
         restore = []
-        if threading.current_thread() is threading.main_thread():
+        if self._own_stop and threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
                 restore.append((sig, signal.signal(sig, lambda *_: self.stop.set())))
         threads = [threading.Thread(target=self._executor, name=f"idem-worker-{i}", daemon=True)

@@ -262,7 +262,7 @@ def test_sigterm_drains(route, admin, queue, tmp_path):
     p = worker_proc(dsn, carrier.url, queue, "drained", log, extra=("--no-prepare",) if kw else ())
     until(lambda: len(carrier.log) >= 1, 20, "a label request")
     p.send_signal(signal.SIGTERM)
-    assert p.wait(20) == 0
+    assert p.wait(40) == 0
     outcomes = [r[0] for r in admin.execute("SELECT outcome FROM idem_run_attempts WHERE worker = 'drained'"
                                             " AND run_id LIKE %s", (queue + ":%",))]
     assert "released" in outcomes and None not in outcomes
@@ -319,7 +319,7 @@ def test_sigkill_at_random_points_exactly_once(route, admin, queue, tmp_path):
     for p in procs.values():
         p.send_signal(signal.SIGTERM)
     for p in procs.values():
-        assert p.wait(20) == 0
+        assert p.wait(40) == 0
     check_exactly_once(admin, queue, n, carrier)
     assert kills == 8
     # every claim a worker logged (before working on it) is on record

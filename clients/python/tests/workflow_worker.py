@@ -3,6 +3,7 @@ returns_workflow.py on one queue, logging each claim ("claim RUN WORKER")
 to --log before it works on it; exits 0 after SIGTERM."""
 
 import argparse
+import faulthandler
 import functools
 import os
 import signal
@@ -11,7 +12,13 @@ import threading
 
 # SIGTERM during the imports below is a stop too (the Worker takes the event)
 stop = threading.Event()
-signal.signal(signal.SIGTERM, lambda *_: stop.set())
+def _term(*_):
+    stop.set()
+    # a drain that hangs shows where, in the test's output
+    faulthandler.dump_traceback_later(15)
+
+
+signal.signal(signal.SIGTERM, _term)
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
