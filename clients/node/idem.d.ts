@@ -29,6 +29,8 @@ export interface Result {
 
 export interface CallOptions {
   outboxTopic?: string | null;
+  /** a queued run's step: the claim's lease token */
+  leaseToken?: string | null;
   /** seconds, or an interval string ('2 hours') */
   ttl?: number | string | null;
   wait?: boolean | null;
@@ -58,6 +60,8 @@ export function retryAdvice(client: ClientBase, sqlstate: string): Promise<'retr
 export function sqlstateOf(err: unknown): string | null;
 /** JSON.parse keeping numerics exact: fractions, exponents and integers beyond 2^53 as strings. */
 export function parseExact(text: string): Json;
+/** A driver's error for one of idem's SQLSTATEs as idem's class (else the error itself). */
+export function translate(err: unknown): unknown;
 /** The text a value is sent as (null and undefined stay NULL). */
 export function toArg(value: Arg): string | null;
 
@@ -125,4 +129,80 @@ export class LeaseLost extends IdemError {}
 export class CachedError extends IdemError {
   constructor(error: { message: string; sqlstate?: string; detail?: string; hint?: string }, replayed: boolean);
   replayed: boolean;
+}
+
+// --- workflows on runs on queues ---------------------------------------------
+
+/** What a step function gets. */
+export class Context {
+  runId: string;
+  step: string;
+  /** the run's input (exact numerics as strings) */
+  input: Json;
+  /** recorded results of the completed steps, by name (a database step's: { rows, rowcount, command }) */
+  results: Record<string, Json>;
+  /** this step's attempt, 1 first */
+  attempt: number;
+  /** an external step's key (its provider's idempotency key); null in a database step until stepKey() */
+  key: string | null;
+  leaseToken: string;
+  worker: string;
+  /** the worker's client, for reads outside the step */
+  client: Client;
+  /** the step key (for a database step, asked of the server once) */
+  stepKey(): Promise<string>;
+  /** a database step's one statement, fenced by the lease */
+  execute(sql: string, args?: Arg[]): Promise<Result>;
+}
+
+export type StepFn = (ctx: Context) => unknown | Promise<unknown>;
+
+export interface StartOptions {
+  input?: unknown;
+  backoffBase?: number | string | null;
+  backoffCap?: number | string | null;
+  jitter?: 'full' | 'equal' | 'none' | null;
+}
+
+export class Workflow {
+  constructor(name: string, opts: { steps: string[]; queue?: string | null; maxAttempts?: number | null });
+  readonly name: string;
+  readonly steps: string[];
+  readonly queue: string;
+  /** a database step: fn calls ctx.execute once; with outboxTopic its rows are published */
+  step(name: string, fn: StepFn, opts?: { outboxTopic?: string | null }): this;
+  /** a step that calls out: recorded before the call, its return value after */
+  external(name: string, fn: StepFn, opts?: { maxAttempts?: number | null }): this;
+  runMaxAttempts(): number | null;
+  /** enqueue a run (in the client's transaction, if one is open); idempotent per run id and input */
+  start(client: Queryable, runId: string, opts?: StartOptions): Promise<{ status: string; nextStep: string | null; created: boolean }>;
+  createQueue(client: Queryable, opts?: { producers?: string[]; workers?: string[]; concurrency?: number | null;
+    maxAttempts?: number; backoffBase?: number | string; backoffCap?: number | string; jitter?: 'full' | 'equal' | 'none' }): Promise<void>;
+}
+
+export interface WorkerOptions {
+  concurrency?: number;
+  /** seconds; extended every lease/3 while a step runs */
+  lease?: number;
+  /** seconds a claim waits in the server for due runs */
+  poll?: number;
+  name?: string | null;
+  /** stops the worker (drain); without it SIGTERM and SIGINT do */
+  signal?: AbortSignal | null;
+  log?: Pick<Console, 'warn' | 'error'>;
+}
+export interface WorkerStats {
+  claimed: number;
+  steps: number;
+  completed: number;
+  failedSteps: number;
+  lost: number;
+  released: number;
+}
+export class Worker {
+  constructor(connect: () => Promise<Client>, workflows: Workflow[], opts?: WorkerOptions);
+  readonly name: string;
+  stats: WorkerStats;
+  /** claim and run until stopped */
+  run(): Promise<WorkerStats>;
 }

@@ -124,7 +124,7 @@ function translate(err) {
 
 const CALL = 'SELECT response::text AS response, replayed, first_executed_at FROM idem_call(' +
   'key => $1, sql => $2, args => $3::text[], outbox_topic => $4, ttl => $5::interval,' +
-  ' wait => $6::boolean, run_id => $7, step => $8)';
+  ' wait => $6::boolean, run_id => $7, step => $8, lease_token => $9::uuid)';
 
 async function call(client, key, runId, stepName, sql, args, opts) {
   const ttl = typeof opts.ttl === 'number' ? `${opts.ttl} seconds` : opts.ttl;
@@ -132,7 +132,7 @@ async function call(client, key, runId, stepName, sql, args, opts) {
   let res;
   try {
     res = await client.query(CALL, [key, sql, args.map(toArg), opts.outboxTopic ?? null,
-      ttl ?? null, wait, runId, stepName]);
+      ttl ?? null, wait, runId, stepName, opts.leaseToken ?? null]);
   } catch (e) {
     throw translate(e);
   }
@@ -149,7 +149,8 @@ function execute(client, key, sql, args = [], opts = {}) {
   return call(client, key, null, null, sql, args, opts);
 }
 
-// Run one step of a workflow run (idem_run_begin) in the current transaction.
+// Run one step of a workflow run (idem_run_begin) in the current transaction;
+// a run on a queue needs opts.leaseToken, its claim's (else LeaseLost, ID412).
 function step(client, runId, stepName, sql, args = [], opts = {}) {
   return call(client, null, runId, stepName, sql, args, opts);
 }
@@ -209,14 +210,24 @@ async function retry(connect, fn, { attempts = 8, base = 0.05, cap = 5, client =
   }
 }
 
-// Thrown by an outbox handler: the downstream asked to be called again no
-// earlier than `seconds` from now (its Retry-After).
+// Thrown by an outbox handler or a workflow step: the downstream asked to
+// be called again no earlier than `seconds` from now.  seconds may be a
+// number or an HTTP Retry-After value (delay seconds or an HTTP date);
+// null or undefined: later, at the server's backoff.
 class RetryAfter extends Error {
   constructor(seconds, message = 'retry after') {
     super(message);
     this.name = 'RetryAfter';
-    this.seconds = seconds;
+    this.seconds = retryAfterSeconds(seconds);
   }
+}
+function retryAfterSeconds(v) {
+  if (v === null || v === undefined || v === '') return 0;
+  const n = Number(v);
+  if (Number.isFinite(n)) return Math.max(0, n);
+  const when = Date.parse(String(v));
+  if (Number.isNaN(when)) throw new TypeError(`not a Retry-After value: ${v}`);
+  return Math.max(0, (when - Date.now()) / 1000);
 }
 
 const CLAIM = 'SELECT event_id, key, topic, payload::text AS payload, run_id, step, attempt,' +
@@ -493,5 +504,10 @@ const { KeyReused, InProgress, NestedKey, RunNotFound, StepUndeclared, RunNotRun
   EventNotFound, LeaseLost } = errors;
 // listed one by one so that ES modules can import them by name
 module.exports = { execute, step, retry, retryAdvice, consume, RetryAfter, sqlstateOf, parseExact,
-  toArg, IdemError, KeyReused, InProgress, NestedKey, RunNotFound, StepUndeclared, RunNotRunning,
-  OutOfSequence, EventNotFound, LeaseLost, CachedError };
+  toArg, translate, IdemError, KeyReused, InProgress, NestedKey, RunNotFound, StepUndeclared,
+  RunNotRunning, OutOfSequence, EventNotFound, LeaseLost, CachedError };
+// the workflow layer (workflow.js) is built on the above
+const workflow = require('./workflow.js');
+module.exports.Workflow = workflow.Workflow;
+module.exports.Worker = workflow.Worker;
+module.exports.Context = workflow.Context;

@@ -261,6 +261,7 @@ def test_sigterm_drains(route, admin, queue, tmp_path):
     log = str(tmp_path / "log")
     p = worker_proc(dsn, carrier.url, queue, "drained", log, extra=("--no-prepare",) if kw else ())
     until(lambda: len(carrier.log) >= 1, 20, "a label request")
+    assert "ready drained" in open(log).read()
     p.send_signal(signal.SIGTERM)
     assert p.wait(40) == 0
     outcomes = [r[0] for r in admin.execute("SELECT outcome FROM idem_run_attempts WHERE worker = 'drained'"
@@ -299,7 +300,7 @@ def test_sigkill_at_random_points_exactly_once(route, admin, queue, tmp_path):
     def has_claimed(name):
         try:
             with open(logs) as f:
-                return any(line.split()[2] == name for line in f)
+                return any(line.startswith("claim ") and line.split()[2] == name for line in f)
         except FileNotFoundError:
             return False
     for slot in range(3):
@@ -316,6 +317,8 @@ def test_sigkill_at_random_points_exactly_once(route, admin, queue, tmp_path):
             procs[slot].wait()
             kills += 1
             spawn(slot)
+    until(lambda: all(f"ready {names[slot_names[s]]}\n" in open(logs).read() for s in procs),
+          30, "the workers to be up")
     for p in procs.values():
         p.send_signal(signal.SIGTERM)
     for p in procs.values():

@@ -1,6 +1,7 @@
 """A worker process for the tests: the returns workflow of
-returns_workflow.py on one queue, logging each claim ("claim RUN WORKER")
-to --log before it works on it; exits 0 after SIGTERM."""
+returns_workflow.py on one queue, logging "ready WORKER" once SIGTERM is
+handled and each claim ("claim RUN WORKER") to --log before it works on
+it; exits 0 after SIGTERM."""
 
 import argparse
 import faulthandler
@@ -50,6 +51,7 @@ def main():
         log.write(f"claim {c.run_id} {a.name}\n")
         hand_over(c)
     worker._hand_over = logged
+    log.write(f"ready {a.name}\n")
     worker.run()
     return 0
 

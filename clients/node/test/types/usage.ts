@@ -28,6 +28,18 @@ async function use(): Promise<void> {
   await idem.execute(client, 'k', 'SELECT $1', 'not an array');
   // @ts-expect-error: an unknown option
   await idem.execute(client, 'k', 'SELECT 1', [], { outbox_topic: 'refunds' });
+  const returns = new idem.Workflow('returns', { steps: ['check', 'label'] })
+    .step('check', (ctx) => ctx.execute('UPDATE stock SET n = n - 1 WHERE sku = $1', [ctx.input as string]))
+    .external('label', async (ctx) => ({ key: ctx.key, attempt: ctx.attempt }), { maxAttempts: 8 });
+  const started = await returns.start(client, 'returns:1', { input: { sku: 'a' } });
+  const created: boolean = started.created;
+  void created;
+  const ac = new AbortController();
+  const stats: idem.WorkerStats = await new idem.Worker(async () => client, [returns],
+    { concurrency: 2, lease: 10, signal: ac.signal }).run();
+  void stats.completed;
+  // @ts-expect-error: steps are named in an options object
+  new idem.Workflow('returns', ['check']);
   throw new idem.RetryAfter(20, 'carrier 503');
 }
 void use;
