@@ -258,6 +258,7 @@ class Worker:
         self._active: Dict[str, dict] = {}    # run_id -> {"token", "lost"}
         self._free = threading.Semaphore(concurrency)
         self._work: List[_Claimed] = []
+        self._claims_over = False
         self._have_work = threading.Condition(self._lock)
 
     # -- connections -------------------------------------------------------
@@ -299,6 +300,8 @@ class Worker:
         finally:
             self.stop.set()
             with self._have_work:
+                # a run claimed as the stop came is still run (and released)
+                self._claims_over = True
                 self._have_work.notify_all()
             for t in threads:
                 t.join()
@@ -360,10 +363,10 @@ class Worker:
         conn = None
         while True:
             with self._have_work:
-                while not self._work and not self.stop.is_set():
+                while not self._work and not self._claims_over:
                     self._have_work.wait(0.5)
                 if not self._work:
-                    break       # stopping, nothing left
+                    break       # stopped and no claim can come any more
                 c = self._work.pop(0)
             try:
                 conn = self._run(conn, c)

@@ -193,8 +193,8 @@ def test_transient_sqlstate_is_retried_by_the_runtime(connect, admin, queue):
 
 
 def test_a_slow_step_keeps_its_lease(connect, admin, queue):
-    """Lease 1 s, an external call of 2.5 s: the heartbeat keeps the run,
-    nobody else claims it, one attempt."""
+    """Lease 1 s, an external call of 2.5 s, two workers: the heartbeat
+    keeps the run with its holder, nobody else claims it, one attempt."""
     carrier = Carrier(delay=2.5)
     wf = returns_workflow.make(carrier.url, queue=queue)
     start_runs(connect, wf, queue, 1)
@@ -202,8 +202,10 @@ def test_a_slow_step_keeps_its_lease(connect, admin, queue):
     other = Running(connect, [wf], concurrency=1, lease=1, poll=0.1, name="other")
     until(lambda: statuses(admin, queue) == {"completed": 1}, 20, "the completed run")
     w.finish(), other.finish()
-    assert [r for r in admin.execute("SELECT worker, outcome FROM idem_run_attempts"
-                                     " WHERE run_id = %s", (f"{queue}:ret-0",))] == [("slow", "completed")]
+    # one attempt, by whichever worker claimed first
+    attempts = admin.execute("SELECT worker, outcome FROM idem_run_attempts WHERE run_id = %s",
+                             (f"{queue}:ret-0",)).fetchall()
+    assert len(attempts) == 1 and attempts[0][1] == "completed", attempts
     assert carrier.created() == 1 and len(carrier.log) == 1
 
 
