@@ -24,6 +24,8 @@ OBJS = \
 	src/request/derive.o \
 	src/request/execute.o \
 	src/request/dryrun.o \
+	src/request/untyped.o \
+	src/request/citus.o \
 	src/workflow/run.o \
 	src/workflow/call.o \
 	src/workflow/runlease.o \
@@ -31,6 +33,7 @@ OBJS = \
 	src/workflow/claim.o \
 	src/workflow/signal.o \
 	src/workflow/control.o \
+	src/workflow/tenant.o \
 	src/outbox/outbox.o \
 	src/outbox/wakeup.o \
 	src/ops/audit.o \
@@ -46,9 +49,9 @@ PG_CFLAGS	= -Wall -Wmissing-prototypes -Werror
 
 # pg_regress: one file per feature, test/sql/<feature>.sql <-> test/expected/<feature>.out
 REGRESS		= install execute fingerprint tokens identity errors atomicity nesting \
-			  expiry security tamper outbox outbox_delivery plancache upgrade \
-			  runs derive advice dryrun cache untyped call ops internals \
-			  queues run_leases run_signals
+			  expiry security tamper outbox outbox_delivery outbox_ack plancache upgrade \
+			  runs derive advice dryrun cache untyped drivers call ops internals \
+			  queues run_leases run_signals citus
 # Every test cluster states its encoding and locale: initdb would take them
 # from the environment, and without LANG (a container's default) the
 # cluster is SQL_ASCII, which cannot hold the suite's UTF-8 keys.

@@ -84,6 +84,19 @@ REVOKE ALL ON FUNCTION @extschema@.idem_outbox_channel(text) FROM PUBLIC;
 ALTER FUNCTION @extschema@.idem_key(VARIADIC "any")
 	SET search_path = pg_catalog SET quote_all_identifiers = off;
 
+-- probe (issue 19): a step's record never expires.  idem 1.1's idem_step
+-- adopted a record idem_execute() had written under the step's key, with
+-- that call's ttl; 1.2 writes step records without expiry and adopts none.
+-- Each record a run lists as a completed step is made to never expire
+-- here, expired or not (an expired one not yet purged is still the step's
+-- result), so that the step replays instead of raising XX001 or running
+-- again.  A record already purged cannot be brought back.
+UPDATE idem.keys k
+   SET expires_at = 'infinity'
+  FROM idem.runs r CROSS JOIN LATERAL pg_catalog.unnest(r.done_steps) AS s(step)
+ WHERE k.owner OPERATOR(pg_catalog.=) r.owner
+   AND k.key OPERATOR(pg_catalog.=) @extschema@.idem_step_key(r.run_id, s.step)
+   AND k.expires_at OPERATOR(pg_catalog.<>) 'infinity'::timestamptz;
 /*
  * ------------------------------------------------------------------------
  * Runs on queues (issue 21): queues with producer, worker and signal
@@ -130,7 +143,7 @@ ALTER TABLE idem.runs
 	ADD COLUMN queue text COLLATE "C",
 	ADD COLUMN queue_state text,
 	ADD COLUMN due_at timestamptz,
-	ADD COLUMN attempt integer NOT NULL DEFAULT 0,
+	ADD COLUMN attempt integer NOT NULL DEFAULT 1,
 	ADD COLUMN claims integer NOT NULL DEFAULT 0,
 	ADD COLUMN lease_token uuid,
 	ADD COLUMN leased_by regrole,
@@ -152,12 +165,13 @@ ALTER TABLE idem.runs
 	ALTER COLUMN attempt DROP DEFAULT,
 	ALTER COLUMN claims DROP DEFAULT,
 	ALTER COLUMN started_count DROP DEFAULT;
--- The claim's scan: a queue's unfinished runs, oldest due first.
+-- The claim's scan: a queue's unfinished runs, oldest due first; also the
+-- concurrency cap's count of the leases that hold (due_at after now).
 CREATE INDEX runs_due_idx ON idem.runs (queue, due_at)
 	WHERE queue_state IS NOT NULL;
--- The concurrency cap's count: a queue's leased runs.
-CREATE INDEX runs_leased_idx ON idem.runs (queue, due_at)
-	WHERE queue_state OPERATOR(pg_catalog.=) 'leased';
+-- The claim's share per role: each role's due runs, oldest first.
+CREATE INDEX runs_owner_due_idx ON idem.runs (queue, owner, due_at)
+	WHERE queue_state IS NOT NULL;
 -- A worker names a run by its id and lease token, not its owner.
 CREATE INDEX runs_queued_idx ON idem.runs (run_id)
 	WHERE queue IS NOT NULL;
@@ -445,3 +459,72 @@ SELECT s.dbid, d.datname, s.roleid, r.rolname, s.executions, s.replays, s.mismat
   LEFT JOIN pg_catalog.pg_database d ON d.oid OPERATOR(pg_catalog.=) s.dbid
   LEFT JOIN pg_catalog.pg_roles r ON r.oid OPERATOR(pg_catalog.=) s.roleid;
 GRANT SELECT ON @extschema@.idem_stats_roles TO PUBLIC;
+-- drivers (issue 23): the forms of the calls that untyped arguments reach.
+-- 1.1's VARIADIC text[] overloads also took domains over text, char(n)
+-- and name through their implicit casts to text, and so lost their types.
+-- idem_untyped is text inside, but no type casts to it: only literals and
+-- parameters without a type (unknown) reach these overloads, every typed
+-- argument reaches VARIADIC "any" and keeps its type there (text and
+-- varchar are strings the statement types, in both forms).  Its category
+-- is S, so PostgreSQL prefers these overloads for untyped arguments as it
+-- preferred text[].
+CREATE TYPE @extschema@.idem_untyped;
+CREATE FUNCTION @extschema@.idem_untyped_in(pg_catalog.cstring)
+RETURNS @extschema@.idem_untyped AS 'textin' LANGUAGE internal IMMUTABLE STRICT PARALLEL SAFE;
+CREATE FUNCTION @extschema@.idem_untyped_out(@extschema@.idem_untyped)
+RETURNS pg_catalog.cstring AS 'textout' LANGUAGE internal IMMUTABLE STRICT PARALLEL SAFE;
+CREATE FUNCTION @extschema@.idem_untyped_recv(pg_catalog.internal)
+RETURNS @extschema@.idem_untyped AS 'textrecv' LANGUAGE internal STABLE STRICT PARALLEL SAFE;
+CREATE FUNCTION @extschema@.idem_untyped_send(@extschema@.idem_untyped)
+RETURNS pg_catalog.bytea AS 'textsend' LANGUAGE internal STABLE STRICT PARALLEL SAFE;
+CREATE TYPE @extschema@.idem_untyped (
+	INPUT = @extschema@.idem_untyped_in,
+	OUTPUT = @extschema@.idem_untyped_out,
+	RECEIVE = @extschema@.idem_untyped_recv,
+	SEND = @extschema@.idem_untyped_send,
+	INTERNALLENGTH = VARIABLE, STORAGE = extended, ALIGNMENT = int4,
+	CATEGORY = 'S'
+);
+
+DROP FUNCTION @extschema@.idem_execute(text, text, VARIADIC text[]);
+DROP FUNCTION @extschema@.idem_execute_ex(text, text, VARIADIC text[]);
+DROP FUNCTION @extschema@.idem_step(text, text, text, VARIADIC text[]);
+DROP FUNCTION @extschema@.idem_dry_run(text, text, VARIADIC text[]);
+
+CREATE FUNCTION @extschema@.idem_execute(key text, sql text,
+	VARIADIC args @extschema@.idem_untyped[])
+RETURNS pg_catalog.jsonb
+AS 'MODULE_PATHNAME', 'idem_execute_1_1'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+CREATE FUNCTION @extschema@.idem_execute_ex(key text, sql text,
+	VARIADIC args @extschema@.idem_untyped[],
+	OUT response pg_catalog.jsonb, OUT replayed boolean,
+	OUT first_executed_at timestamptz)
+RETURNS record
+AS 'MODULE_PATHNAME', 'idem_execute_ex_1_1'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+CREATE FUNCTION @extschema@.idem_step(run_id text, step text, sql text,
+	VARIADIC args @extschema@.idem_untyped[])
+RETURNS pg_catalog.jsonb
+AS 'MODULE_PATHNAME', 'idem_step'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+CREATE FUNCTION @extschema@.idem_dry_run(key text, sql text,
+	VARIADIC args @extschema@.idem_untyped[], OUT action text,
+	OUT response pg_catalog.jsonb)
+RETURNS record
+AS 'MODULE_PATHNAME', 'idem_dry_run'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+-- citus (issue 26, doc/citus.md): an administrator declares the Citus
+-- distributed table whose colocation group idem's tenant records follow.
+-- It creates idem.citus_keys (distributed by a tenant column of the table's
+-- distribution type, co-located with it) and idem_citus_call(tenant, key,
+-- sql [, VARIADIC args]) with that tenant type, which Citus delegates to the
+-- node of the tenant's shard.  Without Citus it raises IDC01.
+CREATE FUNCTION @extschema@.idem_citus_colocate(distributed_table regclass)
+RETURNS void
+AS 'MODULE_PATHNAME', 'idem_citus_colocate'
+LANGUAGE C VOLATILE STRICT PARALLEL UNSAFE;
+REVOKE ALL ON FUNCTION @extschema@.idem_citus_colocate(regclass) FROM PUBLIC;

@@ -173,8 +173,16 @@ prove_release() {	# release
 		tar -C "$work/$rel-base" -cf "$tarball.$$" . && mv "$tarball.$$" "$tarball"
 		rm -rf --one-file-system "$work/$rel-base"
 	}
+	# a throwaway root: dpkg need not sync each file (the installs are most
+	# of a root's time); with the cache, the .debs of earlier runs are kept
+	# in $cache_dir/apt-<release> and only what changed is downloaded
 	unpack() {	# dir
-		mkdir "$1" && tar -C "$1" -xf "$tarball" && mount_root "$1"
+		mkdir "$1" && tar -C "$1" -xf "$tarball" && mount_root "$1" || return 1
+		echo force-unsafe-io >"$1/etc/dpkg/dpkg.cfg.d/idem-unsafe-io"
+		if [ $use_cache -eq 1 ]; then
+			mkdir -p "$cache_dir/apt-$rel/partial" "$1/var/cache/apt/archives"
+			mount --bind "$cache_dir/apt-$rel" "$1/var/cache/apt/archives"
+		fi
 	}
 	dev_root() {
 		unpack "$dev" &&

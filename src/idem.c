@@ -22,9 +22,10 @@
  * unchecked placeholder, and when the library defines the parameter it
  * drops a value that is out of range or that the role may not set with a
  * mere WARNING.  So the session's own settings (SET, or the client's
- * connection options) are checked again here, and the call that loaded the
- * library fails with the error the SET would have had (22023, 42501,
- * 55P02, or 42602 for a name idem does not define).
+ * connection options) and those ALTER ROLE / ALTER DATABASE ... SET gave
+ * it are checked again here, and the call that loaded the library fails
+ * with the error the SET would have had (22023, 42501, 55P02, or 42602 for
+ * a name idem does not define).
  *
  * Copyright (c) 2026, idem authors
  *
@@ -118,11 +119,24 @@ idem_purge(PG_FUNCTION_ARGS)
 }
 
 /*
- * The idem.* placeholders the session set, copied before the definitions
- * replace them.  A role's or a database's settings (ALTER ROLE ... SET) and
- * the configuration file are the administrator's and keep PostgreSQL's
- * warning.
+ * The idem.* placeholders the session set, or that a role's or a database's
+ * settings (ALTER ROLE / ALTER DATABASE ... SET) gave it when it started,
+ * copied before the definitions replace them.  PostgreSQL validates such a
+ * setting when it is made only if the library is loaded in the session
+ * that makes it; made before, by a superuser, it is stored unchecked, and
+ * would otherwise be dropped at every load with a mere WARNING (an
+ * administrator's idem.audit = 'al' would leave auditing off).  The
+ * configuration file's settings keep PostgreSQL's warning: they are the
+ * server's, and ALTER SYSTEM refuses a parameter the session does not know.
  */
+static bool
+early_source(GucSource source)
+{
+	return source == PGC_S_SESSION || source == PGC_S_CLIENT ||
+		source == PGC_S_GLOBAL || source == PGC_S_DATABASE ||
+		source == PGC_S_USER || source == PGC_S_DATABASE_USER;
+}
+
 static List *
 early_settings(void)
 {
@@ -137,7 +151,7 @@ early_settings(void)
 
 		if (!(gen->flags & GUC_CUSTOM_PLACEHOLDER) ||
 			strncmp(gen->name, "idem.", 5) != 0 ||
-			(gen->source != PGC_S_SESSION && gen->source != PGC_S_CLIENT))
+			!early_source(gen->source))
 			continue;
 		es = palloc(sizeof(EarlySetting));
 		es->name = pstrdup(gen->name);
@@ -156,6 +170,33 @@ early_settings(void)
  * error.
  */
 static void
+early_setting_context(void *arg)
+{
+	EarlySetting *es = (EarlySetting *) arg;
+	const char *where;
+
+	switch (es->source)
+	{
+		case PGC_S_GLOBAL:
+			where = "ALTER ROLE ALL ... SET";
+			break;
+		case PGC_S_DATABASE:
+			where = "ALTER DATABASE ... SET";
+			break;
+		case PGC_S_USER:
+			where = "ALTER ROLE ... SET";
+			break;
+		case PGC_S_DATABASE_USER:
+			where = "ALTER ROLE ... IN DATABASE ... SET";
+			break;
+		default:
+			return;
+	}
+	errcontext("setting %s = '%s' from %s, made before idem was loaded",
+			   es->name, es->value, where);
+}
+
+static void
 check_early_settings(List *settings)
 {
 	ListCell   *lc;
@@ -163,10 +204,16 @@ check_early_settings(List *settings)
 	foreach(lc, settings)
 	{
 		EarlySetting *es = lfirst(lc);
+		ErrorContextCallback errcallback;
 
+		errcallback.callback = early_setting_context;
+		errcallback.arg = es;
+		errcallback.previous = error_context_stack;
+		error_context_stack = &errcallback;
 		(void) set_config_option_ext(es->name, es->value, es->scontext,
 									 es->source, es->srole, GUC_ACTION_SET,
 									 false, ERROR, false);
+		error_context_stack = errcallback.previous;
 	}
 }
 
@@ -430,11 +477,19 @@ _PG_init(void)
 	}
 
 	DefineCustomBoolVariable("idem.outbox_notify",
-							 "Whether a transaction that wrote outbox events sends NOTIFY idem_outbox at commit.",
-							 "PostgreSQL commits notifying transactions one at a time, including their wait for a synchronous standby.",
+							 "Whether a transaction that wrote outbox events sends NOTIFY on its topics' channels at commit.",
+							 "Off by default: PostgreSQL commits notifying transactions one at a time, including their wait for a synchronous standby. Consumers that claim with a wait (shared memory) or poll need no NOTIFY; those that LISTEN need it on.",
 							 &idem_outbox_notify,
-							 true,
+							 false,
 							 PGC_USERSET, 0,
+							 NULL, NULL, NULL);
+
+	DefineCustomBoolVariable("idem.outbox_keep_delivered",
+							 "Whether an acknowledged outbox event stays in idem.outbox as delivered, for the purge to remove after idem.outbox_retention.",
+							 "Off by default: an acknowledgement deletes the event.",
+							 &idem_outbox_keep_delivered,
+							 false,
+							 PGC_SUSET, 0,
 							 NULL, NULL, NULL);
 
 	MarkGUCPrefixReserved("idem");
@@ -447,6 +502,7 @@ _PG_init(void)
 		shmem_startup_hook = idem_shmem_startup;
 		idem_worker_register();
 	}
+	idem_untyped_install();
 	defined = true;
 
 	check_early_settings(settings);

@@ -41,17 +41,44 @@ struct Latch;
 #define ERRCODE_IDEM_EVENT_NOT_FOUND	MAKE_SQLSTATE('I','D','E','0','4')
 /* outbox: the event was delivered already */
 #define ERRCODE_IDEM_EVENT_DELIVERED	MAKE_SQLSTATE('I','D','4','1','0')
-/* outbox: the lease token is not the event's current lease (fenced off) */
+/*
+ * the lease token is not the current lease of the outbox event or queued
+ * run (fenced off: taken over after it expired, ended by a failure, wait,
+ * sleep, release or cancel, another's token, or none given for a queued
+ * run's step); the call changed nothing
+ */
 #define ERRCODE_IDEM_LEASE_LOST			MAKE_SQLSTATE('I','D','4','1','2')
 
 /* a call under a key whose own statement is running: HTTP's 508 Loop Detected */
 #define ERRCODE_IDEM_NESTED_KEY			MAKE_SQLSTATE('I','D','5','0','8')
 
-/* workflow runs (run.c) */
+/*
+ * workflow runs (run.c) and runs on queues (queue.c, claim.c, signal.c,
+ * control.c): no such run (for a worker's token: no queued run with the
+ * id); an undeclared step; a run that is not running (completed, failed,
+ * cancelled: no steps, signals or cancel); a step out of its declared order
+ * (or failing a completed one).  Runs on queues also raise ID412 (above),
+ * ID422 (a run id begun with another queue or policy, a signal with another
+ * payload), 42704 (no such queue), 42710 (the queue exists), 42501 (no
+ * produce, work or signal grant; another role's run without idem_admin),
+ * 22023 (bounds of leases, waits, timeouts, max_runs, policies) and 0A000
+ * (a claim outside READ COMMITTED); doc/runtime.md lists them.
+ */
 #define ERRCODE_IDEM_RUN_NOT_FOUND		MAKE_SQLSTATE('I','D','4','0','4')
 #define ERRCODE_IDEM_STEP_UNDECLARED	MAKE_SQLSTATE('I','D','4','0','0')
 #define ERRCODE_IDEM_RUN_NOT_RUNNING	MAKE_SQLSTATE('I','D','4','2','3')
 #define ERRCODE_IDEM_STEP_OUT_OF_SEQUENCE MAKE_SQLSTATE('I','D','4','2','5')
+
+/*
+ * Citus (request/citus.c, workflow/tenant.c, doc/citus.md): IDC01 Citus or
+ * the colocation idem_citus_colocate() declares is missing; IDC02 the call
+ * or its statement is not confined to one local transaction on the node of
+ * the tenant's shard; IDC03 the tenant value or table does not match the
+ * declared colocation.
+ */
+#define ERRCODE_IDEM_CITUS_NOT_COLOCATED	MAKE_SQLSTATE('I','D','C','0','1')
+#define ERRCODE_IDEM_CITUS_NOT_LOCAL		MAKE_SQLSTATE('I','D','C','0','2')
+#define ERRCODE_IDEM_CITUS_MISMATCH			MAKE_SQLSTATE('I','D','C','0','3')
 
 /* The extension version whose SQL definitions this library serves. */
 #define IDEM_SQL_VERSION		"1.2"
@@ -116,6 +143,7 @@ extern int	idem_outbox_max_retry_after;
 extern int	idem_outbox_retention;
 extern bool idem_outbox_logical_message;
 extern bool idem_outbox_notify;
+extern bool idem_outbox_keep_delivered;
 extern int	idem_audit_level;
 extern int	idem_audit_retention;
 extern int	idem_audit_queue_size;

@@ -237,8 +237,10 @@ const CLAIM = 'SELECT event_id, key, topic, payload::text AS payload, run_id, st
 // commit of the topic and claims once more, in the same statement
 const CLAIM_WAIT = `${CLAIM.slice(0, -1)}, wait => $5::interval)`;
 // ack or fail under a lease another consumer took over (ID412), or of an
-// event already delivered (ID410): the event is someone else's now
-const LOST_LEASE = new Set(['ID412', 'ID410']);
+// event already delivered: kept as delivered (ID410, with
+// idem.outbox_keep_delivered) or deleted by its ack (IDE04, the default).
+// The event is someone else's now.
+const LOST_LEASE = new Set(['ID412', 'ID410', 'IDE04']);
 
 // The protocol's CancelRequest for the statement client is running (what
 // pg's own Client#cancel sends), on a connection of its own to the same
@@ -297,7 +299,8 @@ function cancelRequest(client) {
 // removed on return).
 // Stopping lets the running handler finish and report; the rest of the
 // batch is handed back (idem_outbox_release: due now, attempt not counted).  A lost lease
-// (ID412) or an event already delivered (ID410) is logged and skipped; a
+// (ID412) or an event already delivered (ID410, or IDE04 once its ack
+// deleted it) is logged and skipped; a
 // lost connection is replaced by connect().
 //
 // LISTEN needs a session of its own: with wakeup 'notify', connect() must

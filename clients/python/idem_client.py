@@ -427,8 +427,10 @@ _CLAIM = ("SELECT event_id, key, topic, payload::text, run_id, step, attempt, le
 _CLAIM_WAIT = _CLAIM[:-1] + ", wait => %s::interval)"
 
 # ack or fail under a lease another consumer has taken over (ID412), or of
-# an event already delivered (ID410): the event is someone else's now
-_LOST_LEASE = ("ID412", "ID410")
+# an event already delivered: kept as delivered (ID410, with
+# idem.outbox_keep_delivered) or deleted by its ack (IDE04, the default).
+# The event is someone else's now.
+_LOST_LEASE = ("ID412", "ID410", "IDE04")
 
 
 def consume(connect: Callable[[], psycopg.Connection], topic: str,
@@ -465,7 +467,7 @@ def consume(connect: Callable[[], psycopg.Connection], topic: str,
     one, SIGTERM and SIGINT stop the loop (main thread only).  Stopping
     lets the running handler finish and report; the rest of the batch is
     handed back (idem_outbox_release: due now, attempt not counted).  A lost lease (ID412) or an
-    event already delivered (ID410) is logged and skipped; a lost
+    event already delivered (ID410, or IDE04 once its ack deleted it) is logged and skipped; a lost
     connection is replaced by ``connect()``.
 
     LISTEN needs a session of its own: with ``wakeup="notify"``,

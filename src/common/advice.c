@@ -31,6 +31,14 @@
 #include "compat.h"
 #include "common/common.h"
 
+/*
+ * Class 72, "snapshot too old": PostgreSQL 17 removed old_snapshot_threshold
+ * and with it ERRCODE_SNAPSHOT_TOO_OLD, but the SQLSTATE stays in the
+ * standard and a server before 17 (or another database behind a foreign
+ * table) may still raise it.
+ */
+#define SNAPSHOT_TOO_OLD_CLASS MAKE_SQLSTATE('7', '2', '0', '0', '0')
+
 PG_FUNCTION_INFO_V1(idem_retry_advice);
 
 /*
@@ -59,7 +67,7 @@ idem_retry_advice_for(int sqlerrcode)
 	{
 		case ERRCODE_CONNECTION_EXCEPTION:
 		case ERRCODE_TRANSACTION_ROLLBACK:
-		case ERRCODE_SNAPSHOT_TOO_OLD:
+		case SNAPSHOT_TOO_OLD_CLASS:
 			return "retry";
 		case ERRCODE_INSUFFICIENT_RESOURCES:
 		case ERRCODE_SYSTEM_ERROR:

@@ -31,6 +31,20 @@ extern char *idem_name_arg(FunctionCallInfo fcinfo, int argno,
 extern int32 idem_purge_batch_arg(FunctionCallInfo fcinfo, const char *fname);
 extern void idem_check_variadic_dims(ArrayType *arr, const char *what);
 
+/* guc.c: the role and idem.* parameters a business statement must keep */
+#define IDEM_OWN_PARAMS_MAX 64
+typedef struct IdemSessionState
+{
+	Oid			user;
+	Oid			outer_user;
+	Oid			session_user;
+	uint64		values[IDEM_OWN_PARAMS_MAX];	/* each idem.* parameter's
+												 * value, or its string */
+} IdemSessionState;
+extern void idem_session_state_save(IdemSessionState *s);
+extern const char *idem_session_state_changed(const IdemSessionState *s);
+struct config_generic;
+extern struct config_generic *idem_own_param(const char *name);
 /* grants.c: role lists that grant the use of topics and queues */
 extern bool idem_role_in(Oid role, Datum array);
 extern Datum idem_roles_arg(FunctionCallInfo fcinfo, int argno,
@@ -150,6 +164,13 @@ extern int64 idem_purge_expired(int batch_size);
 extern bool idem_lookup_run(Oid owner, const char *run_id, IdemRunRow *row);
 extern void idem_insert_run(IdemRunRow *row);
 extern void idem_update_run(IdemRunRow *row);
+extern void idem_insert_run_attempt(Oid owner, const char *run_id,
+									int32 claim, int32 attempt,
+									const char *step, const char *worker,
+									Oid leased_by, TimestampTz claimed_at);
+extern void idem_end_run_attempt(Oid owner, const char *run_id, int32 claim,
+								 TimestampTz ended_at, const char *outcome,
+								 const char *error);
 
 /*
  * tables.c: SQL on idem's tables, as the owner of a table (callers have

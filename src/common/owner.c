@@ -18,6 +18,17 @@
  * 42501.  A superuser's wrapper may key by any caller; another owner needs
  * each calling role granted to it.
  *
+ * The setting is the wrapper author's, never the caller's.  Inside a
+ * SECURITY DEFINER function (the current user is not the session's outer
+ * role) a value counts only if the current user set it: the function's
+ * SET clause, or a set_config() in its body.  A value the caller brought
+ * (SET, ALTER ROLE ... SET, a connection option) is ignored there and the
+ * call is keyed by the current user, as if it were unset.  Otherwise a
+ * caller could SET idem.key_owner to a role the wrapper's owner has been
+ * granted and read or occupy that role's keys through the wrapper (a
+ * replay of its response, a mismatch as an oracle), or leave the shared
+ * namespace a wrapper without the setting was written for.
+ *
  * Copyright (c) 2026, idem authors
  *
  * IDENTIFICATION
@@ -30,7 +41,25 @@
 #include "miscadmin.h"
 #include "utils/acl.h"
 
+#include "compat.h"
 #include "common/common.h"
+
+/* idem.key_owner's entry in the GUC table, for the role that set it */
+static struct config_generic *key_owner_param = NULL;
+
+/*
+ * The role that set idem.key_owner's current value: the current user at
+ * the time (a function's SET clause runs as the function's owner), or
+ * the bootstrap superuser for a value from the configuration, ALTER ROLE
+ * or ALTER DATABASE.
+ */
+static Oid
+key_owner_setter(void)
+{
+	if (key_owner_param == NULL)
+		key_owner_param = idem_own_param("idem.key_owner");
+	return idem_guc_setter(key_owner_param);
+}
 
 /*
  * idem_key_owner
@@ -45,6 +74,8 @@ idem_key_owner(void)
 
 	if (likely(setting == NULL || setting[0] == '\0') ||
 		strcmp(setting, "current_user") == 0)
+		return user;
+	if (user != GetOuterUserId() && key_owner_setter() != user)
 		return user;
 	if (strcmp(setting, "session_user") == 0)
 		owner = GetSessionUserId();

@@ -108,6 +108,20 @@
 #define Anum_runs_jitter		26
 #define Natts_runs				26
 
+/* Column numbers of idem.run_attempts */
+#define Anum_run_attempts_owner		1
+#define Anum_run_attempts_run_id	2
+#define Anum_run_attempts_claim		3
+#define Anum_run_attempts_attempt	4
+#define Anum_run_attempts_step		5
+#define Anum_run_attempts_worker	6
+#define Anum_run_attempts_leased_by	7
+#define Anum_run_attempts_claimed_at 8
+#define Anum_run_attempts_ended_at	9
+#define Anum_run_attempts_outcome	10
+#define Anum_run_attempts_error		11
+#define Natts_run_attempts			11
+
 typedef struct IdemCatalog
 {
 	Oid			keys;
@@ -122,6 +136,8 @@ typedef struct IdemCatalog
 	uint64		lock_seed;		/* keys the hash in each key's lock tag */
 	Oid			runs;
 	Oid			runs_pkey;
+	Oid			run_attempts;
+	Oid			run_attempts_pkey;
 } IdemCatalog;
 
 /* The shape idem reads and writes: what idem--1.1.sql creates. */
@@ -168,6 +184,16 @@ static const ColumnShape runs_shape[Natts_runs] = {
 	{"backoff_cap", INTERVALOID, true}, {"jitter", TEXTOID, true}
 };
 static const int16 runs_pkey_columns[] = {Anum_runs_owner, Anum_runs_run_id};
+static const ColumnShape run_attempts_shape[Natts_run_attempts] = {
+	{"owner", REGROLEOID}, {"run_id", TEXTOID}, {"claim", INT4OID},
+	{"attempt", INT4OID}, {"step", TEXTOID, true}, {"worker", TEXTOID},
+	{"leased_by", REGROLEOID}, {"claimed_at", TIMESTAMPTZOID},
+	{"ended_at", TIMESTAMPTZOID, true}, {"outcome", TEXTOID, true},
+	{"error", TEXTOID, true}
+};
+static const int16 run_attempts_pkey_columns[] = {
+	Anum_run_attempts_owner, Anum_run_attempts_run_id, Anum_run_attempts_claim
+};
 static const ColumnShape audit_shape[Natts_audit] = {
 	{"at", TIMESTAMPTZOID}, {"key", TEXTOID}, {"owner", REGROLEOID},
 	{"run_id", TEXTOID, true}, {"step", TEXTOID, true},
@@ -208,7 +234,8 @@ typedef struct TableWriter
 
 enum
 {
-	WRITE_KEYS, WRITE_RUNS, WRITE_OUTBOX, WRITE_AUDIT, WRITE_TABLES
+	WRITE_KEYS, WRITE_RUNS, WRITE_OUTBOX, WRITE_AUDIT, WRITE_ATTEMPTS,
+	WRITE_TABLES
 };
 
 static TableWriter writers[WRITE_TABLES];
@@ -229,6 +256,7 @@ catalog_invalidate(Datum arg, Oid relid)
 		relid == catalog.outbox || relid == catalog.outbox_topics ||
 		relid == catalog.outbox_topics_pkey || relid == catalog.lock_seed_rel ||
 		relid == catalog.runs || relid == catalog.runs_pkey ||
+		relid == catalog.run_attempts || relid == catalog.run_attempts_pkey ||
 		relid == catalog.audit || relid == catalog.audit_at)
 	{
 		catalog_valid = false;
@@ -427,6 +455,13 @@ catalog_resolve(void)
 									  BTREE_AM_OID, true,
 									  runs_pkey_columns,
 									  lengthof(runs_pkey_columns));
+	catalog.run_attempts = catalog_table("run_attempts", nspid, extoid,
+										 run_attempts_shape, Natts_run_attempts);
+	catalog.run_attempts_pkey = catalog_index("run_attempts_pkey", nspid,
+											  catalog.run_attempts,
+											  BTREE_AM_OID, true,
+											  run_attempts_pkey_columns,
+											  lengthof(run_attempts_pkey_columns));
 	catalog.audit = catalog_table("audit", nspid, extoid, audit_shape,
 								  Natts_audit);
 	catalog.audit_at = catalog_index("audit_at_idx", nspid, catalog.audit,
@@ -1296,6 +1331,104 @@ idem_update_run(IdemRunRow *row)
 	row->tid = tuple->t_self;
 	heap_freetuple(tuple);
 	table_close(rel, RowExclusiveLock);
+	CommandCounterIncrement();
+}
+
+/*
+ * idem_insert_run_attempt
+ *		Record a claim of a run: its attempt, the step it starts at, who
+ *		holds it.  Caller holds the run's lock.  Written directly, as the
+ *		run's row is: no plan to go stale while the table grows from empty
+ *		(the foreign key's cascade from idem.runs still applies).
+ */
+void
+idem_insert_run_attempt(Oid owner, const char *run_id, int32 claim,
+						int32 attempt, const char *step, const char *worker,
+						Oid leased_by, TimestampTz claimed_at)
+{
+	Datum		values[Natts_run_attempts];
+	bool		nulls[Natts_run_attempts] = {0};
+
+	catalog_resolve();
+	values[Anum_run_attempts_owner - 1] = ObjectIdGetDatum(owner);
+	values[Anum_run_attempts_run_id - 1] = CStringGetTextDatum(run_id);
+	values[Anum_run_attempts_claim - 1] = Int32GetDatum(claim);
+	values[Anum_run_attempts_attempt - 1] = Int32GetDatum(attempt);
+	nulls[Anum_run_attempts_step - 1] = step == NULL;
+	values[Anum_run_attempts_step - 1] = step ? CStringGetTextDatum(step) : (Datum) 0;
+	values[Anum_run_attempts_worker - 1] = CStringGetTextDatum(worker);
+	values[Anum_run_attempts_leased_by - 1] = ObjectIdGetDatum(leased_by);
+	values[Anum_run_attempts_claimed_at - 1] = TimestampTzGetDatum(claimed_at);
+	nulls[Anum_run_attempts_ended_at - 1] = true;
+	nulls[Anum_run_attempts_outcome - 1] = true;
+	nulls[Anum_run_attempts_error - 1] = true;
+	insert_row(WRITE_ATTEMPTS, catalog.run_attempts, values, nulls);
+}
+
+/*
+ * idem_end_run_attempt
+ *		Say how the claim numbered claim of the run ended, unless it has
+ *		ended already.  Caller holds the run's lock.
+ */
+void
+idem_end_run_attempt(Oid owner, const char *run_id, int32 claim,
+					 TimestampTz ended_at, const char *outcome,
+					 const char *error)
+{
+	Relation	rel;
+	Relation	idx;
+	TupleTableSlot *slot;
+	IndexScanDesc scan;
+	ScanKeyData skey[3];
+	text	   *runtext = cstring_to_text(run_id);
+
+	catalog_resolve();
+	rel = table_open(catalog.run_attempts, RowExclusiveLock);
+	idx = index_open(catalog.run_attempts_pkey, AccessShareLock);
+	slot = table_slot_create(rel, NULL);
+	ScanKeyInit(&skey[0], 1, BTEqualStrategyNumber, F_OIDEQ,
+				ObjectIdGetDatum(owner));
+	ScanKeyInit(&skey[1], 2, BTEqualStrategyNumber, F_TEXTEQ,
+				PointerGetDatum(runtext));
+	ScanKeyInit(&skey[2], 3, BTEqualStrategyNumber, F_INT4EQ,
+				Int32GetDatum(claim));
+	scan = index_beginscan(rel, idx, SnapshotSelf, NULL, 3, 0);
+	index_rescan(scan, skey, 3, NULL, 0);
+	if (index_getnext_slot(scan, ForwardScanDirection, slot))
+	{
+		bool		isnull;
+
+		(void) slot_getattr(slot, Anum_run_attempts_outcome, &isnull);
+		if (isnull)
+		{
+			bool		should_free;
+			HeapTuple	old = ExecFetchSlotHeapTuple(slot, false, &should_free);
+			Datum		values[Natts_run_attempts] = {0};
+			bool		nulls[Natts_run_attempts] = {0};
+			bool		replace[Natts_run_attempts] = {0};
+			HeapTuple	tuple;
+
+			values[Anum_run_attempts_ended_at - 1] = TimestampTzGetDatum(ended_at);
+			replace[Anum_run_attempts_ended_at - 1] = true;
+			values[Anum_run_attempts_outcome - 1] = CStringGetTextDatum(outcome);
+			replace[Anum_run_attempts_outcome - 1] = true;
+			nulls[Anum_run_attempts_error - 1] = error == NULL;
+			values[Anum_run_attempts_error - 1] =
+				error ? CStringGetTextDatum(error) : (Datum) 0;
+			replace[Anum_run_attempts_error - 1] = true;
+			tuple = heap_modify_tuple(old, RelationGetDescr(rel), values,
+									  nulls, replace);
+			update_row(WRITE_ATTEMPTS, rel, &old->t_self, tuple);
+			heap_freetuple(tuple);
+			if (should_free)
+				heap_freetuple(old);
+		}
+	}
+	index_endscan(scan);
+	ExecDropSingleTupleTableSlot(slot);
+	index_close(idx, AccessShareLock);
+	table_close(rel, RowExclusiveLock);
+	pfree(runtext);
 	CommandCounterIncrement();
 }
 

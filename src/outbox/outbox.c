@@ -487,7 +487,10 @@ idem_insert_outbox(const char *key, Oid owner, const char *topic,
  * run events.
  *
  * Always the generic plan, whose shape does not depend on the values: the
- * update reaches the locked rows by TID whatever LIMIT the planner assumes,
+ * update reaches the locked rows by TID whatever LIMIT the planner assumes
+ * (a join on ctid would be a hash join over the whole table), the order
+ * by due time comes from a subquery per claimed row over the few locked
+ * ones (a join would again be a hash join, built at every claim),
  * and no call is planned with "now" as a constant, which makes the planner
  * probe the due index for its actual bounds, walking the dead entries that
  * earlier claims left at its head.
@@ -528,14 +531,30 @@ static IdemQuery q_claim = {
 	" SELECT u.event_id, u.key, u.owner, u.topic, u.payload, u.run_id, u.step, u.attempts,"
 	"        u.lease_token, u.created_at, u.next_attempt_at,"
 	"        u.state OPERATOR(pg_catalog.=) 'dead'"
-	"   FROM u JOIN c ON c.event_id OPERATOR(pg_catalog.=) u.event_id"
-	"  ORDER BY c.due, u.created_at",
+	"   FROM u"
+	"  ORDER BY (SELECT c.due FROM c WHERE c.event_id OPERATOR(pg_catalog.=) u.event_id),"
+	"           u.created_at",
 	7, {TEXTOID, TIMESTAMPTZOID, INT4OID, TIMESTAMPTZOID, INT4OID, REGROLEOID, TEXTOID},
 	CURSOR_OPT_GENERIC_PLAN
 };
 
-/* The fast path of an ack: the current lease's event becomes delivered. */
+/*
+ * The fast path of an ack: the current lease's event is deleted, or with
+ * idem.outbox_keep_delivered becomes delivered (for the purge to delete
+ * after idem.outbox_retention).  Deleting is what makes delivery cheap: no
+ * new row version, no index entries for it, nothing left for the purge
+ * and VACUUM to find; a row kept costs both, and is an option.
+ */
 static IdemQuery q_ack = {
+	"DELETE FROM idem.outbox"
+	" WHERE event_id OPERATOR(pg_catalog.=) $1"
+	"   AND lease_token OPERATOR(pg_catalog.=) $2"
+	"   AND state OPERATOR(pg_catalog.=) 'leased'"
+	" RETURNING topic",
+	3, {UUIDOID, UUIDOID, TIMESTAMPTZOID}
+};
+
+static IdemQuery q_ack_keep = {
 	"UPDATE idem.outbox"
 	"   SET state = 'delivered', delivered_at = $3"
 	" WHERE event_id OPERATOR(pg_catalog.=) $1"
@@ -545,8 +564,18 @@ static IdemQuery q_ack = {
 	3, {UUIDOID, UUIDOID, TIMESTAMPTZOID}
 };
 
-/* A batch ack: every pair whose lease holds becomes delivered. */
+/* A batch ack: every pair whose lease holds, as the single ack. */
 static IdemQuery q_ack_batch = {
+	"DELETE FROM idem.outbox o"
+	" USING ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2)) AS u(e, t)"
+	" WHERE o.event_id OPERATOR(pg_catalog.=) u.e"
+	"   AND o.lease_token OPERATOR(pg_catalog.=) u.t"
+	"   AND o.state OPERATOR(pg_catalog.=) 'leased'"
+	" RETURNING o.event_id, o.topic",
+	3, {UUIDARRAYOID, UUIDARRAYOID, TIMESTAMPTZOID}
+};
+
+static IdemQuery q_ack_batch_keep = {
 	"UPDATE idem.outbox o"
 	"   SET state = 'delivered', delivered_at = $3"
 	"  FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2)) AS u(e, t)"
@@ -929,7 +958,8 @@ idem_outbox_ack(PG_FUNCTION_ARGS)
 	values[2] = TimestampTzGetDatum(GetCurrentTimestamp());
 
 	idem_owner_spi_begin(&spi, idem_catalog_outbox());
-	idem_query_run(&q_ack, values, nulls, 0);
+	idem_query_run(idem_outbox_keep_delivered ? &q_ack_keep : &q_ack,
+				   values, nulls, 0);
 	if (SPI_processed == 1)
 	{
 		bool		isnull;
@@ -1027,7 +1057,8 @@ idem_outbox_ack_batch(PG_FUNCTION_ARGS)
 	values[2] = TimestampTzGetDatum(GetCurrentTimestamp());
 
 	idem_owner_spi_begin(&spi, idem_catalog_outbox());
-	idem_query_run(&q_ack_batch, values, nulls, 0);
+	idem_query_run(idem_outbox_keep_delivered ? &q_ack_batch_keep :
+				   &q_ack_batch, values, nulls, 0);
 	done = SPI_processed;
 	topics = MemoryContextAlloc(spi.callercxt, sizeof(char *) * Max(done, 1));
 	acked = MemoryContextAlloc(spi.callercxt, sizeof(pg_uuid_t *) * Max(done, 1));

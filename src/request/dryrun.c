@@ -124,7 +124,7 @@ idem_dry_run(PG_FUNCTION_ARGS)
 		elog(ERROR, "return type must be a row type");
 
 	/* the same checks, and so the same errors, as idem_execute() */
-	idem_keyed_request(fcinfo, "idem_dry_run()", &req);
+	idem_keyed_request(fcinfo, "idem_dry_run()", 0, &req);
 
 	stmt = idem_statement_acquire(req.sql, req.nargs, req.argtypes);
 	PG_TRY();

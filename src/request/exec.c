@@ -63,7 +63,9 @@ run_statement(IdemStatement *stmt, IdemRequest *req)
 	SPIPlanPtr	plan;
 	Jsonb	   *response;
 	int			rc;
+	IdemSessionState before;
 
+	idem_session_state_save(&before);
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "SPI_connect failed");
 
@@ -71,7 +73,7 @@ run_statement(IdemStatement *stmt, IdemRequest *req)
 	rc = SPI_execute_plan(plan, req->values, req->nulls, false, 0);
 	if (rc < 0)
 		elog(ERROR, "SPI_execute_plan failed: %s", SPI_result_code_string(rc));
-	idem_statement_check_settings(stmt);
+	idem_statement_check_settings(stmt, &before);
 
 	MemoryContextSwitchTo(callercxt);
 	response = idem_build_response(idem_statement_command(stmt),

@@ -52,9 +52,23 @@ PG_FUNCTION_INFO_V1(idem_purge_1_1);
 #define IDEM_FIXED_ARGS 2
 
 /*
- * Give arguments sent without a type the type the statement gives their $n
- * (text where it gives none), and convert their text with that type's input
- * function, so the request is the one a caller who typed them would make.
+ * Whether an argument of typid is a string for the statement to type:
+ * unknown (a literal or a parameter sent without a type), text and varchar
+ * (the types drivers give strings).  Every other type is kept, domains
+ * over text, char(n), name and "char" included: whoever cast to them meant
+ * that type.
+ */
+static bool
+is_string_type(Oid typid)
+{
+	return typid == UNKNOWNOID || typid == TEXTOID || typid == VARCHAROID;
+}
+
+/*
+ * Give the string arguments (untyped[i] not NULL, or a NULL whose type is
+ * UNKNOWNOID) the type the statement gives their $n (text where it gives
+ * none), and convert their text with that type's input function, so the
+ * request is the one a caller who typed them would make.
  */
 static void
 type_untyped_args(IdemRequest *req, char **untyped)
@@ -75,11 +89,12 @@ type_untyped_args(IdemRequest *req, char **untyped)
 
 /*
  * idem_collect_array
- *		Bind the elements of an array as the arguments; untyped: they are
- *		text to be typed as the statement infers (the text[] forms).
+ *		Bind the elements of an array as the arguments; strings: they are
+ *		strings to be typed as the statement infers (the idem_untyped[]
+ *		forms, idem_call()'s text[], an explicit VARIADIC text[]).
  */
 void
-idem_collect_array(ArrayType *arr, bool untyped, IdemRequest *req)
+idem_collect_array(ArrayType *arr, bool strings, IdemRequest *req)
 {
 	Oid			elemtype = ARR_ELEMTYPE(arr);
 	int16		typlen;
@@ -97,12 +112,12 @@ idem_collect_array(ArrayType *arr, bool untyped, IdemRequest *req)
 	texts = palloc0(Max(req->nargs, 1) * sizeof(char *));
 	for (int i = 0; i < req->nargs; i++)
 	{
-		req->argtypes[i] = untyped ? UNKNOWNOID : elemtype;
+		req->argtypes[i] = strings ? UNKNOWNOID : elemtype;
 		req->nulls[i] = isnull[i] ? 'n' : ' ';
-		if (untyped && !isnull[i])
+		if (strings && !isnull[i])
 			texts[i] = TextDatumGetCString(req->values[i]);
 	}
-	if (untyped && req->nargs > 0)
+	if (strings && req->nargs > 0)
 		type_untyped_args(req, texts);
 }
 
@@ -111,10 +126,11 @@ idem_collect_array(ArrayType *arr, bool untyped, IdemRequest *req)
  *		Bind the arguments from position first on.
  *
  * An explicit VARIADIC array is unpacked, so VARIADIC ARRAY[1, 2] is the same
- * request as 1, 2.  Arguments without a type (literals without a cast, which
- * arrive as C strings of type unknown) and the elements of the text[]
- * overloads (what drivers that send every parameter untyped reach) take the
- * types the statement infers for them.
+ * request as 1, 2.  Arguments of a string type (literals without a cast,
+ * which arrive as C strings of type unknown, parameters sent without a
+ * type, text and varchar, and the elements of the idem_untyped[]
+ * overloads, which only untyped arguments reach) take the types the
+ * statement infers for them.
  */
 void
 idem_collect_args(FunctionCallInfo fcinfo, int first, IdemRequest *req)
@@ -135,8 +151,9 @@ idem_collect_args(FunctionCallInfo fcinfo, int first, IdemRequest *req)
 		if (PG_ARGISNULL(first))
 			return;
 		arr = PG_GETARG_ARRAYTYPE_P(first);
-		idem_collect_array(arr, ARR_ELEMTYPE(arr) == TEXTOID &&
-						   get_func_variadictype(fcinfo->flinfo->fn_oid) == TEXTOID,
+		/* the idem_untyped[] overloads, or a VARIADIC array of strings */
+		idem_collect_array(arr, is_string_type(ARR_ELEMTYPE(arr)) ||
+						   get_func_variadictype(fcinfo->flinfo->fn_oid) != ANYOID,
 						   req);
 		return;
 	}
@@ -159,10 +176,13 @@ idem_collect_args(FunctionCallInfo fcinfo, int first, IdemRequest *req)
 					 idem_errhint(ERRCODE_INDETERMINATE_DATATYPE, NULL)));
 
 		req->values[i] = isnull ? (Datum) 0 : PG_GETARG_DATUM(argno);
-		if (typid == UNKNOWNOID)
+		if (is_string_type(typid))
 		{
 			if (!isnull)
-				untyped[i] = DatumGetCString(req->values[i]);
+				untyped[i] = typid == UNKNOWNOID ?
+					DatumGetCString(req->values[i]) :
+					TextDatumGetCString(req->values[i]);
+			typid = UNKNOWNOID;
 			any_untyped = true;
 		}
 		req->argtypes[i] = typid;
@@ -348,6 +368,7 @@ execute_and_record(IdemStatement *stmt, IdemRequest *req,
 	bool		cached_error;
 
 	result->response = idem_execute_caching_errors(stmt, req, &cached_error);
+	idem_citus_check_confined("idem_execute()", false);
 	/* a failed statement had no effect to announce */
 	if (cached_error)
 		topic = NULL;
@@ -379,24 +400,27 @@ idem_make_replay_durable(IdemRequest *req)
  * idem_keyed_request
  *		The request of a call shaped (key text, sql text [, VARIADIC args]),
  *		checked the way idem_execute() checks it; fname names the function.
+ *		keyarg is the key's argument number: the statement follows it, then
+ *		the statement's arguments.
  */
 void
-idem_keyed_request(FunctionCallInfo fcinfo, const char *fname, IdemRequest *req)
+idem_keyed_request(FunctionCallInfo fcinfo, const char *fname, int keyarg,
+				   IdemRequest *req)
 {
 	idem_check_can_write(fname);
 	req->ttl = idem_checked_ttl();
 
 	req->owner = idem_key_owner();
-	req->key = idem_name_arg(fcinfo, 0, "idempotency key");
+	req->key = idem_name_arg(fcinfo, keyarg, "idempotency key");
 	req->keylen = strlen(req->key);
 	idem_check_not_step_key(req->key, fname);
-	if (PG_ARGISNULL(1))
+	if (PG_ARGISNULL(keyarg + 1))
 		ereport(ERROR,
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
 				 errmsg("statement passed to %s must not be null", fname),
 				 idem_errhint(ERRCODE_NULL_VALUE_NOT_ALLOWED, NULL)));
-	req->sql = text_to_cstring(PG_GETARG_TEXT_PP(1));
-	idem_collect_args(fcinfo, IDEM_FIXED_ARGS, req);
+	req->sql = text_to_cstring(PG_GETARG_TEXT_PP(keyarg + 1));
+	idem_collect_args(fcinfo, keyarg + IDEM_FIXED_ARGS, req);
 }
 
 static void
@@ -404,7 +428,7 @@ idem_execute_internal(FunctionCallInfo fcinfo, IdemResult *result)
 {
 	IdemRequest req;
 
-	idem_keyed_request(fcinfo, "idem_execute()", &req);
+	idem_keyed_request(fcinfo, "idem_execute()", 0, &req);
 	idem_execute_request(&req, result);
 }
 

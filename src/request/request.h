@@ -31,7 +31,8 @@ extern bool idem_statement_fingerprint_v1(IdemStatement *stmt,
 										  uint8 *fingerprint);
 extern void idem_statement_infer_types(const char *sql, int nargs,
 									   Oid *types);
-extern void idem_statement_check_settings(IdemStatement *stmt);
+extern void idem_statement_check_settings(IdemStatement *stmt,
+										  const IdemSessionState *before);
 extern bool idem_statement_fingerprint_v2_same(IdemRequest *req);
 extern void idem_value_digest(const char *tag, Oid typid, Datum value,
 							  uint8 *digest);
@@ -67,9 +68,9 @@ extern char *idem_derive_key(int nparts, const char *const *parts);
 /* execute.c: the parts of a call that workflow steps share */
 extern void idem_collect_args(FunctionCallInfo fcinfo, int first,
 							  IdemRequest *req);
-extern void idem_collect_array(ArrayType *arr, bool untyped, IdemRequest *req);
+extern void idem_collect_array(ArrayType *arr, bool strings, IdemRequest *req);
 extern void idem_keyed_request(FunctionCallInfo fcinfo, const char *fname,
-							   IdemRequest *req);
+							   int keyarg, IdemRequest *req);
 extern void idem_execute_request(IdemRequest *req, IdemResult *result);
 extern Datum idem_result_datum(IdemResult *result);
 extern void idem_check_not_step_key(const char *key, const char *fname);
@@ -82,5 +83,15 @@ extern bool idem_find_record(IdemStatement *stmt, IdemRequest *req,
 extern char *idem_current_topic(Oid owner);
 extern char *idem_check_may_execute(IdemRequest *req);
 extern void idem_make_replay_durable(IdemRequest *req);
+
+/* untyped.c: unknown driver parameters in calls of idem's functions */
+extern void idem_untyped_install(void);
+/* citus.c: idem under Citus */
+extern bool idem_citus_present(void);
+extern void idem_citus_require(const char *fname);
+extern Oid	idem_citus_keys_relid(void);
+extern bool idem_citus_in_distributed_transaction(void);
+extern void idem_citus_check_confined(const char *fname, bool tenant_call);
+extern void idem_citus_pin_tenant(Oid type, Datum value, uint32 colocation);
 
 #endif							/* IDEM_REQUEST_H */

@@ -34,7 +34,9 @@
  * by their flags and bounds, enums by
  * label, and base types defined in the database by their bytes (never by
  * text output, which DateStyle or TimeZone change, nor by a send function,
- * whose text parts follow client_encoding).  Every NaN is one NaN.  Version 1 (idem 1.0) is kept only to compare
+ * whose text parts follow client_encoding).  Every NaN is one NaN.  A
+ * numeric argument that the statement uses only through one numeric(p,s)
+ * column is hashed as the column stores it (see find_numeric_uses()).  Version 1 (idem 1.0) is kept only to compare
  * records written by 1.0; see idem_statement_fingerprint_v1().  Version 2
  * (idem 1.1) is version 3 without field names; see
  * idem_statement_fingerprint_v2_same().
@@ -55,6 +57,7 @@
 #include "common/hashfn.h"
 #include "lib/ilist.h"
 #include "miscadmin.h"
+#include "nodes/nodeFuncs.h"
 #include "nodes/parsenodes.h"
 #include "parser/analyze.h"
 #include "parser/parse_expr.h"
@@ -100,6 +103,7 @@ typedef struct ArgHashInfo
 	bool		typbyval;
 	Oid			basetype;		/* the type itself, or a domain's base */
 	char	   *typident;		/* stable name of the declared type */
+	int32		numeric_typmod; /* numeric(p,s) every use applies, or -1 */
 } ArgHashInfo;
 
 /*
@@ -158,6 +162,8 @@ struct IdemStatement
 	SPIPlanPtr	plan;			/* NULL until first executed */
 	Oid		   *inferred;		/* for argtypes with UNKNOWNOID: the types
 								 * the statement gave them, once inferred */
+	bool		has_numeric;	/* an argument is numeric */
+	uint64		uses_epoch;		/* numeric_typmods found at this epoch */
 	bool		plan_checked;	/* analyzed statement verified */
 	bool		resized;		/* plan may have grown since last measured */
 	Size		bytes;			/* memory charged to the cache */
@@ -172,6 +178,13 @@ typedef struct StatementCacheEntry
 	uint64		hashkey;
 	IdemStatement *stmt;
 } StatementCacheEntry;
+
+/*
+ * Counts relation invalidations, after which the numeric(p,s) found for a
+ * statement's arguments is looked for again: ALTER TABLE may change a
+ * column's scale.  Statements start at 0, the epoch at 1.
+ */
+static uint64 numeric_uses_epoch = 1;
 
 static HTAB *statement_cache = NULL;
 static MemoryContext statement_cache_cxt = NULL;
@@ -211,7 +224,13 @@ read_settings(IdemSettings *s)
 	s->datestyle = DateStyle;
 	s->dateorder = DateOrder;
 	s->intervalstyle = IntervalStyle;
-	s->float_digits = extra_float_digits;
+	/*
+	 * Each setting counts as the behaviour it selects, not as its spelling:
+	 * every positive extra_float_digits selects the shortest exact output,
+	 * so PgJDBC's 3 and lib/pq's 2 are psql's 1; zero and below each round
+	 * differently.
+	 */
+	s->float_digits = extra_float_digits > 0 ? 1 : extra_float_digits;
 	s->bytea_output = bytea_output;
 	s->xmloption = xmloption;
 	s->xmlbinary = xmlbinary;
@@ -336,19 +355,32 @@ current_settings(void)
 /*
  * idem_statement_check_settings
  *		Refuse a business statement that changed a setting of the request
- *		identity, with set_config() or SET in a function it calls: every
- *		later request of the session (or transaction) would mean something
- *		else than the same call before it.  The error aborts the
- *		transaction, which takes the change back.
+ *		identity (search_path, TimeZone, ...), the role, or one of idem's
+ *		own parameters (before: as they were when it started), with
+ *		set_config(), SET or SET ROLE in a function it calls: every later
+ *		request of the session (or transaction) would mean something else
+ *		than the same call before it, or be keyed by another role, or be
+ *		recorded differently.  The error aborts the transaction, which
+ *		takes the change back.
  */
 void
-idem_statement_check_settings(IdemStatement *stmt)
+idem_statement_check_settings(IdemStatement *stmt,
+							  const IdemSessionState *before)
 {
+	const char *changed;
+
 	if (memcmp(current_settings(), stmt->settings, IDEM_FINGERPRINT_LEN) != 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
 				 errmsg("business statement changed a setting that is part of the request identity"),
 				 errdetail("search_path, TimeZone, DateStyle and the other settings idem compares decide what every later request of the session means."),
+				 idem_errhint(ERRCODE_FEATURE_NOT_SUPPORTED, "Change the setting before the call, or in a SET clause of the function the statement calls, which restores it on exit.")));
+	changed = idem_session_state_changed(before);
+	if (changed != NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("business statement changed setting \"%s\"", changed),
+				 errdetail("The role and the idem.* settings decide whose keys every later request of the session uses and what idem records for it."),
 				 idem_errhint(ERRCODE_FEATURE_NOT_SUPPORTED, "Change the setting before the call, or in a SET clause of the function the statement calls, which restores it on exit.")));
 }
 
@@ -581,6 +613,12 @@ check_parameter_count(int maxparam, int nargs)
  */
 
 static void
+numeric_uses_inval(Datum arg, Oid relid)
+{
+	numeric_uses_epoch++;
+}
+
+static void
 statement_cache_init(void)
 {
 	HASHCTL		ctl;
@@ -593,6 +631,7 @@ statement_cache_init(void)
 	ctl.hcxt = statement_cache_cxt;
 	statement_cache = hash_create("idem statements", 256, &ctl,
 								  HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
+	CacheRegisterRelcacheCallback(numeric_uses_inval, (Datum) 0);
 }
 
 static uint64
@@ -636,6 +675,7 @@ describe_arg(Oid typid, ArgHashInfo *info)
 	info->typlen = typlen;
 	info->typbyval = typbyval;
 	info->basetype = basetype;
+	info->numeric_typmod = -1;
 	info->typident = typid < FirstGenbkiObjectId ? psprintf("%u", typid)
 		: format_type_be_qualified(typid);
 	info->complex = basetype != typid || basetype >= FirstGenbkiObjectId ||
@@ -689,7 +729,10 @@ statement_create(uint64 hashkey, const char *sql, int nargs, Oid *argtypes,
 		memcpy(stmt->argtypes, argtypes, nargs * sizeof(Oid));
 		stmt->arginfo = palloc0(nargs * sizeof(ArgHashInfo));
 		for (int i = 0; i < nargs; i++)
+		{
 			describe_arg(argtypes[i], &stmt->arginfo[i]);
+			stmt->has_numeric |= argtypes[i] == NUMERICOID;
+		}
 	}
 	MemoryContextSwitchTo(oldcxt);
 	MemoryContextSetParent(cxt, statement_cache_cxt);
@@ -895,25 +938,22 @@ is_analysis_error(int sqlerrcode)
 }
 
 /*
- * Analyze a validated statement with its untyped parameters open.  False
- * when it cannot be analyzed that way; the untyped ones are then text.
+ * Parse analysis of a validated statement, in a subtransaction: the query,
+ * or NULL when the statement cannot be analyzed now (a missing table, an
+ * ambiguous operator).  Parameters whose *ptypes entry is InvalidOid are
+ * open, and their types are filled in, as parse_analyze_varparams() does.
  */
-static bool
-infer_types(const char *sql, int nargs, Oid *types)
+static Query *
+analyze_statement(const char *sql, Oid **ptypes, int *nparams)
 {
 	RawStmt    *raw = linitial_node(RawStmt, pg_parse_query(sql));
-	Oid		   *ptypes = palloc(nargs * sizeof(Oid));
-	int			nparams = nargs;
 	IdemSubxact sx;
-	bool		inferred = true;
-
-	for (int i = 0; i < nargs; i++)
-		ptypes[i] = types[i] == UNKNOWNOID ? InvalidOid : types[i];
+	Query	   *query = NULL;
 
 	idem_subxact_begin(&sx);
 	PG_TRY();
 	{
-		(void) parse_analyze_varparams(raw, sql, &ptypes, &nparams, NULL);
+		query = parse_analyze_varparams(raw, sql, ptypes, nparams, NULL);
 		idem_subxact_end(&sx, true);
 	}
 	PG_CATCH();
@@ -923,9 +963,26 @@ infer_types(const char *sql, int nargs, Oid *types)
 		if (!is_analysis_error(edata->sqlerrcode))
 			ReThrowError(edata);
 		FreeErrorData(edata);
-		inferred = false;
+		query = NULL;
 	}
 	PG_END_TRY();
+	return query;
+}
+
+/*
+ * Analyze a validated statement with its untyped parameters open.  False
+ * when it cannot be analyzed that way; the untyped ones are then text.
+ */
+static bool
+infer_types(const char *sql, int nargs, Oid *types)
+{
+	Oid		   *ptypes = palloc(nargs * sizeof(Oid));
+	int			nparams = nargs;
+	bool		inferred;
+
+	for (int i = 0; i < nargs; i++)
+		ptypes[i] = types[i] == UNKNOWNOID ? InvalidOid : types[i];
+	inferred = analyze_statement(sql, &ptypes, &nparams) != NULL;
 
 	for (int i = 0; i < nargs; i++)
 	{
@@ -1227,6 +1284,113 @@ hash_datum(idem_sha256_ctx ctx, Oid typid, Datum value)
 		hash_scalar(ctx, basetype, typlen, typbyval, value);
 }
 
+/* How the statement uses each argument: numeric(p,s) typmods */
+typedef struct ParamUses
+{
+	int			nargs;
+	int32	   *typmod;			/* NUMERIC_USE_* or the one typmod */
+} ParamUses;
+
+#define NUMERIC_USE_NONE	(-1)	/* not seen yet */
+#define NUMERIC_USE_EXACT	(-2)	/* seen as it is, or with two typmods */
+
+static void
+note_numeric_use(ParamUses *uses, int paramid, int32 typmod)
+{
+	int32	   *slot;
+
+	if (paramid < 1 || paramid > uses->nargs)
+		return;
+	slot = &uses->typmod[paramid - 1];
+	if (*slot == NUMERIC_USE_NONE)
+		*slot = typmod;
+	else if (*slot != typmod)
+		*slot = NUMERIC_USE_EXACT;
+}
+
+static bool
+numeric_uses_walker(Node *node, ParamUses *uses)
+{
+	if (node == NULL)
+		return false;
+	if (IsA(node, Query))
+		return query_tree_walker((Query *) node, numeric_uses_walker, uses, 0);
+	if (IsA(node, FuncExpr) &&
+		((FuncExpr *) node)->funcid == F_NUMERIC_NUMERIC_INT4 &&
+		list_length(((FuncExpr *) node)->args) == 2)
+	{
+		Node	   *arg = linitial(((FuncExpr *) node)->args);
+		Node	   *typmod = lsecond(((FuncExpr *) node)->args);
+
+		/* a column's numeric(p,s): the length coercion of an assignment */
+		if (IsA(arg, Param) && ((Param *) arg)->paramkind == PARAM_EXTERN &&
+			IsA(typmod, Const) && !((Const *) typmod)->constisnull &&
+			DatumGetInt32(((Const *) typmod)->constvalue) >= (int32) VARHDRSZ)
+		{
+			note_numeric_use(uses, ((Param *) arg)->paramid,
+							 DatumGetInt32(((Const *) typmod)->constvalue));
+			return false;
+		}
+	}
+	if (IsA(node, Param) && ((Param *) node)->paramkind == PARAM_EXTERN)
+	{
+		note_numeric_use(uses, ((Param *) node)->paramid, NUMERIC_USE_EXACT);
+		return false;
+	}
+	return expression_tree_walker(node, numeric_uses_walker, uses);
+}
+
+/*
+ * Find, for each numeric argument, the numeric(p,s) through which the
+ * statement uses it, if it uses it only through one: an INSERT or UPDATE
+ * of a numeric(12,2) column that nothing else reads the argument for.
+ * The statement then cannot tell 25, 25.00 and 0.25e2 apart (it stores and
+ * returns 25.00 for each), so they are one request; an argument used
+ * otherwise (RETURNING $2, $2::text, a comparison, an unconstrained
+ * numeric column) keeps its scale.  A statement that cannot be analyzed
+ * now (a missing table) keeps every scale.
+ */
+static void
+find_numeric_uses(IdemStatement *stmt)
+{
+	ParamUses	uses;
+	Oid		   *ptypes = palloc(stmt->nargs * sizeof(Oid));
+	int			nparams = stmt->nargs;
+	Query	   *query;
+
+	uses.nargs = stmt->nargs;
+	uses.typmod = palloc(stmt->nargs * sizeof(int32));
+	for (int i = 0; i < stmt->nargs; i++)
+		uses.typmod[i] = NUMERIC_USE_NONE;
+	memcpy(ptypes, stmt->argtypes, stmt->nargs * sizeof(Oid));
+	query = analyze_statement(stmt->sql, &ptypes, &nparams);
+	if (query != NULL)
+		(void) query_tree_walker(query, numeric_uses_walker, &uses, 0);
+	else
+		for (int i = 0; i < stmt->nargs; i++)
+			uses.typmod[i] = NUMERIC_USE_EXACT;
+
+	for (int i = 0; i < stmt->nargs; i++)
+		stmt->arginfo[i].numeric_typmod =
+			stmt->argtypes[i] == NUMERICOID && uses.typmod[i] >= 0 ?
+			uses.typmod[i] : -1;
+	stmt->uses_epoch = numeric_uses_epoch;
+	pfree(uses.typmod);
+	pfree(ptypes);
+}
+
+/*
+ * A numeric value as a numeric(p,s) typmod stores it: rounded to the
+ * scale.  An overflow of the precision is the statement's error to raise.
+ */
+static Datum
+numeric_as_stored(Datum value, int32 typmod)
+{
+	int32		scale = (((typmod - VARHDRSZ) & 0x7ff) ^ 1024) - 1024;
+
+	return DirectFunctionCall2(numeric_round, value, Int32GetDatum(scale));
+}
+
 /*
  * idem_statement_fingerprint
  *		Compute the request fingerprint (version 3) of req, a call of stmt.
@@ -1238,6 +1402,9 @@ idem_statement_fingerprint(IdemStatement *stmt, IdemRequest *req,
 	IdemSha256	sha;
 	idem_sha256_ctx ctx = idem_sha256_begin(&sha);
 	int32		nargs = req->nargs;
+
+	if (stmt->has_numeric && stmt->uses_epoch != numeric_uses_epoch)
+		find_numeric_uses(stmt);
 
 	idem_sha256_update(ctx, stmt->ident, IDEM_FINGERPRINT_LEN);
 	idem_sha256_update(ctx, &nargs, sizeof(nargs));
@@ -1251,6 +1418,8 @@ idem_statement_fingerprint(IdemStatement *stmt, IdemRequest *req,
 		idem_sha256_update(ctx, &isnull, 1);
 		if (isnull == 'n')
 			continue;
+		if (info->numeric_typmod >= 0)
+			value = numeric_as_stored(value, info->numeric_typmod);
 		if (info->complex)
 			hash_datum(ctx, req->argtypes[i], value);
 		else

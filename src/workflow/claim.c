@@ -38,6 +38,7 @@
 #include "miscadmin.h"
 #include "storage/latch.h"
 #include "utils/builtins.h"
+#include "utils/guc.h"
 #include "utils/jsonb.h"
 #include "utils/timestamp.h"
 #include "utils/tuplestore.h"
@@ -76,16 +77,65 @@ static IdemQuery q_due = {
 	CURSOR_OPT_GENERIC_PLAN
 };
 
+/*
+ * The roles with due runs in a queue (a skip scan of runs_owner_due_idx,
+ * one probe per role), those with the fewest leases that hold first, then
+ * the one whose oldest due run is oldest.
+ */
+static IdemQuery q_owners = {
+	"WITH RECURSIVE o(owner) AS ("
+	"  (SELECT r.owner FROM idem.runs r"
+	"    WHERE r.queue OPERATOR(pg_catalog.=) $1 AND r.queue_state IS NOT NULL"
+	"    ORDER BY r.owner LIMIT 1)"
+	"  UNION ALL"
+	"  SELECT (SELECT r.owner FROM idem.runs r"
+	"           WHERE r.queue OPERATOR(pg_catalog.=) $1 AND r.queue_state IS NOT NULL"
+	"             AND r.owner OPERATOR(pg_catalog.>) o.owner"
+	"           ORDER BY r.owner LIMIT 1)"
+	"    FROM o WHERE o.owner IS NOT NULL)"
+	" SELECT o.owner, h.due,"
+	"        (SELECT pg_catalog.count(*) FROM idem.runs r"
+	"          WHERE r.queue OPERATOR(pg_catalog.=) $1 AND r.owner OPERATOR(pg_catalog.=) o.owner"
+	"            AND r.queue_state IS NOT NULL AND r.due_at OPERATOR(pg_catalog.>) $2"
+	"            AND r.queue_state OPERATOR(pg_catalog.=) 'leased') AS leased"
+	"   FROM o CROSS JOIN LATERAL"
+	"        (SELECT r.due_at AS due FROM idem.runs r"
+	"          WHERE r.queue OPERATOR(pg_catalog.=) $1 AND r.owner OPERATOR(pg_catalog.=) o.owner"
+	"            AND r.queue_state IS NOT NULL AND r.due_at OPERATOR(pg_catalog.<=) $2"
+	"          ORDER BY r.due_at LIMIT 1) h"
+	"  WHERE o.owner IS NOT NULL"
+	"  ORDER BY 3, 2"
+	"  LIMIT $3",
+	3, {TEXTOID, TIMESTAMPTZOID, INT4OID},
+	CURSOR_OPT_GENERIC_PLAN
+};
+
+/* One role's oldest due runs, locked as q_due locks. */
+static IdemQuery q_due_owner = {
+	"SELECT owner, run_id FROM idem.runs"
+	" WHERE queue OPERATOR(pg_catalog.=) $1"
+	"   AND owner OPERATOR(pg_catalog.=) $4"
+	"   AND queue_state IS NOT NULL"
+	"   AND due_at OPERATOR(pg_catalog.<=) $2"
+	" ORDER BY due_at"
+	" LIMIT $3"
+	" FOR UPDATE SKIP LOCKED",
+	4, {TEXTOID, TIMESTAMPTZOID, INT4OID, REGROLEOID},
+	CURSOR_OPT_GENERIC_PLAN
+};
+
 static IdemQuery q_lock_queue = {
 	"SELECT FROM idem.queues WHERE queue OPERATOR(pg_catalog.=) $1 FOR UPDATE",
 	1, {TEXTOID}
 };
 
+/* the leases that hold: on the claim's index, after now */
 static IdemQuery q_count_leased = {
 	"SELECT pg_catalog.count(*)::pg_catalog.int4 FROM idem.runs"
 	" WHERE queue OPERATOR(pg_catalog.=) $1"
-	"   AND queue_state OPERATOR(pg_catalog.=) 'leased'"
-	"   AND due_at OPERATOR(pg_catalog.>) $2",
+	"   AND queue_state IS NOT NULL"
+	"   AND due_at OPERATOR(pg_catalog.>) $2"
+	"   AND queue_state OPERATOR(pg_catalog.=) 'leased'",
 	2, {TEXTOID, TIMESTAMPTZOID},
 	CURSOR_OPT_GENERIC_PLAN
 };
@@ -204,6 +254,7 @@ lease_run(Oid owner, const char *run_id, IdemQueue *q, int64 lease_us,
 	run.lease_holder = (char *) worker;
 	run.claims++;
 	idem_update_run(&run);
+	idem_run_token_owner_note(&run.lease_token, owner);
 	next = idem_run_next_step(&run);
 	idem_run_attempt_begin(&run, next, now);
 	idem_stats_count_for(MyDatabaseId, owner, IDEM_STAT_RUNS_CLAIMED, 1);
@@ -227,44 +278,141 @@ lease_run(Oid owner, const char *run_id, IdemQueue *q, int64 lease_us,
 	return true;
 }
 
-/* One claim of queue into store; returns how many runs it leased. */
+/* The most roles a claim shares among: more wait for later claims. */
+#define CLAIM_MAX_OWNERS	1000
+
+/*
+ * Due runs for a claim, in the order to try them: owners[i], run_ids[i].
+ * Inside the caller's SPI connection; the arrays in its context.
+ */
+static uint64
+collect_due(IdemQuery *q, Datum *values, char *nulls, IdemOwnerSPI *spi,
+			Oid **owners, char ***run_ids, uint64 have)
+{
+	uint64		n;
+
+	idem_query_run(q, values, nulls, 0);
+	n = SPI_processed;
+	*owners = have == 0 ?
+		MemoryContextAlloc(spi->callercxt, sizeof(Oid) * Max(n, 1)) :
+		repalloc(*owners, sizeof(Oid) * (have + Max(n, 1)));
+	*run_ids = have == 0 ?
+		MemoryContextAlloc(spi->callercxt, sizeof(char *) * Max(n, 1)) :
+		repalloc(*run_ids, sizeof(char *) * (have + Max(n, 1)));
+	for (uint64 i = 0; i < n; i++)
+	{
+		bool		isnull;
+
+		(*owners)[have + i] = DatumGetObjectId(SPI_getbinval(SPI_tuptable->vals[i],
+															 SPI_tuptable->tupdesc,
+															 1, &isnull));
+		(*run_ids)[have + i] = MemoryContextStrdup(spi->callercxt,
+												   SPI_getvalue(SPI_tuptable->vals[i],
+																SPI_tuptable->tupdesc, 2));
+	}
+	return have + n;
+}
+
+/*
+ * One claim of queue into store; returns how many runs it leased.
+ *
+ * The roles whose runs are due share the claim: the role with the fewest
+ * leases that hold goes first (then the one whose oldest due run is
+ * oldest), one run each in turn, so that one role's backlog never holds
+ * another role's runs back.  Within a role, oldest due first.  A queue
+ * whose due runs are all one role's takes them in one scan.
+ */
 static int32
 claim_into(IdemQueue *q, int32 max_runs, int64 lease_us, Oid caller,
 		   const char *worker, Tuplestorestate *store, TupleDesc tupdesc)
 {
 	IdemOwnerSPI spi;
-	Datum		values[3];
-	char		nulls[3] = {' ', ' ', ' '};
+	Datum		values[4];
+	char		nulls[4] = {' ', ' ', ' ', ' '};
 	TimestampTz now = GetCurrentTimestamp();
 	int32		want = room_under_cap(q, max_runs, now);
 	int32		leased = 0;
-	uint64		n;
-	Oid		   *owners;
-	char	  **run_ids;
+	uint64		n = 0;
+	int			nestlevel;
+	Oid		   *owners = NULL;
+	char	  **run_ids = NULL;
+	Oid		   *roles;
+	int			nroles;
 
 	if (want == 0)
 		return 0;
 	values[0] = CStringGetTextDatum(q->queue);
 	values[1] = TimestampTzGetDatum(now);
-	values[2] = Int32GetDatum(want);
+	values[2] = Int32GetDatum(CLAIM_MAX_OWNERS);
+
+	/*
+	 * The plans are made once per backend, perhaps while idem.runs is still
+	 * empty, when a scan of the whole table looks as cheap as the index:
+	 * they must be the index scans in due order whatever the table held.
+	 */
+	nestlevel = NewGUCNestLevel();
+	(void) set_config_option("enable_seqscan", "off", PGC_USERSET,
+							 PGC_S_SESSION, GUC_ACTION_SAVE, true, 0, false);
+	(void) set_config_option("enable_sort", "off", PGC_USERSET,
+							 PGC_S_SESSION, GUC_ACTION_SAVE, true, 0, false);
+	(void) set_config_option("enable_bitmapscan", "off", PGC_USERSET,
+							 PGC_S_SESSION, GUC_ACTION_SAVE, true, 0, false);
+	/* the roles' order needs a sort, whose disabled cost would call for JIT */
+	(void) set_config_option("jit", "off", PGC_USERSET,
+							 PGC_S_SESSION, GUC_ACTION_SAVE, true, 0, false);
 	idem_owner_spi_begin(&spi, idem_catalog_runs());
-	idem_query_run(&q_due, values, nulls, 0);
-	n = SPI_processed;
-	owners = MemoryContextAlloc(spi.callercxt, sizeof(Oid) * Max(n, 1));
-	run_ids = MemoryContextAlloc(spi.callercxt, sizeof(char *) * Max(n, 1));
-	for (uint64 i = 0; i < n; i++)
+	idem_query_run(&q_owners, values, nulls, 0);
+	nroles = (int) SPI_processed;
+	roles = MemoryContextAlloc(spi.callercxt, sizeof(Oid) * Max(nroles, 1));
+	for (int i = 0; i < nroles; i++)
 	{
 		bool		isnull;
 
-		owners[i] = DatumGetObjectId(SPI_getbinval(SPI_tuptable->vals[i],
-												   SPI_tuptable->tupdesc, 1,
-												   &isnull));
-		run_ids[i] = MemoryContextStrdup(spi.callercxt,
-										 SPI_getvalue(SPI_tuptable->vals[i],
-													  SPI_tuptable->tupdesc, 2));
+		roles[i] = DatumGetObjectId(SPI_getbinval(SPI_tuptable->vals[i],
+												  SPI_tuptable->tupdesc, 1,
+												  &isnull));
+	}
+	if (nroles == 1)
+	{
+		values[2] = Int32GetDatum(want);
+		n = collect_due(&q_due, values, nulls, &spi, &owners, &run_ids, 0);
+	}
+	else if (nroles > 1)
+	{
+		/*
+		 * Each role's oldest due runs, as many as the rounds of one run per
+		 * role that want may need, then taken in turn.
+		 */
+		int32		rounds = (want + nroles - 1) / nroles;
+		uint64	   *start = palloc(sizeof(uint64) * (nroles + 1));
+		Oid		   *all_owners = NULL;
+		char	  **all_ids = NULL;
+		uint64		total = 0;
+
+		values[2] = Int32GetDatum(rounds);
+		for (int i = 0; i < nroles; i++)
+		{
+			CHECK_FOR_INTERRUPTS();
+			start[i] = total;
+			values[3] = ObjectIdGetDatum(roles[i]);
+			total = collect_due(&q_due_owner, values, nulls, &spi, &all_owners,
+								&all_ids, total);
+		}
+		start[nroles] = total;
+		owners = MemoryContextAlloc(spi.callercxt, sizeof(Oid) * Max(total, 1));
+		run_ids = MemoryContextAlloc(spi.callercxt, sizeof(char *) * Max(total, 1));
+		for (int32 r = 0; r < rounds; r++)
+			for (int i = 0; i < nroles; i++)
+				if (start[i] + r < start[i + 1])
+				{
+					owners[n] = all_owners[start[i] + r];
+					run_ids[n] = all_ids[start[i] + r];
+					n++;
+				}
 	}
 	idem_owner_spi_end(&spi);
-	for (uint64 i = 0; i < n; i++)
+	AtEOXact_GUC(true, nestlevel);
+	for (uint64 i = 0; i < n && leased < want; i++)
 	{
 		CHECK_FOR_INTERRUPTS();
 		if (lease_run(owners[i], run_ids[i], q, lease_us, caller, worker,

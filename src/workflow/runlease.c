@@ -44,22 +44,42 @@ static IdemQuery q_queued_by_id = {
 	2, {TEXTOID, UUIDOID}
 };
 
-static IdemQuery q_attempt_insert = {
-	"INSERT INTO idem.run_attempts"
-	"  (owner, run_id, claim, attempt, step, worker, leased_by, claimed_at)"
-	" VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
-	8, {REGROLEOID, TEXTOID, INT4OID, INT4OID, TEXTOID, TEXTOID, REGROLEOID,
-	TIMESTAMPTZOID}
-};
+/*
+ * The owners of the runs whose tokens this backend saw last (claimed, or
+ * looked up): a worker's steps name the run by id and token, and a token
+ * belongs to one run forever, so the owner a step would look up again is
+ * known.  A stale entry is harmless: the fence compares the token with the
+ * run's row under its lock.
+ */
+#define TOKEN_CACHE_SIZE	16
+static struct
+{
+	pg_uuid_t	token;
+	Oid			owner;
+} token_cache[TOKEN_CACHE_SIZE];
+static int	token_cache_next = 0;
 
-static IdemQuery q_attempt_end = {
-	"UPDATE idem.run_attempts SET ended_at = $4, outcome = $5, error = $6"
-	" WHERE owner OPERATOR(pg_catalog.=) $1"
-	"   AND run_id OPERATOR(pg_catalog.=) $2"
-	"   AND claim OPERATOR(pg_catalog.=) $3"
-	"   AND outcome IS NULL",
-	6, {REGROLEOID, TEXTOID, INT4OID, TIMESTAMPTZOID, TEXTOID, TEXTOID}
-};
+/*
+ * idem_run_token_owner_note
+ *		Remember that token leases a run of owner.
+ */
+void
+idem_run_token_owner_note(const pg_uuid_t *token, Oid owner)
+{
+	token_cache[token_cache_next].token = *token;
+	token_cache[token_cache_next].owner = owner;
+	token_cache_next = (token_cache_next + 1) % TOKEN_CACHE_SIZE;
+}
+
+static Oid
+token_owner_cached(const pg_uuid_t *token)
+{
+	for (int i = 0; i < TOKEN_CACHE_SIZE; i++)
+		if (OidIsValid(token_cache[i].owner) &&
+			memcmp(token_cache[i].token.data, token->data, UUID_LEN) == 0)
+			return token_cache[i].owner;
+	return InvalidOid;
+}
 
 /* Keys derived for a run: its lock, and each step's record. */
 char *
@@ -183,6 +203,9 @@ idem_leased_run_owner(const char *run_id, const pg_uuid_t *token)
 	char	   *state = NULL;
 	char	   *holder = NULL;
 
+	owner = token_owner_cached(token);
+	if (OidIsValid(owner))
+		return owner;
 	values[0] = CStringGetTextDatum(run_id);
 	values[1] = UUIDPGetDatum(token);
 	idem_owner_spi_begin(&spi, idem_catalog_runs());
@@ -211,7 +234,10 @@ idem_leased_run_owner(const char *run_id, const pg_uuid_t *token)
 	}
 	idem_owner_spi_end(&spi);
 	if (OidIsValid(owner))
+	{
+		idem_run_token_owner_note(token, owner);
 		return owner;
+	}
 	if (!any)
 		ereport(ERROR,
 				(errcode(ERRCODE_IDEM_RUN_NOT_FOUND),
@@ -301,22 +327,8 @@ idem_lock_run_leased(const char *run_id, const pg_uuid_t *token,
 void
 idem_run_attempt_begin(IdemRunRow *run, const char *step, TimestampTz now)
 {
-	IdemOwnerSPI spi;
-	Datum		values[8];
-	char		nulls[8] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' '};
-
-	values[0] = ObjectIdGetDatum(run->owner);
-	values[1] = CStringGetTextDatum(run->run_id);
-	values[2] = Int32GetDatum(run->claims);
-	values[3] = Int32GetDatum(run->attempt);
-	nulls[4] = step == NULL ? 'n' : ' ';
-	values[4] = step ? CStringGetTextDatum(step) : (Datum) 0;
-	values[5] = CStringGetTextDatum(run->lease_holder);
-	values[6] = ObjectIdGetDatum(run->leased_by);
-	values[7] = TimestampTzGetDatum(now);
-	idem_owner_spi_begin(&spi, idem_catalog_runs());
-	idem_query_run(&q_attempt_insert, values, nulls, 0);
-	idem_owner_spi_end(&spi);
+	idem_insert_run_attempt(run->owner, run->run_id, run->claims, run->attempt,
+							step, run->lease_holder, run->leased_by, now);
 }
 
 /*
@@ -328,24 +340,10 @@ void
 idem_run_end_lease(IdemRunRow *run, const char *outcome, const char *error,
 				   TimestampTz now)
 {
-	IdemOwnerSPI spi;
-	Datum		values[6];
-	char		nulls[6] = {' ', ' ', ' ', ' ', ' ', ' '};
-
 	if (run->claims > 0 && run->queue_state != NULL &&
 		strcmp(run->queue_state, "leased") == 0)
-	{
-		values[0] = ObjectIdGetDatum(run->owner);
-		values[1] = CStringGetTextDatum(run->run_id);
-		values[2] = Int32GetDatum(run->claims);
-		values[3] = TimestampTzGetDatum(now);
-		values[4] = CStringGetTextDatum(outcome);
-		nulls[5] = error == NULL ? 'n' : ' ';
-		values[5] = error ? CStringGetTextDatum(error) : (Datum) 0;
-		idem_owner_spi_begin(&spi, idem_catalog_runs());
-		idem_query_run(&q_attempt_end, values, nulls, 0);
-		idem_owner_spi_end(&spi);
-	}
+		idem_end_run_attempt(run->owner, run->run_id, run->claims, now,
+							 outcome, error);
 	run->has_token = false;
 	run->leased_by = InvalidOid;
 	run->lease_holder = NULL;

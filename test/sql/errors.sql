@@ -191,3 +191,47 @@ SHOW idem.ttl;
 COMMIT;
 SHOW idem.ttl;
 SHOW idem.cache_errors;
+-- a database's or a role's settings (ALTER DATABASE / ALTER ROLE ... SET):
+-- made by a superuser in a session that has not loaded idem, PostgreSQL
+-- stores them unchecked; the call that loads idem in a later session fails
+-- with the error (naming where the setting comes from), and the setting is
+-- not applied
+SELECT current_database() AS regress_db, current_user AS regress_user \gset
+\c
+ALTER DATABASE :"regress_db" SET idem.ttl = 0;
+CREATE ROLE regress_early_role LOGIN;
+GRANT USAGE ON SCHEMA public TO regress_early_role;
+ALTER ROLE regress_early_role SET idem.audit = 'everything';
+\c
+SELECT idem_key('early');
+\echo :LAST_ERROR_SQLSTATE
+SHOW idem.ttl;
+SELECT idem_key('early') AS loaded_now;
+-- once loaded, the same ALTER is refused when it is made
+ALTER DATABASE :"regress_db" SET idem.ttl = 0;
+\echo :LAST_ERROR_SQLSTATE
+ALTER DATABASE :"regress_db" RESET idem.ttl;
+\c - regress_early_role
+SELECT idem_key('early');
+\echo :LAST_ERROR_SQLSTATE
+SHOW idem.audit;
+\c - :regress_user
+ALTER ROLE regress_early_role RESET ALL;
+-- a role may not store a ceiling for itself, loaded or not (42501)
+\c
+SET ROLE regress_early_role;
+ALTER ROLE regress_early_role SET idem.max_response_size = '10MB';
+\echo :LAST_ERROR_SQLSTATE
+SELECT idem_key('early') AS loaded;
+ALTER ROLE regress_early_role SET idem.max_response_size = '10MB';
+\echo :LAST_ERROR_SQLSTATE
+RESET ROLE;
+\c
+REVOKE USAGE ON SCHEMA public FROM regress_early_role;
+DROP ROLE regress_early_role;
+-- valid ones apply
+ALTER DATABASE :"regress_db" SET idem.ttl = '2h';
+\c
+SELECT idem_key('early') AS loaded;
+SHOW idem.ttl;
+ALTER DATABASE :"regress_db" RESET idem.ttl;

@@ -141,13 +141,13 @@ SET idem.statement_cache_memory = '1GB';
 \echo :LAST_ERROR_SQLSTATE
 SET idem.ttl = '30d';
 SELECT idem_execute('ttl-squat', 'SELECT 1 AS one') ->> 'rowcount' AS at_the_ceiling;
--- nor can the business statement raise idem.ttl after the check: the ttl
--- is read once, when the call starts
+-- nor can the business statement raise idem.ttl after the check: a
+-- statement that changes an idem.* setting is refused, and records nothing
 SELECT idem_execute('ttl-bypass', 'SELECT set_config(''idem.ttl'', ''3000d'', true) AS t') ->> 'rowcount';
+\echo :LAST_ERROR_SQLSTATE
 RESET ROLE;
 SELECT count(*) AS squat_records FROM idem.keys WHERE key = 'ttl-squat';
-SELECT expires_at - created_at < interval '31 days' AS bypass_capped
-  FROM idem.keys WHERE key = 'ttl-bypass';
+SELECT count(*) AS bypass_records FROM idem.keys WHERE key = 'ttl-bypass';
 -- an administrator raises the ceiling (here for the session; ALTER ROLE
 -- or ALTER DATABASE ... SET idem.max_ttl for good)
 SET idem.max_ttl = '400d';

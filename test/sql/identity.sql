@@ -289,6 +289,35 @@ SHOW quote_all_identifiers;
 -- has is no change
 SELECT idem_execute('sc-4', 'SELECT set_identity(''application_name'', ''sc4'', false) AS v');
 SELECT idem_execute('sc-5', 'SELECT set_identity(''search_path'', current_setting(''search_path''), false) AS v') ->> 'command';
+-- nor the role, nor idem's own settings: whose keys later requests use
+-- (role, idem.key_owner) and what idem records for them (idem.ttl,
+-- idem.cache_errors, idem.outbox_topic, ...) are the caller's to decide
+CREATE ROLE regress_idem_other;
+GRANT regress_idem_other TO current_user;
+SELECT idem_execute('sc-6', 'SELECT set_identity(''role'', ''regress_idem_other'', false) AS v');
+\echo :LAST_ERROR_SQLSTATE
+SELECT current_user = session_user AS role_kept;
+SELECT idem_execute('sc-7', 'SELECT set_identity(''idem.key_owner'', ''regress_idem_other'', false) AS v');
+\echo :LAST_ERROR_SQLSTATE
+SHOW idem.key_owner;
+BEGIN;
+SELECT idem_execute('sc-8', 'SELECT set_identity(''idem.cache_errors'', ''23'', true) AS v');
+ROLLBACK;
+\echo :LAST_ERROR_SQLSTATE
+SELECT idem_execute('sc-9', 'SELECT set_identity(''idem.ttl'', ''1h'', false) AS v');
+\echo :LAST_ERROR_SQLSTATE
+SHOW idem.ttl;
+SELECT idem_execute('sc-10', 'SELECT set_identity(''idem.wait'', ''off'', false) AS v');
+\echo :LAST_ERROR_SQLSTATE
+SHOW idem.wait;
+SELECT count(*) AS recorded FROM idem.keys WHERE key IN ('sc-6', 'sc-7', 'sc-8', 'sc-9', 'sc-10');
+-- set to the value it has, or in a SET clause that restores it: no change
+SELECT idem_execute('sc-11', 'SELECT set_identity(''idem.ttl'', current_setting(''idem.ttl''), false) AS v') ->> 'command';
+CREATE FUNCTION ttl_in_clause() RETURNS text LANGUAGE sql
+  SET idem.ttl = '1h' AS 'SELECT current_setting(''idem.ttl'')';
+SELECT idem_execute('sc-12', 'SELECT ttl_in_clause() AS v') -> 'rows';
+DROP FUNCTION ttl_in_clause();
+DROP ROLE regress_idem_other;
 RESET application_name;
 DROP FUNCTION set_identity(text, text, boolean);
 

@@ -3,6 +3,10 @@
 -- fail with backoff, jitter and Retry-After, dead letters, requeue, the
 -- states view, the purge of delivered events, and bad input (issue 10)
 --
+-- Acknowledged events stay here as delivered (idem.outbox_keep_delivered),
+-- so that this file can show their state, ID410 and the purge;
+-- outbox_ack covers the default, an ack that deletes the event.
+SET idem.outbox_keep_delivered = on;
 CREATE ROLE regress_ob_admin;
 CREATE ROLE regress_ob_producer;
 CREATE ROLE regress_ob_publishers;			-- a group granted publish

@@ -74,7 +74,7 @@ SELECT set_config('idem.lease_token', rl_token('w2')::text, true) IS NOT NULL AS
 SELECT idem_step('ret-2', 'check', 'SELECT 2 AS two');
 COMMIT;
 RESET ROLE;
-SELECT owner, key FROM idem.keys ORDER BY key;
+SELECT owner, key FROM idem.keys WHERE owner::text LIKE 'regress_rl%' ORDER BY key;
 
 -- no path reaches a queued run's step without its lease: nothing changes
 SELECT * FROM rl_digest \gset before_
@@ -83,6 +83,8 @@ SELECT idem_step('ret-1', 'label', 'SELECT 1');						-- no token
 SELECT * FROM idem_call(NULL, 'SELECT 1', run_id => 'ret-1', step => 'label');
 SELECT idem_step_complete('ret-1', 'label', '{}');
 SELECT idem_execute(idem_step_key('ret-1', 'label'), 'SELECT 1');
+SELECT * FROM idem_dry_run(idem_step_key('ret-1', 'label'), 'SELECT 1');
+SELECT * FROM idem_call(idem_step_key('ret-1', 'label'), 'SELECT 1');
 RESET ROLE;
 SET ROLE regress_rl_agent;
 SELECT * FROM idem_call(NULL, 'INSERT INTO rl_refunds VALUES (''x'', 1)',
@@ -256,8 +258,27 @@ SELECT idem_step_fail('ret-1', 'refund', gen_random_uuid(), 'x', retry_after => 
 SELECT idem_step_fail('ret-1', 'refund', gen_random_uuid(), 'x', retry_after => '10 years');
 RESET ROLE;
 
+-- claims share a queue among roles: the role with the fewest leases goes
+-- first, then the oldest due; one role's backlog holds no other role back
+SELECT idem_queue_create('rlfair', producers => '{regress_rl_app,regress_rl_other}',
+	workers => '{regress_rl_agent}');
+SET ROLE regress_rl_app;
+SELECT count(*) FROM (SELECT idem_run_begin('a-' || g, queue => 'rlfair') FROM generate_series(1, 3) g) s;
+RESET ROLE;
+UPDATE idem.runs SET due_at = now() - interval '1 h' + substr(run_id, 3)::int * interval '1 s'
+ WHERE queue = 'rlfair';
+SET ROLE regress_rl_other;
+SELECT created FROM idem_run_begin('b-1', queue => 'rlfair');
+RESET ROLE;
+SET ROLE regress_rl_agent;
+SELECT run_id, owner FROM idem_run_claim('rlfair', max_runs => 2) ORDER BY run_id;
+SELECT run_id, owner FROM idem_run_claim('rlfair', max_runs => 1);
+SELECT run_id, owner FROM idem_run_claim('rlfair', max_runs => 5);
+RESET ROLE;
+
 -- cleanup
-DELETE FROM idem.runs WHERE queue IN ('rl', 'rl1');
+DELETE FROM idem.runs WHERE queue IN ('rl', 'rl1', 'rlfair');
+DELETE FROM idem.keys WHERE owner = 'regress_rl_other'::regrole;
 DELETE FROM idem.keys WHERE owner = 'regress_rl_app'::regrole;
 DELETE FROM idem.queues;
 DROP VIEW rl_digest;

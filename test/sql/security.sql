@@ -135,6 +135,38 @@ SELECT pay_own('sec:pay') AS bob_executes;
 RESET SESSION AUTHORIZATION;
 SELECT owner, count(*) FROM idem.keys WHERE key = 'sec:pay' GROUP BY owner ORDER BY owner::text;
 SELECT payer, count(*) FROM payments GROUP BY payer ORDER BY payer;
+-- the setting is the wrapper's, never its caller's: inside a SECURITY
+-- DEFINER function a value the caller set is ignored and the call keyed
+-- by the wrapper's owner.  Otherwise bob, calling the wrapper that keys
+-- every caller alike, could name alice (whom the wrapper's owner was
+-- granted) and be served her response, or learn from a mismatch what she
+-- sent; or leave the namespace the wrapper shares between its callers.
+SET SESSION AUTHORIZATION regress_idem_alice;
+SELECT pay_own('sec:pay-alice');
+SET SESSION AUTHORIZATION regress_idem_bob;
+SET idem.key_owner = 'regress_idem_alice';
+SELECT pay_shared('sec:pay-alice') AS bob_named_alice;
+SET idem.key_owner = 'session_user';
+SELECT pay_shared('sec:pay-alice') AS bob_replays_the_shared_record;
+-- a wrapper's own SET clause still wins over what the caller set
+SET idem.key_owner = 'regress_idem_alice';
+SELECT pay_own('sec:pay-alice') AS bob_keyed_as_bob;
+RESET idem.key_owner;
+RESET SESSION AUTHORIZATION;
+SELECT owner, count(*) FROM idem.keys WHERE key = 'sec:pay-alice' GROUP BY owner ORDER BY owner::text;
+SELECT payer, count(*) FROM payments GROUP BY payer ORDER BY payer;
+-- and one that sets it in its body (set_config, as its owner) is honoured
+CREATE FUNCTION pay_body(k text) RETURNS jsonb SECURITY DEFINER
+  LANGUAGE plpgsql SET search_path = pg_catalog, public
+  AS $$ BEGIN
+	PERFORM set_config('idem.key_owner', 'session_user', true);
+	RETURN idem_execute(k, 'INSERT INTO payments (payer) VALUES (session_user) RETURNING payer') -> 'rows';
+  END $$;
+ALTER FUNCTION pay_body(text) OWNER TO regress_idem_definer;
+SET SESSION AUTHORIZATION regress_idem_alice;
+SELECT pay_body('sec:pay-alice') AS alice_replays_via_body;
+RESET SESSION AUTHORIZATION;
+DROP FUNCTION pay_body(text);
 -- a plain session may name a role only if it has that role's privileges
 SET ROLE regress_idem_alice;
 SET idem.key_owner = 'regress_idem_bob';
@@ -158,7 +190,7 @@ RESET idem.key_owner;
 SELECT count(*) AS keys_as_bob FROM idem.keys WHERE key LIKE 'sec:%as-bob%';
 DROP FUNCTION pay_shared(text), pay_own(text);
 DROP TABLE payments;
-DELETE FROM idem.keys WHERE key IN ('sec:pay', 'sec:as-self');
+DELETE FROM idem.keys WHERE key IN ('sec:pay', 'sec:pay-alice', 'sec:as-self');
 DROP ROLE regress_idem_definer;
 
 DROP SCHEMA evil CASCADE;

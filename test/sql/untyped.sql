@@ -82,6 +82,40 @@ RESET search_path;
 DROP SCHEMA u_int, u_text CASCADE;
 DROP TABLE later;
 
+-- text and varchar are strings too, in every form of the call: next to a
+-- typed argument the statement types them ('40'::text for an integer $1)
+SELECT idem_execute('u:15', 'SELECT $1 + $2 AS s', '40'::text, 2);
+SELECT replayed FROM idem_execute_ex('u:15', 'SELECT $1 + $2 AS s', '40'::varchar, 2);
+SELECT replayed FROM idem_execute_ex('u:15', 'SELECT $1 + $2 AS s', '40', 2);
+
+-- domains over text, char(n), name and "char" keep their type, spread,
+-- as a VARIADIC array, and next to a typed argument: they are not the
+-- string 'a' (issue 19)
+CREATE DOMAIN u_code AS text CHECK (VALUE <> '');
+SELECT idem_execute('u:16', 'SELECT $1 AS v, pg_typeof($1)::text AS t', 'a'::u_code);
+SELECT replayed FROM idem_execute_ex('u:16', 'SELECT $1 AS v, pg_typeof($1)::text AS t', 'a'::u_code);
+SELECT replayed FROM idem_execute_ex('u:16', 'SELECT $1 AS v, pg_typeof($1)::text AS t', VARIADIC ARRAY['a'::u_code]);
+SELECT idem_execute('u:16', 'SELECT $1 AS v, pg_typeof($1)::text AS t', 'a'::text);
+\echo :LAST_ERROR_SQLSTATE
+SELECT idem_execute('u:16', 'SELECT $1 AS v, pg_typeof($1)::text AS t', 'a');
+\echo :LAST_ERROR_SQLSTATE
+SELECT idem_execute('u:17', 'SELECT $1 AS v, pg_typeof($1)::text AS t, octet_length($1) AS n', 'a'::char(3));
+SELECT replayed FROM idem_execute_ex('u:17', 'SELECT $1 AS v, pg_typeof($1)::text AS t, octet_length($1) AS n', 'a'::char(3));
+SELECT idem_execute('u:17', 'SELECT $1 AS v, pg_typeof($1)::text AS t, octet_length($1) AS n', 'a');
+\echo :LAST_ERROR_SQLSTATE
+SELECT idem_execute('u:18', 'SELECT pg_typeof($1)::text AS a, pg_typeof($2)::text AS b, $3 AS c', 'a'::name, 'b'::"char", 'c');
+SELECT idem_execute('u:18', 'SELECT pg_typeof($1)::text AS a, pg_typeof($2)::text AS b, $3 AS c', 'a', 'b', 'c');
+\echo :LAST_ERROR_SQLSTATE
+SELECT idem_execute('u:19', 'SELECT pg_typeof($1)::text AS a, pg_typeof($2)::text AS b', 'a'::u_code, 1);
+-- the domain's constraint holds
+SELECT idem_execute('u:20', 'SELECT $1 AS v', ''::u_code);
+\echo :LAST_ERROR_SQLSTATE
+-- a VARIADIC array of more than one dimension is refused, not flattened
+SELECT idem_execute('u:20', 'SELECT $1 AS v', VARIADIC ARRAY[['a', 'b'], ['c', 'd']]);
+\echo :LAST_ERROR_SQLSTATE
+SELECT * FROM seen;
+DROP DOMAIN u_code;
+
 DEALLOCATE ALL;
 DROP VIEW seen;
 DROP TABLE refunds;

@@ -139,12 +139,41 @@ CREATE DATABASE idem_from_1_1;
 \c idem_from_1_1
 CREATE EXTENSION idem VERSION '1.1';
 SELECT extversion FROM pg_extension WHERE extname = 'idem';
+-- runs and step records as idem 1.1 wrote them (the real 1.1, commit
+-- 1b5e56a; the script is test/fixtures/make-1.1-steps.sql).  1.1's
+-- idem_step adopted a record that idem_execute() had written under the
+-- step's key, with that record's ttl: step a's has run out, step b's runs
+-- out in 30 days; step x's idem_step wrote itself, never to expire.
+COPY idem.keys (key, owner, fingerprint, response, created_at, expires_at, fingerprint_version) FROM stdin;
+idem.step:up\\:run\\:1:a	regress_idem_alice	\\x784b03d6612de298487d768626346f92c57cf81230e44c91fd9a6c52d0772a82	{"rows": [{"n": 1}], "command": "SELECT", "rowcount": 1}	2026-12-02 13:21:00.044318+00	2026-12-02 13:21:03.045456+00	2
+idem.step:up\\:run\\:1:b	regress_idem_alice	\\xb19f441bae5f14de01879d1398295a0d45561d77a69a834e3298a3e83cabf35b	{"rows": [{"n": 2}], "command": "SELECT", "rowcount": 1}	2026-12-02 13:21:00.075924+00	2027-01-01 13:21:01.07614+00	2
+idem.step:up\\:run\\:2:x	regress_idem_alice	\\x7f166d1f5b5d32ff581d1d03ea9072f2f65eafac3888abb784b03ae5f22bbad1	{"rows": [{"n": 3}], "command": "SELECT", "rowcount": 1}	2026-12-02 13:21:00.124672+00	infinity	2
+\.
+COPY idem.runs (run_id, owner, steps, input, status, started_at, finished_at, last_error, done_steps, attempts) FROM stdin;
+up:run:1	regress_idem_alice	{a,b,c}	\N	running	2026-12-02 13:21:00.0203+00	\N	\N	{a,b}	{1,1}
+up:run:2	regress_idem_alice	\N	\N	running	2026-12-02 13:21:00.1016+00	\N	\N	{x}	{1}
+\.
 ALTER EXTENSION idem UPDATE;
 SELECT extversion FROM pg_extension WHERE extname = 'idem';
 \set ECHO none
 \i test/fixtures/describe-idem.sql
 \set ECHO all
 SELECT :'upgraded' = :'idem_objects' AS same_objects_from_1_1;
+-- a record a run lists as a completed step never expires after the
+-- update, as the ones 1.2 writes: each step replays, never runs again,
+-- and the run goes on and completes with its steps' records
+SELECT key, expires_at FROM idem.keys ORDER BY key;
+SET ROLE regress_idem_alice;
+SELECT idem_step('up:run:1', 'a', 'SELECT $1::int AS n', 1) -> 'rows' AS a_replays;
+SELECT idem_step('up:run:1', 'b', 'SELECT $1::int AS n', 2) -> 'rows' AS b_replays;
+SELECT idem_step('up:run:1', 'c', 'SELECT $1::int AS n', 4) -> 'rows' AS c_runs;
+SELECT idem_run_complete('up:run:1');
+SELECT status FROM idem_run_status('up:run:1');
+SELECT step, attempts FROM idem_run_steps('up:run:1') ORDER BY step;
+SELECT idem_step('up:run:2', 'x', 'SELECT $1::int AS n', 3) -> 'rows' AS x_replays;
+RESET ROLE;
+SELECT idem_purge() AS purged;
+SELECT count(*) AS step_records FROM idem.keys;
 
 \c :regress_db
 DROP DATABASE idem_fresh;

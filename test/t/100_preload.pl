@@ -117,11 +117,14 @@ ALTER SYSTEM SET idem.outbox_logical_message = on;
 		qr/ERROR:  42501: permission denied to set parameter "idem.outbox_logical_message"/,
 		"$label: and her SET is refused with an error");
 	is( $node->safe_psql('postgres',
+			"SELECT owner || ' ' || state FROM idem.outbox WHERE key = 'ev-1'"),
+		'alice pending', "$label: the event, produced by alice");
+	is( $node->safe_psql('postgres',
 			"SET ROLE bob;\nSELECT count(idem_outbox_ack(event_id, lease_token)) FROM idem_outbox_claim('pay');"),
 		'1', "$label: bob claims and acknowledges the event");
 	is( $node->safe_psql('postgres',
-			"SELECT owner || ' ' || state FROM idem.outbox WHERE key = 'ev-1'"),
-		'alice delivered', "$label: delivered, produced by alice");
+			"SELECT count(*) FROM idem.outbox WHERE key = 'ev-1'"),
+		'0', "$label: delivered (the ack deleted it)");
 
 	$node->stop;
 }

@@ -39,6 +39,8 @@ $node->append_conf(
 	'postgresql.conf', q{
 shared_preload_libraries = 'idem'
 restart_after_crash = on
+# delivered events stay for the purge to remove (the default deletes them)
+idem.outbox_keep_delivered = on
 idem.purge_interval = 1
 idem.purge_batch_size = 1000
 idem.audit_queue_size = 64

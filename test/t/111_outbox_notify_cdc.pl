@@ -3,7 +3,8 @@
 
 # Outbox wakeups and change data capture (issue 10).
 #
-# 1. NOTIFY: a session that LISTENs on a topic's channel (from
+# 1. NOTIFY: nobody is notified at idem.outbox_notify's default (off).
+#    With it on, a session that LISTENs on a topic's channel (from
 #    idem_outbox_channel()) is notified, with an empty payload and nothing
 #    on idem_outbox, only once the producing transaction commits: not
 #    while it is open, never for a rolled-back transaction or savepoint,
@@ -73,6 +74,14 @@ sub heard
 
 my $producer = $node->background_psql('postgres');
 $producer->query_safe("SET idem.outbox_topic = 'orders'");
+# the default: a producer's commit sends no NOTIFY (notifying commits are
+# serialized), so a LISTENing consumer hears nothing
+$producer->query_safe(call('n-0'));
+is($producer->query_safe('SHOW idem.outbox_notify'), 'off',
+	'idem.outbox_notify is off by default');
+usleep(300_000);
+is(heard(), '', 'no notification for a commit at the default');
+$producer->query_safe('SET idem.outbox_notify = on');
 $producer->query_safe('BEGIN');
 $producer->query_safe(call('n-1'));
 $producer->query_safe(call('n-2'));
@@ -124,7 +133,7 @@ $listener->quit;
 
 is( $node->safe_psql('postgres',
 		"SELECT string_agg(key, ',' ORDER BY key) FROM idem.outbox WHERE key LIKE 'n-%'"),
-	'n-1,n-2,n-5,n-6',
+	'n-0,n-1,n-2,n-5,n-6',
 	'events: only the committed calls');
 
 ########################################################################

@@ -26,7 +26,10 @@ use Test::More;
 use Time::HiRes qw(usleep);
 
 my $node = idem_node('obcrash');
-$node->append_conf('postgresql.conf', 'restart_after_crash = on');
+# delivered events stay (the default deletes them), so that each one's
+# delivery can be counted
+$node->append_conf('postgresql.conf',
+	"restart_after_crash = on\nidem.outbox_keep_delivered = on");
 $node->start;
 idem_setup_db($node, 'postgres');
 # deliveries: one row per successful ack, in the ack's transaction, so a

@@ -187,6 +187,7 @@ LISTEN idem_outbox;
 LISTEN "$channel";
 SET ROLE flood;
 SET idem.outbox_topic = 'roles';
+SET idem.outbox_notify = on;
 SELECT idem_execute('roles:n1', 'SELECT 3') IS NOT NULL;
 SELECT 'done';
 });

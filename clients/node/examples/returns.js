@@ -1,10 +1,11 @@
 // A returns workflow with idem-client (clients/README.md shows this file;
-// test/examples.test.js runs it).  Needs IDEM_PG (a pg.Client config as
-// JSON), a queue 'returns' and the tables inventory and refunds.
+// test/examples.test.js and test/doc/run.py run it).  Connects through the
+// PG* environment variables; needs a queue 'returns' and the tables
+// inventory and refunds.
 const pg = require('pg');
-const { Workflow, Worker, RetryAfter } = require('idem-client');
+const { Workflow, Worker, RetryAfter } = require('idem'); // clients/node on NODE_PATH; installed: 'idem-client'
 
-const connect = async () => { const c = new pg.Client(JSON.parse(process.env.IDEM_PG)); await c.connect(); return c; };
+const connect = async () => { const c = new pg.Client(); await c.connect(); return c; }; // PGHOST, PGDATABASE...
 const labels = new Map(); // a carrier that deduplicates by key
 const busy = [true];
 async function createLabel({ idempotencyKey }) {

@@ -48,6 +48,9 @@ async function start({ preload = true, pooler = true } = {}) {
     ['-D', data, '-A', 'trust', '-U', 'postgres', '--encoding=UTF8', '--no-locale'], { stdio: 'ignore' });
   fs.appendFileSync(path.join(data, 'postgresql.conf'),
     `listen_addresses = '127.0.0.1'\nport = ${port}\nunix_socket_directories = '${dir}'\n` +
+    // the tests watch events' states after their ack, and consumers woken
+    // by their producers' NOTIFY
+    'idem.outbox_keep_delivered = on\nidem.outbox_notify = on\n' +
     (preload ? "shared_preload_libraries = 'idem'\n" : ''));
   execFileSync(path.join(BINDIR, 'pg_ctl'), ['-D', data, '-w', '-l', path.join(dir, 'log'), 'start'], { stdio: 'ignore' });
   const direct = { host: dir, port, user: 'postgres', database: DB };

@@ -1,14 +1,14 @@
 # A returns workflow with idem_client (clients/README.md shows this file;
-# tests/test_examples.py runs it).  Needs IDEM_DSN, a queue 'returns' and
-# the tables inventory and refunds.
-import os
+# tests/test_examples.py and test/doc/run.py run it).  Connects through the
+# PG* environment variables; needs a queue 'returns' and the tables
+# inventory and refunds.
 import threading
 from decimal import Decimal
 
 import psycopg
 from idem_client import RetryAfter, Worker, Workflow
 
-connect = lambda: psycopg.connect(os.environ["IDEM_DSN"])
+connect = lambda: psycopg.connect()          # PGHOST, PGDATABASE...
 labels, busy = {}, [True]                     # a carrier that deduplicates by key
 
 

@@ -57,7 +57,11 @@ class Cluster:
         with open(os.path.join(data, "postgresql.conf"), "a") as f:
             f.write(f"listen_addresses = '127.0.0.1'\nport = {self.port}\n"
                     f"unix_socket_directories = '{self.dir}'\n"
-                    "max_connections = 40\n")
+                    "max_connections = 40\n"
+                    # the tests watch events' states after their ack, and
+                    # consumers woken by their producers' NOTIFY
+                    "idem.outbox_keep_delivered = on\n"
+                    "idem.outbox_notify = on\n")
             if preload:
                 f.write("shared_preload_libraries = 'idem'\n")
         self.data = data

@@ -1,0 +1,103 @@
+-- Runs on queues benchmark (issue 21): the queues, the steps' business
+-- table, and the run generators.
+CREATE EXTENSION idem;
+SELECT idem_queue_create('bench');
+SELECT idem_queue_create('lat');
+CREATE TABLE effects (run_id text NOT NULL, step text NOT NULL);
+CREATE SEQUENCE bseq;
+
+-- n runs of four steps, on queue (or none, with prefix 'b'), begun through
+-- idem_run_begin() a thousand to a transaction.
+CREATE PROCEDURE begin_runs(prefix text, n integer, queue text) LANGUAGE plpgsql AS $$
+BEGIN
+	FOR i IN 1..n LOOP
+		PERFORM idem_run_begin(prefix || i, steps => ARRAY['s1', 's2', 's3', 's4'], queue => queue);
+		IF i % 1000 = 0 THEN COMMIT; END IF;
+	END LOOP;
+END $$;
+
+-- Runs written straight into idem.runs for the claim latency: due runs of
+-- queue 'lat' and finished ones (completed, off the claim's index).
+CREATE PROCEDURE fill_lat(due integer, finished integer) LANGUAGE sql AS $$
+INSERT INTO idem.runs (run_id, owner, steps, status, started_at, finished_at,
+	done_steps, attempts, queue, queue_state, due_at, attempt, claims, started_count)
+SELECT 'd' || g, 'postgres'::regrole, ARRAY['s1'], 'running', now(), NULL,
+	'{}', '{}', 'lat', 'ready', now() - g * interval '1 ms', 1, 0, 0
+  FROM generate_series(1, due) g;
+INSERT INTO idem.runs (run_id, owner, steps, status, started_at, finished_at,
+	done_steps, attempts, queue, queue_state, due_at, attempt, claims, started_count)
+SELECT 'f' || g, 'postgres'::regrole, ARRAY['s1'], 'completed', now(), now(),
+	'{s1}', '{1}', 'lat', NULL, NULL, 1, 1, 0
+  FROM generate_series(1, finished) g;
+$$;
+
+-- The same work as leased.sql and plain_step.sql, n runs in one session
+-- (every claim and step still a transaction of its own), for the backend's
+-- CPU time per run: run.sh reads it from /proc, which a loaded machine
+-- disturbs far less than it does throughput.
+CREATE PROCEDURE cpu_leased(n integer) LANGUAGE plpgsql AS $$
+DECLARE
+	r record;
+	sql constant text := 'INSERT INTO effects (run_id, step) VALUES ($1, $2)';
+BEGIN
+	FOR i IN 1..n LOOP
+		SELECT c.run_id, c.lease_token INTO r FROM idem_run_claim('bench', 1, '60 s', 'w') c;
+		COMMIT;
+		PERFORM idem_call(NULL, sql, ARRAY[r.run_id, 's1'], run_id => r.run_id, step => 's1', lease_token => r.lease_token);
+		COMMIT;
+		PERFORM idem_call(NULL, sql, ARRAY[r.run_id, 's2'], run_id => r.run_id, step => 's2', lease_token => r.lease_token);
+		COMMIT;
+		PERFORM idem_call(NULL, sql, ARRAY[r.run_id, 's3'], run_id => r.run_id, step => 's3', lease_token => r.lease_token);
+		COMMIT;
+		PERFORM idem_call(NULL, sql, ARRAY[r.run_id, 's4'], run_id => r.run_id, step => 's4', lease_token => r.lease_token);
+		COMMIT;
+	END LOOP;
+END $$;
+
+CREATE PROCEDURE cpu_plain_step(n integer) LANGUAGE plpgsql AS $$
+DECLARE
+	id text;
+	sql constant text := 'INSERT INTO effects (run_id, step) VALUES ($1, $2)';
+BEGIN
+	FOR i IN 1..n LOOP
+		id := 'b' || nextval('bseq');
+		COMMIT;
+		PERFORM idem_step(id, 's1', sql, id, 's1'::text);
+		COMMIT;
+		PERFORM idem_step(id, 's2', sql, id, 's2'::text);
+		COMMIT;
+		PERFORM idem_step(id, 's3', sql, id, 's3'::text);
+		COMMIT;
+		PERFORM idem_step(id, 's4', sql, id, 's4'::text);
+		COMMIT;
+	END LOOP;
+END $$;
+
+CREATE PROCEDURE cpu_plain_call(n integer) LANGUAGE plpgsql AS $$
+DECLARE
+	id text;
+	sql constant text := 'INSERT INTO effects (run_id, step) VALUES ($1, $2)';
+BEGIN
+	FOR i IN 1..n LOOP
+		id := 'b' || nextval('bseq');
+		COMMIT;
+		PERFORM idem_call(NULL, sql, ARRAY[id, 's1'], run_id => id, step => 's1');
+		COMMIT;
+		PERFORM idem_call(NULL, sql, ARRAY[id, 's2'], run_id => id, step => 's2');
+		COMMIT;
+		PERFORM idem_call(NULL, sql, ARRAY[id, 's3'], run_id => id, step => 's3');
+		COMMIT;
+		PERFORM idem_call(NULL, sql, ARRAY[id, 's4'], run_id => id, step => 's4');
+		COMMIT;
+	END LOOP;
+END $$;
+
+-- n claims of one due run each, a transaction each, for the CPU time per
+-- claim against the number of runs in idem.runs.
+CREATE PROCEDURE cpu_claim(n integer) LANGUAGE plpgsql AS $$
+BEGIN
+	FOR i IN 1..n LOOP
+		PERFORM idem_run_claim('lat', 1, '1 h', 'w');
+		COMMIT;
+	END LOOP;
+END $$;

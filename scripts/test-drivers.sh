@@ -1,0 +1,296 @@
+#!/usr/bin/env bash
+# The driver matrix (issue 23): a retry from any client replays.  Installs
+# thirteen drivers from Debian's archive and npm (psycopg 3 and 2, asyncpg,
+# SQLAlchemy, node-postgres, postgres.js, PgJDBC, DBD::Pg, PDO, PHP's
+# pgsql, ruby-pg, pgx v4 and lib/pq, the Go ones built offline from
+# Debian's sources in GOPATH mode), starts a throwaway cluster with idem and
+# a PgBouncer in transaction mode on loopback, and then:
+#   1. each driver, and psql with explicit types, makes the same request
+#      (scripts/drivers/README) under a key of its own: it executes;
+#   2. each one retries every key, its own and every other's: each must
+#      replay with the very response, and a different request under each
+#      key must be ID422 in the driver's own error object;
+#   3. each one retries every key again through PgBouncer with its
+#      documented setting, after a client left SET extra_float_digits = 3
+#      on the pooled server connection (PgJDBC's setting, leaked).
+# Prints the pass counts and the time, and the driver table of
+# doc/drivers.md, which it checks against the doc (--write-doc rewrites
+# it).  A driver that cannot be installed or built counts as failed.
+#
+#   scripts/test-drivers.sh [--write-doc]
+# Environment: PG_CONFIG (Debian's PostgreSQL 15 by default), with idem
+# installed into it; IDEM_DRIVERS_PORT (5491; PgBouncer gets the next).
+set -uo pipefail
+top=$(cd "$(dirname "$0")/.." && pwd)
+export PG_CONFIG=${PG_CONFIG:-/usr/lib/postgresql/15/bin/pg_config}
+bindir=$("$PG_CONFIG" --bindir)
+port=${IDEM_DRIVERS_PORT:-5491}
+bport=$((port + 1))
+write_doc=0
+[ "${1:-}" = "--write-doc" ] && write_doc=1
+started=$(date +%s)
+drv="$top/scripts/drivers"
+
+# PostgreSQL and PgBouncer refuse to run as root
+as_pg() {
+	if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi
+}
+
+# --- dependencies ---------------------------------------------------------
+apt_pkgs="python3-psycopg python3-psycopg2 python3-asyncpg python3-sqlalchemy
+	nodejs libpostgresql-jdbc-java default-jdk-headless libdbd-pg-perl
+	php-cli php-pgsql ruby-pg golang-go golang-github-jackc-pgx-v4-dev
+	golang-github-lib-pq-dev pgbouncer"
+missing=$(for p in $apt_pkgs; do
+	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || echo "$p"
+done)
+if [ -n "$missing" ]; then
+	echo "# installing from Debian: $(echo $missing)"
+	if [ "$(id -u)" = 0 ]; then
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -q -o DPkg::Lock::Timeout=600 \
+			--no-install-recommends $missing >/dev/null ||
+			{ apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
+				-o DPkg::Lock::Timeout=600 --no-install-recommends $missing >/dev/null; } ||
+			echo "# apt-get install failed: the drivers it lacks are reported below"
+	else
+		echo "# not root: cannot install $(echo $missing)"
+	fi
+fi
+if ! (cd "$top/clients/node" && node -e 'require.resolve("pg"); require.resolve("postgres")' 2>/dev/null); then
+	echo "# installing node-postgres and postgres.js from npm (clients/node's lock file)"
+	(cd "$top/clients/node" && npm ci --no-audit --no-fund --loglevel=error >/dev/null) ||
+		echo "# npm ci failed: the node drivers are reported below"
+fi
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/idem-drivers.XXXXXX")
+chmod 755 "$work"
+cleanup() {
+	[ -f "$work/bouncer.pid" ] && kill "$(cat "$work/bouncer.pid")" 2>/dev/null
+	[ -d "$work/data" ] && as_pg "$bindir/pg_ctl" -D "$work/data" -m immediate stop >/dev/null 2>&1
+	rm -rf "$work"
+}
+trap cleanup EXIT
+
+# Java and Go programs are built once, offline
+build_log="$work/build.log"
+if command -v javac >/dev/null && [ -f /usr/share/java/postgresql.jar ]; then
+	javac -d "$work/java" "$drv/Matrix.java" >>"$build_log" 2>&1
+fi
+if command -v go >/dev/null; then
+	for prog in pgx pq; do
+		(cd "$drv/$prog" && GO111MODULE=off GOPATH=/usr/share/gocode GOCACHE="${XDG_CACHE_HOME:-$HOME/.cache}/idem-drivers-go" \
+			GOFLAGS= go build -o "$work/$prog" . >>"$build_log" 2>&1)
+	done
+fi
+chmod -R a+rX "$work"
+echo "# dependencies and builds: $(($(date +%s) - started))s"
+
+# --- the cluster and PgBouncer ------------------------------------------
+mkdir -p "$work/data" && chown postgres: "$work" "$work/data" 2>/dev/null
+as_pg "$bindir/initdb" -D "$work/data" -A trust -U postgres --encoding=UTF8 --no-locale >/dev/null ||
+	{ echo "initdb failed"; exit 1; }
+cat >>"$work/data/postgresql.conf" <<EOF
+listen_addresses = '127.0.0.1'
+port = $port
+unix_socket_directories = '$work'
+# mixed typed and untyped parameters need the library at parse time
+session_preload_libraries = 'idem'
+EOF
+as_pg "$bindir/pg_ctl" -D "$work/data" -l "$work/server.log" -w start >/dev/null ||
+	{ cat "$work/server.log"; exit 1; }
+export PGHOST=127.0.0.1 PGPORT=$port PGUSER=postgres PGDATABASE=matrix
+psql_q() { "$bindir/psql" -X -q -v ON_ERROR_STOP=1 -At "$@"; }
+psql_q -d postgres -c "CREATE DATABASE matrix" &&
+	psql_q -c "CREATE EXTENSION idem" &&
+	psql_q -c "CREATE TABLE matrix_pay (id serial PRIMARY KEY, ref text NOT NULL, amount numeric(12,2) NOT NULL)" ||
+	exit 1
+
+cat >"$work/bouncer.ini" <<EOF
+[databases]
+matrix = host=127.0.0.1 port=$port dbname=matrix
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = $bport
+unix_socket_dir =
+auth_type = trust
+auth_file = $work/users.txt
+pool_mode = transaction
+default_pool_size = 1
+max_client_conn = 50
+ignore_startup_parameters = extra_float_digits
+logfile = $work/bouncer.log
+pidfile = $work/bouncer.pid
+EOF
+echo '"postgres" ""' >"$work/users.txt"
+chown postgres: "$work/bouncer.ini" "$work/users.txt" 2>/dev/null
+as_pg pgbouncer -d "$work/bouncer.ini" || { echo "pgbouncer failed to start"; exit 1; }
+for _ in $(seq 50); do psql_q -p "$bport" -c "SELECT 1" >/dev/null 2>&1 && break; sleep 0.1; done
+
+# --- the drivers ------------------------------------------------------------
+SQL='INSERT INTO matrix_pay (ref, amount) VALUES ($1, $2) RETURNING ref, amount'
+# psql: the request with explicit types, the way an operator types it
+run_psql() {
+	local mode=$1 key
+	shift
+	for key in "$@"; do
+		psql_q -F $'\t' -c "SELECT 'result', '$key', replayed, response::text FROM idem_execute_ex('$key', '$SQL', '$key'::text, 25.00::numeric)" |
+			sed 's/\tt\t/\ttrue\t/; s/\tf\t/\tfalse\t/'
+		if [ "$mode" = retry ]; then
+			if psql_q -v VERBOSITY=verbose -c "SELECT idem_execute('$key', '$SQL', '$key'::text, 26.00::numeric)" >/dev/null 2>"$work/psql.err"; then
+				printf 'mismatch\t%s\tnone\n' "$key"
+			else
+				printf 'mismatch\t%s\t%s\n' "$key" "$(sed -n 's/^ERROR:  \([A-Z0-9]\{5\}\):.*/\1/p' "$work/psql.err" | head -1)"
+			fi
+		fi
+	done
+}
+NODE_PATH="$top/clients/node/node_modules"
+export NODE_PATH
+# name|how to run it|what proves it can run|how it sends the amount|its PgBouncer setting
+drivers=(
+	"psql|run_psql|true|25.00::numeric (typed)|none needed"
+	"psycopg 3|/usr/bin/python3 $drv/psycopg3_driver.py|/usr/bin/python3 -c 'import psycopg'|Decimal: numeric, next to untyped str|prepare_threshold=None"
+	"psycopg2|/usr/bin/python3 $drv/psycopg2_driver.py|/usr/bin/python3 -c 'import psycopg2'|Decimal: a numeric literal quoted in|none needed"
+	"asyncpg|/usr/bin/python3 $drv/asyncpg_driver.py|/usr/bin/python3 -c 'import asyncpg'|Decimal to \$4::numeric|statement_cache_size=0, calls in a transaction"
+	"SQLAlchemy|/usr/bin/python3 $drv/sqlalchemy_driver.py|/usr/bin/python3 -c 'import sqlalchemy, psycopg2'|Decimal (psycopg2 underneath)|none needed"
+	"node-postgres|node $drv/node_pg.js|node -e 'require(\"pg\")'|JS number 25: untyped \"25\"|none needed"
+	"postgres.js|node $drv/postgresjs.js|node -e 'require(\"postgres\")'|JS number 25: untyped \"25\"|prepare: false"
+	"PgJDBC|java -cp $work/java:/usr/share/java/postgresql.jar Matrix|test -f $work/java/Matrix.class|setBigDecimal: numeric, next to setString varchar|prepareThreshold=0"
+	"DBD::Pg|perl $drv/dbd_pg.pl|perl -MDBD::Pg -e 1|Perl number 25.00: untyped \"25\"|pg_server_prepare => 0"
+	"PDO|php $drv/pdo.php|php -r 'exit(extension_loaded(\"pdo_pgsql\") ? 0 : 1);'|PHP float 25.00: untyped \"25\"|PDO::ATTR_EMULATE_PREPARES => true"
+	"PHP pgsql|php $drv/php_pgsql.php|php -r 'exit(function_exists(\"pg_query_params\") ? 0 : 1);'|PHP float 25.00: untyped \"25\"|none needed"
+	"ruby-pg|ruby $drv/ruby_pg.rb|ruby -e 'require \"pg\"'|BigDecimal: untyped \"0.25e2\"|none needed"
+	"pgx v4|$work/pgx|test -x $work/pgx|Go string \"25\"|PreferSimpleProtocol"
+	"lib/pq|$work/pq|test -x $work/pq|Go float64 25: untyped \"25\"|binary_parameters=yes"
+)
+key_of() { echo "m-$(echo "$1" | tr -c 'a-zA-Z0-9\n' '-')"; }
+
+declare -A ok begun resp direct mism bounced
+usable=()
+for d in "${drivers[@]}"; do
+	IFS='|' read -r name cmd probe _ _ <<<"$d"
+	if eval "$probe" >/dev/null 2>&1; then
+		ok[$name]=1
+		usable+=("$name")
+	else
+		ok[$name]=0
+		echo "# $name: cannot run (not installed, or did not build; see below)"
+	fi
+done
+[ -s "$build_log" ] && { echo "# build output:"; sed 's/^/#   /' "$build_log"; }
+
+cmd_of() {
+	local d name cmd
+	for d in "${drivers[@]}"; do
+		IFS='|' read -r name cmd _ _ _ <<<"$d"
+		[ "$name" = "$1" ] && { echo "$cmd"; return; }
+	done
+}
+
+# 1. each begins its own key
+for name in "${usable[@]}"; do
+	key=$(key_of "$name")
+	out=$(eval "$(cmd_of "$name") begin $key" 2>"$work/err")
+	line=$(grep -P "^result\t$key\tfalse\t" <<<"$out")
+	if [ -n "$line" ]; then
+		begun[$name]=1
+		resp[$key]=$(cut -f4 <<<"$line")
+	else
+		begun[$name]=0
+		echo "# $name: begin failed:"; sed 's/^/#   /' <<<"$out"; sed 's/^/#   /' "$work/err" | tail -5
+	fi
+done
+keys=()
+for name in "${usable[@]}"; do [ "${begun[$name]}" = 1 ] && keys+=("$(key_of "$name")"); done
+
+echo "# each driver began its key: $(($(date +%s) - started))s"
+
+# 2. and 3. each retries every key, directly and through PgBouncer
+check_retry() {	# name output -> "replays mismatches"
+	local out=$2 k r=0 m=0
+	for k in "${keys[@]}"; do
+		grep -qxF "$(printf 'result\t%s\ttrue\t%s' "$k" "${resp[$k]}")" <<<"$out" && r=$((r + 1))
+		grep -qxF "$(printf 'mismatch\t%s\tID422' "$k")" <<<"$out" && m=$((m + 1))
+	done
+	echo "$r $m"
+}
+# directly, all drivers at once (each key's lock orders the calls)
+i=0
+for name in "${usable[@]}"; do
+	i=$((i + 1))
+	eval "$(cmd_of "$name") retry ${keys[*]}" >"$work/direct.$i" 2>"$work/direct.$i.err" &
+done
+wait
+echo "# each driver retried every key directly: $(($(date +%s) - started))s"
+# through PgBouncer one after the other, each after the leaked SET
+i=0
+for name in "${usable[@]}"; do
+	i=$((i + 1))
+	cmd=$(cmd_of "$name")
+	out=$(cat "$work/direct.$i")
+	cp "$work/direct.$i.err" "$work/err"
+	read -r r m <<<"$(check_retry "$name" "$out")"
+	direct[$name]=$r mism[$name]=$m
+	if [ "$r" != "${#keys[@]}" ] || [ "$m" != "${#keys[@]}" ]; then
+		echo "# $name direct: $r/${#keys[@]} replays, $m/${#keys[@]} ID422:"
+		sed 's/^/#   /' <<<"$out" | head -40; sed 's/^/#   /' "$work/err" | tail -5
+	fi
+	# PgJDBC's SET, leaked by a pooled connection to the next client
+	psql_q -p "$bport" -c "SET extra_float_digits = 3" || echo "# could not SET through PgBouncer"
+	if [ "$name" = psql ]; then
+		out=$(PGPORT=$bport eval "$cmd retry ${keys[*]}" 2>"$work/err")
+	else
+		out=$(PGPORT=$bport VIA_BOUNCER=1 eval "$cmd retry ${keys[*]}" 2>"$work/err")
+	fi
+	read -r r m <<<"$(check_retry "$name" "$out")"
+	bounced[$name]=$r
+	if [ "$r" != "${#keys[@]}" ] || [ "$m" != "${#keys[@]}" ]; then
+		echo "# $name through PgBouncer: $r/${#keys[@]} replays, $m/${#keys[@]} ID422:"
+		sed 's/^/#   /' <<<"$out" | head -40; sed 's/^/#   /' "$work/err" | tail -5
+		bounced[$name]=$((r < m ? r : m))
+	fi
+done
+leaked=$(psql_q -p "$bport" -c "SHOW extra_float_digits")
+rows=$(psql_q -c "SELECT count(*) FROM matrix_pay")
+
+# --- the result -------------------------------------------------------------
+n=${#drivers[@]}
+passed=0 failed=0
+table="| driver | sends the amount as | direct: replays of the $n keys, ID422 | through PgBouncer (transaction mode) | its PgBouncer setting |
+|---|---|---|---|---|"
+for d in "${drivers[@]}"; do
+	IFS='|' read -r name _ _ how setting <<<"$d"
+	if [ "${ok[$name]}" != 1 ] || [ "${begun[$name]:-0}" != 1 ]; then
+		failed=$((failed + 1))
+		table+=$'\n'"| $name | $how | not run: cannot install or begin | not run | $setting |"
+		continue
+	fi
+	if [ "${direct[$name]}" = "$n" ] && [ "${mism[$name]}" = "$n" ] && [ "${bounced[$name]}" = "$n" ]; then
+		passed=$((passed + 1))
+	else
+		failed=$((failed + 1))
+	fi
+	table+=$'\n'"| $name | $how | ${direct[$name]}/$n, ${mism[$name]}/$n | ${bounced[$name]}/$n | $setting |"
+done
+elapsed=$(($(date +%s) - started))
+echo "$table"
+echo "# $rows business rows for $n requests; extra_float_digits left on the pooled connection: $leaked"
+
+doc="$top/doc/drivers.md"
+if [ "$write_doc" = 1 ]; then
+	python3 - "$doc" "$table" <<'PY'
+import re, sys
+path, table = sys.argv[1], sys.argv[2]
+text = open(path).read()
+new = re.sub(r"(<!-- matrix:begin -->\n).*?(\n<!-- matrix:end -->)", lambda m: m.group(1) + table + m.group(2), text, flags=re.S)
+open(path, "w").write(new)
+PY
+	echo "# wrote the table into doc/drivers.md"
+elif ! diff <(sed -n '/<!-- matrix:begin -->/,/<!-- matrix:end -->/p' "$doc" | sed '1d;$d') <(echo "$table") >/dev/null; then
+	echo "# doc/drivers.md's table differs from this run (scripts/test-drivers.sh --write-doc updates it)"
+	failed=$((failed + 1))
+fi
+[ "$rows" = "$n" ] || { echo "# expected $n business rows, found $rows"; failed=$((failed + 1)); }
+echo "drivers: $passed passed, $failed failed"
+echo "# matrix time: ${elapsed}s"
+[ "$failed" = 0 ]

@@ -1,0 +1,620 @@
+/*-------------------------------------------------------------------------
+ *
+ * tenant.c
+ *		Tenant calls under Citus.  idem_citus_colocate(): an administrator
+ *		declares which distributed table (its colocation group) idem's
+ *		tenant key records follow; it creates idem.citus_keys, distributed
+ *		by a tenant column of the table's distribution type and co-located
+ *		with it, and idem_citus_call() with a tenant argument of that type,
+ *		which Citus delegates to the node of the tenant's shard
+ *		(create_distributed_function with force_delegation).
+ *		idem_citus_call(): the key record and the business write in one
+ *		local transaction there.
+ *
+ * The table and the function are made here rather than by the extension's
+ * script because their types come from the distributed table.  Declaring
+ * the same colocation again changes nothing; another is refused while
+ * idem.citus_keys holds records (they would stay on the old group's
+ * shards).
+ *
+ * The key record is read and written through Citus, as the table's owner
+ * (callers have no rights on it), which executes it on the local shard:
+ * the shard's relation changes with every move, and only Citus knows it.
+ * So it commits with the business write in one local transaction and
+ * moves with the tenant's shard (citus_move_shard_placement, the
+ * rebalancer, splits: Citus moves a colocation group's shards together).
+ * Every other shape is refused rather than run with the key and the write
+ * on different nodes: a call Citus did not delegate finds no local
+ * placement of the tenant's shard (IDC02), and a business statement for
+ * which Citus opened a distributed transaction (it reached another node or
+ * another tenant) fails the call (IDC02).  Keys are per (role, tenant,
+ * key): the tenant is in the primary key and in the lock.
+ *
+ * Copyright (c) 2026, idem authors
+ *
+ * IDENTIFICATION
+ *	  src/workflow/tenant.c
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "access/htup_details.h"
+#include "catalog/pg_class.h"
+#include "catalog/pg_proc.h"
+#include "catalog/pg_type.h"
+#include "executor/spi.h"
+#include "fmgr.h"
+#include "funcapi.h"
+#include "miscadmin.h"
+#include "utils/builtins.h"
+#include "utils/guc.h"
+#include "utils/jsonb.h"
+#include "utils/lsyscache.h"
+#include "utils/memutils.h"
+#include "utils/syscache.h"
+#include "utils/timestamp.h"
+
+#include "workflow/workflow.h"
+
+PG_FUNCTION_INFO_V1(idem_citus_colocate);
+PG_FUNCTION_INFO_V1(idem_citus_call);
+
+static void
+run_sql(const char *sql, int nargs, Oid *types, Datum *values, int expect)
+{
+	int			rc = SPI_execute_with_args(sql, nargs, types, values, NULL,
+										   false, 0);
+
+	if (rc != expect)
+		elog(ERROR, "SPI_execute_with_args failed: %s (%s)",
+			 SPI_result_code_string(rc), sql);
+}
+
+/*
+ * The distribution column's type and colocation group of a hash-distributed
+ * table; false if it is not one.
+ */
+static bool
+distribution_of(Oid relid, Oid *type, int32 *colocation)
+{
+	Oid			types[1] = {OIDOID};
+	Datum		values[1] = {ObjectIdGetDatum(relid)};
+	bool		isnull;
+
+	run_sql("SELECT a.atttypid, p.colocationid"
+			" FROM pg_catalog.pg_dist_partition p"
+			" JOIN pg_catalog.pg_attribute a"
+			" ON a.attrelid OPERATOR(pg_catalog.=) p.logicalrelid"
+			" AND a.attname OPERATOR(pg_catalog.=)"
+			" pg_catalog.column_to_column_name(p.logicalrelid, p.partkey)"
+			" WHERE p.logicalrelid OPERATOR(pg_catalog.=) $1"
+			" AND p.partmethod OPERATOR(pg_catalog.=) 'h'",
+			1, types, values, SPI_OK_SELECT);
+	if (SPI_processed == 0)
+		return false;
+	*type = DatumGetObjectId(SPI_getbinval(SPI_tuptable->vals[0],
+										   SPI_tuptable->tupdesc, 1, &isnull));
+	*colocation = DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[0],
+											  SPI_tuptable->tupdesc, 2, &isnull));
+	return true;
+}
+
+/* The library file of a C function (its pg_proc.probin). */
+static char *
+func_probin(Oid fn)
+{
+	HeapTuple	tup = SearchSysCache1(PROCOID, ObjectIdGetDatum(fn));
+	bool		isnull;
+	Datum		d;
+	char	   *probin;
+
+	if (!HeapTupleIsValid(tup))
+		elog(ERROR, "cache lookup failed for function %u", fn);
+	d = SysCacheGetAttr(PROCOID, tup, Anum_pg_proc_probin, &isnull);
+	if (isnull)
+		elog(ERROR, "function %u has no library", fn);
+	probin = TextDatumGetCString(d);
+	ReleaseSysCache(tup);
+	return probin;
+}
+
+static bool
+citus_keys_empty(void)
+{
+	run_sql("SELECT count(*) OPERATOR(pg_catalog.=) 0"
+			" FROM (SELECT 1 FROM idem.citus_keys LIMIT 1) k", 0, NULL, NULL,
+			SPI_OK_SELECT);
+	return DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0],
+									  SPI_tuptable->tupdesc, 1, &(bool){0}));
+}
+
+/*
+ * idem_citus_colocate(distributed_table regclass) returns void
+ */
+Datum
+idem_citus_colocate(PG_FUNCTION_ARGS)
+{
+	const char *fname = "idem_citus_colocate()";
+	Oid			table = PG_GETARG_OID(0);
+	Oid			keys_rel;
+	Oid			type;
+	int32		colocation;
+	Oid			fn_nsp = get_func_namespace(fcinfo->flinfo->fn_oid);
+	const char *nsp;
+	char	   *typname;
+	char	   *qtable;
+	StringInfoData sql;
+	Oid			types[1];
+	Datum		values[1];
+	char	   *probin;
+	int			nestlevel;
+
+	idem_citus_require(fname);
+	if (!superuser())
+		ereport(ERROR,
+				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+				 errmsg("only a superuser may declare idem's colocation"),
+				 errdetail("%s creates a distributed table and a distributed function.", fname),
+				 idem_errhint(ERRCODE_INSUFFICIENT_PRIVILEGE, NULL)));
+
+	/*
+	 * Citus runs a function's DDL over one connection per node, which a
+	 * table distributed in parallel earlier in the transaction has not
+	 * used; sequential for this call only.
+	 */
+	nestlevel = NewGUCNestLevel();
+	(void) set_config_option("citus.multi_shard_modify_mode", "sequential",
+							 PGC_USERSET, PGC_S_SESSION, GUC_ACTION_SAVE,
+							 true, 0, false);
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+	if (!distribution_of(table, &type, &colocation))
+		ereport(ERROR,
+				(errcode(ERRCODE_IDEM_CITUS_MISMATCH),
+				 errmsg("\"%s\" is not a hash-distributed Citus table", get_rel_name(table)),
+				 errdetail("idem's records follow a colocation group of tables distributed by a column."),
+				 idem_errhint(ERRCODE_IDEM_CITUS_MISMATCH, "Pass a table made with create_distributed_table(table, column).")));
+
+	keys_rel = idem_citus_keys_relid();
+	if (OidIsValid(keys_rel))
+	{
+		Oid			keys_type;
+		int32		keys_colocation;
+
+		if (distribution_of(keys_rel, &keys_type, &keys_colocation) &&
+			keys_colocation == colocation)
+		{
+			SPI_finish();
+			AtEOXact_GUC(true, nestlevel);
+			PG_RETURN_VOID();
+		}
+		if (!citus_keys_empty())
+			ereport(ERROR,
+					(errcode(ERRCODE_IDEM_CITUS_MISMATCH),
+					 errmsg("idem's records already follow another colocation group"),
+					 errdetail("idem.citus_keys holds key records of the colocation it was declared with."),
+					 idem_errhint(ERRCODE_IDEM_CITUS_MISMATCH, "Keep the declared colocation, or purge idem.citus_keys first.")));
+	}
+
+	nsp = quote_identifier(get_namespace_name(fn_nsp));
+	typname = format_type_be_qualified(type);
+	qtable = quote_qualified_identifier(get_namespace_name(get_rel_namespace(table)),
+										get_rel_name(table));
+	probin = quote_literal_cstr(func_probin(fcinfo->flinfo->fn_oid));
+	initStringInfo(&sql);
+	if (OidIsValid(keys_rel))
+	{
+		appendStringInfo(&sql,
+						 "DROP FUNCTION IF EXISTS %s.idem_citus_call(%s, text, text);"
+						 "DROP FUNCTION IF EXISTS %s.idem_citus_call(%s, text, text, VARIADIC \"any\");"
+						 "DROP TABLE idem.citus_keys",
+						 nsp, format_type_be_qualified(get_atttype(keys_rel, 1)),
+						 nsp, format_type_be_qualified(get_atttype(keys_rel, 1)));
+		run_sql(sql.data, 0, NULL, NULL, SPI_OK_UTILITY);
+		resetStringInfo(&sql);
+	}
+
+	/* the tenant first: Citus wants it in the primary key */
+	appendStringInfo(&sql,
+					 "CREATE TABLE idem.citus_keys ("
+					 " tenant %s NOT NULL,"
+					 " owner pg_catalog.regrole NOT NULL,"
+					 " key pg_catalog.text COLLATE \"C\" NOT NULL,"
+					 " fingerprint pg_catalog.bytea NOT NULL,"
+					 " fingerprint_version pg_catalog.int2 NOT NULL,"
+					 " response pg_catalog.jsonb NOT NULL,"
+					 " created_at pg_catalog.timestamptz NOT NULL,"
+					 " expires_at pg_catalog.timestamptz NOT NULL,"
+					 " CONSTRAINT citus_keys_pkey PRIMARY KEY (tenant, owner, key));"
+					 "REVOKE ALL ON idem.citus_keys FROM PUBLIC",
+					 typname);
+	run_sql(sql.data, 0, NULL, NULL, SPI_OK_UTILITY);
+
+	types[0] = TEXTOID;
+	values[0] = CStringGetTextDatum(qtable);
+	run_sql("SELECT pg_catalog.create_distributed_table('idem.citus_keys', 'tenant',"
+			" colocate_with => $1)", 1, types, values, SPI_OK_SELECT);
+
+	/* the C function serving this one serves idem_citus_call() too */
+	resetStringInfo(&sql);
+	appendStringInfo(&sql,
+					 "CREATE FUNCTION %s.idem_citus_call(tenant %s, key text, sql text,"
+					 " OUT response pg_catalog.jsonb, OUT replayed boolean,"
+					 " OUT first_executed_at timestamptz) RETURNS record"
+					 " AS %s, 'idem_citus_call' LANGUAGE C VOLATILE PARALLEL UNSAFE;"
+					 "CREATE FUNCTION %s.idem_citus_call(tenant %s, key text, sql text,"
+					 " VARIADIC args \"any\","
+					 " OUT response pg_catalog.jsonb, OUT replayed boolean,"
+					 " OUT first_executed_at timestamptz) RETURNS record"
+					 " AS %s, 'idem_citus_call' LANGUAGE C VOLATILE PARALLEL UNSAFE",
+					 nsp, typname, probin,
+					 nsp, typname, probin);
+	run_sql(sql.data, 0, NULL, NULL, SPI_OK_UTILITY);
+
+	for (int variadic = 0; variadic < 2; variadic++)
+	{
+		types[0] = TEXTOID;
+		values[0] = CStringGetTextDatum(psprintf("%s.idem_citus_call(%s, text, text%s)",
+												 nsp, typname,
+												 variadic ? ", \"any\"" : ""));
+		run_sql("SELECT pg_catalog.create_distributed_function($1::pg_catalog.regprocedure,"
+				" 'tenant', colocate_with => 'idem.citus_keys', force_delegation => true)",
+				1, types, values, SPI_OK_SELECT);
+	}
+
+	SPI_finish();
+	AtEOXact_GUC(true, nestlevel);
+	PG_RETURN_VOID();
+}
+
+static Oid
+rel_owner(Oid relid)
+{
+	HeapTuple	tup = SearchSysCache1(RELOID, ObjectIdGetDatum(relid));
+	Oid			owner;
+
+	if (!HeapTupleIsValid(tup))
+		elog(ERROR, "cache lookup failed for relation %u", relid);
+	owner = ((Form_pg_class) GETSTRUCT(tup))->relowner;
+	ReleaseSysCache(tup);
+	return owner;
+}
+
+/* One SPI statement with the tenant as $1, run as the owner of idem.citus_keys. */
+static int
+run_keys_sql(Oid keys_owner, const char *sql, int nargs, Oid *types,
+			 Datum *values, const char *nulls, bool read_only)
+{
+	Oid			save_userid;
+	int			save_sec;
+	int			rc;
+
+	GetUserIdAndSecContext(&save_userid, &save_sec);
+	SetUserIdAndSecContext(keys_owner, save_sec | SECURITY_LOCAL_USERID_CHANGE);
+	PG_TRY();
+	{
+		rc = SPI_execute_with_args(sql, nargs, types, values, nulls,
+								   read_only, 0);
+	}
+	PG_FINALLY();
+	{
+		SetUserIdAndSecContext(save_userid, save_sec);
+	}
+	PG_END_TRY();
+	if (rc < 0)
+		elog(ERROR, "SPI_execute_with_args failed: %s", SPI_result_code_string(rc));
+	return rc;
+}
+
+/*
+ * Whether this node holds a placement of the tenant's shard: false when
+ * Citus did not delegate the call here.  *colocation: idem.citus_keys'
+ * colocation group.
+ */
+static bool
+tenant_shard_is_local(Oid keys_owner, Oid tenant_type, Datum tenant,
+					  uint32 *colocation)
+{
+	Oid			types[1] = {tenant_type};
+	Datum		values[1] = {tenant};
+	bool		isnull;
+	Datum		d;
+
+	run_keys_sql(keys_owner,
+				 "SELECT EXISTS (SELECT FROM pg_catalog.pg_dist_placement p"
+				 " WHERE p.shardid OPERATOR(pg_catalog.=)"
+				 " pg_catalog.get_shard_id_for_distribution_column('idem.citus_keys'::pg_catalog.regclass, $1)"
+				 " AND p.groupid OPERATOR(pg_catalog.=)"
+				 " (SELECT g.groupid FROM pg_catalog.pg_dist_local_group g)),"
+				 " (SELECT d.colocationid FROM pg_catalog.pg_dist_partition d"
+				 " WHERE d.logicalrelid OPERATOR(pg_catalog.=) 'idem.citus_keys'::pg_catalog.regclass)",
+				 1, types, values, NULL, true);
+	d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2, &isnull);
+	*colocation = isnull ? 0 : DatumGetUInt32(d);
+	d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
+	return !isnull && DatumGetBool(d);
+}
+
+/* The tenant's key record of req, if any (rec filled in the caller's context). */
+static bool
+lookup_tenant_key(Oid keys_owner, Oid tenant_type, Datum tenant,
+				  IdemRequest *req, IdemRecord *rec, MemoryContext cxt)
+{
+	Oid			types[3] = {tenant_type, REGROLEOID, TEXTOID};
+	Datum		values[3];
+	HeapTuple	tup;
+	TupleDesc	desc;
+	bool		isnull;
+	bytea	   *fp;
+	MemoryContext old;
+
+	values[0] = tenant;
+	values[1] = ObjectIdGetDatum(req->owner);
+	values[2] = PointerGetDatum(cstring_to_text_with_len(req->key, req->keylen));
+	run_keys_sql(keys_owner,
+				 "SELECT k.fingerprint, k.fingerprint_version, k.response,"
+				 " k.created_at, k.expires_at FROM idem.citus_keys k"
+				 " WHERE k.tenant OPERATOR(pg_catalog.=) $1"
+				 " AND k.owner OPERATOR(pg_catalog.=) $2"
+				 " AND k.key OPERATOR(pg_catalog.=) $3",
+				 3, types, values, NULL, false);
+	if (SPI_processed == 0)
+		return false;
+	tup = SPI_tuptable->vals[0];
+	desc = SPI_tuptable->tupdesc;
+	memset(rec, 0, sizeof(*rec));
+	fp = DatumGetByteaPP(SPI_getbinval(tup, desc, 1, &isnull));
+	if (VARSIZE_ANY_EXHDR(fp) != IDEM_FINGERPRINT_LEN)
+		ereport(ERROR,
+				(errcode(ERRCODE_DATA_CORRUPTED),
+				 errmsg("key record \"%s\" in idem.citus_keys has a fingerprint of the wrong length",
+						req->key)));
+	memcpy(rec->fingerprint, VARDATA_ANY(fp), IDEM_FINGERPRINT_LEN);
+	rec->fpversion = DatumGetInt16(SPI_getbinval(tup, desc, 2, &isnull));
+	old = MemoryContextSwitchTo(cxt);
+	rec->response = DatumGetJsonbPCopy(SPI_getbinval(tup, desc, 3, &isnull));
+	MemoryContextSwitchTo(old);
+	rec->created_at = DatumGetTimestampTz(SPI_getbinval(tup, desc, 4, &isnull));
+	rec->expires_at = DatumGetTimestampTz(SPI_getbinval(tup, desc, 5, &isnull));
+	/* the statement's snapshot is the transaction's: it saw the row */
+	rec->visible = true;
+	return true;
+}
+
+static void
+write_tenant_key(Oid keys_owner, Oid tenant_type, Datum tenant,
+				 IdemRequest *req, bool delete, const uint8 *fingerprint,
+				 Jsonb *response, TimestampTz now, TimestampTz expires)
+{
+	Oid			types[8] = {tenant_type, REGROLEOID, TEXTOID, BYTEAOID,
+	INT2OID, JSONBOID, TIMESTAMPTZOID, TIMESTAMPTZOID};
+	Datum		values[8];
+
+	values[0] = tenant;
+	values[1] = ObjectIdGetDatum(req->owner);
+	values[2] = PointerGetDatum(cstring_to_text_with_len(req->key, req->keylen));
+	if (delete)
+	{
+		run_keys_sql(keys_owner,
+					 "DELETE FROM idem.citus_keys k"
+					 " WHERE k.tenant OPERATOR(pg_catalog.=) $1"
+					 " AND k.owner OPERATOR(pg_catalog.=) $2"
+					 " AND k.key OPERATOR(pg_catalog.=) $3",
+					 3, types, values, NULL, false);
+		return;
+	}
+	values[3] = PointerGetDatum(cstring_to_text_with_len((const char *) fingerprint,
+														 IDEM_FINGERPRINT_LEN));
+	values[4] = Int16GetDatum(IDEM_FINGERPRINT_VERSION);
+	values[5] = JsonbPGetDatum(response);
+	values[6] = TimestampTzGetDatum(now);
+	values[7] = TimestampTzGetDatum(expires);
+	run_keys_sql(keys_owner,
+				 "INSERT INTO idem.citus_keys (tenant, owner, key, fingerprint,"
+				 " fingerprint_version, response, created_at, expires_at)"
+				 " VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+				 8, types, values, NULL, false);
+}
+
+/*
+ * Run the business statement pinned to the tenant (idem_citus_pin_tenant()):
+ * Citus's refusal of a statement that does not keep to the tenant's value
+ * becomes IDC03, which says what to do.
+ */
+static Jsonb *
+run_tenant_statement(IdemStatement *stmt, IdemRequest *req, bool *cached)
+{
+	MemoryContext cxt = CurrentMemoryContext;
+	Jsonb	   *response = NULL;
+
+	PG_TRY();
+	{
+		response = idem_execute_caching_errors(stmt, req, cached);
+	}
+	PG_CATCH();
+	{
+		ErrorData  *edata;
+
+		MemoryContextSwitchTo(cxt);
+		edata = CopyErrorData();
+		if (edata->sqlerrcode != ERRCODE_FEATURE_NOT_SUPPORTED ||
+			edata->message == NULL ||
+			strncmp(edata->message, "queries must filter by the distribution argument", 48) != 0)
+			PG_RE_THROW();
+		FlushErrorState();
+		ereport(ERROR,
+				(errcode(ERRCODE_IDEM_CITUS_MISMATCH),
+				 errmsg("the statement passed to idem_citus_call() does not keep to the tenant"),
+				 errdetail("Citus refused a part of it that is not filtered by the tenant's distribution value, in idem's colocation group: %s.",
+						   edata->message),
+				 idem_errhint(ERRCODE_IDEM_CITUS_MISMATCH, "Filter every distributed table the statement reads or writes by the tenant's distribution value, in tables co-located with idem's.")));
+	}
+	PG_END_TRY();
+	return response;
+}
+
+/*
+ * The lock that serializes the calls of one (role, tenant, key): calls of
+ * a tenant all run on the node of its shard.
+ */
+static void
+lock_tenant_key(Oid tenant_type, Datum tenant, IdemRequest *req)
+{
+	Oid			outfn;
+	bool		varlena;
+	char	   *out;
+	StringInfoData buf;
+
+	getTypeOutputInfo(tenant_type, &outfn, &varlena);
+	out = OidOutputFunctionCall(outfn, tenant);
+	initStringInfo(&buf);
+	/* length-prefixed: no tenant and key pair spells another's */
+	appendStringInfo(&buf, "citus:%zu:%s:", strlen(out), out);
+	appendBinaryStringInfo(&buf, req->key, req->keylen);
+	idem_lock_key(req->owner, buf.data, buf.len, idem_wait);
+	pfree(buf.data);
+	pfree(out);
+}
+
+static void
+citus_call(FunctionCallInfo fcinfo, IdemRequest *req, IdemResult *result)
+{
+	const char *fname = "idem_citus_call()";
+	Oid			keys_rel;
+	Oid			keys_owner;
+	Oid			tenant_type;
+	Datum		tenant;
+	uint32		colocation;
+	IdemStatement *stmt;
+	uint8		fingerprint[IDEM_FINGERPRINT_LEN];
+	TimestampTz now = GetCurrentTransactionStartTimestamp();
+	MemoryContext callercxt = CurrentMemoryContext;
+	volatile bool fingerprinted = false;
+	volatile bool executing = false;
+
+	idem_citus_require(fname);
+	keys_rel = idem_citus_keys_relid();
+	if (!OidIsValid(keys_rel))
+		ereport(ERROR,
+				(errcode(ERRCODE_IDEM_CITUS_NOT_COLOCATED),
+				 errmsg("%s needs idem's colocation declared", fname),
+				 errdetail("idem.citus_keys does not exist."),
+				 idem_errhint(ERRCODE_IDEM_CITUS_NOT_COLOCATED, "An administrator declares it with idem_citus_colocate('<distributed table>').")));
+	tenant_type = get_fn_expr_argtype(fcinfo->flinfo, 0);
+	if (tenant_type != get_atttype(keys_rel, 1))
+		ereport(ERROR,
+				(errcode(ERRCODE_IDEM_CITUS_MISMATCH),
+				 errmsg("tenant of type %s does not match idem's colocation",
+						format_type_be(tenant_type)),
+				 errdetail("idem.citus_keys is distributed by a column of type %s.",
+						   format_type_be(get_atttype(keys_rel, 1))),
+				 idem_errhint(ERRCODE_IDEM_CITUS_MISMATCH, "Pass the tenant as the distribution column's type.")));
+	if (PG_ARGISNULL(0))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("tenant passed to %s must not be null", fname),
+				 idem_errhint(ERRCODE_NULL_VALUE_NOT_ALLOWED, NULL)));
+	tenant = PG_GETARG_DATUM(0);
+	keys_owner = rel_owner(keys_rel);
+
+	idem_keyed_request(fcinfo, fname, 1, req);
+
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+	if (!tenant_shard_is_local(keys_owner, tenant_type, tenant, &colocation))
+		ereport(ERROR,
+				(errcode(ERRCODE_IDEM_CITUS_NOT_LOCAL),
+				 errmsg("%s was not delegated to the node of the tenant's shard", fname),
+				 errdetail("Citus delegates a statement that is a lone SELECT idem_citus_call(...) or SELECT * FROM idem_citus_call(...) with constant arguments, not one with other output columns, a CTE, a subquery or INSERT ... SELECT."),
+				 idem_errhint(ERRCODE_IDEM_CITUS_NOT_LOCAL, "Send the call as a statement of its own.")));
+	if (idem_citus_in_distributed_transaction())
+		ereport(ERROR,
+				(errcode(ERRCODE_IDEM_CITUS_NOT_LOCAL),
+				 errmsg("%s cannot run in a distributed transaction", fname),
+				 errdetail("This transaction already wrote through Citus to other nodes, which would commit apart from the key record."),
+				 idem_errhint(ERRCODE_IDEM_CITUS_NOT_LOCAL, "Send the call as a statement of its own.")));
+
+	stmt = idem_statement_acquire(req->sql, req->nargs, req->argtypes);
+	PG_TRY();
+	{
+		IdemRecord	rec;
+		bool		found;
+
+		idem_statement_fingerprint(stmt, req, fingerprint);
+		fingerprinted = true;
+		idem_check_not_inflight(req);
+		lock_tenant_key(tenant_type, tenant, req);
+		found = lookup_tenant_key(keys_owner, tenant_type, tenant, req, &rec,
+								  callercxt);
+		if (found && rec.expires_at <= now)
+		{
+			write_tenant_key(keys_owner, tenant_type, tenant, req, true,
+							 NULL, NULL, 0, 0);
+			found = false;
+		}
+		if (found)
+		{
+			if (!idem_record_matches(stmt, req, &rec, fingerprint))
+				ereport(ERROR,
+						(errcode(ERRCODE_IDEM_KEY_REUSED),
+						 errmsg("idempotency key \"%s\" was already used for a different request",
+								req->key),
+						 errdetail("The statement text, the settings that change its meaning, or the arguments differ from the request first recorded under this key for this tenant."),
+						 idem_errhint(ERRCODE_IDEM_KEY_REUSED, "Use a new key for a new request.")));
+			result->response = rec.response;
+			result->replayed = true;
+			result->first_executed_at = rec.created_at;
+			if (idem_durable_replay)
+				idem_make_replay_durable(req);
+		}
+		else
+		{
+			bool		cached;
+			MemoryContext old;
+
+			executing = true;
+			old = MemoryContextSwitchTo(callercxt);
+			idem_citus_pin_tenant(tenant_type, tenant, colocation);
+			result->response = run_tenant_statement(stmt, req, &cached);
+			MemoryContextSwitchTo(old);
+			idem_citus_check_confined(fname, true);
+			write_tenant_key(keys_owner, tenant_type, tenant, req, false,
+							 fingerprint, result->response, now,
+							 idem_new_record_expiry(req->owner, req->key, req->ttl));
+			result->replayed = false;
+			result->first_executed_at = now;
+		}
+	}
+	PG_CATCH();
+	{
+		int			code = geterrcode();
+
+		idem_note_outcome(idem_error_outcome(code, executing), req,
+						  fingerprinted ? fingerprint : NULL, NULL, NULL, code);
+		idem_statement_release(stmt);
+		PG_RE_THROW();
+	}
+	PG_END_TRY();
+	idem_statement_release(stmt);
+	SPI_finish();
+	idem_note_outcome(result->replayed ? IDEM_OUTCOME_REPLAYED : IDEM_OUTCOME_EXECUTED,
+					  req, fingerprint, NULL, NULL, 0);
+}
+
+/*
+ * idem_citus_call(tenant <distribution type>, key text, sql text
+ *		[, VARIADIC args "any"])
+ *		returns (response jsonb, replayed boolean, first_executed_at timestamptz)
+ *
+ * Created by idem_citus_colocate() with the tenant's type.
+ */
+Datum
+idem_citus_call(PG_FUNCTION_ARGS)
+{
+	IdemRequest req;
+	IdemResult	result;
+
+	citus_call(fcinfo, &req, &result);
+	PG_RETURN_DATUM(idem_result_datum(&result));
+}

@@ -1,0 +1,343 @@
+
+# Copyright (c) 2026, idem authors
+
+# idem on Citus: a coordinator and two workers (with metadata) on loopback,
+# payments distributed by tenant_id in 8 shards, idem's tenant key records
+# co-located with it by idem_citus_colocate('payments').  Needs Citus
+# installed into the same PostgreSQL (scripts/test-citus.sh does that).
+#
+# Checked:
+#  - before colocation, idem_execute() of a statement that Citus runs on a
+#    worker is refused (IDC02), writing nothing; colocation with a table
+#    that is not distributed is refused (IDC03)
+#  - idem.citus_keys is in payments' colocation group; declaring it again
+#    changes nothing; declaring another group while keys exist is IDC03
+#  - a call from the coordinator executes on the worker of the tenant's
+#    shard: the key record and the business row carry the same xmin there
+#    (one local transaction), nothing is written on the coordinator
+#  - a business statement that fails records no key and leaves no row
+#  - the retry through each other entry node (the workers) replays the
+#    same response; one row
+#  - two tenants on one shard under the same key: both execute; each
+#    retry replays its own; the same key with another request is ID422
+#  - a call Citus does not delegate (SELECT idem_citus_call(...), 1) is
+#    IDC02; a statement that writes another tenant (on another node, or on
+#    another shard of the same node, entering through the coordinator or
+#    on the shard's node) is IDC03; neither leaves anything behind
+#  - after citus_move_shard_placement moves the tenant's shard group to
+#    the other worker, the retry replays (no second row), and a new call
+#    executes there, its key and row in one transaction on the new node
+#  - 3 entry nodes x 16 clients on 50 hot keys over 8 tenants: every
+#    (tenant, key) has exactly one row and one key record
+
+use strict;
+use warnings FATAL => 'all';
+
+use FindBin;
+use lib "$FindBin::RealBin/../perl";
+use IdemTAP;
+use IPC::Run;
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+
+my @nodes;
+for my $name ('coordinator', 'worker1', 'worker2')
+{
+	my $node = idem_node($name);
+	$node->append_conf(
+		'postgresql.conf', qq(
+shared_preload_libraries = 'citus'
+listen_addresses = '127.0.0.1'
+max_connections = 160
+max_prepared_transactions = 100
+citus.shard_count = 8
+));
+	$node->start;
+	$node->safe_psql('postgres', 'CREATE EXTENSION citus');
+	push @nodes, $node;
+}
+my ($coord, $w1, $w2) = @nodes;
+
+$coord->safe_psql('postgres',
+	"SELECT citus_set_coordinator_host('127.0.0.1', " . $coord->port . ')');
+for my $w ($w1, $w2)
+{
+	$coord->safe_psql('postgres',
+		"SELECT citus_add_node('127.0.0.1', " . $w->port . ')');
+}
+$coord->safe_psql('postgres', 'CREATE EXTENSION idem');
+for my $w ($w1, $w2)
+{
+	is($w->safe_psql('postgres',
+			"SELECT extversion FROM pg_extension WHERE extname = 'idem'"),
+		$coord->safe_psql('postgres',
+			"SELECT extversion FROM pg_extension WHERE extname = 'idem'"),
+		$w->name . ': CREATE EXTENSION idem propagated');
+}
+
+$coord->safe_psql(
+	'postgres', q{
+CREATE TABLE payments (tenant_id bigint NOT NULL, note text NOT NULL,
+	amount int NOT NULL, CHECK (amount > 0));
+SELECT create_distributed_table('payments', 'tenant_id');
+CREATE TABLE plain_local (id int);
+});
+
+my $insert =
+  q{'INSERT INTO payments VALUES ($1, $2, $3) RETURNING tenant_id, note, amount'};
+
+# The node (by port) holding the placement of tenant $t's shard, and the shard.
+sub placement
+{
+	my ($t) = @_;
+	my ($shard, $port) = split /\|/, $coord->safe_psql(
+		'postgres', qq{
+SELECT s.shardid, s.nodeport FROM citus_shards s
+ WHERE s.shardid = get_shard_id_for_distribution_column('payments', ${t}::bigint)});
+	my ($node) = grep { $_->port == $port } @nodes;
+	return ($node, $shard);
+}
+
+# a call through $node; returns (stdout, stderr) of psql
+sub call
+{
+	my ($node, $sql) = @_;
+	my ($ret, $out, $err) = $node->psql('postgres', $sql,
+		extra_params => [ '-v', 'VERBOSITY=verbose' ]);
+	return ($out, $err);
+}
+
+sub sqlstate_of
+{
+	my ($err) = @_;
+	return $err =~ /ERROR:\s+([0-9A-Z]{5}):/ ? $1 : 'none';
+}
+
+sub rows
+{
+	my ($where) = @_;
+	return $coord->safe_psql('postgres',
+		"SELECT count(*) FROM payments WHERE $where");
+}
+
+# --- before colocation: the unsafe shape is refused
+{
+	my ($out, $err) = call($coord,
+		"SELECT idem_execute('a-key', $insert, 1::bigint, 'shape-a', 5)");
+	is(sqlstate_of($err), 'IDC02',
+		'idem_execute() of a statement Citus runs on a worker: IDC02');
+	is(rows("note = 'shape-a'"), '0', '... and the row was rolled back');
+	is($coord->safe_psql('postgres', 'SELECT count(*) FROM idem.keys'),
+		'0', '... and no key recorded');
+	($out, $err) = call($coord, "SELECT idem_citus_colocate('plain_local')");
+	is(sqlstate_of($err), 'IDC03', 'colocation with a local table: IDC03');
+}
+
+# --- colocation
+$coord->safe_psql('postgres', "SELECT idem_citus_colocate('payments')");
+is( $coord->safe_psql(
+		'postgres', q{
+SELECT count(DISTINCT colocationid) FROM pg_dist_partition
+ WHERE logicalrelid IN ('payments'::regclass, 'idem.citus_keys'::regclass)}),
+	'1',
+	'idem.citus_keys is in payments\' colocation group');
+$coord->safe_psql('postgres', "SELECT idem_citus_colocate('payments')");
+is($coord->safe_psql('postgres', 'SELECT count(*) FROM idem.citus_keys'),
+	'0', 'declaring the same colocation again keeps the table');
+
+# --- atomic with the write, on the shard's node
+my ($n1, $shard1) = placement(1);
+my ($out, $err) = call($coord,
+	"SELECT replayed, response FROM idem_citus_call(1::bigint, 'k1', $insert, 1::bigint, 'k1', 100)"
+);
+like($out, qr/^f\|/, 'first call executes') or diag($err);
+my $keys_shard = $n1->safe_psql('postgres',
+	"SELECT shardid FROM pg_dist_shard WHERE logicalrelid = 'idem.citus_keys'::regclass"
+	  . " AND shardid = get_shard_id_for_distribution_column('idem.citus_keys', 1::bigint)"
+);
+my $xmins = $n1->safe_psql(
+	'postgres', qq{
+SET citus.override_table_visibility = off;
+SELECT (SELECT xmin FROM idem.citus_keys_$keys_shard WHERE tenant = 1 AND key = 'k1')
+	 = (SELECT xmin FROM public.payments_$shard1 WHERE tenant_id = 1 AND note = 'k1'),
+	(SELECT count(*) FROM public.payments_$shard1 WHERE note = 'k1')});
+is($xmins, 't|1',
+	'key record and row written by one local transaction on the shard\'s node');
+
+($out, $err) = call($coord,
+	"SELECT replayed FROM idem_citus_call(1::bigint, 'k-fail', $insert, 1::bigint, 'k-fail', -1)"
+);
+is(sqlstate_of($err), '23514', 'a failing business statement raises its error');
+is( $coord->safe_psql(
+		'postgres', "SELECT count(*) FROM idem.citus_keys WHERE key = 'k-fail'"),
+	'0',
+	'... and records no key');
+
+# --- retries through every other entry node replay
+my $first = $coord->safe_psql('postgres',
+	"SELECT response FROM idem.citus_keys WHERE tenant = 1 AND key = 'k1'");
+for my $entry ($w1, $w2, $coord)
+{
+	($out, $err) = call($entry,
+		"SELECT replayed, response FROM idem_citus_call(1::bigint, 'k1', $insert, 1::bigint, 'k1', 100)"
+	);
+	is($out, "t|$first", 'retry through ' . $entry->name . ' replays')
+	  or diag($err);
+}
+is(rows("note = 'k1'"), '1', 'one row for k1');
+
+# --- two tenants on one shard, one key
+my $other = $coord->safe_psql(
+	'postgres', q{
+SELECT t FROM generate_series(2, 1000) t
+ WHERE get_shard_id_for_distribution_column('payments', t::bigint)
+	 = get_shard_id_for_distribution_column('payments', 1::bigint)
+ LIMIT 1});
+for my $t (1, $other)
+{
+	($out, $err) = call($coord,
+		"SELECT replayed, response->'rows'->0->>'amount' FROM idem_citus_call(${t}::bigint, 'shared', $insert, ${t}::bigint, 'shared', $t)"
+	);
+	is($out, "f|$t", "tenant $t executes under the shared key") or diag($err);
+}
+for my $t (1, $other)
+{
+	($out, $err) = call($w2,
+		"SELECT replayed, response->'rows'->0->>'amount' FROM idem_citus_call(${t}::bigint, 'shared', $insert, ${t}::bigint, 'shared', $t)"
+	);
+	is($out, "t|$t", "tenant ${t}'s retry replays its own response")
+	  or diag($err);
+}
+($out, $err) = call($coord,
+	"SELECT replayed FROM idem_citus_call(1::bigint, 'shared', $insert, 1::bigint, 'shared', 7)"
+);
+is(sqlstate_of($err), 'ID422', 'same tenant and key, another request: ID422');
+
+# --- refusals
+($out, $err) = call($coord,
+	"SELECT idem_citus_call(1::bigint, 'k-shape', $insert, 1::bigint, 'k-shape', 1), 1"
+);
+is(sqlstate_of($err), 'IDC02', 'a call Citus does not delegate: IDC02');
+is(rows("note = 'k-shape'"), '0', '... and wrote nothing');
+my $far = $coord->safe_psql(
+	'postgres', qq{
+SELECT t FROM generate_series(2, 1000) t
+ WHERE (SELECT nodeport FROM citus_shards
+		 WHERE shardid = get_shard_id_for_distribution_column('payments', t::bigint))
+	<> @{[ $n1->port ]}
+ LIMIT 1});
+# another tenant's shard on the same node: Citus would run it locally,
+# in the same transaction, but it is not the tenant's
+my $near = $coord->safe_psql(
+	'postgres', qq{
+SELECT t FROM generate_series(2, 1000) t
+ WHERE (SELECT nodeport FROM citus_shards
+		 WHERE shardid = get_shard_id_for_distribution_column('payments', t::bigint))
+	= @{[ $n1->port ]}
+   AND get_shard_id_for_distribution_column('payments', t::bigint)
+	<> get_shard_id_for_distribution_column('payments', 1::bigint)
+ LIMIT 1});
+for my $case (
+	[ $coord, $far, 'another node, entering through the coordinator' ],
+	[ $n1, $far, 'another node, entering on the shard\'s node' ],
+	[ $n1, $near, 'another shard of the same node, entering there' ])
+{
+	my ($entry, $t, $what) = @$case;
+	($out, $err) = call($entry,
+		"SELECT replayed FROM idem_citus_call(1::bigint, 'k-other', $insert, ${t}::bigint, 'k-other', 1)"
+	);
+	is(sqlstate_of($err), 'IDC03',
+		"a statement writing another tenant ($what): IDC03");
+}
+is(rows("note = 'k-other'"), '0', '... no row written');
+is( $coord->safe_psql(
+		'postgres', "SELECT count(*) FROM idem.citus_keys WHERE key = 'k-other'"),
+	'0',
+	'... and no key recorded');
+$coord->safe_psql(
+	'postgres', q{
+CREATE TABLE other_group (id text NOT NULL);
+SELECT create_distributed_table('other_group', 'id', colocate_with => 'none');
+});
+($out, $err) = call($coord, "SELECT idem_citus_colocate('other_group')");
+is(sqlstate_of($err), 'IDC03',
+	'another colocation group while keys exist: IDC03');
+
+# --- keys follow the shard
+my ($to) = grep { $_->port != $n1->port && $_ != $coord } ($w1, $w2);
+$coord->safe_psql('postgres',
+	"SELECT citus_move_shard_placement($shard1, '127.0.0.1', "
+	  . $n1->port
+	  . ", '127.0.0.1', "
+	  . $to->port
+	  . ", shard_transfer_mode => 'block_writes')");
+my ($n1_after) = placement(1);
+is($n1_after->port, $to->port, "tenant 1's shard moved to " . $to->name);
+for my $entry ($coord, $w1, $w2)
+{
+	($out, $err) = call($entry,
+		"SELECT replayed, response FROM idem_citus_call(1::bigint, 'k1', $insert, 1::bigint, 'k1', 100)"
+	);
+	is($out, "t|$first", 'after the move, retry through ' . $entry->name . ' replays')
+	  or diag($err);
+}
+is(rows("note = 'k1'"), '1', 'still one row for k1');
+($out, $err) = call($w1,
+	"SELECT replayed FROM idem_citus_call(1::bigint, 'k-after', $insert, 1::bigint, 'k-after', 3)"
+);
+is($out, 'f', 'a new key after the move executes') or diag($err);
+is( $to->safe_psql(
+		'postgres', qq{
+SET citus.override_table_visibility = off;
+SELECT (SELECT xmin FROM idem.citus_keys_$keys_shard WHERE tenant = 1 AND key = 'k-after')
+	 = (SELECT xmin FROM public.payments_$shard1 WHERE tenant_id = 1 AND note = 'k-after')}),
+	't',
+	'... its key and row in one transaction on the new node');
+
+# --- 3 entry nodes x 16 clients on 50 hot keys over 8 tenants
+my $clients = 16;
+my $script = PostgreSQL::Test::Utils::tempdir() . '/hot.sql';
+PostgreSQL::Test::Utils::append_to_file(
+	$script, qq{\\set t random(101, 108)
+\\set k random(1, 50)
+SELECT replayed FROM idem_citus_call(:t::bigint, 'hot-:k', 'INSERT INTO payments VALUES (\$1, \$2, \$3) RETURNING tenant_id, note', :t::bigint, 'hot-:k', 1);
+});
+my @runs;
+for my $entry (@nodes)
+{
+	my ($o, $e) = ('', '');
+	my $h = IPC::Run::start(
+		[
+			'pgbench', '-n', '-M', 'simple', '-c', $clients, '-j', 2,
+			'-t', 40, '-f', $script, '-h', '127.0.0.1', '-p', $entry->port,
+			'postgres'
+		],
+		'>', \$o, '2>', \$e,
+		IPC::Run::timeout($PostgreSQL::Test::Utils::timeout_default));
+	push @runs, [ $entry, $h, \$o, \$e ];
+}
+for my $r (@runs)
+{
+	my ($entry, $h, $o, $e) = @$r;
+	$h->finish;
+	is($h->result(0), 0, 'pgbench through ' . $entry->name . ' succeeded')
+	  or diag($$e);
+	like($$o, qr/number of failed transactions: 0/, '... no failed transaction')
+	  if $$o =~ /failed transactions/;
+}
+is( $coord->safe_psql(
+		'postgres', q{
+SELECT count(*) FROM (SELECT tenant_id, note FROM payments
+ WHERE tenant_id BETWEEN 101 AND 108 GROUP BY 1, 2 HAVING count(*) > 1) d}),
+	'0',
+	'hot keys: no (tenant, key) executed twice');
+is( $coord->safe_psql(
+		'postgres', q{
+SELECT (SELECT count(*) FROM payments WHERE tenant_id BETWEEN 101 AND 108)
+	 = (SELECT count(*) FROM idem.citus_keys WHERE tenant BETWEEN 101 AND 108)}),
+	't',
+	'hot keys: one key record per row');
+
+$_->stop for reverse @nodes;
+done_testing();
