@@ -4,7 +4,7 @@
 # 3 worker processes, a chaos loop that SIGKILLs workers at random from
 # outside and crashes PostgreSQL once (pg_ctl -m immediate); it ends with
 # one order's audit trail, idem_stats and the proof (exit 1 unless proved).
-#   ./scripts/agent-demo.sh [--seed N] [--chart [FILE.svg]] [--orders N] [--workers N]
+#   ./scripts/agent-demo.sh [--seed N] [--crashes N] [--chart [FILE.svg]] [--orders N] [--workers N]
 #   ./scripts/agent-demo.sh --walkthrough [--seed N] [--crashes N]
 # --walkthrough is the single-order scripted demo: one run written step by
 # step with the helper's calls, crashed at planned points and restarted

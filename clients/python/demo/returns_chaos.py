@@ -2,7 +2,7 @@
 processes, workers SIGKILLed at random from outside and PostgreSQL
 restarted once with pg_ctl -m immediate; nobody restarts a run by hand.
 
-  python3 returns_chaos.py [--seed N] [--orders 20] [--workers 3] [--chart [FILE.svg]]
+  python3 returns_chaos.py [--seed N] [--crashes N] [--orders 20] [--workers 3] [--chart [FILE.svg]]
 
 The workflow (idem_client.Workflow, the whole of the application's code is
 in make_workflow below): check (restock the item: a database step), label
@@ -163,6 +163,8 @@ def main():
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--orders", type=int, default=20)
     ap.add_argument("--workers", type=int, default=3)
+    ap.add_argument("--crashes", type=int, default=None,
+                    help="SIGKILL at most this many workers (default: until the orders are done)")
     ap.add_argument("--chart", nargs="?", const="-", default=None,
                     help="draw attempts per order over time: on the terminal, or into FILE.svg")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -270,7 +272,8 @@ def main():
                                 os.path.join(cluster.dir, "log"), "start"],
                                stdout=subprocess.DEVNULL, check=True)
                 say("chaos: PostgreSQL is back (crash recovery done); the workers reconnect")
-            if time.time() >= next_kill and p and p[0] < a.orders:
+            if (time.time() >= next_kill and p and p[0] < a.orders
+                    and (a.crashes is None or kills < a.crashes)):
                 # a worker with runs in hand (one still starting has none)
                 slot = rnd.randrange(a.workers)
                 name, proc = procs[slot]
