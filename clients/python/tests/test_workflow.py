@@ -262,7 +262,8 @@ def test_sigterm_drains(route, admin, queue, tmp_path):
     start_runs(lambda: psycopg.connect(dsn, **kw), wf, queue, 2)
     log = str(tmp_path / "log")
     p = worker_proc(dsn, carrier.url, queue, "drained", log, extra=("--no-prepare",) if kw else ())
-    until(lambda: len(carrier.log) >= 1, 20, "a label request")
+    # (a worker process starts slowly on a loaded machine)
+    until(lambda: len(carrier.log) >= 1, 90, "a label request")
     assert "ready drained" in open(log).read()
     p.send_signal(signal.SIGTERM)
     assert p.wait(40) == 0
