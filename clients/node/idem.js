@@ -13,13 +13,22 @@
 // columns: a number with a fraction or exponent, or beyond 2^53, comes
 // back as the string the server wrote ('25.00'); small integers as numbers.
 
+// node-postgres' conventions: a server error is an Error with .code (the
+// SQLSTATE), .severity, .detail, .hint, .position, .where, .schema, .table,
+// .column, .constraint...  idem's errors keep all of them (copied from the
+// driver's error, which stays as .cause) and add .sqlstate, the same as .code.
+const PG_FIELDS = ['severity', 'position', 'internalPosition', 'internalQuery', 'where', 'schema',
+  'table', 'column', 'dataType', 'constraint', 'file', 'line', 'routine'];
 class IdemError extends Error {
   constructor(message, { sqlstate, detail, hint, cause } = {}) {
     super(message, cause ? { cause } : undefined);
     this.name = this.constructor.name;
     this.sqlstate = sqlstate || this.constructor.sqlstate;
+    this.code = this.sqlstate;
     this.detail = detail;
     this.hint = hint;
+    for (const f of PG_FIELDS) if (cause && cause[f] !== undefined) this[f] = cause[f];
+    if (this.severity === undefined) this.severity = 'ERROR';
   }
 }
 const kinds = {
@@ -31,6 +40,7 @@ const kinds = {
   RunNotRunning: 'ID423', // the run is failed or completed
   OutOfSequence: 'ID425', // earlier declared steps have not all completed
   EventNotFound: 'IDE04', // no such outbox event (never written, or purged)
+  LeaseLost: 'ID412', // the lease token no longer holds the run or event: stop working on it
 };
 const errors = { IdemError };
 const bySqlstate = {};
@@ -114,7 +124,7 @@ function translate(err) {
 
 const CALL = 'SELECT response::text AS response, replayed, first_executed_at FROM idem_call(' +
   'key => $1, sql => $2, args => $3::text[], outbox_topic => $4, ttl => $5::interval,' +
-  ' wait => $6::boolean, run_id => $7, step => $8)';
+  ' wait => $6::boolean, run_id => $7, step => $8, lease_token => $9::uuid)';
 
 async function call(client, key, runId, stepName, sql, args, opts) {
   const ttl = typeof opts.ttl === 'number' ? `${opts.ttl} seconds` : opts.ttl;
@@ -122,7 +132,7 @@ async function call(client, key, runId, stepName, sql, args, opts) {
   let res;
   try {
     res = await client.query(CALL, [key, sql, args.map(toArg), opts.outboxTopic ?? null,
-      ttl ?? null, wait, runId, stepName]);
+      ttl ?? null, wait, runId, stepName, opts.leaseToken ?? null]);
   } catch (e) {
     throw translate(e);
   }
@@ -139,7 +149,8 @@ function execute(client, key, sql, args = [], opts = {}) {
   return call(client, key, null, null, sql, args, opts);
 }
 
-// Run one step of a workflow run (idem_run_begin) in the current transaction.
+// Run one step of a workflow run (idem_run_begin) in the current transaction;
+// a run on a queue needs opts.leaseToken, its claim's (else LeaseLost, ID412).
 function step(client, runId, stepName, sql, args = [], opts = {}) {
   return call(client, null, runId, stepName, sql, args, opts);
 }
@@ -199,14 +210,24 @@ async function retry(connect, fn, { attempts = 8, base = 0.05, cap = 5, client =
   }
 }
 
-// Thrown by an outbox handler: the downstream asked to be called again no
-// earlier than `seconds` from now (its Retry-After).
+// Thrown by an outbox handler or a workflow step: the downstream asked to
+// be called again no earlier than `seconds` from now.  seconds may be a
+// number or an HTTP Retry-After value (delay seconds or an HTTP date);
+// null or undefined: later, at the server's backoff.
 class RetryAfter extends Error {
   constructor(seconds, message = 'retry after') {
     super(message);
     this.name = 'RetryAfter';
-    this.seconds = seconds;
+    this.seconds = retryAfterSeconds(seconds);
   }
+}
+function retryAfterSeconds(v) {
+  if (v === null || v === undefined || v === '') return 0;
+  const n = Number(v);
+  if (Number.isFinite(n)) return Math.max(0, n);
+  const when = Date.parse(String(v));
+  if (Number.isNaN(when)) throw new TypeError(`not a Retry-After value: ${v}`);
+  return Math.max(0, (when - Date.now()) / 1000);
 }
 
 const CLAIM = 'SELECT event_id, key, topic, payload::text AS payload, run_id, step, attempt,' +
@@ -482,5 +503,14 @@ async function consume(connect, topic, handler, { maxEvents = 10, lease = 30, co
   return acked;
 }
 
+const { KeyReused, InProgress, NestedKey, RunNotFound, StepUndeclared, RunNotRunning, OutOfSequence,
+  EventNotFound, LeaseLost } = errors;
+// listed one by one so that ES modules can import them by name
 module.exports = { execute, step, retry, retryAdvice, consume, RetryAfter, sqlstateOf, parseExact,
-  toArg, ...errors };
+  toArg, translate, IdemError, KeyReused, InProgress, NestedKey, RunNotFound, StepUndeclared,
+  RunNotRunning, OutOfSequence, EventNotFound, LeaseLost, CachedError };
+// the workflow layer (workflow.js) is built on the above
+const workflow = require('./workflow.js');
+module.exports.Workflow = workflow.Workflow;
+module.exports.Worker = workflow.Worker;
+module.exports.Context = workflow.Context;

@@ -30,9 +30,20 @@ __all__ = [
     "Result", "execute", "step", "retry", "retry_advice", "to_arg",
     "IdemError", "KeyReused", "InProgress", "NestedKey", "RunNotFound",
     "StepUndeclared", "RunNotRunning", "OutOfSequence", "EventNotFound",
-    "CachedError",
-    "consume", "RetryAfter",
+    "LeaseLost", "CachedError", "dumps", "loads",
+    "consume", "RetryAfter", "Workflow", "Worker",
 ]
+
+_WORKFLOW_NAMES = ("Workflow", "Worker", "Context", "Started")
+
+
+def __getattr__(name):
+    # the workflow layer (idem_workflow.py) is built on this module and
+    # loaded on first use, so that either module may be imported first
+    if name in _WORKFLOW_NAMES:
+        import idem_workflow
+        return getattr(idem_workflow, name)
+    raise AttributeError(f"module 'idem_client' has no attribute {name!r}")
 
 
 class Result(NamedTuple):
@@ -42,18 +53,41 @@ class Result(NamedTuple):
     first_executed_at: Optional[datetime.datetime]
 
 
-class IdemError(Exception):
-    """An error raised by idem (SQLSTATE class ID) or a cached business error."""
+class IdemError(psycopg.DatabaseError):
+    """An error raised by idem (SQLSTATE class ID) or a cached business error.
 
-    sqlstate: str = ""
+    A ``psycopg.DatabaseError``: ``except psycopg.Error`` catches it, and
+    ``.sqlstate`` and ``.diag`` (message_primary, message_detail,
+    message_hint...) are the server's, as on psycopg's own errors; the
+    error psycopg raised is kept as ``__cause__``.  ``message``, ``detail``
+    and ``hint`` are shortcuts to the diag fields."""
 
-    def __init__(self, message, sqlstate=None, detail=None, hint=None):
-        super().__init__(message)
+    __module__ = "idem_client"
+
+    def __init__(self, message, sqlstate=None, detail=None, hint=None, *, info=None):
+        if info is None:
+            # no server report behind it (a cached error, a client check):
+            # a diag made of the fields given, as psycopg does for pickling
+            F = psycopg.pq.DiagnosticField
+            info = {f: (v.encode() if v is not None else None) for f, v in (
+                (F.SQLSTATE, sqlstate or self.sqlstate), (F.MESSAGE_PRIMARY, message),
+                (F.MESSAGE_DETAIL, detail), (F.MESSAGE_HINT, hint),
+                (F.SEVERITY, "ERROR"), (F.SEVERITY_NONLOCALIZED, "ERROR"))}
+        super().__init__(message, info=info)
         if sqlstate:
             self.sqlstate = sqlstate
-        self.message = message
-        self.detail = detail
-        self.hint = hint
+
+    @property
+    def message(self):
+        return self.diag.message_primary
+
+    @property
+    def detail(self):
+        return self.diag.message_detail
+
+    @property
+    def hint(self):
+        return self.diag.message_hint
 
 
 class KeyReused(IdemError):
@@ -82,7 +116,7 @@ class StepUndeclared(IdemError):
 
 
 class RunNotRunning(IdemError):
-    """ID423: the run is failed or completed."""
+    """ID423: the run is failed, completed or cancelled."""
     sqlstate = "ID423"
 
 
@@ -97,11 +131,19 @@ class EventNotFound(IdemError):
     sqlstate = "IDE04"
 
 
+class LeaseLost(IdemError):
+    """ID412: the lease token no longer holds the run (or the outbox event):
+    another worker took it over after the lease expired.  The call changed
+    nothing; stop working on it."""
+    sqlstate = "ID412"
+
+
 class CachedError(IdemError):
     """The key's recorded outcome is a business error (idem.cache_errors).
 
     Raised on the execution that recorded it and on every replay; the
-    transaction that recorded it must still commit to keep it."""
+    transaction that recorded it must still commit to keep it.  Its
+    ``sqlstate`` and ``diag`` are the recorded error's."""
 
     def __init__(self, error: dict, replayed: bool):
         super().__init__(error.get("message"), error.get("sqlstate"),
@@ -112,7 +154,52 @@ class CachedError(IdemError):
 _BY_SQLSTATE = {c.sqlstate: c for c in (KeyReused, InProgress, NestedKey,
                                          RunNotFound, StepUndeclared,
                                          RunNotRunning, OutOfSequence,
-                                         EventNotFound)}
+                                         EventNotFound, LeaseLost)}
+
+
+def _json(o, out):
+    if isinstance(o, decimal.Decimal):
+        if not o.is_finite():
+            raise ValueError(f"{o} has no JSON number")
+        out.append(str(o))      # 25.00, 1E+3, -1.5E-9: all JSON numbers
+    elif isinstance(o, dict):
+        out.append("{")
+        for i, (k, v) in enumerate(o.items()):
+            if i:
+                out.append(", ")
+            out.append(json.dumps(k if isinstance(k, str) else str(k)))
+            out.append(": ")
+            _json(v, out)
+        out.append("}")
+    elif isinstance(o, (list, tuple)):
+        out.append("[")
+        for i, v in enumerate(o):
+            if i:
+                out.append(", ")
+            _json(v, out)
+        out.append("]")
+    elif isinstance(o, (datetime.datetime, datetime.date, datetime.time)):
+        out.append(json.dumps(o.isoformat()))
+    else:
+        out.append(json.dumps(o))
+
+
+def dumps(value: Any) -> str:
+    """json.dumps for the values the helpers return: a Decimal is written as
+    the exact JSON number it was read from (``Decimal('25.00')`` as
+    ``25.00``), dates and times as ISO 8601 strings; ``loads`` reads the
+    text back as equal values.  (json.dumps raises "Object of type Decimal
+    is not JSON serializable", and its ``default=str`` would make the
+    number a string.)"""
+    out: list = []
+    _json(value, out)
+    return "".join(out)
+
+
+def loads(text: str) -> Any:
+    """json.loads keeping JSON numbers with a fraction or exponent exact,
+    as Decimal (integers stay int)."""
+    return json.loads(text, parse_float=decimal.Decimal)
 
 
 def to_arg(value: Any) -> Optional[str]:
@@ -124,7 +211,7 @@ def to_arg(value: Any) -> Optional[str]:
     if isinstance(value, (datetime.datetime, datetime.date, datetime.time)):
         return value.isoformat()
     if isinstance(value, (dict, list)):
-        return json.dumps(value, default=str)
+        return dumps(value)
     if isinstance(value, float):
         # repr is the shortest text that reads back as the same float
         return repr(value)
@@ -146,12 +233,16 @@ def _wait(wait):
 
 
 def _translate(exc: psycopg.Error) -> Exception:
+    """psycopg's error for one of idem's SQLSTATEs as idem's class, with
+    the same server report (diag) and the original as __cause__."""
     cls = _BY_SQLSTATE.get(getattr(exc, "sqlstate", None) or "")
     if cls is None:
         return exc
-    diag = exc.diag
-    err = cls(diag.message_primary or str(exc), cls.sqlstate,
-              diag.message_detail, diag.message_hint)
+    if exc.pgresult is not None:
+        err = cls(str(exc), info=exc.pgresult)
+    else:
+        d = exc.diag
+        err = cls(d.message_primary or str(exc), cls.sqlstate, d.message_detail, d.message_hint)
     err.__cause__ = exc
     return err
 
@@ -165,9 +256,10 @@ def _translate(exc: psycopg.Error) -> Exception:
 # response, joined by U+001F, which JSON text cannot contain unescaped.
 _SEP = "\x1f"
 _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
-_OPTIONS = ("outbox_topic", "ttl", "wait", "run_id", "step")
+_OPTIONS = ("outbox_topic", "ttl", "wait", "run_id", "step", "lease_token")
 _OPTION_SQL = {"outbox_topic": "outbox_topic => %s", "ttl": "ttl => %s::interval",
-               "wait": "wait => %s::boolean", "run_id": "run_id => %s", "step": "step => %s"}
+               "wait": "wait => %s::boolean", "run_id": "run_id => %s", "step": "step => %s",
+               "lease_token": "lease_token => %s::uuid"}
 _calls: dict = {}
 
 
@@ -195,9 +287,9 @@ def _array_literal(values):
     return "{" + ",".join(out) + "}"
 
 
-def _call(conn, key, run_id, step_name, sql, args, outbox_topic, ttl, wait):
+def _call(conn, key, run_id, step_name, sql, args, outbox_topic, ttl, wait, lease_token=None):
     options = {"outbox_topic": outbox_topic, "ttl": _ttl(ttl), "wait": _wait(wait),
-               "run_id": run_id, "step": step_name}
+               "run_id": run_id, "step": step_name, "lease_token": lease_token}
     present = tuple(o for o in _OPTIONS if options[o] is not None)
     params = [key, sql, _array_literal(args)] + [options[o] for o in present]
     try:
@@ -211,7 +303,7 @@ def _call(conn, key, run_id, step_name, sql, args, outbox_topic, ttl, wait):
         raise err from e
     replayed, micros, text = row.split(_SEP, 2)
     first = _EPOCH + datetime.timedelta(microseconds=int(micros))
-    response = json.loads(text, parse_float=decimal.Decimal)
+    response = loads(text)
     if "error" in response and "command" not in response:
         raise CachedError(response["error"], replayed == "true")
     return Result(response["rows"], response["rowcount"], replayed == "true", first)
@@ -229,10 +321,12 @@ def execute(conn: psycopg.Connection, key: str, sql: str, *args,
 
 
 def step(conn: psycopg.Connection, run_id: str, step: str, sql: str, *args,
-         outbox_topic: Optional[str] = None, wait: Optional[bool] = None) -> Result:
+         outbox_topic: Optional[str] = None, wait: Optional[bool] = None,
+         lease_token: Optional[str] = None) -> Result:
     """Run one step of a workflow run (see idem_run_begin) in the current
-    transaction; a completed step replays."""
-    return _call(conn, None, run_id, step, sql, args, outbox_topic, None, wait)
+    transaction; a completed step replays.  A run on a queue needs the
+    ``lease_token`` of its claim (else LeaseLost, ID412)."""
+    return _call(conn, None, run_id, step, sql, args, outbox_topic, None, wait, lease_token)
 
 
 _advice_cache: dict = {}
@@ -297,12 +391,30 @@ def retry(connect: Callable[[], psycopg.Connection],
 
 
 class RetryAfter(Exception):
-    """Raised by an outbox handler: the downstream asked to be called again
-    no earlier than ``seconds`` from now (its Retry-After)."""
+    """Raised by an outbox handler or a workflow step: the downstream asked
+    to be called again no earlier than ``seconds`` from now.  ``seconds``
+    may be a number or an HTTP Retry-After header's value (delay seconds or
+    an HTTP date); None means "later", at the server's backoff."""
 
-    def __init__(self, seconds: float, message: str = "retry after"):
+    def __init__(self, seconds=None, message: str = "retry after"):
         super().__init__(message)
-        self.seconds = seconds
+        self.seconds = _retry_after_seconds(seconds)
+
+
+def _retry_after_seconds(value) -> float:
+    if value is None or value == "":
+        return 0.0
+    if isinstance(value, (int, float, decimal.Decimal)):
+        return max(0.0, float(value))
+    text = str(value).strip()
+    try:
+        return max(0.0, float(text))
+    except ValueError:
+        import email.utils
+        when = email.utils.parsedate_to_datetime(text)   # ValueError if neither
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=datetime.timezone.utc)
+        return max(0.0, (when - datetime.datetime.now(datetime.timezone.utc)).total_seconds())
 
 
 _log = logging.getLogger("idem_client")
@@ -532,7 +644,7 @@ def consume(connect: Callable[[], psycopg.Connection], topic: str,
                 event = {"event_id": event_id, "key": key, "topic": top, "run_id": run_id,
                          "step": step_name, "attempt": attempt, "created_at": created_at,
                          "lease_until": lease_until,
-                         "payload": json.loads(payload, parse_float=decimal.Decimal)}
+                         "payload": loads(payload)}
                 try:
                     handler(event)
                 except RetryAfter as e:

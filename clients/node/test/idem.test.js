@@ -71,7 +71,10 @@ for (const target of ['direct', 'pgbouncer']) {
       const c = await connect();
       await tx(c, () => idem.execute(c, `${t}:1`, ins(t), ['inv-1', '25.00']));
       await assert.rejects(tx(c, () => idem.execute(c, `${t}:1`, ins(t), ['inv-1', '26.00'])),
-        (e) => e instanceof idem.KeyReused && e.sqlstate === 'ID422' && /Retry advice: never/.test(e.hint));
+        (e) => e instanceof idem.KeyReused && e.sqlstate === 'ID422' && /Retry advice: never/.test(e.hint) &&
+          // node-postgres' conventions: .code is the SQLSTATE, the server's fields are kept
+          e.code === 'ID422' && e.severity === 'ERROR' && e.cause.code === 'ID422' &&
+          typeof e.routine === 'string' && e.routine === e.cause.routine && e.message === e.cause.message);
       assert.equal(await count(t), 1);
     });
 

@@ -83,6 +83,12 @@ def test_key_reused(connect, table, admin):
             idem.execute(conn, key, ins(table), "inv-1", "26.00")
     assert e.value.sqlstate == "ID422"
     assert "Retry advice: never" in e.value.hint
+    # psycopg's conventions: a psycopg.Error whose diag is the server's report
+    assert isinstance(e.value, psycopg.DatabaseError)
+    assert e.value.diag.sqlstate == "ID422"
+    assert e.value.diag.message_primary == e.value.message and "key" in e.value.message
+    assert e.value.diag.message_hint == e.value.hint
+    assert isinstance(e.value.__cause__, psycopg.Error) and e.value.__cause__.sqlstate == "ID422"
     assert count(admin, table) == 1
 
 

@@ -1,0 +1,167 @@
+"""Workflow benchmark (issue 22): runs/s of the 4-step returns workflow
+with 4 workers from Python, next to the same steps written by hand with
+psycopg.
+
+  workflow  idem_client.Workflow + Worker: 4 worker processes
+            (concurrency 1 each), claims, heartbeats, fenced steps; the runs
+            are enqueued (idem_run_begin) and the clock runs until all are
+            completed
+  hand      what an application writes without a runtime, no recovery at
+            all: 4 processes, each taking orders from a shared counter;
+            per order UPDATE stock (autocommit), the label call, INSERT the
+            refund and its outbox row (one transaction), the notify call
+
+The steps are the same: check (restock), label (an external call, here a
+local function that returns at once, so that the database path is what is
+measured), refund (a row and an outbox event), notify (no database).
+Interleaved rounds; reports runs/s per round, the median, and the ratio
+workflow/hand.  Usage (as the cluster user, idem installed in $PG_CONFIG):
+  python3 workflow_bench.py [--runs 300] [--rounds 3] [--procs 4]
+"""
+
+import argparse
+import multiprocessing as mp
+import os
+import statistics
+import sys
+import time
+
+here = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(here, "..", "..", "clients", "python"))
+sys.path.insert(0, os.path.join(here, "..", "..", "clients", "python", "tests"))
+
+import psycopg  # noqa: E402
+
+import idem_client as idem  # noqa: E402
+
+STEPS = ["check", "label", "refund", "notify"]
+
+
+def label_call(key):
+    return {"label_id": "LBL-" + key[-12:]}
+
+
+def make_workflow(queue):
+    wf = idem.Workflow(queue, steps=STEPS)
+
+    @wf.step("check")
+    def check(ctx):
+        return ctx.execute("UPDATE stock SET on_hand = on_hand + 1 WHERE sku = $1 RETURNING on_hand",
+                           ctx.input["sku"])
+
+    @wf.external("label")
+    def label(ctx):
+        return label_call(ctx.key)
+
+    @wf.step("refund", outbox_topic="refunds")
+    def refund(ctx):
+        return ctx.execute("INSERT INTO refunds (order_id, amount, label_id) VALUES ($1, $2, $3)"
+                           " RETURNING id", ctx.input["order"], ctx.input["amount"],
+                           ctx.results["label"]["label_id"])
+
+    @wf.step("notify")
+    def notify(ctx):
+        return {"to": ctx.input["customer"]}
+    return wf
+
+
+def worker_proc(dsn, queue, stop):
+    idem.Worker(lambda: psycopg.connect(dsn, prepare_threshold=None), [make_workflow(queue)],
+                concurrency=1, lease=30, poll=0.05, stop=stop).run()
+
+
+def hand_proc(dsn, counter, total, go, tag):
+    conn = psycopg.connect(dsn, prepare_threshold=None, autocommit=True)
+    go.wait()
+    while True:
+        with counter.get_lock():
+            i = counter.value
+            counter.value += 1
+        if i >= total:
+            break
+        order = f"{tag}-{i}"
+        conn.execute("UPDATE stock SET on_hand = on_hand + 1 WHERE sku = %s RETURNING on_hand",
+                     (f"sku-{i % 10}",)).fetchone()
+        label = label_call(order)
+        with conn.transaction():
+            rid = conn.execute("INSERT INTO refunds (order_id, amount, label_id) VALUES (%s, %s, %s)"
+                               " RETURNING id", (order, "25.00", label["label_id"])).fetchone()[0]
+            conn.execute("INSERT INTO hand_outbox (topic, payload) VALUES ('refunds', %s)",
+                         (idem.dumps({"id": rid, "amount": idem.loads("25.00")}),))
+        {"to": f"cust-{i}"}     # notify: no database
+    conn.close()
+
+
+def round_workflow(dsn, admin, n, procs, r):
+    queue = f"bench{r}"
+    admin.execute("SELECT idem_queue_create(%s)", (queue,))
+    stop = mp.Event()
+    ps = [mp.Process(target=worker_proc, args=(dsn, queue, stop)) for _ in range(procs)]
+    for p in ps:
+        p.start()
+    time.sleep(1.0)     # the workers are up and polling an empty queue
+    wf = make_workflow(queue)
+    t0 = time.time()
+    with admin.transaction():
+        for i in range(n):
+            wf.start(admin, f"{queue}:{i}", input={"order": f"{queue}-{i}", "sku": f"sku-{i % 10}",
+                                                  "amount": idem.loads("25.00"),
+                                                  "customer": f"cust-{i}"})
+    while admin.execute("SELECT count(*) FROM idem_runs WHERE queue = %s AND status = 'completed'",
+                        (queue,)).fetchone()[0] < n:
+        time.sleep(0.02)
+    elapsed = time.time() - t0
+    stop.set()
+    for p in ps:
+        p.join()
+    return n / elapsed
+
+
+def round_hand(dsn, n, procs, r):
+    counter, go = mp.Value("l", 0), mp.Event()
+    ps = [mp.Process(target=hand_proc, args=(dsn, counter, n, go, f"hand{r}")) for _ in range(procs)]
+    for p in ps:
+        p.start()
+    time.sleep(1.0)
+    t0 = time.time()
+    go.set()
+    for p in ps:
+        p.join()
+    return n / (time.time() - t0)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runs", type=int, default=300)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--procs", type=int, default=4)
+    a = ap.parse_args()
+    from clusters import Cluster
+    cluster = Cluster()
+    try:
+        admin = psycopg.connect(cluster.dsn(), autocommit=True)
+        admin.execute("ALTER SYSTEM SET synchronous_commit = off")
+        admin.execute("""
+            CREATE TABLE stock (sku text PRIMARY KEY, on_hand int NOT NULL);
+            INSERT INTO stock SELECT 'sku-' || g, 0 FROM generate_series(0, 9) g;
+            CREATE TABLE refunds (id bigserial PRIMARY KEY, order_id text NOT NULL,
+                                  amount numeric NOT NULL, label_id text NOT NULL);
+            CREATE TABLE hand_outbox (id bigserial PRIMARY KEY, topic text NOT NULL,
+                                      payload jsonb NOT NULL, created_at timestamptz DEFAULT now());""")
+        admin.execute("SELECT pg_reload_conf()")
+        wf_rates, hand_rates = [], []
+        for r in range(a.rounds):
+            hand_rates.append(round_hand(cluster.dsn(), a.runs, a.procs, r))
+            wf_rates.append(round_workflow(cluster.dsn(), admin, a.runs, a.procs, r))
+            print(f"round {r + 1}: hand {hand_rates[-1]:.0f} runs/s, workflow {wf_rates[-1]:.0f} runs/s"
+                  f" ({wf_rates[-1] / hand_rates[-1]:.2f}x)", flush=True)
+        h, w = statistics.median(hand_rates), statistics.median(wf_rates)
+        print(f"median over {a.rounds} rounds of {a.runs} runs, {a.procs} processes each,"
+              f" synchronous_commit off: hand {h:.0f} runs/s, workflow {w:.0f} runs/s,"
+              f" ratio {w / h:.2f}")
+    finally:
+        cluster.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,206 @@
+'use strict';
+// Workflow and Worker on the runs on queues, directly and through PgBouncer
+// in transaction mode: runs complete with each effect once, RetryAfter and
+// exceptions go through the runtime's policy, a taken-over run stops its
+// holder, and worker processes SIGKILLed at random leave every effect
+// exactly once and every attempt on record.
+const { describe, it, before, after } = require('node:test');
+const assert = require('node:assert/strict');
+const { spawn } = require('node:child_process');
+const fs = require('node:fs');
+const os = require('node:os');
+const path = require('node:path');
+const pg = require('pg');
+const idem = require('idem-client');
+const { SCHEMA, make, carrier } = require('../fixtures/returns-workflow.js');
+const { start } = require('./cluster.js');
+
+let env;
+before(async () => { env = await start(); await env.admin.query(SCHEMA); });
+after(async () => { await env.stop(); });
+
+let queueNo = 0;
+async function freshQueue() {
+  const q = `nodeq${++queueNo}`;
+  await env.admin.query("SELECT idem_queue_create($1, max_attempts => 3, backoff_base => '50 ms'," +
+    " backoff_cap => '200 ms', jitter => 'none')", [q]);
+  await env.admin.query('INSERT INTO wf_stock VALUES ($1, 0)', [q]);
+  return q;
+}
+const one = async (sql, args = []) => (await env.admin.query(sql, args)).rows[0];
+const statuses = async (q) => Object.fromEntries((await env.admin.query(
+  'SELECT status, count(*)::int AS n FROM idem_runs WHERE queue = $1 GROUP BY status', [q])).rows.map((r) => [r.status, r.n]));
+async function until(cond, seconds, what) {
+  const deadline = Date.now() + seconds * 1000;
+  while (!(await cond())) {
+    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 50));
+  }
+}
+
+async function startRuns(connect, wf, q, n) {
+  const c = await connect();
+  for (let i = 0; i < n; i++) {
+    const s = await wf.start(c, `${q}:ret-${i}`, { input: { sku: q, amount: '25.00', customer: `c${i}` } });
+    assert.equal(s.created, true);
+  }
+  assert.equal((await wf.start(c, `${q}:ret-0`, { input: { sku: q, amount: '25.00', customer: 'c0' } })).created, false);
+  await assert.rejects(wf.start(c, `${q}:ret-0`, { input: { sku: q, amount: '26.00' } }),
+    (e) => e instanceof idem.KeyReused && e.code === 'ID422');
+  await c.end();
+}
+
+async function checkExactlyOnce(q, n, car) {
+  assert.deepEqual(await statuses(q), { completed: n });
+  assert.equal((await one('SELECT on_hand FROM wf_stock WHERE sku = $1', [q])).on_hand, n);
+  const refunds = (await env.admin.query("SELECT run_id, amount::text AS amount, label_id FROM wf_refunds WHERE run_id LIKE $1 || ':%'", [q])).rows;
+  assert.equal(refunds.length, n);
+  assert.equal(new Set(refunds.map((r) => r.run_id)).size, n);
+  assert.deepEqual([...new Set(refunds.map((r) => r.amount))], ['25.00']);
+  const mine = [...car.labels.entries()].filter(([k]) => k.includes(q));
+  assert.equal(mine.length, n);
+  assert.deepEqual(refunds.map((r) => r.label_id).sort(), mine.map(([, v]) => v.label_id).sort());
+  assert.equal(Number((await one("SELECT count(*) AS n FROM idem.outbox WHERE run_id LIKE $1 || ':%'", [q])).n), n);
+  assert.equal(Number((await one("SELECT count(*) AS n FROM idem_run_attempts WHERE run_id LIKE $1 || ':%' AND outcome IS NULL", [q])).n), 0);
+}
+
+for (const target of ['direct', 'pgbouncer']) {
+  describe(target, () => {
+    const connect = async () => { const c = new pg.Client(env.targets[target]); await c.connect(); return c; };
+
+    it('runs complete with each effect once', async () => {
+      const q = await freshQueue();
+      const car = await carrier().listen();
+      const wf = make(car.url, q);
+      await startRuns(connect, wf, q, 8);
+      const ac = new AbortController();
+      const worker = new idem.Worker(connect, [wf], { concurrency: 3, lease: 5, poll: 0.2, signal: ac.signal });
+      const done = worker.run();
+      await until(async () => (await statuses(q)).completed === 8, 60, '8 completed runs');
+      ac.abort();
+      const stats = await done;
+      car.close();
+      await checkExactlyOnce(q, 8, car);
+      assert.equal(stats.completed, 8);
+      assert.equal(stats.steps, 32);
+      const notify = await one("SELECT response::text AS r FROM idem_run_steps($1) WHERE step = 'notify'", [`${q}:ret-2`]);
+      assert.deepEqual(idem.parseExact(notify.r), { to: 'c2', amount: '25.00' });
+    });
+
+    it('RetryAfter comes back no sooner; an exception fails the run after its last attempt', async () => {
+      const q = await freshQueue();
+      const car = await carrier({ busy: 1, retryAfter: '1' }).listen();
+      const wf = make(car.url, q);
+      await startRuns(connect, wf, q, 1);
+      const bq = await freshQueue(); // one workflow per queue
+      const bad = new idem.Workflow(bq, { steps: ['boom'], maxAttempts: 2 });
+      const seen = [];
+      bad.step('boom', (ctx) => { seen.push(ctx.attempt); throw new TypeError(`bad ${ctx.input.id}`); });
+      const c = await connect();
+      await bad.start(c, `${bq}:bad`, { input: { id: 7 } });
+      await c.end();
+      const ac = new AbortController();
+      const w1 = new idem.Worker(connect, [wf], { concurrency: 1, lease: 5, poll: 0.1, signal: ac.signal, log: { warn() {}, error() {} } }).run();
+      await until(async () => car.log.some(([, o]) => o === '503'), 10, 'a 503');
+      car.busy = 0;
+      const t503 = Date.now();
+      await until(async () => (await one('SELECT status FROM idem_runs WHERE run_id = $1', [`${q}:ret-0`])).status === 'completed', 20, 'the completed run');
+      assert.ok(Date.now() - t503 >= 900, 'not before the Retry-After');
+      ac.abort();
+      await w1;
+      car.close();
+      assert.deepEqual(car.log.map(([, o]) => o), ['503', 'created']);
+      assert.equal(seen.length, 0);
+      const outcomes = (await env.admin.query('SELECT outcome, error FROM idem_run_attempts WHERE run_id = $1 ORDER BY claim', [`${q}:ret-0`])).rows;
+      assert.deepEqual(outcomes, [{ outcome: 'step_failed', error: 'carrier 503' }, { outcome: 'completed', error: null }]);
+      const ac2 = new AbortController();
+      const w2 = new idem.Worker(connect, [bad], { concurrency: 1, lease: 5, poll: 0.1, signal: ac2.signal, log: { warn() {}, error() {} } }).run();
+      await until(async () => (await one('SELECT status FROM idem_runs WHERE run_id = $1', [`${bq}:bad`])).status === 'failed', 20, 'the failed run');
+      ac2.abort();
+      await w2;
+      assert.deepEqual(seen, [1, 2]);
+      assert.equal((await one('SELECT last_error FROM idem_runs WHERE run_id = $1', [`${bq}:bad`])).last_error, 'TypeError: bad 7');
+    });
+
+    it('a taken-over run stops its holder: fenced, nothing executed, no next step', async () => {
+      const q = await freshQueue();
+      const wf = new idem.Workflow(q, { steps: ['a', 'b'] });
+      const calls = [];
+      let taken = null;
+      wf.step('a', async (ctx) => {
+        calls.push('a');
+        await env.admin.query("UPDATE idem.runs SET due_at = now() - interval '1 s' WHERE run_id = $1", [ctx.runId]);
+        taken = (await env.admin.query("SELECT run_id, attempt FROM idem_run_claim($1, worker => 'thief', lease => '1 h')", [q])).rows;
+        return ctx.execute('UPDATE wf_stock SET on_hand = on_hand + 1 WHERE sku = $1', [q]);
+      }).step('b', () => { calls.push('b'); return {}; });
+      const c = await connect();
+      await wf.start(c, `${q}:t`);
+      await c.end();
+      const ac = new AbortController();
+      const w = new idem.Worker(connect, [wf], { concurrency: 1, lease: 5, poll: 0.1, signal: ac.signal, name: 'old' });
+      const done = w.run();
+      await until(async () => w.stats.lost === 1, 10, 'the holder to see the takeover');
+      ac.abort();
+      const stats = await done;
+      assert.deepEqual(taken, [{ run_id: `${q}:t`, attempt: 2 }]);
+      assert.deepEqual(calls, ['a']);
+      assert.equal(stats.steps, 0);
+      assert.equal((await one('SELECT on_hand FROM wf_stock WHERE sku = $1', [q])).on_hand, 0);
+      assert.deepEqual((await env.admin.query('SELECT outcome FROM idem_run_attempts WHERE run_id = $1 ORDER BY claim', [`${q}:t`])).rows.map((r) => r.outcome),
+        ['lease_expired', null]);
+    });
+
+    it('worker processes SIGKILLed at random: each effect once, every attempt on record', async () => {
+      const q = await freshQueue();
+      const car = await carrier({ busy: 0.2, delay: 300, retryAfter: '0' }).listen();
+      const wf = make(car.url, q);
+      const n = 20;
+      await startRuns(connect, wf, q, n);
+      const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'idem-nodewf.'));
+      const log = path.join(dir, 'claims');
+      const procs = [];
+      const names = [];
+      const exits = new Map();
+      const spawnWorker = (slot) => {
+        const name = `w${slot}-${names.length}`;
+        names.push(name);
+        const p = spawn(process.execPath, [path.join(__dirname, '..', 'fixtures', 'workflow-worker.js'),
+          JSON.stringify(env.targets[target]), car.url, q, name, log], { stdio: 'inherit' });
+        exits.set(p, new Promise((r) => p.on('exit', (code, sig) => r(code ?? sig))));
+        procs[slot] = { p, name };
+      };
+      const claimed = (name) => fs.existsSync(log) && fs.readFileSync(log, 'utf8').split('\n').some((l) => l.split(' ')[2] === name);
+      for (let s = 0; s < 3; s++) spawnWorker(s);
+      let kills = 0;
+      const deadline = Date.now() + 120000;
+      while (((await statuses(q)).completed || 0) < n) {
+        assert.ok(Date.now() < deadline, `not done: ${JSON.stringify(await statuses(q))}`);
+        await new Promise((r) => setTimeout(r, 100 + Math.random() * 400));
+        const slot = Math.floor(Math.random() * 3);
+        if (kills < 6 && claimed(procs[slot].name)) {
+          procs[slot].p.kill('SIGKILL');
+          await exits.get(procs[slot].p);
+          kills++;
+          spawnWorker(slot);
+        }
+      }
+      const ready = (name) => fs.readFileSync(log, 'utf8').split('\n').includes(`ready ${name}`);
+      try {
+        await until(async () => procs.every(({ name }) => ready(name)), 30, 'the workers to be up');
+        for (const { p } of procs) p.kill('SIGTERM');
+        for (const { p } of procs) assert.equal(await exits.get(p), 0);
+      } finally {
+        for (const { p } of procs) p.kill('SIGKILL');
+        car.close();
+      }
+      await checkExactlyOnce(q, n, car);
+      assert.equal(kills, 6);
+      const logged = new Set(fs.readFileSync(log, 'utf8').split('\n').filter((l) => l.startsWith('claim ')).map((l) => l.split(' ').slice(1, 3).join(' ')));
+      const recorded = new Set((await env.admin.query("SELECT run_id || ' ' || worker AS k FROM idem_run_attempts WHERE run_id LIKE $1 || ':%'", [q])).rows.map((r) => r.k));
+      for (const k of logged) assert.ok(recorded.has(k), `claim ${k} not on record`);
+      const expired = Number((await one("SELECT count(*) AS n FROM idem_run_attempts WHERE run_id LIKE $1 || ':%' AND outcome = 'lease_expired'", [q])).n);
+      assert.ok(expired >= kills, `${expired} expired attempts for ${kills} kills`);
+      fs.rmSync(dir, { recursive: true, force: true });
+    });
+  });
+}

@@ -1,0 +1,340 @@
+'use strict';
+// Workflows on idem's runs on queues, from Node: define the steps, run
+// workers (the Python helper's Workflow and Worker, with Promises).
+//
+//   const returns = new Workflow('returns', { steps: ['check', 'label', 'refund', 'notify'] });
+//   returns.step('check', (ctx) => ctx.execute('UPDATE stock ... WHERE sku = $1', [ctx.input.sku]));
+//   returns.external('label', async (ctx) => carrier.label({ idempotencyKey: ctx.key }), { maxAttempts: 8 });
+//   await returns.start(client, 'returns:acme:ret-4471', { input: { sku: 'sku-1' } });
+//   await new Worker(connect, [returns], { concurrency: 4 }).run();
+//
+// Everything lives in the database (idem_run_claim, the fenced idem_call,
+// idem_step_start/complete/fail, idem_run_extend/release); a worker killed
+// at any point is replaced by any other after its lease.  A database step
+// is one idem_call carrying the claim's lease token (its own transaction:
+// the step's record, its business write and its outbox event commit
+// together); a step that writes nothing records its return value.  An
+// external step is idem_step_start (the attempt committed before the call),
+// the function (ctx.key is the provider's idempotency key), then
+// idem_step_complete.  A step that throws fails with idem_step_fail
+// (RetryAfter: no earlier than its seconds; anything else: its message, the
+// runtime's backoff; the run fails after its last attempt).  LeaseLost
+// (ID412) or a run no longer running (ID423) ends the work on that run.
+// Leases are extended every lease/3 s while steps run; stop (an AbortSignal,
+// or SIGTERM/SIGINT without one) drains: no more claims, running steps
+// finish, their runs are released.  Every call is one statement outside
+// any transaction block: PgBouncer in transaction mode works.
+const os = require('node:os');
+
+let idem; // ./idem.js, which loads this file at its end
+const lib = () => idem || (idem = require('./idem.js'));
+
+const CLAIM = 'SELECT run_id, input::text AS input, steps, next_step, attempt, lease_token::text AS token,' +
+  ' results::text AS results FROM idem_run_claim($1, max_runs => $2::integer, lease => $3::interval,' +
+  ' worker => $4, wait => $5::interval)';
+const STOP_STATES = new Set(['ID412', 'ID423', 'ID404']);
+const seconds = (s) => (s === null || s === undefined ? null : typeof s === 'number' ? `${s} seconds` : s);
+
+class Workflow {
+  constructor(name, { steps, queue = null, maxAttempts = null } = {}) {
+    if (!Array.isArray(steps) || steps.length === 0 || new Set(steps).size !== steps.length) {
+      throw new TypeError('steps must be a non-empty array of distinct names');
+    }
+    this.name = name;
+    this.steps = [...steps];
+    this.queue = queue || name;
+    this.maxAttempts = maxAttempts;
+    this.defs = new Map();
+  }
+
+  #add(name, fn, external, outboxTopic, maxAttempts) {
+    if (!this.steps.includes(name)) throw new TypeError(`step ${name} is not one of ${this.name}'s steps`);
+    if (this.defs.has(name)) throw new TypeError(`step ${name} of ${this.name} is defined twice`);
+    this.defs.set(name, { name, fn, external, outboxTopic, maxAttempts });
+    return this;
+  }
+
+  // A database step: fn(ctx) calls ctx.execute(sql, args) once.
+  step(name, fn, { outboxTopic = null } = {}) { return this.#add(name, fn, false, outboxTopic, null); }
+
+  // A step that calls out; maxAttempts raises the run's attempt limit to at
+  // least that (the runtime's policy is the run's).
+  external(name, fn, { maxAttempts = null } = {}) { return this.#add(name, fn, true, null, maxAttempts); }
+
+  runMaxAttempts() {
+    const limits = [...this.defs.values()].map((d) => d.maxAttempts).filter(Boolean);
+    if (this.maxAttempts) limits.push(this.maxAttempts);
+    return limits.length ? Math.max(...limits) : null;
+  }
+
+  // Enqueue a run in the client's transaction (or at once outside one);
+  // idempotent per run id and input.  Resolves to { status, nextStep, created }.
+  async start(client, runId, { input = null, backoffBase = null, backoffCap = null, jitter = null } = {}) {
+    try {
+      const r = await client.query('SELECT status, next_step, created FROM idem_run_begin($1, steps => $2::text[],' +
+        ' input => $3::jsonb, queue => $4, max_attempts => $5::integer, backoff_base => $6::interval,' +
+        ' backoff_cap => $7::interval, jitter => $8)',
+      [runId, this.steps, input === null ? null : lib().toArg(input), this.queue, this.runMaxAttempts(),
+        seconds(backoffBase), seconds(backoffCap), jitter]);
+      const row = r.rows[0];
+      return { status: row.status, nextStep: row.next_step, created: row.created };
+    } catch (e) {
+      throw lib().translate(e);
+    }
+  }
+
+  // idem_queue_create for this workflow's queue (an administrator's call).
+  async createQueue(client, { producers = [], workers = [], concurrency = null, maxAttempts = 5,
+    backoffBase = '1 s', backoffCap = '1 h', jitter = 'full' } = {}) {
+    await client.query('SELECT idem_queue_create($1, producers => $2::regrole[], workers => $3::regrole[],' +
+      ' concurrency => $4::integer, max_attempts => $5::integer, backoff_base => $6::interval,' +
+      ' backoff_cap => $7::interval, jitter => $8)',
+    [this.queue, producers, workers, concurrency, maxAttempts, seconds(backoffBase), seconds(backoffCap), jitter]);
+  }
+}
+
+// What a step function gets.
+class Context {
+  constructor(fields) { Object.assign(this, fields); this.response = null; }
+
+  // The step key (an external call's idempotency key).
+  async stepKey() {
+    if (this.key) return this.key;
+    const r = await this.client.query('SELECT idem_step_key($1, $2) AS k', [this.runId, this.step]);
+    this.key = r.rows[0].k;
+    return this.key;
+  }
+
+  // The database step's one statement, fenced by the lease.
+  async execute(sql, args = []) {
+    if (this.def.external) throw new Error(`step ${this.step} is external: it does not execute SQL`);
+    if (this.response) throw new Error(`step ${this.step} already executed its statement`);
+    const r = await lib().step(this.client, this.runId, this.step, sql, args,
+      { outboxTopic: this.def.outboxTopic, leaseToken: this.leaseToken });
+    this.response = { rows: r.rows, rowcount: r.rowcount };
+    return r;
+  }
+}
+
+class Worker {
+  constructor(connect, workflows, { concurrency = 4, lease = 30, poll = 1, name = null, signal = null,
+    log = console } = {}) {
+    if (!(concurrency >= 1)) throw new TypeError('concurrency must be at least 1');
+    this.connect = connect;
+    this.byQueue = new Map(workflows.map((w) => [w.queue, w]));
+    this.concurrency = concurrency;
+    this.lease = lease;
+    this.poll = poll;
+    this.name = name || `${os.hostname()}:${process.pid}`;
+    this.signal = signal;
+    this.log = log;
+    this.stats = { claimed: 0, steps: 0, completed: 0, failedSteps: 0, lost: 0, released: 0 };
+    this.active = new Map(); // runId -> { token, lost }
+    this.stopped = false;
+  }
+
+  async #open() {
+    const c = await this.connect();
+    c.on('error', () => {}); // a terminated session: seen by its next query
+    return c;
+  }
+
+  static #broken(err) {
+    const s = lib().sqlstateOf(err);
+    return s !== null && /^(08|57P)/.test(s);
+  }
+
+  // Claim and run until stopped; resolves to the counts.
+  async run() {
+    const stop = () => { this.stopped = true; };
+    const signals = [];
+    if (this.signal) {
+      if (this.signal.aborted) return { ...this.stats };
+      this.signal.addEventListener('abort', stop, { once: true });
+    } else {
+      for (const sig of ['SIGTERM', 'SIGINT']) { process.on(sig, stop); signals.push(sig); }
+    }
+    const queue = [];
+    let wake = null;
+    const slots = [];
+    let claimer = null;
+    let beat = null;
+    const every = Math.max(this.lease / 3, 0.05) * 1000;
+    let beatClient = null;
+    const heartbeat = async () => {
+      for (const [runId, a] of this.active) {
+        if (a.lost) continue;
+        try {
+          if (!beatClient) beatClient = await this.#open();
+          await beatClient.query('SELECT idem_run_extend($1, $2::uuid, $3::interval)', [runId, a.token, `${this.lease} seconds`]);
+        } catch (e) {
+          if (STOP_STATES.has(e.code)) a.lost = true;
+          else { if (beatClient) beatClient.end().catch(() => {}); beatClient = null; return; }
+        }
+      }
+    };
+    let beating = false;
+    beat = setInterval(() => {
+      if (beating) return;
+      beating = true;
+      heartbeat().finally(() => { beating = false; });
+    }, every);
+    try {
+      // executors: each with its client, taking claimed runs in turn
+      for (let i = 0; i < this.concurrency; i++) {
+        slots.push((async () => {
+          let client = null;
+          for (;;) {
+            while (queue.length === 0 && !(this.stopped && claimer === 'done')) {
+              await new Promise((r) => { wake = r; setTimeout(r, 200); });
+            }
+            if (queue.length === 0) break;
+            const c = queue.shift();
+            try {
+              client = await this.#runOne(client, c);
+            } finally {
+              this.active.delete(c.runId);
+            }
+          }
+          if (client) await client.end().catch(() => {});
+        })());
+      }
+      let client = null;
+      let down = 0;
+      const queues = [...this.byQueue.keys()];
+      while (!this.stopped) {
+        const free = this.concurrency - this.active.size;
+        if (free <= 0) { await new Promise((r) => setTimeout(r, 50)); continue; }
+        let got = 0;
+        try {
+          if (!client) client = await this.#open();
+          for (const [i, q] of queues.entries()) {
+            if (free - got <= 0 || this.stopped) break;
+            const wait = i === queues.length - 1 && got === 0 ? `${this.poll} seconds` : null;
+            const r = await client.query(CLAIM, [q, free - got, `${this.lease} seconds`, this.name, wait]);
+            for (const row of r.rows) {
+              this.stats.claimed++;
+              const c = { wf: this.byQueue.get(q), runId: row.run_id, input: row.input === null ? null : lib().parseExact(row.input),
+                steps: row.steps, nextStep: row.next_step, attempt: row.attempt, token: row.token,
+                results: row.results === null ? {} : lib().parseExact(row.results) };
+              this.active.set(c.runId, { token: c.token, lost: false });
+              queue.push(c);
+              if (wake) wake();
+            }
+            got += r.rows.length;
+          }
+          down = 0;
+        } catch (e) {
+          if (client) client.end().catch(() => {});
+          client = null;
+          down++;
+          this.log.warn(`idem worker ${this.name}: claim failed (${e.message}); reconnecting`);
+          await new Promise((r) => setTimeout(r, Math.min(2000, 50 * 2 ** Math.min(down, 6))));
+        }
+      }
+      if (client) await client.end().catch(() => {});
+      claimer = 'done';
+      if (wake) wake();
+      await Promise.all(slots);
+    } finally {
+      clearInterval(beat);
+      if (beatClient) await beatClient.end().catch(() => {});
+      if (this.signal) this.signal.removeEventListener('abort', stop);
+      for (const sig of signals) process.removeListener(sig, stop);
+    }
+    return { ...this.stats };
+  }
+
+  #lost(runId) {
+    const a = this.active.get(runId);
+    return !a || a.lost;
+  }
+
+  async #runOne(client, c) {
+    const results = { ...c.results };
+    let attempt = c.attempt;
+    const start = c.steps.indexOf(c.nextStep);
+    for (const name of c.steps.slice(start < 0 ? c.steps.length : start)) {
+      if (this.#lost(c.runId)) { this.stats.lost++; return client; }
+      if (this.stopped) return this.#release(client, c);
+      const def = c.wf.defs.get(name);
+      try {
+        if (!client) client = await this.#open();
+        if (!def) throw new Error(`workflow ${c.wf.name} has no function for step ${name}`);
+        results[name] = await this.#step(client, c, def, results, attempt);
+        this.stats.steps++;
+        attempt = 1; // a completed step starts the count again
+      } catch (e) {
+        if (STOP_STATES.has(e.code)) { this.stats.lost++; return client; }
+        if (Worker.#broken(e)) {
+          // whether the step committed is the database's to say: hand the run back
+          if (client) client.end().catch(() => {});
+          return this.#release(null, c);
+        }
+        return this.#fail(client, c, name, e);
+      }
+    }
+    this.stats.completed++;
+    return client;
+  }
+
+  async #step(client, c, def, results, attempt) {
+    const ctx = new Context({ runId: c.runId, step: def.name, input: c.input, results, attempt,
+      leaseToken: c.token, client, worker: this.name, def, key: null });
+    if (!def.external) {
+      const value = await def.fn(ctx);
+      if (ctx.response) return ctx.response;
+      return this.#complete(client, c, def.name, value);
+    }
+    const r = await client.query('SELECT step_key, attempt, completed, result::text AS result' +
+      ' FROM idem_step_start($1, $2, $3::uuid)', [c.runId, def.name, c.token]);
+    const row = r.rows[0];
+    if (row.completed) return lib().parseExact(row.result);
+    ctx.key = row.step_key;
+    ctx.attempt = row.attempt;
+    const value = await def.fn(ctx);
+    return this.#complete(client, c, def.name, value);
+  }
+
+  async #complete(client, c, name, value) {
+    const text = lib().toArg(value === undefined || value === null ? {} : value);
+    await client.query('SELECT idem_step_complete($1, $2, $3::jsonb, lease_token => $4::uuid)', [c.runId, name, text, c.token]);
+    return lib().parseExact(text);
+  }
+
+  async #fail(client, c, name, err) {
+    const RetryAfter = lib().RetryAfter;
+    const text = err instanceof RetryAfter ? err.message
+      : err instanceof Error ? `${err.name}: ${err.message}` : String(err);
+    const after = err instanceof RetryAfter ? `${err.seconds} seconds` : null;
+    this.stats.failedSteps++;
+    try {
+      if (!client) client = await this.#open();
+      const r = await client.query('SELECT idem_step_fail($1, $2, $3::uuid, $4, $5::interval) AS due',
+        [c.runId, name, c.token, text.slice(0, 2000), after]);
+      if (r.rows[0].due === null) this.log.error(`idem worker ${this.name}: run ${c.runId} failed at step ${name}: ${text}`);
+    } catch (e) {
+      if (!STOP_STATES.has(e.code)) {
+        if (client) client.end().catch(() => {});
+        return null;
+      }
+    }
+    return client;
+  }
+
+  async #release(client, c) {
+    try {
+      if (!client) client = await this.#open();
+      await client.query('SELECT idem_run_release($1, $2::uuid)', [c.runId, c.token]);
+      this.stats.released++;
+    } catch (e) {
+      if (!STOP_STATES.has(e.code)) {
+        if (client) client.end().catch(() => {});
+        return null;
+      }
+    }
+    return client;
+  }
+}
+
+module.exports = { Workflow, Worker, Context };

@@ -1,0 +1,543 @@
+"""Workflows on idem's runs on queues: define the steps, run workers.
+
+    from idem_client import Workflow, Worker, RetryAfter
+
+    returns = Workflow("returns", steps=["check", "label", "refund", "notify"])
+
+    @returns.step("check")
+    def check(ctx):
+        return ctx.execute("UPDATE inventory SET qty = qty - 1 WHERE sku = $1 RETURNING qty",
+                           ctx.input["sku"])
+
+    @returns.external("label", max_attempts=8)
+    def label(ctx):
+        r = carrier.create_label(idempotency_key=ctx.key)
+        if r.status in (429, 503):
+            raise RetryAfter(r.headers.get("Retry-After"))
+        return r.json()
+
+    returns.start(conn, "returns:acme:ret-4471", input={"sku": "sku-1"})   # then commit
+    Worker(connect, [returns], concurrency=4).run()
+
+Everything a run is lives in the database (idem_run_claim, the fenced
+idem_call, idem_step_start/complete/fail, idem_run_extend/release): a worker
+keeps nothing that another worker would need, so any worker, killed at any
+point, is replaced by any other after its lease.
+
+- A database step (``@wf.step``) is one round trip: ``ctx.execute(sql,
+  *args)`` is ``idem_call`` with the run, the step and the claim's lease
+  token, in a transaction of its own that records the step with its
+  business write (and its outbox event, ``outbox_topic``).  A step whose
+  function writes nothing records its return value (idem_step_complete).
+- An external step (``@wf.external``) is idem_step_start (committed: the
+  attempt is on record before the call), the function, which calls out with
+  ``ctx.key`` as the provider's idempotency key, then idem_step_complete
+  with its return value.  A resumed step gets the same key and the next
+  ``ctx.attempt``.
+- A step that raises fails with idem_step_fail: ``RetryAfter(s)`` no
+  earlier than s seconds, any other exception with its type and message,
+  after the runtime's backoff; after the run's last attempt the run is
+  ``failed``.  An error whose SQLSTATE idem_retry_advice calls transient
+  (40001, 40P01...) goes the same way: the runtime's backoff is the retry.
+- ``LeaseLost`` (ID412: the lease expired and another worker took the run)
+  or a run no longer running (ID423, cancelled) ends the work on that run
+  at once: nothing more is called for it.
+- The worker extends the leases of its runs every lease/3 seconds while
+  their steps run (a slow external call keeps its run); SIGTERM or SIGINT
+  (or ``stop``) drains: no more claims, running steps finish, their runs
+  are handed back (idem_run_release: due at once, the attempt not counted).
+- Every call is one statement in autocommit, so workers work through
+  PgBouncer in transaction mode (connect with prepare_threshold=None
+  before PgBouncer 1.21).
+"""
+
+import logging
+import os
+import random
+import signal
+import socket
+import threading
+import time
+from typing import Any, Callable, Dict, List, NamedTuple, Optional
+
+import psycopg
+
+import idem_client as _idem
+
+__all__ = ["Workflow", "Worker", "Context", "Started"]
+
+_log = logging.getLogger("idem_client.workflow")
+
+# the claim's jsonb as text, parsed with Decimal numbers
+_CLAIM = ("SELECT run_id, input::text, steps, next_step, attempt, lease_token::text,"
+          " results::text, started_step, started_attempts"
+          " FROM idem_run_claim(%s, max_runs => %s, lease => %s::interval, worker => %s,"
+          " wait => %s::interval)")
+# the run is over for this worker: someone else holds it, or it is not running
+_STOP_STATES = ("ID412", "ID423", "ID404")
+
+
+class Started(NamedTuple):
+    status: str
+    next_step: Optional[str]
+    created: bool
+
+
+class _Step(NamedTuple):
+    name: str
+    fn: Callable
+    external: bool
+    outbox_topic: Optional[str]
+    max_attempts: Optional[int]
+
+
+class Workflow:
+    """A named sequence of steps, run on the queue ``queue`` (default: the
+    workflow's name).  Decorate one function per step with ``step`` or
+    ``external``; ``start`` enqueues a run."""
+
+    def __init__(self, name: str, steps: List[str], *, queue: Optional[str] = None,
+                 max_attempts: Optional[int] = None):
+        if not steps or len(set(steps)) != len(steps):
+            raise ValueError("steps must be a non-empty list of distinct names")
+        self.name = name
+        self.steps = list(steps)
+        self.queue = queue or name
+        self.max_attempts = max_attempts
+        self._steps: Dict[str, _Step] = {}
+
+    def _add(self, name, fn, external, outbox_topic, max_attempts):
+        if name not in self.steps:
+            raise ValueError(f"step {name!r} is not one of {self.name}'s steps {self.steps}")
+        if name in self._steps:
+            raise ValueError(f"step {name!r} of {self.name} is defined twice")
+        self._steps[name] = _Step(name, fn, external, outbox_topic, max_attempts)
+        return fn
+
+    def step(self, name: str, *, outbox_topic: Optional[str] = None):
+        """A database step: the function calls ``ctx.execute(sql, *args)``
+        once (one round trip, the step's record and its business write in
+        one transaction); with ``outbox_topic`` its rows are published."""
+        return lambda fn: self._add(name, fn, False, outbox_topic, None)
+
+    def external(self, name: str, *, max_attempts: Optional[int] = None):
+        """A step that calls out of the database: the attempt is recorded
+        before the call, the function's return value (JSON) after it.
+        ``max_attempts`` raises the run's attempt limit to at least that
+        (the runtime's policy is the run's, one limit for all its steps)."""
+        return lambda fn: self._add(name, fn, True, None, max_attempts)
+
+    def run_max_attempts(self) -> Optional[int]:
+        """The run's max_attempts: the workflow's, raised to the largest
+        max_attempts of its external steps; None: the queue's."""
+        limits = [s.max_attempts for s in self._steps.values() if s.max_attempts]
+        if self.max_attempts:
+            limits.append(self.max_attempts)
+        return max(limits) if limits else None
+
+    def start(self, conn: psycopg.Connection, run_id: str, *, input: Any = None,
+              backoff_base=None, backoff_cap=None, jitter: Optional[str] = None) -> Started:
+        """Enqueue run ``run_id`` with ``input`` (JSON; Decimals stay exact)
+        in the connection's transaction: it is claimable once that commits
+        (autocommit: at once), so a run can be enqueued atomically with the
+        business write that asks for it.  Idempotent: the same run id and
+        input return the run (``created`` false); another input is
+        KeyReused (ID422)."""
+        try:
+            row = conn.execute(
+                "SELECT status, next_step, created FROM idem_run_begin(%s, steps => %s,"
+                " input => %s::jsonb, queue => %s, max_attempts => %s,"
+                " backoff_base => %s::interval, backoff_cap => %s::interval, jitter => %s)",
+                (run_id, self.steps, None if input is None else _idem.dumps(input), self.queue,
+                 self.run_max_attempts(), _idem._ttl(backoff_base), _idem._ttl(backoff_cap),
+                 jitter)).fetchone()
+        except psycopg.Error as e:
+            raise _translated(e)
+        return Started(*row)
+
+    def create_queue(self, conn: psycopg.Connection, *, producers=(), workers=(),
+                     concurrency: Optional[int] = None, max_attempts: int = 5,
+                     backoff_base="1 s", backoff_cap="1 h", jitter: str = "full"):
+        """idem_queue_create for this workflow's queue (an administrator's
+        call), in the connection's transaction."""
+        conn.execute("SELECT idem_queue_create(%s, producers => %s::regrole[],"
+                     " workers => %s::regrole[], concurrency => %s, max_attempts => %s,"
+                     " backoff_base => %s::interval, backoff_cap => %s::interval, jitter => %s)",
+                     (self.queue, list(producers), list(workers), concurrency, max_attempts,
+                      _idem._ttl(backoff_base), _idem._ttl(backoff_cap), jitter))
+
+
+def _translated(e: psycopg.Error) -> Exception:
+    err = _idem._translate(e)
+    if err is not e:
+        err.__cause__ = e
+    return err
+
+
+class Context:
+    """What a step function gets: ``input`` (the run's), ``results`` (the
+    recorded results of the completed steps, by name: a database step's is
+    its response, {"rows", "rowcount", "command"}), ``attempt`` (of this
+    step, 1 first), ``key`` (the step's key: an external call's idempotency
+    key), ``run_id``, ``step``, ``worker``; ``execute`` for a database
+    step's one statement; ``conn``, an autocommit connection for reads."""
+
+    def __init__(self, run_id, step, input, results, attempt, token, conn, worker, spec, key=None):
+        self.run_id = run_id
+        self.step = step
+        self.input = input
+        self.results = results
+        self.attempt = attempt
+        self.lease_token = token
+        self.conn = conn
+        self.worker = worker
+        self._spec = spec
+        self._key = key
+        self._response = None
+
+    @property
+    def key(self) -> str:
+        if self._key is None:
+            self._key = self.conn.execute("SELECT idem_step_key(%s, %s)",
+                                          (self.run_id, self.step)).fetchone()[0]
+        return self._key
+
+    def execute(self, sql: str, *args) -> _idem.Result:
+        """The step's business write, fenced by the lease: one idem_call
+        that records the step and commits (a completed step replays)."""
+        if self._spec.external:
+            raise RuntimeError(f"step {self.step!r} is external: it calls out, it does not"
+                               " execute SQL (make the write a step of its own)")
+        if self._response is not None:
+            raise RuntimeError(f"step {self.step!r} already executed its statement: a database"
+                               " step is one statement (a CTE or a function can do more)")
+        r = _idem._call(self.conn, None, self.run_id, self.step, sql, args,
+                        self._spec.outbox_topic, None, None, self.lease_token)
+        self._response = {"rows": r.rows, "rowcount": r.rowcount}
+        return r
+
+
+class _Claimed(NamedTuple):
+    wf: Workflow
+    run_id: str
+    input: Any
+    steps: List[str]
+    next_step: str
+    attempt: int
+    token: str
+    results: dict
+    started_step: Optional[str]
+    started_attempts: Optional[int]
+
+
+class Worker:
+    """Claims runs of the workflows' queues and runs their steps,
+    ``concurrency`` runs at a time (threads, one connection each, plus one
+    for claims and one for heartbeats).  ``connect()`` returns a new
+    psycopg connection (made autocommit here).  ``run()`` returns when
+    stopped: by ``stop`` (a threading.Event) set, or without one by
+    SIGTERM/SIGINT (run() in the main thread)."""
+
+    def __init__(self, connect: Callable[[], psycopg.Connection], workflows: List[Workflow], *,
+                 concurrency: int = 4, lease: float = 30, poll: float = 1.0,
+                 name: Optional[str] = None, stop: Optional[threading.Event] = None):
+        if concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        self.connect = connect
+        self.workflows = list(workflows)
+        self.by_queue = {wf.queue: wf for wf in self.workflows}
+        self.concurrency = concurrency
+        self.lease = lease
+        self.poll = poll
+        self.name = name or f"{socket.gethostname()}:{os.getpid()}"
+        self._own_stop = stop is None
+        self.stop = stop or threading.Event()
+        self.stats = {"claimed": 0, "steps": 0, "completed": 0, "failed_steps": 0,
+                      "lost": 0, "released": 0}
+        self._lock = threading.Lock()
+        self._active: Dict[str, dict] = {}    # run_id -> {"token", "lost"}
+        self._free = threading.Semaphore(concurrency)
+        self._work: List[_Claimed] = []
+        self._claims_over = False
+        self._have_work = threading.Condition(self._lock)
+
+    # -- connections -------------------------------------------------------
+
+    def _open(self):
+        c = self.connect()
+        c.autocommit = True
+        return c
+
+    @staticmethod
+    def _close(c):
+        if c is not None:
+            try:
+                c.close()
+            except Exception:
+                pass
+
+    def _count(self, what, n=1):
+        with self._lock:
+            self.stats[what] += n
+
+    # -- the loop ----------------------------------------------------------
+
+    def run(self) -> dict:
+        """Claim and run until stopped; returns counts (claimed, steps,
+        completed, failed_steps, lost, released)."""
+        restore = []
+        if self._own_stop and threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                restore.append((sig, signal.signal(sig, lambda *_: self.stop.set())))
+        threads = [threading.Thread(target=self._executor, name=f"idem-worker-{i}", daemon=True)
+                   for i in range(self.concurrency)]
+        threads.append(threading.Thread(target=self._heartbeat, name="idem-heartbeat",
+                                        daemon=True))
+        for t in threads:
+            t.start()
+        try:
+            self._claim_loop()
+        finally:
+            self.stop.set()
+            with self._have_work:
+                # a run claimed as the stop came is still run (and released)
+                self._claims_over = True
+                self._have_work.notify_all()
+            for t in threads:
+                t.join()
+            for sig, old in restore:
+                signal.signal(sig, old)
+        return dict(self.stats)
+
+    def _claim_loop(self):
+        conn = None
+        down = 0
+        queues = list(self.by_queue)
+        while not self.stop.is_set():
+            # claim only what a free thread can take at once: a claimed run
+            # waiting here would burn its lease
+            if not self._free.acquire(timeout=0.2):
+                continue
+            free = 1
+            while free < self.concurrency and self._free.acquire(blocking=False):
+                free += 1
+            got = 0
+            try:
+                if conn is None:
+                    conn = self._open()
+                random.shuffle(queues)
+                for i, q in enumerate(queues):
+                    if free - got <= 0:
+                        break
+                    # only the last queue's claim waits (in the server) for due runs
+                    wait = f"{self.poll} seconds" if i == len(queues) - 1 and not got else None
+                    rows = conn.execute(_CLAIM, (q, free - got, f"{self.lease} seconds",
+                                                 self.name, wait)).fetchall()
+                    for r in rows:
+                        self._hand_over(_Claimed(self.by_queue[q], r[0], _loads(r[1]), r[2], r[3],
+                                                 r[4], r[5], _loads(r[6]) or {}, r[7], r[8]))
+                    got += len(rows)
+                down = 0
+            except psycopg.OperationalError as e:
+                # the server restarted or our session ended: runs we claimed
+                # and did not hear about come back after their lease
+                self._close(conn)
+                conn = None
+                down += 1
+                _log.warning("idem worker %s: claim failed (%s); reconnecting", self.name,
+                             str(e).strip())
+                self.stop.wait(min(2.0, 0.05 * 2 ** min(down, 6)))
+            finally:
+                for _ in range(free - got):
+                    self._free.release()
+        self._close(conn)
+
+    def _hand_over(self, c: _Claimed):
+        self._count("claimed")
+        with self._have_work:
+            self._active[c.run_id] = {"token": c.token, "lost": False}
+            self._work.append(c)
+            self._have_work.notify()
+
+    def _executor(self):
+        conn = None
+        while True:
+            with self._have_work:
+                while not self._work and not self._claims_over:
+                    self._have_work.wait(0.5)
+                if not self._work:
+                    break       # stopped and no claim can come any more
+                c = self._work.pop(0)
+            try:
+                conn = self._run(conn, c)
+            finally:
+                with self._lock:
+                    self._active.pop(c.run_id, None)
+                self._free.release()
+        self._close(conn)
+
+    def _heartbeat(self):
+        conn = None
+        every = max(self.lease / 3.0, 0.05)
+        while not (self.stop.is_set() and not self._active):
+            if self.stop.is_set():
+                time.sleep(min(every, 0.1))     # draining: runs finish their steps
+            else:
+                self.stop.wait(every)
+            with self._lock:
+                held = [(r, a["token"]) for r, a in self._active.items() if not a["lost"]]
+            for run_id, token in held:
+                try:
+                    if conn is None:
+                        conn = self._open()
+                    conn.execute("SELECT idem_run_extend(%s, %s::uuid, %s::interval)",
+                                 (run_id, token, f"{self.lease} seconds"))
+                except psycopg.OperationalError:
+                    self._close(conn)
+                    conn = None
+                    break
+                except psycopg.Error as e:
+                    if e.sqlstate in _STOP_STATES:
+                        # taken over, or finished: the executor sees it on its next call
+                        with self._lock:
+                            if run_id in self._active and self._active[run_id]["token"] == token:
+                                self._active[run_id]["lost"] = True
+                    else:
+                        _log.warning("idem worker %s: heartbeat of %s failed: %s", self.name,
+                                     run_id, e)
+        self._close(conn)
+
+    # -- one run -----------------------------------------------------------
+
+    def _lost(self, run_id):
+        with self._lock:
+            a = self._active.get(run_id)
+            return a is None or a["lost"]
+
+    def _run(self, conn, c: _Claimed):
+        """Run c's steps from its next one; returns the connection to keep."""
+        results = dict(c.results)
+        attempt = c.attempt
+        start = c.steps.index(c.next_step) if c.next_step in c.steps else len(c.steps)
+        for name in c.steps[start:]:
+            if self._lost(c.run_id):
+                self._count("lost")
+                return conn
+            if self.stop.is_set():
+                conn = self._release(conn, c)
+                return conn
+            spec = c.wf._steps.get(name)
+            try:
+                if conn is None or conn.closed or conn.broken:
+                    self._close(conn)
+                    conn = self._open()
+                if spec is None:
+                    raise LookupError(f"workflow {c.wf.name} has no function for step {name!r}")
+                results[name] = self._step(conn, c, spec, results, attempt)
+                self._count("steps")
+                attempt = 1     # a completed step starts the count again
+            except psycopg.OperationalError as e:
+                if not (conn is None or conn.closed or conn.broken):
+                    # a server error on a live session (40001 and 40P01 are
+                    # OperationalErrors too): the step's failure
+                    conn = self._failed(conn, c, name, e)
+                    return conn
+                # the connection broke: whether the step committed is the
+                # database's to say; hand the run back so that a worker
+                # claims it at once and learns
+                _log.warning("idem worker %s: run %s step %s: %s", self.name, c.run_id, name,
+                             str(e).strip())
+                self._close(conn)
+                conn = None
+                return self._release(conn, c)
+            except Exception as e:
+                conn = self._failed(conn, c, name, e)
+                return conn
+        self._count("completed")
+        return conn
+
+    def _failed(self, conn, c: _Claimed, name, e: Exception):
+        """A step raised e: fenced (another worker has the run, or it is
+        not running any more) stops here; anything else fails the step."""
+        state = getattr(e, "sqlstate", None)
+        if state in _STOP_STATES:
+            _log.info("idem worker %s: run %s step %s stopped: %s %s", self.name, c.run_id,
+                      name, state, e)
+            self._count("lost")
+            return conn
+        return self._fail(conn, c, name, e)
+
+    def _step(self, conn, c: _Claimed, spec: _Step, results, attempt):
+        ctx = Context(c.run_id, spec.name, c.input, results, attempt, c.token, conn, self.name, spec)
+        if not spec.external:
+            value = spec.fn(ctx)
+            if ctx._response is not None:
+                return ctx._response
+            # a step that wrote nothing: its return value is its result
+            return self._complete(conn, c, spec.name, value)
+        key, n, completed, result = conn.execute(
+            "SELECT step_key, attempt, completed, result::text FROM idem_step_start(%s, %s, %s::uuid)",
+            (c.run_id, spec.name, c.token)).fetchone()
+        if completed:
+            return _loads(result)
+        ctx._key = key
+        ctx.attempt = n
+        value = spec.fn(ctx)
+        return self._complete(conn, c, spec.name, value)
+
+    def _complete(self, conn, c, name, value):
+        value = {} if value is None else value
+        try:
+            conn.execute("SELECT idem_step_complete(%s, %s, %s::jsonb, lease_token => %s::uuid)",
+                         (c.run_id, name, _idem.dumps(value), c.token))
+        except psycopg.Error as e:
+            raise _translated(e)
+        return _loads(_idem.dumps(value))
+
+    def _fail(self, conn, c: _Claimed, name, e: Exception):
+        if isinstance(e, _idem.RetryAfter):
+            text, after = str(e), f"{e.seconds} seconds"
+        else:
+            text, after = f"{type(e).__name__}: {e}".strip(), None
+        self._count("failed_steps")
+        try:
+            if conn is None or conn.closed or conn.broken:
+                self._close(conn)
+                conn = self._open()
+            due = conn.execute("SELECT idem_step_fail(%s, %s, %s::uuid, %s, %s::interval)",
+                               (c.run_id, name, c.token, text[:2000], after)).fetchone()[0]
+            if due is None:
+                _log.error("idem worker %s: run %s failed at step %s: %s", self.name, c.run_id,
+                           name, text)
+            else:
+                _log.info("idem worker %s: run %s step %s failed (%s), due again at %s",
+                          self.name, c.run_id, name, text, due)
+        except psycopg.OperationalError as oe:
+            if getattr(oe, "sqlstate", None) not in _STOP_STATES:
+                self._close(conn)
+                conn = None
+        except psycopg.Error as fe:
+            if fe.sqlstate not in _STOP_STATES:
+                _log.warning("idem worker %s: could not fail run %s step %s: %s", self.name,
+                             c.run_id, name, fe)
+        return conn
+
+    def _release(self, conn, c: _Claimed):
+        try:
+            if conn is None or conn.closed or conn.broken:
+                self._close(conn)
+                conn = self._open()
+            conn.execute("SELECT idem_run_release(%s, %s::uuid)", (c.run_id, c.token))
+            self._count("released")
+        except psycopg.OperationalError:
+            self._close(conn)
+            conn = None         # back after its lease
+        except psycopg.Error as e:
+            if e.sqlstate not in _STOP_STATES:
+                _log.warning("idem worker %s: could not release run %s: %s", self.name,
+                             c.run_id, e)
+        return conn
+
+
+def _loads(text):
+    return None if text is None else _idem.loads(text)

@@ -1,0 +1,343 @@
+"""Workflow and Worker on the runs on queues, directly and through
+PgBouncer in transaction mode: runs complete with each effect once,
+failures and Retry-After go through the runtime's policy, a slow step keeps
+its lease, a taken-over run stops its holder, SIGTERM drains, and worker
+processes SIGKILLed at random leave every effect exactly once and every
+attempt on record."""
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from decimal import Decimal
+
+import psycopg
+import pytest
+
+import idem_client as idem
+import returns_workflow
+from carrier import Carrier
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+_queues = iter(range(1, 10**6))
+
+
+@pytest.fixture
+def queue(admin):
+    """A fresh queue (fast backoff) and the workflow tables."""
+    name = f"wfq{next(_queues)}_{os.getpid()}"
+    admin.execute(returns_workflow.SCHEMA)
+    admin.execute("SELECT idem_queue_create(%s, max_attempts => 3, backoff_base => '50 ms',"
+                  " backoff_cap => '200 ms', jitter => 'none')", (name,))
+    admin.execute("INSERT INTO wf_stock VALUES (%s, 0) ON CONFLICT DO NOTHING", (name,))
+    return name
+
+
+def until(cond, timeout, what):
+    deadline = time.time() + timeout
+    while not cond():
+        if time.time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+class Running:
+    """A Worker in a thread, stopped (its stop event) by finish()."""
+
+    def __init__(self, connect, wfs, **kw):
+        self.stop = threading.Event()
+        self.worker = idem.Worker(connect, wfs, stop=self.stop, **kw)
+        self.result = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        self.result = self.worker.run()
+
+    def finish(self):
+        self.stop.set()
+        self.thread.join(15)
+        assert not self.thread.is_alive(), "the worker did not stop"
+        return self.result
+
+
+def statuses(admin, queue):
+    return dict(admin.execute("SELECT status, count(*) FROM idem_runs WHERE queue = %s"
+                              " GROUP BY status", (queue,)).fetchall())
+
+
+def start_runs(connect, wf, queue, n):
+    conn = connect()
+    for i in range(n):
+        with conn.transaction():
+            s = wf.start(conn, f"{queue}:ret-{i}",
+                         input={"sku": queue, "amount": Decimal("25.00"), "customer": f"c{i}"})
+            assert s.created and s.status == "running"
+    # the same run again is the same run
+    with conn.transaction():
+        again = wf.start(conn, f"{queue}:ret-0",
+                         input={"sku": queue, "amount": Decimal("25.00"), "customer": "c0"})
+    assert not again.created
+    with pytest.raises(idem.KeyReused):
+        with conn.transaction():
+            wf.start(conn, f"{queue}:ret-0", input={"sku": queue, "amount": "26.00"})
+
+
+def check_exactly_once(admin, queue, n, carrier):
+    assert statuses(admin, queue) == {"completed": n}
+    assert admin.execute("SELECT on_hand FROM wf_stock WHERE sku = %s", (queue,)).fetchone()[0] == n
+    rows = admin.execute("SELECT run_id, amount::text, label_id FROM wf_refunds WHERE run_id LIKE %s",
+                         (queue + ":%",)).fetchall()
+    assert len(rows) == n and len({r[0] for r in rows}) == n
+    assert {r[1] for r in rows} == {"25.00"}      # the Decimal input, exact
+    # one label per run at the carrier, the refund recorded with it
+    mine = {k: v for k, v in carrier.labels.items() if queue in k}
+    assert len(mine) == n
+    assert sorted(r[2] for r in rows) == sorted(v["label_id"] for v in mine.values())
+    assert admin.execute("SELECT count(*) FROM idem.outbox WHERE run_id LIKE %s",
+                         (queue + ":%",)).fetchone()[0] == n
+    # every attempt ended, and each run's last one completed it
+    assert admin.execute("SELECT count(*) FROM idem_run_attempts WHERE run_id LIKE %s"
+                         " AND outcome IS NULL", (queue + ":%",)).fetchone()[0] == 0
+    assert admin.execute(
+        "SELECT count(*) FROM (SELECT DISTINCT ON (run_id) run_id, outcome FROM idem_run_attempts"
+        " WHERE run_id LIKE %s ORDER BY run_id, claim DESC) a WHERE outcome = 'completed'",
+        (queue + ":%",)).fetchone()[0] == n
+
+
+def test_runs_complete_with_each_effect_once(connect, admin, queue):
+    carrier = Carrier()
+    wf = returns_workflow.make(carrier.url, queue=queue)
+    start_runs(connect, wf, queue, 12)
+    w = Running(connect, [wf], concurrency=3, lease=5, poll=0.2)
+    until(lambda: statuses(admin, queue) == {"completed": 12}, 60, "12 completed runs")
+    stats = w.finish()
+    check_exactly_once(admin, queue, 12, carrier)
+    assert stats["completed"] == 12 and stats["steps"] == 48 and stats["lost"] == 0
+    # the notify step recorded its return value, with the refund's exact amount
+    rec = admin.execute("SELECT response::text FROM idem_run_steps(%s)"
+                        " WHERE step = 'notify'", (f"{queue}:ret-3",)).fetchone()
+    assert rec is not None and idem.loads(rec[0]) == {"to": "c3", "amount": Decimal("25.00")}
+
+
+def test_retry_after_and_exceptions_go_through_the_policy(connect, admin, queue):
+    # the carrier answers 503 with Retry-After: 1 to the first request of each key
+    carrier = Carrier(busy=1.0, retry_after="1")
+    wf = returns_workflow.make(carrier.url, queue=queue)
+    start_runs(connect, wf, queue, 1)
+    w = Running(connect, [wf], concurrency=1, lease=5, poll=0.1)
+    until(lambda: any(o == "503" for _, o in carrier.log), 10, "a 503")
+    carrier.busy = 0.0
+    t503 = time.time()
+    until(lambda: statuses(admin, queue) == {"completed": 1}, 20, "the completed run")
+    assert time.time() - t503 >= 0.9          # not before the Retry-After
+    w.finish()
+    attempts = admin.execute("SELECT step, outcome, error FROM idem_run_attempts"
+                             " WHERE run_id = %s ORDER BY claim", (f"{queue}:ret-0",)).fetchall()
+    # (an attempt is recorded under the step it was claimed at)
+    assert [(o, e) for _, o, e in attempts] == [("step_failed", "carrier 503"), ("completed", None)]
+    assert attempts[-1][1] == "completed"
+    # the same key twice at the carrier: one label
+    assert [o for _, o in carrier.log] == ["503", "created"]
+
+
+def test_an_exception_fails_the_run_after_its_last_attempt(connect, admin, queue):
+    wf = idem.Workflow(queue, steps=["boom"], max_attempts=2)
+    seen = []
+
+    @wf.step("boom")
+    def boom(ctx):
+        seen.append(ctx.attempt)
+        raise ValueError(f"bad return {ctx.input['id']}")
+    conn = connect()
+    conn.autocommit = True
+    wf.start(conn, f"{queue}:bad", input={"id": 7})
+    w = Running(connect, [wf], concurrency=1, lease=5, poll=0.1)
+    until(lambda: statuses(admin, queue) == {"failed": 1}, 20, "the failed run")
+    w.finish()
+    assert seen == [1, 2]
+    assert admin.execute("SELECT last_error FROM idem_runs WHERE run_id = %s",
+                         (f"{queue}:bad",)).fetchone()[0] == "ValueError: bad return 7"
+
+
+def test_transient_sqlstate_is_retried_by_the_runtime(connect, admin, queue):
+    """A serialization failure (40001, advice 'retry') in a step: the step
+    fails, the runtime brings the run back, the retry executes once."""
+    wf = idem.Workflow(queue, steps=["pay"])
+    tries = []
+
+    @wf.step("pay")
+    def pay(ctx):
+        tries.append(ctx.attempt)
+        if len(tries) == 1:
+            return ctx.execute("SELECT idem_test_raise_40001() AS x")
+        return ctx.execute("UPDATE wf_stock SET on_hand = on_hand + 100 WHERE sku = $1"
+                           " RETURNING on_hand", ctx.input)
+    admin.execute("CREATE OR REPLACE FUNCTION idem_test_raise_40001() RETURNS int LANGUAGE plpgsql"
+                  " AS $$BEGIN RAISE EXCEPTION 'conflict' USING ERRCODE = '40001'; END$$")
+    assert idem.retry_advice(admin, "40001") == "retry"
+    conn = connect()
+    conn.autocommit = True
+    wf.start(conn, f"{queue}:pay", input=queue)
+    w = Running(connect, [wf], concurrency=1, lease=5, poll=0.1)
+    until(lambda: statuses(admin, queue) == {"completed": 1}, 20, "the completed run")
+    w.finish()
+    assert tries == [1, 2]
+    assert admin.execute("SELECT on_hand FROM wf_stock WHERE sku = %s", (queue,)).fetchone()[0] == 100
+    errors = [r[0] for r in admin.execute("SELECT error FROM idem_run_attempts WHERE run_id = %s"
+                                          " ORDER BY claim", (f"{queue}:pay",))]
+    assert "conflict" in errors[0] and errors[-1] is None
+
+
+def test_a_slow_step_keeps_its_lease(connect, admin, queue):
+    """Lease 1 s, an external call of 2.5 s, two workers: the heartbeat
+    keeps the run with its holder, nobody else claims it, one attempt."""
+    carrier = Carrier(delay=2.5)
+    wf = returns_workflow.make(carrier.url, queue=queue)
+    start_runs(connect, wf, queue, 1)
+    w = Running(connect, [wf], concurrency=1, lease=1, poll=0.1, name="slow")
+    other = Running(connect, [wf], concurrency=1, lease=1, poll=0.1, name="other")
+    until(lambda: statuses(admin, queue) == {"completed": 1}, 20, "the completed run")
+    w.finish(), other.finish()
+    # one attempt, by whichever worker claimed first
+    attempts = admin.execute("SELECT worker, outcome FROM idem_run_attempts WHERE run_id = %s",
+                             (f"{queue}:ret-0",)).fetchall()
+    assert len(attempts) == 1 and attempts[0][1] == "completed", attempts
+    assert carrier.created() == 1 and len(carrier.log) == 1
+
+
+def test_a_taken_over_run_stops_its_holder(connect, admin, queue):
+    """While the holder's step runs, its lease expires and another worker
+    claims the run: the holder's statement is fenced (LeaseLost), nothing
+    of it executes, and it does not go on to the next step."""
+    wf = idem.Workflow(queue, steps=["a", "b"])
+    calls = []
+
+    @wf.step("a")
+    def a(ctx):
+        calls.append(("a", ctx.worker))
+        if ctx.worker == "old":
+            admin.execute("UPDATE idem.runs SET due_at = now() - interval '1 s' WHERE run_id = %s",
+                          (ctx.run_id,))
+            taken.extend(admin.execute("SELECT run_id, attempt FROM idem_run_claim(%s, worker => 'thief',"
+                                       " lease => '1 h')", (queue,)).fetchall())
+        return ctx.execute("UPDATE wf_stock SET on_hand = on_hand + 1 WHERE sku = $1 RETURNING on_hand",
+                           queue)
+
+    @wf.step("b")
+    def b(ctx):
+        calls.append(("b", ctx.worker))
+        return {}
+    taken = []
+    conn = connect()
+    conn.autocommit = True
+    wf.start(conn, f"{queue}:t")
+    w = Running(connect, [wf], concurrency=1, lease=5, poll=0.1, name="old")
+    until(lambda: w.worker.stats["lost"] == 1, 10, "the holder to see the takeover")
+    stats = w.finish()
+    assert taken == [(f"{queue}:t", 2)]
+    assert calls == [("a", "old")] and stats["steps"] == 0
+    assert admin.execute("SELECT on_hand FROM wf_stock WHERE sku = %s", (queue,)).fetchone()[0] == 0
+    assert [r[0] for r in admin.execute("SELECT outcome FROM idem_run_attempts WHERE run_id = %s"
+                                        " ORDER BY claim", (f"{queue}:t",))] == ["lease_expired", None]
+
+
+def worker_proc(dsn, carrier_url, queue, name, log, concurrency=2, lease=1.0, extra=()):
+    return subprocess.Popen([sys.executable, os.path.join(HERE, "workflow_worker.py"),
+                             "--dsn", dsn, "--carrier", carrier_url, "--queue", queue,
+                             "--name", name, "--log", log, "--concurrency", str(concurrency),
+                             "--lease", str(lease), *extra])
+
+
+def test_sigterm_drains(route, admin, queue, tmp_path):
+    """SIGTERM while steps run: they finish, their runs are handed back
+    (released, due at once), the process exits 0, another worker completes
+    them with every effect once."""
+    dsn, kw = route
+    carrier = Carrier(delay=0.8)
+    wf = returns_workflow.make(carrier.url, queue=queue)
+    start_runs(lambda: psycopg.connect(dsn, **kw), wf, queue, 2)
+    log = str(tmp_path / "log")
+    p = worker_proc(dsn, carrier.url, queue, "drained", log, extra=("--no-prepare",) if kw else ())
+    # (a worker process starts slowly on a loaded machine)
+    until(lambda: len(carrier.log) >= 1, 90, "a label request")
+    assert "ready drained" in open(log).read()
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(40) == 0
+    outcomes = [r[0] for r in admin.execute("SELECT outcome FROM idem_run_attempts WHERE worker = 'drained'"
+                                            " AND run_id LIKE %s", (queue + ":%",))]
+    assert "released" in outcomes and None not in outcomes
+    w = Running(lambda: psycopg.connect(dsn, **kw), [wf], concurrency=2, lease=5, poll=0.1)
+    until(lambda: statuses(admin, queue) == {"completed": 2}, 30, "2 completed runs")
+    w.finish()
+    check_exactly_once(admin, queue, 2, carrier)
+
+
+def test_sigkill_at_random_points_exactly_once(route, admin, queue, tmp_path):
+    """Three worker processes (concurrency 2, lease 1 s), SIGKILLed at
+    random moments from outside and started again, until 30 runs complete:
+    each business effect once, one label per run at the carrier however
+    often it was asked, one outbox event per refund, and every claim a
+    worker logged is an attempt on record, each ended (a killed one as
+    lease_expired)."""
+    dsn, kw = route
+    rnd = random.Random(int(os.environ.get("IDEM_TEST_SEED", "22")))
+    # a label takes 0.3 s: kills find runs in hand
+    carrier = Carrier(busy=0.2, delay=0.3, seed=rnd.randrange(1000), retry_after="0")
+    wf = returns_workflow.make(carrier.url, queue=queue)
+    n = 30
+    start_runs(lambda: psycopg.connect(dsn, **kw), wf, queue, n)
+    extra = ("--no-prepare",) if kw else ()
+    procs, names, kills, slot_names = {}, [], 0, {}
+    logs = str(tmp_path / "claims")
+
+    def spawn(slot):
+        name = f"w{slot}-{len(names)}"
+        names.append(name)
+        procs[slot] = worker_proc(dsn, carrier.url, queue, name, logs, extra=extra)
+        slot_names[slot] = len(names) - 1
+
+    def has_claimed(name):
+        try:
+            with open(logs) as f:
+                return any(line.startswith("claim ") and line.split()[2] == name for line in f)
+        except FileNotFoundError:
+            return False
+    for slot in range(3):
+        spawn(slot)
+    deadline = time.time() + 120
+    while statuses(admin, queue).get("completed", 0) < n:
+        assert time.time() < deadline, f"not done: {statuses(admin, queue)}"
+        time.sleep(rnd.uniform(0.1, 0.5))
+        slot = rnd.randrange(3)
+        # a process killed while it starts has nothing in hand: kill one
+        # that has claimed work (at a random moment of that work)
+        if kills < 8 and has_claimed(names[slot_names[slot]]):
+            procs[slot].kill()
+            procs[slot].wait()
+            kills += 1
+            spawn(slot)
+    until(lambda: all(f"ready {names[slot_names[s]]}\n" in open(logs).read() for s in procs),
+          30, "the workers to be up")
+    for p in procs.values():
+        p.send_signal(signal.SIGTERM)
+    for p in procs.values():
+        assert p.wait(40) == 0
+    check_exactly_once(admin, queue, n, carrier)
+    assert kills == 8
+    # every claim a worker logged (before working on it) is on record
+    with open(logs) as f:
+        logged = {tuple(line.split()[1:3]) for line in f if line.startswith("claim ")}
+    recorded = set(admin.execute("SELECT run_id, worker FROM idem_run_attempts WHERE run_id LIKE %s",
+                                 (queue + ":%",)).fetchall())
+    assert logged and logged <= recorded
+    expired = admin.execute("SELECT count(*) FROM idem_run_attempts WHERE run_id LIKE %s"
+                            " AND outcome = 'lease_expired'", (queue + ":%",)).fetchone()[0]
+    # each kill had claimed runs in hand: their attempts expired
+    assert expired >= kills
+    # the carrier saw repeats of some keys (a resumed label) and answered
+    # each with its one label
+    assert carrier.created() == n
