@@ -76,10 +76,12 @@ CREATE TABLE payments (tenant_id bigint NOT NULL, note text NOT NULL, amount int
 SELECT create_distributed_table('payments', 'tenant_id');
 SELECT idem_citus_colocate('payments');
 CREATE FUNCTION pay(tenant bigint, key text, amount int) RETURNS jsonb
-LANGUAGE sql AS $$
-SELECT idem_execute(key,
-	'INSERT INTO payments VALUES ($1, $2, $3) RETURNING tenant_id, note, amount',
-	tenant, key, amount)
+LANGUAGE plpgsql AS $$
+BEGIN
+	RETURN idem_execute(key,
+		'INSERT INTO payments VALUES ($1, $2, $3) RETURNING tenant_id, note, amount',
+		tenant, key, amount);
+END
 $$;
 SELECT create_distributed_function('pay(bigint, text, int)', 'tenant',
 	colocate_with => 'payments', force_delegation => true);

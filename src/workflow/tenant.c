@@ -281,21 +281,52 @@ rel_owner(Oid relid)
 	return owner;
 }
 
-/* One SPI statement with the tenant as $1, run as the owner of idem.citus_keys. */
+/* The statements on idem.citus_keys, their plans kept per backend. */
+typedef enum KeysSql
+{
+	KEYS_LOCAL, KEYS_LOOKUP, KEYS_DELETE, KEYS_INSERT, KEYS_SQL_COUNT
+} KeysSql;
+
+static SPIPlanPtr keys_plans[KEYS_SQL_COUNT];
+static Oid	keys_plan_type[KEYS_SQL_COUNT];
+
+/*
+ * One statement on idem.citus_keys, with the tenant as $1, run as the
+ * table's owner.  Its plan is kept for the next call with a tenant of the
+ * same type: Citus then plans it as a fast-path router query and caches
+ * the local shard's plan too.  The plan cache replans it if idem.citus_keys
+ * is made anew.
+ */
 static int
-run_keys_sql(Oid keys_owner, const char *sql, int nargs, Oid *types,
-			 Datum *values, const char *nulls, bool read_only)
+run_keys_sql(KeysSql which, Oid keys_owner, const char *sql, int nargs,
+			 Oid *types, Datum *values, const char *nulls, bool read_only)
 {
 	Oid			save_userid;
 	int			save_sec;
 	int			rc;
 
+	if (keys_plans[which] == NULL || keys_plan_type[which] != types[0])
+	{
+		SPIPlanPtr	plan;
+
+		if (keys_plans[which] != NULL)
+		{
+			SPI_freeplan(keys_plans[which]);
+			keys_plans[which] = NULL;
+		}
+		plan = SPI_prepare(sql, nargs, types);
+		if (plan == NULL)
+			elog(ERROR, "SPI_prepare failed: %s", SPI_result_code_string(SPI_result));
+		if (SPI_keepplan(plan) != 0)
+			elog(ERROR, "SPI_keepplan failed");
+		keys_plans[which] = plan;
+		keys_plan_type[which] = types[0];
+	}
 	GetUserIdAndSecContext(&save_userid, &save_sec);
 	SetUserIdAndSecContext(keys_owner, save_sec | SECURITY_LOCAL_USERID_CHANGE);
 	PG_TRY();
 	{
-		rc = SPI_execute_with_args(sql, nargs, types, values, nulls,
-								   read_only, 0);
+		rc = SPI_execute_plan(keys_plans[which], values, nulls, read_only, 0);
 	}
 	PG_FINALLY();
 	{
@@ -303,7 +334,7 @@ run_keys_sql(Oid keys_owner, const char *sql, int nargs, Oid *types,
 	}
 	PG_END_TRY();
 	if (rc < 0)
-		elog(ERROR, "SPI_execute_with_args failed: %s", SPI_result_code_string(rc));
+		elog(ERROR, "SPI_execute_plan failed: %s", SPI_result_code_string(rc));
 	return rc;
 }
 
@@ -321,7 +352,7 @@ tenant_shard_is_local(Oid keys_owner, Oid tenant_type, Datum tenant,
 	bool		isnull;
 	Datum		d;
 
-	run_keys_sql(keys_owner,
+	run_keys_sql(KEYS_LOCAL, keys_owner,
 				 "SELECT EXISTS (SELECT FROM pg_catalog.pg_dist_placement p"
 				 " WHERE p.shardid OPERATOR(pg_catalog.=)"
 				 " pg_catalog.get_shard_id_for_distribution_column('idem.citus_keys'::pg_catalog.regclass, $1)"
@@ -352,7 +383,7 @@ lookup_tenant_key(Oid keys_owner, Oid tenant_type, Datum tenant,
 	values[0] = tenant;
 	values[1] = ObjectIdGetDatum(req->owner);
 	values[2] = PointerGetDatum(cstring_to_text_with_len(req->key, req->keylen));
-	run_keys_sql(keys_owner,
+	run_keys_sql(KEYS_LOOKUP, keys_owner,
 				 "SELECT k.fingerprint, k.fingerprint_version, k.response,"
 				 " k.created_at, k.expires_at FROM idem.citus_keys k"
 				 " WHERE k.tenant OPERATOR(pg_catalog.=) $1"
@@ -396,7 +427,7 @@ write_tenant_key(Oid keys_owner, Oid tenant_type, Datum tenant,
 	values[2] = PointerGetDatum(cstring_to_text_with_len(req->key, req->keylen));
 	if (delete)
 	{
-		run_keys_sql(keys_owner,
+		run_keys_sql(KEYS_DELETE, keys_owner,
 					 "DELETE FROM idem.citus_keys k"
 					 " WHERE k.tenant OPERATOR(pg_catalog.=) $1"
 					 " AND k.owner OPERATOR(pg_catalog.=) $2"
@@ -410,7 +441,7 @@ write_tenant_key(Oid keys_owner, Oid tenant_type, Datum tenant,
 	values[5] = JsonbPGetDatum(response);
 	values[6] = TimestampTzGetDatum(now);
 	values[7] = TimestampTzGetDatum(expires);
-	run_keys_sql(keys_owner,
+	run_keys_sql(KEYS_INSERT, keys_owner,
 				 "INSERT INTO idem.citus_keys (tenant, owner, key, fingerprint,"
 				 " fingerprint_version, response, created_at, expires_at)"
 				 " VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
