@@ -717,12 +717,7 @@ citus_call(FunctionCallInfo fcinfo, IdemRequest *req, IdemResult *result)
 		if (found)
 		{
 			if (!idem_record_matches(stmt, req, &rec, fingerprint))
-				ereport(ERROR,
-						(errcode(ERRCODE_IDEM_KEY_REUSED),
-						 errmsg("idempotency key \"%s\" was already used for a different request",
-								req->key),
-						 errdetail("The statement text, the settings that change its meaning, or the arguments differ from the request first recorded under this key for this tenant."),
-						 idem_errhint(ERRCODE_IDEM_KEY_REUSED, "Use a new key for a new request.")));
+				idem_report_key_reused(req, "The statement text, the settings that change its meaning, or the arguments differ from the request first recorded under this key for this tenant.");
 			result->response = rec.response;
 			result->replayed = true;
 			result->first_executed_at = rec.created_at;
