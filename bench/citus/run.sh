@@ -7,7 +7,9 @@
 # and idem too (make install).  Run as root (the cluster runs as postgres)
 # or as postgres.
 #
-#   bench/citus/run.sh [--seconds N] [--rounds N] [--clients N]
+#   bench/citus/run.sh [--seconds N] [--rounds N] [--clients N] [--keep]
+#
+# --keep leaves the cluster running (its folder and ports are printed).
 #
 # Workloads, all from the coordinator, pgbench -n -M prepared, a random
 # tenant of 1000 per transaction, fresh keys:
@@ -28,11 +30,13 @@ seconds=15
 rounds=3
 clients=4
 port=${PORT:-5510}
+keep=0
 while [ $# -gt 0 ]; do
 	case "$1" in
 		--seconds) seconds=$2; shift ;;
 		--rounds) rounds=$2; shift ;;
 		--clients) clients=$2; shift ;;
+		--keep) keep=1 ;;
 		*) sed -n '/^#   bench\/citus\/run.sh/p' "$0" | sed 's/^# *//' >&2; exit 2 ;;
 	esac
 	shift
@@ -43,6 +47,7 @@ as_pg() { if [ "$(id -u)" -eq 0 ]; then runuser -u postgres -- "$@"; else "$@"; 
 work=$(mktemp -d /tmp/idem-citus-bench.XXXXXX)
 chown postgres: "$work" 2>/dev/null || true
 cleanup() {
+	if [ $keep = 1 ]; then echo "kept: $work (ports $port-$((port + 2)))" >&2; return; fi
 	for i in 0 1 2; do
 		[ -d "$work/n$i" ] && as_pg "$bindir/pg_ctl" -D "$work/n$i" -m immediate stop >/dev/null 2>&1 || true
 	done
@@ -76,10 +81,12 @@ CREATE TABLE payments (tenant_id bigint NOT NULL, note text NOT NULL, amount int
 SELECT create_distributed_table('payments', 'tenant_id');
 SELECT idem_citus_colocate('payments');
 CREATE FUNCTION pay(tenant bigint, key text, amount int) RETURNS jsonb
-LANGUAGE sql AS $$
-SELECT idem_execute(key,
-	'INSERT INTO payments VALUES ($1, $2, $3) RETURNING tenant_id, note, amount',
-	tenant, key, amount)
+LANGUAGE plpgsql AS $$
+BEGIN
+	RETURN idem_execute(key,
+		'INSERT INTO payments VALUES ($1, $2, $3) RETURNING tenant_id, note, amount',
+		tenant, key, amount);
+END
 $$;
 SELECT create_distributed_function('pay(bigint, text, int)', 'tenant',
 	colocate_with => 'payments', force_delegation => true);

@@ -212,8 +212,12 @@ idem_check_not_step_key(const char *key, const char *fname)
 				 idem_errhint(ERRCODE_INVALID_PARAMETER_VALUE, "Run the step with idem_step(), idem_step_complete() or idem_call(run_id => ..., step => ...).")));
 }
 
-static void
-report_key_reused(IdemRequest *req, const char *detail)
+/*
+ * idem_report_key_reused
+ *		ID422: req's key holds a different request; detail says how.
+ */
+void
+idem_report_key_reused(IdemRequest *req, const char *detail)
 {
 	ereport(ERROR,
 			(errcode(ERRCODE_IDEM_KEY_REUSED),
@@ -304,7 +308,7 @@ check_record(IdemStatement *stmt, IdemRequest *req, IdemRecord *rec,
 	}
 	mismatch = fingerprint_mismatch(stmt, req, rec, fingerprint);
 	if (mismatch != NULL)
-		report_key_reused(req, mismatch);
+		idem_report_key_reused(req, mismatch);
 	return true;
 }
 

@@ -75,6 +75,7 @@ extern void idem_execute_request(IdemRequest *req, IdemResult *result);
 extern Datum idem_result_datum(IdemResult *result);
 extern void idem_check_not_step_key(const char *key, const char *fname);
 extern void idem_check_visible(IdemRequest *req, IdemRecord *rec);
+extern void idem_report_key_reused(IdemRequest *req, const char *detail);
 extern bool idem_record_matches(IdemStatement *stmt, IdemRequest *req,
 								IdemRecord *rec, const uint8 *fingerprint);
 extern bool idem_find_record(IdemStatement *stmt, IdemRequest *req,

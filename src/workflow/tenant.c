@@ -17,18 +17,23 @@
  * idem.citus_keys holds records (they would stay on the old group's
  * shards).
  *
- * The key record is read and written through Citus, as the table's owner
- * (callers have no rights on it), which executes it on the local shard:
- * the shard's relation changes with every move, and only Citus knows it.
- * So it commits with the business write in one local transaction and
- * moves with the tenant's shard (citus_move_shard_placement, the
- * rebalancer, splits: Citus moves a colocation group's shards together).
+ * The key record is read and written on the tenant's shard of
+ * idem.citus_keys on this node, directly (as the table's owner: callers
+ * have no rights on it) once Citus's shard metadata lock is held, which
+ * keeps a shard move from switching the shard to another node until the
+ * call commits.  So it commits with the business write in one local
+ * transaction and moves with the tenant's shard (citus_move_shard_placement,
+ * the rebalancer, splits: Citus moves a colocation group's shards
+ * together).  The business statement runs through Citus, pinned to the
+ * tenant's distribution value (request/citus.c).
+ *
  * Every other shape is refused rather than run with the key and the write
  * on different nodes: a call Citus did not delegate finds no local
- * placement of the tenant's shard (IDC02), and a business statement for
- * which Citus opened a distributed transaction (it reached another node or
- * another tenant) fails the call (IDC02).  Keys are per (role, tenant,
- * key): the tenant is in the primary key and in the lock.
+ * placement of the tenant's shard (IDC02); a business statement that
+ * strays from the tenant's value is refused by Citus's pin (IDC03); one for
+ * which Citus still opened a transaction on another node fails the call
+ * (IDC02).  Keys are per (role, tenant, key): the tenant is in the primary
+ * key and in the lock.
  *
  * Copyright (c) 2026, idem authors
  *
@@ -40,6 +45,7 @@
 #include "postgres.h"
 
 #include "access/htup_details.h"
+#include "catalog/namespace.h"
 #include "catalog/pg_class.h"
 #include "catalog/pg_proc.h"
 #include "catalog/pg_type.h"
@@ -49,6 +55,7 @@
 #include "miscadmin.h"
 #include "utils/builtins.h"
 #include "utils/guc.h"
+#include "utils/hsearch.h"
 #include "utils/jsonb.h"
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
@@ -281,65 +288,230 @@ rel_owner(Oid relid)
 	return owner;
 }
 
-/* One SPI statement with the tenant as $1, run as the owner of idem.citus_keys. */
-static int
-run_keys_sql(Oid keys_owner, const char *sql, int nargs, Oid *types,
-			 Datum *values, const char *nulls, bool read_only)
+/*
+ * The statements on the tenant's shard of idem.citus_keys.  They name the
+ * shard's relation on this node: Citus would plan them as distributed
+ * queries and plan the local shard's query again on every call, most of a
+ * call's cost.  The shard is safe to use directly once the call holds
+ * Citus's shard metadata lock (what Citus's own writers take), which a
+ * shard move waits for before it switches the shard to another node.
+ */
+typedef enum KeysSql
 {
+	KEYS_SHARD, KEYS_PLACEMENT, KEYS_LOOKUP, KEYS_DELETE, KEYS_INSERT,
+	KEYS_SQL_COUNT
+} KeysSql;
+
+/* A kept plan: of a statement on one shard relation (or on none). */
+typedef struct KeysPlanKey
+{
+	Oid			relid;
+	Oid			tenant_type;
+	KeysSql		which;
+} KeysPlanKey;
+
+typedef struct KeysPlan
+{
+	KeysPlanKey key;
+	SPIPlanPtr	plan;
+} KeysPlan;
+
+/* most shard plans kept before all are dropped and made again */
+#define MAX_KEYS_PLANS 1024
+
+static HTAB *keys_plans = NULL;
+
+typedef void (*citus_lock_shard_fn) (int64 shardId, LOCKMODE lockMode);
+static citus_lock_shard_fn citus_lock_shard_metadata = NULL;
+
+/* The tenant's shard of idem.citus_keys, on this node. */
+typedef struct TenantShard
+{
+	int64		shardid;
+	uint32		colocation;		/* idem.citus_keys' colocation group */
+	Oid			relid;			/* the shard's relation here */
+} TenantShard;
+
+static SPIPlanPtr
+keys_plan(KeysSql which, Oid relid, Oid tenant_type, int nargs, Oid *types)
+{
+	KeysPlanKey key;
+	KeysPlan   *entry;
+	bool		found;
+	StringInfoData sql;
+	const char *rel = NULL;
+	SPIPlanPtr	plan;
+
+	if (keys_plans == NULL || hash_get_num_entries(keys_plans) >= MAX_KEYS_PLANS)
+	{
+		HASHCTL		ctl;
+
+		if (keys_plans != NULL)
+		{
+			HASH_SEQ_STATUS status;
+
+			hash_seq_init(&status, keys_plans);
+			while ((entry = hash_seq_search(&status)) != NULL)
+				SPI_freeplan(entry->plan);
+			hash_destroy(keys_plans);
+		}
+		ctl.keysize = sizeof(KeysPlanKey);
+		ctl.entrysize = sizeof(KeysPlan);
+		ctl.hcxt = TopMemoryContext;
+		keys_plans = hash_create("idem citus key plans", 64, &ctl,
+								 HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
+	}
+	memset(&key, 0, sizeof(key));
+	key.relid = relid;
+	key.tenant_type = tenant_type;
+	key.which = which;
+	entry = hash_search(keys_plans, &key, HASH_FIND, NULL);
+	if (entry != NULL)
+		return entry->plan;
+
+	if (OidIsValid(relid))
+		rel = quote_qualified_identifier("idem", get_rel_name(relid));
+	initStringInfo(&sql);
+	switch (which)
+	{
+		case KEYS_SHARD:
+			appendStringInfoString(&sql,
+								   "SELECT pg_catalog.get_shard_id_for_distribution_column('idem.citus_keys'::pg_catalog.regclass, $1),"
+								   " (SELECT d.colocationid FROM pg_catalog.pg_dist_partition d"
+								   " WHERE d.logicalrelid OPERATOR(pg_catalog.=) 'idem.citus_keys'::pg_catalog.regclass)");
+			break;
+		case KEYS_PLACEMENT:
+			appendStringInfoString(&sql,
+								   "SELECT EXISTS (SELECT FROM pg_catalog.pg_dist_placement p"
+								   " WHERE p.shardid OPERATOR(pg_catalog.=) $1"
+								   " AND p.groupid OPERATOR(pg_catalog.=)"
+								   " (SELECT g.groupid FROM pg_catalog.pg_dist_local_group g))");
+			break;
+		case KEYS_LOOKUP:
+			appendStringInfo(&sql,
+							 "SELECT k.fingerprint, k.fingerprint_version, k.response,"
+							 " k.created_at, k.expires_at FROM %s k"
+							 " WHERE k.tenant OPERATOR(pg_catalog.=) $1"
+							 " AND k.owner OPERATOR(pg_catalog.=) $2"
+							 " AND k.key OPERATOR(pg_catalog.=) $3", rel);
+			break;
+		case KEYS_DELETE:
+			appendStringInfo(&sql,
+							 "DELETE FROM %s k"
+							 " WHERE k.tenant OPERATOR(pg_catalog.=) $1"
+							 " AND k.owner OPERATOR(pg_catalog.=) $2"
+							 " AND k.key OPERATOR(pg_catalog.=) $3", rel);
+			break;
+		case KEYS_INSERT:
+			appendStringInfo(&sql,
+							 "INSERT INTO %s (tenant, owner, key, fingerprint,"
+							 " fingerprint_version, response, created_at, expires_at)"
+							 " VALUES ($1, $2, $3, $4, $5, $6, $7, $8)", rel);
+			break;
+		case KEYS_SQL_COUNT:
+			elog(ERROR, "unexpected statement");
+	}
+	plan = SPI_prepare(sql.data, nargs, types);
+	if (plan == NULL)
+		elog(ERROR, "SPI_prepare failed: %s", SPI_result_code_string(SPI_result));
+	if (SPI_keepplan(plan) != 0)
+		elog(ERROR, "SPI_keepplan failed");
+	pfree(sql.data);
+	entry = hash_search(keys_plans, &key, HASH_ENTER, &found);
+	entry->plan = plan;
+	return plan;
+}
+
+/*
+ * One statement on idem.citus_keys (relid: the shard's relation, or
+ * InvalidOid for the statements on Citus's catalog), run as the table's
+ * owner: callers have no rights on it.  Writes to a shard are Citus's to
+ * make unless citus.enable_manual_changes_to_shards, set for them alone.
+ * read_only false takes a new snapshot (READ COMMITTED): the lookup after
+ * the key's lock sees a record committed while it waited.
+ */
+static void
+run_keys_sql(KeysSql which, Oid relid, Oid keys_owner, Oid tenant_type,
+			 int nargs, Oid *types, Datum *values, bool read_only)
+{
+	SPIPlanPtr	plan = keys_plan(which, relid, tenant_type, nargs, types);
 	Oid			save_userid;
 	int			save_sec;
+	int			nestlevel = -1;
 	int			rc;
 
+	if (which == KEYS_INSERT || which == KEYS_DELETE)
+	{
+		nestlevel = NewGUCNestLevel();
+		(void) set_config_option("citus.enable_manual_changes_to_shards", "on",
+								 PGC_SUSET, PGC_S_SESSION, GUC_ACTION_SAVE,
+								 true, 0, false);
+	}
 	GetUserIdAndSecContext(&save_userid, &save_sec);
 	SetUserIdAndSecContext(keys_owner, save_sec | SECURITY_LOCAL_USERID_CHANGE);
 	PG_TRY();
 	{
-		rc = SPI_execute_with_args(sql, nargs, types, values, nulls,
-								   read_only, 0);
+		rc = SPI_execute_plan(plan, values, NULL, read_only, 0);
 	}
 	PG_FINALLY();
 	{
 		SetUserIdAndSecContext(save_userid, save_sec);
 	}
 	PG_END_TRY();
+	if (nestlevel >= 0)
+		AtEOXact_GUC(true, nestlevel);
 	if (rc < 0)
-		elog(ERROR, "SPI_execute_with_args failed: %s", SPI_result_code_string(rc));
-	return rc;
+		elog(ERROR, "SPI_execute_plan failed: %s", SPI_result_code_string(rc));
 }
 
 /*
- * Whether this node holds a placement of the tenant's shard: false when
- * Citus did not delegate the call here.  *colocation: idem.citus_keys'
- * colocation group.
+ * The tenant's shard of idem.citus_keys, if this node holds it: false when
+ * Citus did not delegate the call here.  Takes Citus's shard metadata lock
+ * before it asks where the shard is, so that no move can take the shard
+ * away until this transaction ends.
  */
 static bool
-tenant_shard_is_local(Oid keys_owner, Oid tenant_type, Datum tenant,
-					  uint32 *colocation)
+tenant_shard_local(Oid keys_owner, Oid tenant_type, Datum tenant,
+				   TenantShard *shard)
 {
 	Oid			types[1] = {tenant_type};
 	Datum		values[1] = {tenant};
 	bool		isnull;
 	Datum		d;
+	char		relname[NAMEDATALEN];
 
-	run_keys_sql(keys_owner,
-				 "SELECT EXISTS (SELECT FROM pg_catalog.pg_dist_placement p"
-				 " WHERE p.shardid OPERATOR(pg_catalog.=)"
-				 " pg_catalog.get_shard_id_for_distribution_column('idem.citus_keys'::pg_catalog.regclass, $1)"
-				 " AND p.groupid OPERATOR(pg_catalog.=)"
-				 " (SELECT g.groupid FROM pg_catalog.pg_dist_local_group g)),"
-				 " (SELECT d.colocationid FROM pg_catalog.pg_dist_partition d"
-				 " WHERE d.logicalrelid OPERATOR(pg_catalog.=) 'idem.citus_keys'::pg_catalog.regclass)",
-				 1, types, values, NULL, true);
-	d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2, &isnull);
-	*colocation = isnull ? 0 : DatumGetUInt32(d);
+	run_keys_sql(KEYS_SHARD, InvalidOid, keys_owner, tenant_type, 1, types,
+				 values, true);
 	d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
-	return !isnull && DatumGetBool(d);
+	if (isnull)
+		return false;
+	shard->shardid = DatumGetInt64(d);
+	d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2, &isnull);
+	shard->colocation = isnull ? 0 : DatumGetUInt32(d);
+
+	if (citus_lock_shard_metadata == NULL)
+		citus_lock_shard_metadata = (citus_lock_shard_fn)
+			load_external_function("citus", "LockShardDistributionMetadata", true, NULL);
+	citus_lock_shard_metadata(shard->shardid, ShareLock);
+
+	types[0] = INT8OID;
+	values[0] = Int64GetDatum(shard->shardid);
+	run_keys_sql(KEYS_PLACEMENT, InvalidOid, keys_owner, InvalidOid, 1, types,
+				 values, true);
+	d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
+	if (isnull || !DatumGetBool(d))
+		return false;
+	/* Citus names a shard's relation <table>_<shard id>, in the table's schema */
+	snprintf(relname, sizeof(relname), "citus_keys_" INT64_FORMAT, shard->shardid);
+	shard->relid = get_relname_relid(relname, get_namespace_oid("idem", false));
+	return OidIsValid(shard->relid);
 }
 
 /* The tenant's key record of req, if any (rec filled in the caller's context). */
 static bool
 lookup_tenant_key(Oid keys_owner, Oid tenant_type, Datum tenant,
-				  IdemRequest *req, IdemRecord *rec, MemoryContext cxt)
+				  TenantShard *shard, IdemRequest *req, IdemRecord *rec,
+				  MemoryContext cxt)
 {
 	Oid			types[3] = {tenant_type, REGROLEOID, TEXTOID};
 	Datum		values[3];
@@ -352,13 +524,8 @@ lookup_tenant_key(Oid keys_owner, Oid tenant_type, Datum tenant,
 	values[0] = tenant;
 	values[1] = ObjectIdGetDatum(req->owner);
 	values[2] = PointerGetDatum(cstring_to_text_with_len(req->key, req->keylen));
-	run_keys_sql(keys_owner,
-				 "SELECT k.fingerprint, k.fingerprint_version, k.response,"
-				 " k.created_at, k.expires_at FROM idem.citus_keys k"
-				 " WHERE k.tenant OPERATOR(pg_catalog.=) $1"
-				 " AND k.owner OPERATOR(pg_catalog.=) $2"
-				 " AND k.key OPERATOR(pg_catalog.=) $3",
-				 3, types, values, NULL, false);
+	run_keys_sql(KEYS_LOOKUP, shard->relid, keys_owner, tenant_type, 3, types,
+				 values, false);
 	if (SPI_processed == 0)
 		return false;
 	tup = SPI_tuptable->vals[0];
@@ -384,8 +551,9 @@ lookup_tenant_key(Oid keys_owner, Oid tenant_type, Datum tenant,
 
 static void
 write_tenant_key(Oid keys_owner, Oid tenant_type, Datum tenant,
-				 IdemRequest *req, bool delete, const uint8 *fingerprint,
-				 Jsonb *response, TimestampTz now, TimestampTz expires)
+				 TenantShard *shard, IdemRequest *req, bool delete,
+				 const uint8 *fingerprint, Jsonb *response, TimestampTz now,
+				 TimestampTz expires)
 {
 	Oid			types[8] = {tenant_type, REGROLEOID, TEXTOID, BYTEAOID,
 	INT2OID, JSONBOID, TIMESTAMPTZOID, TIMESTAMPTZOID};
@@ -396,12 +564,8 @@ write_tenant_key(Oid keys_owner, Oid tenant_type, Datum tenant,
 	values[2] = PointerGetDatum(cstring_to_text_with_len(req->key, req->keylen));
 	if (delete)
 	{
-		run_keys_sql(keys_owner,
-					 "DELETE FROM idem.citus_keys k"
-					 " WHERE k.tenant OPERATOR(pg_catalog.=) $1"
-					 " AND k.owner OPERATOR(pg_catalog.=) $2"
-					 " AND k.key OPERATOR(pg_catalog.=) $3",
-					 3, types, values, NULL, false);
+		run_keys_sql(KEYS_DELETE, shard->relid, keys_owner, tenant_type, 3,
+					 types, values, false);
 		return;
 	}
 	values[3] = PointerGetDatum(cstring_to_text_with_len((const char *) fingerprint,
@@ -410,11 +574,8 @@ write_tenant_key(Oid keys_owner, Oid tenant_type, Datum tenant,
 	values[5] = JsonbPGetDatum(response);
 	values[6] = TimestampTzGetDatum(now);
 	values[7] = TimestampTzGetDatum(expires);
-	run_keys_sql(keys_owner,
-				 "INSERT INTO idem.citus_keys (tenant, owner, key, fingerprint,"
-				 " fingerprint_version, response, created_at, expires_at)"
-				 " VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
-				 8, types, values, NULL, false);
+	run_keys_sql(KEYS_INSERT, shard->relid, keys_owner, tenant_type, 8, types,
+				 values, false);
 }
 
 /*
@@ -485,7 +646,7 @@ citus_call(FunctionCallInfo fcinfo, IdemRequest *req, IdemResult *result)
 	Oid			keys_owner;
 	Oid			tenant_type;
 	Datum		tenant;
-	uint32		colocation;
+	TenantShard shard;
 	IdemStatement *stmt;
 	uint8		fingerprint[IDEM_FINGERPRINT_LEN];
 	TimestampTz now = GetCurrentTransactionStartTimestamp();
@@ -522,7 +683,7 @@ citus_call(FunctionCallInfo fcinfo, IdemRequest *req, IdemResult *result)
 
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "SPI_connect failed");
-	if (!tenant_shard_is_local(keys_owner, tenant_type, tenant, &colocation))
+	if (!tenant_shard_local(keys_owner, tenant_type, tenant, &shard))
 		ereport(ERROR,
 				(errcode(ERRCODE_IDEM_CITUS_NOT_LOCAL),
 				 errmsg("%s was not delegated to the node of the tenant's shard", fname),
@@ -545,23 +706,18 @@ citus_call(FunctionCallInfo fcinfo, IdemRequest *req, IdemResult *result)
 		fingerprinted = true;
 		idem_check_not_inflight(req);
 		lock_tenant_key(tenant_type, tenant, req);
-		found = lookup_tenant_key(keys_owner, tenant_type, tenant, req, &rec,
-								  callercxt);
+		found = lookup_tenant_key(keys_owner, tenant_type, tenant, &shard,
+								  req, &rec, callercxt);
 		if (found && rec.expires_at <= now)
 		{
-			write_tenant_key(keys_owner, tenant_type, tenant, req, true,
-							 NULL, NULL, 0, 0);
+			write_tenant_key(keys_owner, tenant_type, tenant, &shard, req,
+							 true, NULL, NULL, 0, 0);
 			found = false;
 		}
 		if (found)
 		{
 			if (!idem_record_matches(stmt, req, &rec, fingerprint))
-				ereport(ERROR,
-						(errcode(ERRCODE_IDEM_KEY_REUSED),
-						 errmsg("idempotency key \"%s\" was already used for a different request",
-								req->key),
-						 errdetail("The statement text, the settings that change its meaning, or the arguments differ from the request first recorded under this key for this tenant."),
-						 idem_errhint(ERRCODE_IDEM_KEY_REUSED, "Use a new key for a new request.")));
+				idem_report_key_reused(req, "The statement text, the settings that change its meaning, or the arguments differ from the request first recorded under this key for this tenant.");
 			result->response = rec.response;
 			result->replayed = true;
 			result->first_executed_at = rec.created_at;
@@ -575,11 +731,11 @@ citus_call(FunctionCallInfo fcinfo, IdemRequest *req, IdemResult *result)
 
 			executing = true;
 			old = MemoryContextSwitchTo(callercxt);
-			idem_citus_pin_tenant(tenant_type, tenant, colocation);
+			idem_citus_pin_tenant(tenant_type, tenant, shard.colocation);
 			result->response = run_tenant_statement(stmt, req, &cached);
 			MemoryContextSwitchTo(old);
 			idem_citus_check_confined(fname, true);
-			write_tenant_key(keys_owner, tenant_type, tenant, req, false,
+			write_tenant_key(keys_owner, tenant_type, tenant, &shard, req, false,
 							 fingerprint, result->response, now,
 							 idem_new_record_expiry(req->owner, req->key, req->ttl));
 			result->replayed = false;

@@ -27,6 +27,9 @@
 #  - after citus_move_shard_placement moves the tenant's shard group to
 #    the other worker, the retry replays (no second row), and a new call
 #    executes there, its key and row in one transaction on the new node
+#  - the coordinator crashes while the shard's node runs a call (held on a
+#    lock there): after the restart the retry replays if the call committed
+#    on the shard's node, executes if it did not; one row either way
 #  - 3 entry nodes x 16 clients on 50 hot keys over 8 tenants: every
 #    (tenant, key) has exactly one row and one key record
 
@@ -294,6 +297,50 @@ SELECT (SELECT xmin FROM idem.citus_keys_$keys_shard WHERE tenant = 1 AND key = 
 	 = (SELECT xmin FROM public.payments_$shard1 WHERE tenant_id = 1 AND note = 'k-after')}),
 	't',
 	'... its key and row in one transaction on the new node');
+
+# --- the coordinator crashes while the shard's node runs a call: the call
+# commits there or not at all, and the retry replays or executes
+{
+	my ($node_now, $shard_now) = placement(1);
+	my ($bin, $bout, $berr) = ('', '', '');
+	my $blocker = IPC::Run::start(
+		[
+			'psql', '-XAtq', '-d', $node_now->connstr('postgres'), '-c',
+			"SET citus.override_table_visibility = off; SET citus.enable_manual_changes_to_shards = on;"
+			  . " BEGIN; LOCK public.payments_$shard_now IN EXCLUSIVE MODE;"
+			  . " SELECT pg_sleep(6); COMMIT;"
+		],
+		'<', \$bin, '>', \$bout, '2>', \$berr);
+	$node_now->poll_query_until('postgres',
+		"SELECT count(*) > 0 FROM pg_locks WHERE relation = 'public.payments_$shard_now'::regclass AND granted AND mode = 'ExclusiveLock'"
+	) or die 'blocker did not lock';
+	my ($cin, $cout, $cerr) = ('', '', '');
+	my $call = IPC::Run::start(
+		[
+			'psql', '-XAtq', '-d', $coord->connstr('postgres'), '-c',
+			"SELECT replayed FROM idem_citus_call(1::bigint, 'k-crash', $insert, 1::bigint, 'k-crash', 9)"
+		],
+		'<', \$cin, '>', \$cout, '2>', \$cerr);
+	$node_now->poll_query_until('postgres',
+		"SELECT count(*) > 0 FROM pg_stat_activity WHERE query LIKE '%k-crash%' AND wait_event_type = 'Lock'"
+	) or die 'call did not reach the shard\'s node';
+	$coord->stop('immediate');
+	$call->finish;
+	$blocker->finish;
+	$node_now->poll_query_until('postgres',
+		"SELECT count(*) = 0 FROM pg_stat_activity WHERE query LIKE '%k-crash%' AND pid <> pg_backend_pid()"
+	) or die 'the call did not end on the shard\'s node';
+	$coord->start;
+	my $before = rows("note = 'k-crash'");
+	($out, $err) = call($coord,
+		"SELECT replayed FROM idem_citus_call(1::bigint, 'k-crash', $insert, 1::bigint, 'k-crash', 9)"
+	);
+	is($out, $before eq '1' ? 't' : 'f',
+		"retry after a coordinator crash mid-call: "
+		  . ($before eq '1' ? 'committed there, replays' : 'rolled back there, executes'))
+	  or diag($err);
+	is(rows("note = 'k-crash'"), '1', '... one row');
+}
 
 # --- 3 entry nodes x 16 clients on 50 hot keys over 8 tenants
 my $clients = 16;
