@@ -103,6 +103,9 @@ missing() {
 		/usr/bin/python3 -c 'import pytest' 2>/dev/null || echo "python3-pytest python3 module pytest"
 		# the drivers table's psycopg2 row (clients/python/tests/test_drivers.py)
 		/usr/bin/python3 -c 'import psycopg2' 2>/dev/null || echo "python3-psycopg2 python3 module psycopg2"
+		# the Python package's offline install into a venv (test_package.py):
+		# Debian ships ensurepip apart, in python3-venv
+		/usr/bin/python3 -c 'import ensurepip' 2>/dev/null || echo "python3-venv python3 module ensurepip"
 		[ -x /usr/sbin/pgbouncer ] || echo "pgbouncer /usr/sbin/pgbouncer"
 		command -v node >/dev/null || echo "nodejs node"
 		command -v npm >/dev/null || echo "npm npm"

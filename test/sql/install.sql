@@ -12,7 +12,7 @@ SELECT p.oid::regprocedure AS function, n.nspname AS schema,
  ORDER BY 1::text;
 
 -- every member of the extension (the row types of its tables and views,
--- and their array types, are members of their own from PostgreSQL 17 on:
+-- and every array type, are members of their own from PostgreSQL 17 on:
 -- below)
 SELECT pg_describe_object(classid, objid, objsubid) AS member
   FROM pg_depend d
@@ -20,8 +20,8 @@ SELECT pg_describe_object(classid, objid, objsubid) AS member
    AND refobjid = (SELECT oid FROM pg_extension WHERE extname = 'idem')
    AND deptype = 'e'
    AND NOT (classid = 'pg_type'::regclass AND EXISTS
-            (SELECT FROM pg_type t LEFT JOIN pg_type e ON e.oid = t.typelem
-              WHERE t.oid = d.objid AND (t.typrelid <> 0 OR e.typrelid <> 0)))
+            (SELECT FROM pg_type t
+              WHERE t.oid = d.objid AND (t.typrelid <> 0 OR t.typcategory = 'A')))
  ORDER BY 1;
 SELECT (count(*) > 0) = (current_setting('server_version_num')::int >= 170000)
        AS row_types_are_members_from_17
