@@ -46,6 +46,15 @@
 #endif
 
 /*
+ * A function that never returns: from 18 marked with pg_noreturn before its
+ * declaration (pg_attribute_noreturn() is gone); before 18 the attribute
+ * that macro expanded to works in the same place.
+ */
+#if PG_VERSION_NUM < 180000
+#define pg_noreturn pg_attribute_noreturn()
+#endif
+
+/*
  * Index scans take an instrumentation struct from 18 on; idem's catalog
  * scans pass none (NULL), written against 18's signature.
  */

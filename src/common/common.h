@@ -15,6 +15,7 @@
 #define IDEM_COMMON_H
 
 #include "access/xact.h"
+#include "compat.h"
 #include "idem.h"
 
 /* advice.c: what a client should do after an error */
@@ -68,11 +69,11 @@ extern int64 idem_interval_usecs(Interval *iv);
 extern int64 idem_lease_usecs(Interval *lease, int max_s, const char *setting);
 extern long idem_wait_ms(Interval *timeout);
 extern IdemFence idem_lease_fence(bool leased, bool token_matches);
-extern void idem_lease_lost(IdemFence fence, const char *noun,
-							const char *short_noun, const char *id,
-							const char *state, const char *verb,
-							const char *holder, const char *holder_does)
-			pg_attribute_noreturn();
+extern pg_noreturn void idem_lease_lost(IdemFence fence, const char *noun,
+										const char *short_noun, const char *id,
+										const char *state, const char *verb,
+										const char *holder,
+										const char *holder_does);
 extern TimestampTz idem_backoff_next(TimestampTz now, int32 attempts,
 									 int base_ms, int cap_ms,
 									 IdemJitter jitter, int64 retry_after_us);
