@@ -133,6 +133,10 @@ class Cluster:
         }
 
     def run(self, args, **kw):
+        # from the cluster's directory: the caller's (root's home, under
+        # runuser) may be closed to the cluster user, and psql says so on
+        # stderr, which the outputs compared include
+        kw.setdefault("cwd", self.dir)
         return subprocess.run(args, env=self.env, **kw)
 
     def start(self):
