@@ -67,6 +67,7 @@ typedef enum IdemJitter
 extern Datum idem_random_uuid(void);
 extern int64 idem_interval_usecs(Interval *iv);
 extern int64 idem_lease_usecs(Interval *lease, int max_s, const char *setting);
+extern int64 idem_retry_after_usecs(Interval *retry_after);
 extern long idem_wait_ms(Interval *timeout);
 extern IdemFence idem_lease_fence(bool leased, bool token_matches);
 extern pg_noreturn void idem_lease_lost(IdemFence fence, const char *noun,

@@ -70,6 +70,26 @@ idem_interval_usecs(Interval *iv)
 }
 
 /*
+ * idem_retry_after_usecs
+ *		A failure's retry_after in microseconds, within [0,
+ *		idem.outbox_max_retry_after]: events and runs share the ceiling.
+ */
+int64
+idem_retry_after_usecs(Interval *retry_after)
+{
+	int64		us = idem_interval_usecs(retry_after);
+
+	if (us < 0 || us > (int64) idem_outbox_max_retry_after * USECS_PER_SEC)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("retry_after must be between zero and idem.outbox_max_retry_after"),
+				 errdetail("idem.outbox_max_retry_after is %d s.",
+						   idem_outbox_max_retry_after),
+				 idem_errhint(ERRCODE_INVALID_PARAMETER_VALUE, NULL)));
+	return us;
+}
+
+/*
  * idem_lease_usecs
  *		A lease argument in microseconds, within (0, max_s seconds]; setting
  *		names the parameter that sets max_s.

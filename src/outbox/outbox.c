@@ -1190,17 +1190,7 @@ idem_outbox_fail(PG_FUNCTION_ARGS)
 	arg_not_null(fcinfo, 2, "error");
 	error = text_to_cstring(PG_GETARG_TEXT_PP(2));
 	if (!PG_ARGISNULL(3))
-	{
-		retry_after_us = idem_interval_usecs(PG_GETARG_INTERVAL_P(3));
-		if (retry_after_us < 0 ||
-			retry_after_us > (int64) idem_outbox_max_retry_after * USECS_PER_SEC)
-			ereport(ERROR,
-					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-					 errmsg("retry_after must be between zero and idem.outbox_max_retry_after"),
-					 errdetail("idem.outbox_max_retry_after is %d s.",
-							   idem_outbox_max_retry_after),
-					 idem_errhint(ERRCODE_INVALID_PARAMETER_VALUE, NULL)));
-	}
+		retry_after_us = idem_retry_after_usecs(PG_GETARG_INTERVAL_P(3));
 	idem_check_can_write("idem_outbox_fail()");
 
 	idem_owner_spi_begin(&spi, idem_catalog_outbox());

@@ -1215,17 +1215,7 @@ idem_step_fail(PG_FUNCTION_ARGS)
 				 idem_errhint(ERRCODE_NULL_VALUE_NOT_ALLOWED, NULL)));
 	error = text_to_cstring(PG_GETARG_TEXT_PP(3));
 	if (!PG_ARGISNULL(4))
-	{
-		retry_after_us = idem_interval_usecs(PG_GETARG_INTERVAL_P(4));
-		if (retry_after_us < 0 ||
-			retry_after_us > (int64) idem_outbox_max_retry_after * USECS_PER_SEC)
-			ereport(ERROR,
-					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-					 errmsg("retry_after must be between zero and idem.outbox_max_retry_after"),
-					 errdetail("idem.outbox_max_retry_after is %d s.",
-							   idem_outbox_max_retry_after),
-					 idem_errhint(ERRCODE_INVALID_PARAMETER_VALUE, NULL)));
-	}
+		retry_after_us = idem_retry_after_usecs(PG_GETARG_INTERVAL_P(4));
 	idem_check_can_write("idem_step_fail()");
 	idem_lock_run_leased(run_id, token, "fail a step of", &run);
 	ordinal = step_ordinal(&run, step);
