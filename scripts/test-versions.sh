@@ -275,6 +275,9 @@ for rel in $releases; do
 	[ -f "$logs/$rel.lintian" ] && sed 's/^/    /' "$logs/$rel.lintian"
 	if [ "${rc_of[$rel]}" -ne 0 ]; then
 		echo "  log: $logs/$rel.log (and $logs/$rel-*.log)"
+		# what failed, wherever in the logs it was said, then the end
+		grep -h -E '(^|\) )not ok |^# Looks like|Dubious|\.\.\. FAILED|^ *(installcheck|clients|docs) .*FAILED|failed:|FAILED \(' \
+			"$logs/$rel"-*.log 2>/dev/null | head -n 30 | sed 's/^/  ! /'
 		tail -n 40 "$logs/$rel.log" | sed 's/^/  | /'
 	fi
 done

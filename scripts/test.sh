@@ -21,22 +21,31 @@ trap 'rm -rf "$work"' EXIT
 tar -C "$top" --exclude=.git -cf - . | tar -C "$work" -xf -
 [ "$(id -u)" -eq 0 ] && chown -R postgres: "$work"
 
-status=0
-"${IDEM_RUNAS[@]}" make -C "$work" PG_CONFIG="$PG_CONFIG" installcheck || status=$?
+status=0 parts=()
+part() {	# name command...: run one part, remember its result
+	local name=$1 t=$SECONDS rc=0
+	shift
+	"$@" || rc=$?
+	parts+=("$(printf '%-14s %5ds  %s' "$name" $((SECONDS - t)) \
+		"$([ $rc -eq 0 ] && echo passed || echo "FAILED (exit $rc)")")")
+	[ $rc -eq 0 ] || status=1
+}
+part installcheck "${IDEM_RUNAS[@]}" make -C "$work" PG_CONFIG="$PG_CONFIG" installcheck
 # the Python and Node helpers, directly and through PgBouncer
-"${IDEM_RUNAS[@]}" env PG_CONFIG="$PG_CONFIG" HOME="$work" "$work/scripts/test-clients.sh" || {
-	[ $status -ne 0 ] || status=1
-}
+part clients "${IDEM_RUNAS[@]}" env PG_CONFIG="$PG_CONFIG" HOME="$work" "$work/scripts/test-clients.sh"
 # the docs' examples, after the clients' tests: those install node_modules
-"${IDEM_RUNAS[@]}" env PG_CONFIG="$PG_CONFIG" /usr/bin/python3 "$work/test/doc/run.py" || {
-	[ $status -ne 0 ] || status=1
-}
+part docs "${IDEM_RUNAS[@]}" env PG_CONFIG="$PG_CONFIG" /usr/bin/python3 "$work/test/doc/run.py"
 if [ $status -ne 0 ]; then
 	for f in "$work/regression.diffs" "$work/output_iso/regression.diffs"; do
 		[ -f "$f" ] && { echo "=== $f"; cat "$f"; }
 	done
+	# the log of each TAP test that did not pass (prove names them)
 	for f in "$work"/tmp_check/log/regress_log_*; do
-		[ -f "$f" ] && { echo "=== $f"; tail -n 60 "$f"; }
+		[ -f "$f" ] && grep -q '^\(\[[0-9:.]*\]([0-9.]*s) \)\?not ok\|^# Looks like' "$f" &&
+			{ echo "=== $f"; tail -n 80 "$f"; }
 	done
 fi
+# last, so that a log's tail shows it
+echo "test.sh:"
+printf '  %s\n' "${parts[@]}"
 exit $status
