@@ -90,13 +90,20 @@ ALTER FUNCTION @extschema@.idem_key(VARIADIC "any")
 -- Each record a run lists as a completed step is made to never expire
 -- here, expired or not (an expired one not yet purged is still the step's
 -- result), so that the step replays instead of raising XX001 or running
--- again.  A record already purged cannot be brought back.
+-- again.  A record already purged cannot be brought back.  A record
+-- holding an error that idem.cache_errors recorded is left to expire:
+-- the step's statement never took effect, and idem_step() refuses to
+-- replay it (ID422) rather than count an error as the step's result.
 UPDATE idem.keys k
    SET expires_at = 'infinity'
   FROM idem.runs r CROSS JOIN LATERAL pg_catalog.unnest(r.done_steps) AS s(step)
  WHERE k.owner OPERATOR(pg_catalog.=) r.owner
    AND k.key OPERATOR(pg_catalog.=) @extschema@.idem_step_key(r.run_id, s.step)
-   AND k.expires_at OPERATOR(pg_catalog.<>) 'infinity'::timestamptz;
+   AND k.expires_at OPERATOR(pg_catalog.<>) 'infinity'::timestamptz
+   AND NOT (k.response OPERATOR(pg_catalog.?) 'error'
+			AND pg_catalog.jsonb_typeof(k.response OPERATOR(pg_catalog.->) 'error')
+				OPERATOR(pg_catalog.=) 'object'
+			AND (k.response OPERATOR(pg_catalog.->) 'error') OPERATOR(pg_catalog.?) 'sqlstate');
 /*
  * ------------------------------------------------------------------------
  * Runs on queues (issue 21): queues with producer, worker and signal

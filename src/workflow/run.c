@@ -345,6 +345,19 @@ run_step(IdemRequest *req, IdemStatement *stmt, Jsonb *result,
 					 errdetail("The key record %s was not written by the run's functions.",
 							   req->key),
 					 idem_errhint(ERRCODE_IDEM_KEY_REUSED, "Give the step another name, or remove the record once it has expired.")));
+		/*
+		 * A listed record that expires was adopted by idem 1.1 from an
+		 * idem_execute() under the step's key, and the 1.2 update left it
+		 * so because it holds a cached error: that step never took effect.
+		 */
+		if (rec.expires_at != DT_NOEND)
+			ereport(ERROR,
+					(errcode(ERRCODE_IDEM_KEY_REUSED),
+					 errmsg("step \"%s\" of run \"%s\" holds a cached error instead of a result",
+							step, run.run_id),
+					 errdetail("idem 1.1 counted the step as completed with the record %s, which idem_execute() wrote with a cached error; a step never records an error.",
+							   req->key),
+					 idem_errhint(ERRCODE_IDEM_KEY_REUSED, "Cancel the run and begin it again under another id.")));
 		count_attempt(&run, pos);
 		if (idem_durable_replay)
 			idem_make_replay_durable(req);

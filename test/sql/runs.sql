@@ -345,6 +345,16 @@ SELECT status, last_error FROM idem_run_status('sk-free');
 SELECT idem_run_complete('sk-free');
 SELECT status, last_error FROM idem_run_status('sk-free');
 
+-- listing 1000 completed steps takes memory linear in them: in a new
+-- session (whose peak is then the listing's) the backend's peak resident
+-- set (VmHWM) grows by less than 8 MB; a listing that split the done
+-- list once per step would take tens of megabytes
+\c
+SELECT substring(pg_read_file('/proc/self/status'), 'VmHWM:\s*(\d+)')::bigint AS hwm_before \gset
+SELECT count(*) AS steps FROM idem_run_steps('sk-undeclared');
+SELECT substring(pg_read_file('/proc/self/status'), 'VmHWM:\s*(\d+)')::bigint - :hwm_before < 8192
+       AS linear_memory;
+
 DELETE FROM idem.keys;
 DELETE FROM idem.runs;
 DROP TABLE sk_rows;

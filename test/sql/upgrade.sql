@@ -153,6 +153,16 @@ COPY idem.runs (run_id, owner, steps, input, status, started_at, finished_at, la
 up:run:1	regress_idem_alice	{a,b,c}	\N	running	2026-12-02 13:21:00.0203+00	\N	\N	{a,b}	{1,1}
 up:run:2	regress_idem_alice	\N	\N	running	2026-12-02 13:21:00.1016+00	\N	\N	{x}	{1}
 \.
+-- and step e of up:run:3 as 1.1 adopted it from an idem_execute() under
+-- the step's key with idem.cache_errors = '22': a cached error counted as
+-- the step's result (its fingerprint is set below, from a probe call)
+INSERT INTO idem.keys (key, owner, fingerprint, response, created_at, expires_at, fingerprint_version)
+VALUES (idem_step_key('up:run:3', 'e'), 'regress_idem_alice',
+		decode(repeat('00', 32), 'hex'),
+		'{"error": {"sqlstate": "22012", "message": "division by zero"}}',
+		'2026-12-02 13:21:00+00', '2099-01-01 00:00:00+00', 2);
+INSERT INTO idem.runs (run_id, owner, steps, status, started_at, done_steps, attempts)
+VALUES ('up:run:3', 'regress_idem_alice', '{e,f}', 'running', '2026-12-02 13:21:00+00', '{e}', '{1}');
 ALTER EXTENSION idem UPDATE;
 SELECT extversion FROM pg_extension WHERE extname = 'idem';
 \set ECHO none
@@ -174,6 +184,21 @@ SELECT idem_step('up:run:2', 'x', 'SELECT $1::int AS n', 3) -> 'rows' AS x_repla
 RESET ROLE;
 SELECT idem_purge() AS purged;
 SELECT count(*) AS step_records FROM idem.keys;
+-- the update left step e's cached error to expire (it never took
+-- effect), and idem_step refuses to replay it as the step's result
+SELECT key, expires_at FROM idem.keys WHERE key = idem_step_key('up:run:3', 'e');
+SET ROLE regress_idem_alice;
+SET idem.cache_errors = '22';
+SELECT idem_execute('up:probe', 'SELECT 1/$1::int AS n', 0) AS probe;
+RESET idem.cache_errors;
+RESET ROLE;
+UPDATE idem.keys k SET fingerprint = p.fingerprint, response = p.response
+  FROM idem.keys p
+ WHERE p.key = 'up:probe' AND k.key = idem_step_key('up:run:3', 'e');
+SET ROLE regress_idem_alice;
+SELECT idem_step('up:run:3', 'e', 'SELECT 1/$1::int AS n', 0);
+SELECT step, attempts FROM idem_run_steps('up:run:3');
+RESET ROLE;
 
 \c :regress_db
 DROP DATABASE idem_fresh;
