@@ -340,6 +340,29 @@ RETURNS boolean
 AS 'MODULE_PATHNAME', 'idem_run_sleep'
 LANGUAGE C VOLATILE PARALLEL UNSAFE;
 
+-- Operators' verbs: an administrator fails or resumes another role's run
+-- by naming its owner, as it cancels or retries one; each verb that
+-- changes a run is audited, with the role that acted.
+DROP FUNCTION @extschema@.idem_run_fail(text, text);
+CREATE FUNCTION @extschema@.idem_run_fail(run_id text, reason text,
+	owner pg_catalog.regrole DEFAULT NULL)
+RETURNS pg_catalog.text
+AS 'MODULE_PATHNAME', 'idem_run_fail'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+DROP FUNCTION @extschema@.idem_run_resume(text);
+CREATE FUNCTION @extschema@.idem_run_resume(run_id text,
+	owner pg_catalog.regrole DEFAULT NULL)
+RETURNS pg_catalog.text
+AS 'MODULE_PATHNAME', 'idem_run_resume'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+ALTER TABLE idem.audit ADD COLUMN actor pg_catalog.regrole;
+CREATE OR REPLACE VIEW @extschema@.idem_audit AS
+SELECT at, key, owner, run_id, step, outcome, fingerprint, sqlstate,
+	   xid, pid AS backend_pid, application_name, client_addr, actor
+  FROM idem.audit;
+
 CREATE FUNCTION @extschema@.idem_run_cancel(run_id text,
 	reason text DEFAULT NULL, owner regrole DEFAULT NULL)
 RETURNS text

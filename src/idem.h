@@ -187,7 +187,8 @@ extern int	idem_run_max_lease;
 #define Anum_audit_pid			10
 #define Anum_audit_appname		11
 #define Anum_audit_client_addr	12
-#define Natts_audit				12
+#define Anum_audit_actor		13
+#define Natts_audit				13
 
 /* Column numbers of idem.outbox_topics */
 #define Anum_outbox_topics_topic		1

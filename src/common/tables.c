@@ -200,7 +200,7 @@ static const ColumnShape audit_shape[Natts_audit] = {
 	{"outcome", TEXTOID}, {"fingerprint", BYTEAOID, true},
 	{"sqlstate", TEXTOID, true}, {"xid", XID8OID, true},
 	{"pid", INT4OID}, {"application_name", TEXTOID, true},
-	{"client_addr", INETOID, true}
+	{"client_addr", INETOID, true}, {"actor", REGROLEOID, true}
 };
 static const int16 audit_at_columns[] = {1};
 static const int16 keys_pkey_columns[] = {Anum_keys_owner, Anum_keys_key};

@@ -72,6 +72,7 @@ typedef struct AuditEntry
 	uint64		seq;			/* queue order */
 	TimestampTz at;
 	Oid			owner;
+	Oid			actor;			/* the role that called */
 	int			outcome;
 	int			sqlerrcode;
 	int			pid;
@@ -245,6 +246,7 @@ queue_entry(IdemOutcome outcome, const IdemRequest *req,
 		e->seq = queue->next_seq++;
 		e->at = GetCurrentTimestamp();
 		e->owner = req->owner;
+		e->actor = GetUserId();
 		e->outcome = outcome;
 		e->sqlerrcode = sqlerrcode;
 		e->pid = MyProcPid;
@@ -295,10 +297,10 @@ set_text(Datum *values, bool *nulls, int attno, const char *s)
 
 /* Write one entry into idem.audit in the current transaction. */
 static void
-insert_entry(TimestampTz at, Oid owner, const char *key, const char *run_id,
-			 const char *step, int outcome, const uint8 *fingerprint,
-			 int sqlerrcode, uint64 xid, int pid, const char *appname,
-			 const char *addr)
+insert_entry(TimestampTz at, Oid owner, Oid actor, const char *key,
+			 const char *run_id, const char *step, const char *outcome,
+			 const uint8 *fingerprint, int sqlerrcode, uint64 xid, int pid,
+			 const char *appname, const char *addr)
 {
 	Datum		values[Natts_audit];
 	bool		nulls[Natts_audit] = {0};
@@ -308,7 +310,7 @@ insert_entry(TimestampTz at, Oid owner, const char *key, const char *run_id,
 	values[Anum_audit_owner - 1] = ObjectIdGetDatum(owner);
 	set_text(values, nulls, Anum_audit_run_id, run_id);
 	set_text(values, nulls, Anum_audit_step, step);
-	values[Anum_audit_outcome - 1] = CStringGetTextDatum(outcome_names[outcome]);
+	values[Anum_audit_outcome - 1] = CStringGetTextDatum(outcome);
 	if (fingerprint != NULL)
 		values[Anum_audit_fingerprint - 1] = fingerprint_datum(fingerprint);
 	else
@@ -327,6 +329,7 @@ insert_entry(TimestampTz at, Oid owner, const char *key, const char *run_id,
 		values[Anum_audit_client_addr - 1] = DirectFunctionCall1(inet_in, CStringGetDatum(addr));
 	else
 		nulls[Anum_audit_client_addr - 1] = true;
+	values[Anum_audit_actor - 1] = ObjectIdGetDatum(actor);
 
 	idem_insert_audit_row(values, nulls);
 }
@@ -346,8 +349,8 @@ idem_audit_note(IdemOutcome outcome, const IdemRequest *req,
 
 		/* the entry's own insert gives the transaction its id */
 		fxid = GetTopFullTransactionId();
-		insert_entry(GetCurrentTimestamp(), req->owner, req->key, run_id, step,
-					 outcome, fingerprint, sqlerrcode,
+		insert_entry(GetCurrentTimestamp(), req->owner, GetUserId(), req->key,
+					 run_id, step, outcome_names[outcome], fingerprint, sqlerrcode,
 					 U64FromFullTransactionId(fxid), MyProcPid,
 					 application_name, get_client_addr());
 		idem_stats_count(IDEM_STAT_AUDIT_WRITTEN, 1);
@@ -366,6 +369,28 @@ idem_audit_note(IdemOutcome outcome, const IdemRequest *req,
 				 errdetail("Rejected attempts reach the audit trail through shared memory, which idem has only when it is loaded at server start; executions and replays are recorded."),
 				 errhint("Add idem to shared_preload_libraries and restart the server.")));
 	}
+}
+
+/*
+ * idem_audit_run_action
+ *		Audit an operator's verb on a run (cancelled, retried, failed,
+ *		resumed) in the caller's transaction, at every idem.audit level but
+ *		off: it changes what the run does next, and the caller may be an
+ *		administrator acting on another role's run.  The entry's key is the
+ *		run id.
+ */
+void
+idem_audit_run_action(Oid owner, const char *run_id, const char *action)
+{
+	FullTransactionId fxid;
+
+	if (idem_audit_level == IDEM_AUDIT_OFF)
+		return;
+	fxid = GetTopFullTransactionId();
+	insert_entry(GetCurrentTimestamp(), owner, GetUserId(), run_id, run_id,
+				 NULL, action, NULL, 0, U64FromFullTransactionId(fxid),
+				 MyProcPid, application_name, get_client_addr());
+	idem_stats_count(IDEM_STAT_AUDIT_WRITTEN, 1);
 }
 
 static int
@@ -416,8 +441,9 @@ idem_audit_drain(int batch_size)
 		{
 			AuditEntry *e = &taken[i];
 
-			insert_entry(e->at, e->owner, e->key, e->run_id, e->step,
-						 e->outcome, e->has_fingerprint ? e->fingerprint : NULL,
+			insert_entry(e->at, e->owner, e->actor, e->key, e->run_id, e->step,
+						 outcome_names[e->outcome],
+						 e->has_fingerprint ? e->fingerprint : NULL,
 						 e->sqlerrcode, e->xid, e->pid, e->appname,
 						 e->client_addr);
 		}

@@ -50,6 +50,8 @@ extern IdemOutcome idem_error_outcome(int sqlerrcode, bool executing);
 extern void idem_audit_note(IdemOutcome outcome, const IdemRequest *req,
 							const uint8 *fingerprint, const char *run_id,
 							const char *step, int sqlerrcode);
+extern void idem_audit_run_action(Oid owner, const char *run_id,
+								  const char *action);
 extern Size idem_audit_shmem_size(void);
 extern void idem_audit_shmem_init(void);
 

@@ -5,6 +5,8 @@
  *		for a run's owner and for administrators (superusers and members
  *		of idem_admin), who name the owner of another role's run.
  *
+ * Each verb that changes a run is audited (idem_audit_run_action()).
+ *
  * A cancelled run executes nothing more: its lease ends (the holder's next
  * call gets ID412), it leaves its queue, and it keeps its completed steps
  * for inspection.  A retry makes a failed queued run, or one that waits,
@@ -72,6 +74,7 @@ idem_run_cancel(PG_FUNCTION_ARGS)
 	run.finished = true;
 	run.finished_at = GetCurrentTransactionStartTimestamp();
 	idem_update_run(&run);
+	idem_audit_run_action(owner, run_id, "cancelled");
 	PG_RETURN_TEXT_P(cstring_to_text(run.status));
 }
 
@@ -112,5 +115,6 @@ idem_run_retry(PG_FUNCTION_ARGS)
 	run.attempt = 1;
 	idem_update_run(&run);
 	idem_queue_wake(run.queue);
+	idem_audit_run_action(owner, run_id, "retried");
 	PG_RETURN_TEXT_P(cstring_to_text(run.status));
 }

@@ -877,18 +877,23 @@ leave_queue(IdemRunRow *run, const char *outcome, const char *error)
 
 /*
  * Move a run to another status: fail, resume or complete.  Returns the new
- * status.
+ * status.  Failing and resuming are operators' verbs too: an administrator
+ * names another role's run with owner_argno's argument, and the change is
+ * audited.
  */
 static Datum
-set_run_status(FunctionCallInfo fcinfo, const char *verb)
+set_run_status(FunctionCallInfo fcinfo, const char *verb, int owner_argno)
 {
-	Oid			owner = idem_key_owner();
+	Oid			owner;
 	char	   *run_id;
 	IdemRunRow	run;
 	TimestampTz now = GetCurrentTransactionStartTimestamp();
+	const char *action = NULL;
 
 	idem_check_can_write(psprintf("idem_run_%s()", verb));
 	run_id = idem_name_arg(fcinfo, 0, "run id");
+	owner = owner_argno < 0 ? idem_key_owner() :
+		idem_run_owner_arg(fcinfo, owner_argno, verb);
 	idem_lock_run(owner, run_id, &run);
 
 	if (strcmp(verb, "fail") == 0)
@@ -905,6 +910,7 @@ set_run_status(FunctionCallInfo fcinfo, const char *verb)
 		run.finished = true;
 		run.finished_at = now;
 		leave_queue(&run, "failed", run.last_error);
+		action = "failed";
 	}
 	else if (strcmp(verb, "resume") == 0)
 	{
@@ -919,6 +925,8 @@ set_run_status(FunctionCallInfo fcinfo, const char *verb)
 			run.attempt = 1;
 			idem_queue_wake(run.queue);
 		}
+		if (strcmp(run.status, "running") != 0)
+			action = "resumed";
 		run.status = "running";
 		run.finished = false;
 	}
@@ -943,28 +951,30 @@ set_run_status(FunctionCallInfo fcinfo, const char *verb)
 		}
 	}
 	idem_update_run(&run);
+	if (action != NULL)
+		idem_audit_run_action(owner, run_id, action);
 	PG_RETURN_TEXT_P(cstring_to_text(run.status));
 }
 
-/* idem_run_fail(run_id text, reason text) returns text */
+/* idem_run_fail(run_id text, reason text, owner regrole) returns text */
 Datum
 idem_run_fail(PG_FUNCTION_ARGS)
 {
-	return set_run_status(fcinfo, "fail");
+	return set_run_status(fcinfo, "fail", 2);
 }
 
-/* idem_run_resume(run_id text) returns text */
+/* idem_run_resume(run_id text, owner regrole) returns text */
 Datum
 idem_run_resume(PG_FUNCTION_ARGS)
 {
-	return set_run_status(fcinfo, "resume");
+	return set_run_status(fcinfo, "resume", 1);
 }
 
 /* idem_run_complete(run_id text) returns text */
 Datum
 idem_run_complete(PG_FUNCTION_ARGS)
 {
-	return set_run_status(fcinfo, "complete");
+	return set_run_status(fcinfo, "complete", -1);
 }
 
 /* The current role's run, for the readers: no lock, the caller's snapshot. */

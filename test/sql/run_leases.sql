@@ -226,6 +226,35 @@ RESET ROLE;
 REVOKE idem_admin FROM regress_rl_other;
 SELECT run_id, claim, worker, outcome, error FROM idem_run_attempts WHERE run_id IN ('ret-2', 'ret-3') ORDER BY 1, 2;
 
+-- fail and resume are operators' verbs too; each verb that changes a run is
+-- audited (at any idem.audit level but off) with the role that acted, and
+-- one that changes nothing is not
+SET idem.audit = executions;
+SET ROLE regress_rl_app;
+SELECT created FROM idem_run_begin('ret-ops', queue => 'rl');
+RESET ROLE;
+SET ROLE regress_rl_other;
+SELECT idem_run_fail('ret-ops', 'stuck', owner => 'regress_rl_app');		-- 42501
+SELECT idem_run_resume('ret-ops', owner => 'regress_rl_app');			-- 42501
+RESET ROLE;
+SELECT status, state FROM idem_runs WHERE run_id = 'ret-ops';
+GRANT idem_admin TO regress_rl_other;
+SET ROLE regress_rl_other;
+SELECT idem_run_fail('ret-ops', 'stuck', owner => 'regress_rl_app');
+SELECT idem_run_retry('ret-ops', owner => 'regress_rl_app');
+SELECT idem_run_fail('ret-ops', 'stuck again', owner => 'regress_rl_app');
+SELECT idem_run_resume('ret-ops', owner => 'regress_rl_app');
+SELECT idem_run_resume('ret-ops', owner => 'regress_rl_app');
+RESET ROLE;
+REVOKE idem_admin FROM regress_rl_other;
+SET ROLE regress_rl_app;
+SELECT idem_run_cancel('ret-ops', 'withdrawn');
+SELECT idem_run_cancel('ret-ops');
+RESET ROLE;
+RESET idem.audit;
+SELECT key, owner, actor, outcome, step, sqlstate, fingerprint IS NULL AS no_fingerprint
+  FROM idem_audit WHERE run_id = 'ret-ops' ORDER BY at;
+
 -- a lease that expires on the last attempt fails the run at the next claim
 SELECT idem_queue_create('rl1', producers => '{regress_rl_app}',
 	workers => '{regress_rl_agent}', max_attempts => 1);
