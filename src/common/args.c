@@ -54,6 +54,21 @@ idem_check_name(const char *what, const char *name, int limit, const char *hint)
 }
 
 /*
+ * idem_arg_not_null
+ *		Refuse a null argument argno; what names it in the message
+ *		("run id", "value passed to idem_state_hash()").
+ */
+void
+idem_arg_not_null(FunctionCallInfo fcinfo, int argno, const char *what)
+{
+	if (PG_ARGISNULL(argno))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("%s must not be null", what),
+				 idem_errhint(ERRCODE_NULL_VALUE_NOT_ALLOWED, NULL)));
+}
+
+/*
  * idem_name_arg
  *		A key, run id or step name argument: not null, not empty, at most
  *		IDEM_MAX_KEY_BYTES.  what names it in messages ("idempotency key").
@@ -63,11 +78,7 @@ idem_name_arg(FunctionCallInfo fcinfo, int argno, const char *what)
 {
 	char	   *name;
 
-	if (PG_ARGISNULL(argno))
-		ereport(ERROR,
-				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("%s must not be null", what),
-				 idem_errhint(ERRCODE_NULL_VALUE_NOT_ALLOWED, NULL)));
+	idem_arg_not_null(fcinfo, argno, what);
 
 	name = text_to_cstring(PG_GETARG_TEXT_PP(argno));
 	idem_check_name(what, name, IDEM_MAX_KEY_BYTES,

@@ -52,11 +52,7 @@ idem_roles_arg(FunctionCallInfo fcinfo, int argno, const char *name)
 {
 	ArrayType  *arr;
 
-	if (PG_ARGISNULL(argno))
-		ereport(ERROR,
-				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("%s must not be null", name),
-				 idem_errhint(ERRCODE_NULL_VALUE_NOT_ALLOWED, NULL)));
+	idem_arg_not_null(fcinfo, argno, name);
 	arr = PG_GETARG_ARRAYTYPE_P(argno);
 	if (ARR_NDIM(arr) > 1 || array_contains_nulls(arr))
 		ereport(ERROR,

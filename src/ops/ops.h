@@ -45,6 +45,12 @@ extern void idem_note_outcome(IdemOutcome outcome, const IdemRequest *req,
 							  const char *step, int sqlerrcode);
 
 extern IdemOutcome idem_error_outcome(int sqlerrcode, bool executing);
+extern void idem_note_done(const IdemRequest *req, const uint8 *fingerprint,
+						   const char *run_id, const char *step,
+						   bool replayed);
+extern void idem_note_error(const IdemRequest *req, const uint8 *fingerprint,
+							const char *run_id, const char *step,
+							bool executing);
 
 /* audit.c: the audit trail and its queue for rejected attempts */
 extern void idem_audit_note(IdemOutcome outcome, const IdemRequest *req,

@@ -55,6 +55,30 @@ idem_error_outcome(int sqlerrcode, bool executing)
 }
 
 /*
+ * idem_note_error
+ *		Count and audit the outcome of a call whose error is being raised
+ *		(from its PG_CATCH block; the caller re-raises it).
+ */
+void
+idem_note_error(const IdemRequest *req, const uint8 *fingerprint,
+				const char *run_id, const char *step, bool executing)
+{
+	int			code = geterrcode();
+
+	idem_note_outcome(idem_error_outcome(code, executing), req, fingerprint,
+					  run_id, step, code);
+}
+
+/* Count and audit the outcome of a call that executed or replayed. */
+void
+idem_note_done(const IdemRequest *req, const uint8 *fingerprint,
+			   const char *run_id, const char *step, bool replayed)
+{
+	idem_note_outcome(replayed ? IDEM_OUTCOME_REPLAYED : IDEM_OUTCOME_EXECUTED,
+					  req, fingerprint, run_id, step, 0);
+}
+
+/*
  * idem_note_outcome
  *		Count one call's outcome, and audit it at the level idem.audit asks.
  */

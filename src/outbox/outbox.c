@@ -665,11 +665,7 @@ static IdemQuery q_topic_revoke = {
 static void
 arg_not_null(FunctionCallInfo fcinfo, int argno, const char *name)
 {
-	if (PG_ARGISNULL(argno))
-		ereport(ERROR,
-				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("%s must not be null", name),
-				 idem_errhint(ERRCODE_NULL_VALUE_NOT_ALLOWED, NULL)));
+	idem_arg_not_null(fcinfo, argno, name);
 }
 
 /* ------------------------------------------------------------------------

@@ -394,10 +394,24 @@ execute_and_record(IdemStatement *stmt, IdemRequest *req,
  * record makes this commit flush and wait for synchronous replication past
  * the original commit's LSN.
  */
-void
-idem_make_replay_durable(IdemRequest *req)
+static void
+make_replay_durable(IdemRequest *req)
 {
 	LogTransactionalMessage("idem", req->key, req->keylen);
+}
+
+/*
+ * idem_replay_record
+ *		The result of a call that replays rec, the record of its request.
+ */
+void
+idem_replay_record(IdemRequest *req, const IdemRecord *rec, IdemResult *result)
+{
+	result->response = rec->response;
+	result->replayed = true;
+	result->first_executed_at = rec->created_at;
+	if (idem_durable_replay)
+		make_replay_durable(req);
 }
 
 /*
@@ -457,13 +471,7 @@ idem_execute_request(IdemRequest *req, IdemResult *result)
 		idem_statement_fingerprint(stmt, req, fingerprint);
 		fingerprinted = true;
 		if (idem_find_record(stmt, req, fingerprint, now, &rec))
-		{
-			result->response = rec.response;
-			result->replayed = true;
-			result->first_executed_at = rec.created_at;
-			if (idem_durable_replay)
-				idem_make_replay_durable(req);
-		}
+			idem_replay_record(req, &rec, result);
 		else
 		{
 			executing = true;
@@ -472,17 +480,14 @@ idem_execute_request(IdemRequest *req, IdemResult *result)
 	}
 	PG_CATCH();
 	{
-		int			code = geterrcode();
-
-		idem_note_outcome(idem_error_outcome(code, executing), req,
-						  fingerprinted ? fingerprint : NULL, NULL, NULL, code);
+		idem_note_error(req, fingerprinted ? fingerprint : NULL, NULL, NULL,
+						executing);
 		idem_statement_release(stmt);
 		PG_RE_THROW();
 	}
 	PG_END_TRY();
 	idem_statement_release(stmt);
-	idem_note_outcome(result->replayed ? IDEM_OUTCOME_REPLAYED : IDEM_OUTCOME_EXECUTED,
-					  req, fingerprint, NULL, NULL, 0);
+	idem_note_done(req, fingerprint, NULL, NULL, result->replayed);
 }
 
 /*

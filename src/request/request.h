@@ -83,7 +83,8 @@ extern bool idem_find_record(IdemStatement *stmt, IdemRequest *req,
 							 IdemRecord *rec);
 extern char *idem_current_topic(Oid owner);
 extern char *idem_check_may_execute(IdemRequest *req);
-extern void idem_make_replay_durable(IdemRequest *req);
+extern void idem_replay_record(IdemRequest *req, const IdemRecord *rec,
+							   IdemResult *result);
 
 /* untyped.c: unknown driver parameters in calls of idem's functions */
 extern void idem_untyped_install(void);

@@ -206,11 +206,7 @@ checked_backoff(FunctionCallInfo fcinfo, int argno, const char *name)
 {
 	int64		us;
 
-	if (PG_ARGISNULL(argno))
-		ereport(ERROR,
-				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("%s must not be null", name),
-				 idem_errhint(ERRCODE_NULL_VALUE_NOT_ALLOWED, NULL)));
+	idem_arg_not_null(fcinfo, argno, name);
 	us = idem_interval_usecs(PG_GETARG_INTERVAL_P(argno));
 	if (us < 0 || us > (int64) INT_MAX * 1000)
 		ereport(ERROR,

@@ -359,11 +359,7 @@ run_step(IdemRequest *req, IdemStatement *stmt, Jsonb *result,
 							   req->key),
 					 idem_errhint(ERRCODE_IDEM_KEY_REUSED, "Cancel the run and begin it again under another id.")));
 		count_attempt(&run, pos);
-		if (idem_durable_replay)
-			idem_make_replay_durable(req);
-		out->response = rec.response;
-		out->replayed = true;
-		out->first_executed_at = rec.created_at;
+		idem_replay_record(req, &rec, out);
 		return;
 	}
 
@@ -422,15 +418,11 @@ run_step_noted(IdemRequest *req, IdemStatement *stmt, Jsonb *result,
 	}
 	PG_CATCH();
 	{
-		int			code = geterrcode();
-
-		idem_note_outcome(idem_error_outcome(code, executing), req,
-						  fingerprint, run_id, step, code);
+		idem_note_error(req, fingerprint, run_id, step, executing);
 		PG_RE_THROW();
 	}
 	PG_END_TRY();
-	idem_note_outcome(out->replayed ? IDEM_OUTCOME_REPLAYED : IDEM_OUTCOME_EXECUTED,
-					  req, fingerprint, run_id, step, 0);
+	idem_note_done(req, fingerprint, run_id, step, out->replayed);
 }
 
 static void
@@ -483,11 +475,7 @@ idem_step(PG_FUNCTION_ARGS)
 
 	idem_check_can_write("idem_step()");
 	step_request(fcinfo, &req, &run_id, &step, token);
-	if (PG_ARGISNULL(2))
-		ereport(ERROR,
-				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("statement passed to idem_step() must not be null"),
-				 idem_errhint(ERRCODE_NULL_VALUE_NOT_ALLOWED, NULL)));
+	idem_arg_not_null(fcinfo, 2, "statement passed to idem_step()");
 	req.sql = text_to_cstring(PG_GETARG_TEXT_PP(2));
 	idem_collect_args(fcinfo, STEP_FIXED_ARGS, &req);
 	idem_step_request(&req, run_id, step, token, &result);
@@ -898,11 +886,7 @@ set_run_status(FunctionCallInfo fcinfo, const char *verb, int owner_argno)
 
 	if (strcmp(verb, "fail") == 0)
 	{
-		if (PG_ARGISNULL(1))
-			ereport(ERROR,
-					(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-					 errmsg("reason passed to idem_run_fail() must not be null"),
-					 idem_errhint(ERRCODE_NULL_VALUE_NOT_ALLOWED, NULL)));
+		idem_arg_not_null(fcinfo, 1, "reason passed to idem_run_fail()");
 		if (strcmp(run.status, "completed") == 0)
 			report_not_running(&run);
 		run.last_error = text_to_cstring(PG_GETARG_TEXT_PP(1));
@@ -1231,11 +1215,7 @@ idem_step_fail(PG_FUNCTION_ARGS)
 	TimestampTz now = GetCurrentTimestamp();
 	TimestampTz next;
 
-	if (PG_ARGISNULL(3))
-		ereport(ERROR,
-				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("error must not be null"),
-				 idem_errhint(ERRCODE_NULL_VALUE_NOT_ALLOWED, NULL)));
+	idem_arg_not_null(fcinfo, 3, "error");
 	error = text_to_cstring(PG_GETARG_TEXT_PP(3));
 	if (!PG_ARGISNULL(4))
 		retry_after_us = idem_retry_after_usecs(PG_GETARG_INTERVAL_P(4));

@@ -718,11 +718,7 @@ citus_call(FunctionCallInfo fcinfo, IdemRequest *req, IdemResult *result)
 		{
 			if (!idem_record_matches(stmt, req, &rec, fingerprint))
 				idem_report_key_reused(req, "The statement text, the settings that change its meaning, or the arguments differ from the request first recorded under this key for this tenant.");
-			result->response = rec.response;
-			result->replayed = true;
-			result->first_executed_at = rec.created_at;
-			if (idem_durable_replay)
-				idem_make_replay_durable(req);
+			idem_replay_record(req, &rec, result);
 		}
 		else
 		{
@@ -744,18 +740,15 @@ citus_call(FunctionCallInfo fcinfo, IdemRequest *req, IdemResult *result)
 	}
 	PG_CATCH();
 	{
-		int			code = geterrcode();
-
-		idem_note_outcome(idem_error_outcome(code, executing), req,
-						  fingerprinted ? fingerprint : NULL, NULL, NULL, code);
+		idem_note_error(req, fingerprinted ? fingerprint : NULL, NULL, NULL,
+						executing);
 		idem_statement_release(stmt);
 		PG_RE_THROW();
 	}
 	PG_END_TRY();
 	idem_statement_release(stmt);
 	SPI_finish();
-	idem_note_outcome(result->replayed ? IDEM_OUTCOME_REPLAYED : IDEM_OUTCOME_EXECUTED,
-					  req, fingerprint, NULL, NULL, 0);
+	idem_note_done(req, fingerprint, NULL, NULL, result->replayed);
 }
 
 /*

@@ -254,6 +254,7 @@ RESET ROLE;
 RESET idem.audit;
 SELECT key, owner, actor, outcome, step, sqlstate, fingerprint IS NULL AS no_fingerprint
   FROM idem_audit WHERE run_id = 'ret-ops' ORDER BY at;
+DELETE FROM idem.audit WHERE run_id = 'ret-ops';
 
 -- a lease that expires on the last attempt fails the run at the next claim
 SELECT idem_queue_create('rl1', producers => '{regress_rl_app}',
