@@ -559,6 +559,58 @@ AS 'MODULE_PATHNAME', 'idem_citus_colocate'
 LANGUAGE C VOLATILE STRICT PARALLEL UNSAFE;
 REVOKE ALL ON FUNCTION @extschema@.idem_citus_colocate(regclass) FROM PUBLIC;
 
+-- Expired tenant key records, on every shard of idem.citus_keys at once
+-- (Citus runs the DELETE on each shard's node); 0 before colocation.  The
+-- purge worker and idem_purge() purge each node's own idem.keys only;
+-- idem_purge_all() calls this too.  plpgsql resolves the table when the
+-- statement first runs, so it need not exist before then.
+CREATE FUNCTION @extschema@.idem_citus_purge()
+RETURNS bigint
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	n bigint := 0;
+BEGIN
+	IF pg_catalog.to_regclass('idem.citus_keys') IS NOT NULL THEN
+		DELETE FROM idem.citus_keys
+		 WHERE expires_at OPERATOR(pg_catalog.<=) pg_catalog.now();
+		GET DIAGNOSTICS n = ROW_COUNT;
+	END IF;
+	RETURN n;
+END
+$$;
+REVOKE ALL ON FUNCTION @extschema@.idem_citus_purge() FROM PUBLIC;
+
+CREATE OR REPLACE PROCEDURE @extschema@.idem_purge_all(batch_size integer DEFAULT NULL)
+LANGUAGE plpgsql
+AS $$
+DECLARE
+	batch integer := COALESCE(batch_size,
+		pg_catalog.current_setting('idem.purge_batch_size', true)::integer,
+		10000);
+	n bigint;
+BEGIN
+	LOOP
+		n := @extschema@.idem_purge(batch);
+		COMMIT;
+		EXIT WHEN n OPERATOR(pg_catalog.<) batch;
+	END LOOP;
+	LOOP
+		n := @extschema@.idem_purge_audit(batch);
+		COMMIT;
+		EXIT WHEN n OPERATOR(pg_catalog.<) batch;
+	END LOOP;
+	LOOP
+		n := @extschema@.idem_outbox_purge(batch);
+		COMMIT;
+		EXIT WHEN n OPERATOR(pg_catalog.<) batch;
+	END LOOP;
+	PERFORM @extschema@.idem_citus_purge();
+	COMMIT;
+END
+$$;
+
 -- outbox delivery (issue 24): no CHECK on an event's state.  PostgreSQL
 -- reads a table's CHECK constraints from their stored text and plans them
 -- again in every statement that writes a row, which cost each claim (and

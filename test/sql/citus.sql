@@ -15,4 +15,8 @@ SELECT idem_citus_colocate(NULL);
 SELECT replayed FROM idem_execute_ex('citus-absent',
 	'INSERT INTO citus_payments VALUES (1, 2)');
 SELECT count(*) FROM citus_payments;
+-- the purge of tenant records has nothing to purge before colocation, and
+-- is an administrator's
+SELECT idem_citus_purge() AS purged;
+SELECT has_function_privilege('public', 'idem_citus_purge()', 'EXECUTE');
 DROP TABLE citus_payments;
