@@ -77,7 +77,7 @@ trap cleanup EXIT
 # Java and Go programs are built once, offline
 build_log="$work/build.log"
 if command -v javac >/dev/null && [ -f /usr/share/java/postgresql.jar ]; then
-	javac -d "$work/java" "$drv/Matrix.java" >>"$build_log" 2>&1
+	javac -cp /usr/share/java/postgresql.jar -d "$work/java" "$drv/Matrix.java" >>"$build_log" 2>&1
 fi
 if command -v go >/dev/null; then
 	for prog in pgx pq; do
