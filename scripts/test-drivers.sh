@@ -12,7 +12,13 @@
 #      key must be ID422 in the driver's own error object;
 #   3. each one retries every key again through PgBouncer with its
 #      documented setting, after a client left SET extra_float_digits = 3
-#      on the pooled server connection (PgJDBC's setting, leaked).
+#      on the pooled server connection (PgJDBC's setting, leaked);
+#   4. each one, directly and through PgBouncer, makes an idem_call with
+#      every option (outbox_topic, ttl, wait, as the language's own values)
+#      twice under a new key: it must execute, then replay the very
+#      response, write one event to the topic and keep the record for the
+#      ttl; and it calls with wait => false under a key that a prepared
+#      transaction holds: the driver's error object must carry ID409.
 # Prints the pass counts and the time, and the driver table of
 # doc/drivers.md, which it checks against the doc (--write-doc rewrites
 # it).  A driver that cannot be installed or built counts as failed.
@@ -77,7 +83,7 @@ trap cleanup EXIT
 # Java and Go programs are built once, offline
 build_log="$work/build.log"
 if command -v javac >/dev/null && [ -f /usr/share/java/postgresql.jar ]; then
-	javac -d "$work/java" "$drv/Matrix.java" >>"$build_log" 2>&1
+	javac -cp /usr/share/java/postgresql.jar -d "$work/java" "$drv/Matrix.java" >>"$build_log" 2>&1
 fi
 if command -v go >/dev/null; then
 	for prog in pgx pq; do
@@ -98,6 +104,8 @@ port = $port
 unix_socket_directories = '$work'
 # mixed typed and untyped parameters need the library at parse time
 session_preload_libraries = 'idem'
+# the transaction that holds the keys of the ID409 check
+max_prepared_transactions = 1
 EOF
 as_pg "$bindir/pg_ctl" -D "$work/data" -l "$work/server.log" -w start >/dev/null ||
 	{ cat "$work/server.log"; exit 1; }
@@ -105,7 +113,11 @@ export PGHOST=127.0.0.1 PGPORT=$port PGUSER=postgres PGDATABASE=matrix
 psql_q() { "$bindir/psql" -X -q -v ON_ERROR_STOP=1 -At "$@"; }
 psql_q -d postgres -c "CREATE DATABASE matrix" &&
 	psql_q -c "CREATE EXTENSION idem" &&
-	psql_q -c "CREATE TABLE matrix_pay (id serial PRIMARY KEY, ref text NOT NULL, amount numeric(12,2) NOT NULL)" ||
+	psql_q -c "CREATE TABLE matrix_pay (id serial PRIMARY KEY, ref text NOT NULL, amount numeric(12,2) NOT NULL)" &&
+	psql_q -c "SELECT idem_outbox_create_topic('matrix')" >/dev/null &&
+	# a call that waits for a held key where wait => false should refuse
+	# fails with 55P03 instead of hanging (before PgBouncer connects)
+	psql_q -c "ALTER DATABASE matrix SET lock_timeout = '30s'" ||
 	exit 1
 
 cat >"$work/bouncer.ini" <<EOF
@@ -131,11 +143,28 @@ for _ in $(seq 50); do psql_q -p "$bport" -c "SELECT 1" >/dev/null 2>&1 && break
 
 # --- the drivers ------------------------------------------------------------
 SQL='INSERT INTO matrix_pay (ref, amount) VALUES ($1, $2) RETURNING ref, amount'
+# idem_call with every option (scripts/drivers/README), in SQL
+idem_call_sql() {	# key wait
+	echo "SELECT replayed, response::text FROM idem_call('$1', '$SQL', ARRAY['$1', '25.00'], outbox_topic => 'matrix', ttl => interval '2 days 3 hours', wait => $2)"
+}
 # psql: the request with explicit types, the way an operator types it
 run_psql() {
 	local mode=$1 key
 	shift
 	for key in "$@"; do
+		if [ "$mode" = call ]; then
+			psql_q -F $'\t' -c "$(idem_call_sql "$key" true)" -c "$(idem_call_sql "$key" true)" |
+				sed "s/^t\t/call\t$key\ttrue\t/; s/^f\t/call\t$key\tfalse\t/"
+			continue
+		fi
+		if [ "$mode" = busy ]; then
+			if psql_q -v VERBOSITY=verbose -c "$(idem_call_sql "$key" false)" >/dev/null 2>"$work/psql.$key.err"; then
+				printf 'busy\t%s\tnone\n' "$key"
+			else
+				printf 'busy\t%s\t%s\n' "$key" "$(sed -n 's/^ERROR:  \([A-Z0-9]\{5\}\):.*/\1/p' "$work/psql.$key.err" | head -1)"
+			fi
+			continue
+		fi
 		psql_q -F $'\t' -c "SELECT 'result', '$key', replayed, response::text FROM idem_execute_ex('$key', '$SQL', '$key'::text, 25.00::numeric)" |
 			sed 's/\tt\t/\ttrue\t/; s/\tf\t/\tfalse\t/'
 		if [ "$mode" = retry ]; then
@@ -166,9 +195,10 @@ drivers=(
 	"pgx v4|$work/pgx|test -x $work/pgx|Go string \"25\"|PreferSimpleProtocol"
 	"lib/pq|$work/pq|test -x $work/pq|Go float64 25: untyped \"25\"|binary_parameters=yes"
 )
-key_of() { echo "m-$(echo "$1" | tr -c 'a-zA-Z0-9\n' '-')"; }
+slug_of() { echo "$1" | tr -c 'a-zA-Z0-9\n' '-'; }
+key_of() { echo "m-$(slug_of "$1")"; }
 
-declare -A ok begun resp direct mism bounced
+declare -A ok begun resp direct mism bounced calls
 usable=()
 for d in "${drivers[@]}"; do
 	IFS='|' read -r name cmd probe _ _ <<<"$d"
@@ -255,30 +285,94 @@ for name in "${usable[@]}"; do
 	done
 done
 leaked=$(psql_q -p "$bport" -c "SHOW extra_float_digits")
+echo "# each driver retried every key through PgBouncer: $(($(date +%s) - started))s"
+
+# 4. idem_call with every option under c-/cb- keys (directly / through
+# PgBouncer), and with wait => false under b-/bb- keys, which a prepared
+# transaction holds with the very same request
+hold=(-c BEGIN)
+for name in "${usable[@]}"; do
+	for k in b-$(slug_of "$name") bb-$(slug_of "$name"); do hold+=(-c "$(idem_call_sql "$k" true)"); done
+done
+psql_q "${hold[@]}" -c "PREPARE TRANSACTION 'matrix-hold'" >/dev/null ||
+	echo "# could not hold the keys of the ID409 check"
+i=0
+for name in "${usable[@]}"; do
+	i=$((i + 1))
+	cmd=$(cmd_of "$name") s=$(slug_of "$name")
+	(export PGPORT=$port; eval "$cmd call c-$s"; eval "$cmd busy b-$s") >"$work/call.$i" 2>"$work/call.$i.err" &
+	(export PGPORT=$bport VIA_BOUNCER=1; eval "$cmd call cb-$s"; eval "$cmd busy bb-$s") \
+		>"$work/bcall.$i" 2>"$work/bcall.$i.err" &
+done
+wait
+psql_q -c "ROLLBACK PREPARED 'matrix-hold'" >/dev/null
+echo "# each driver made its idem_calls, directly and through PgBouncer: $(($(date +%s) - started))s"
+# what the database holds for each idem_call key: the response, whether
+# the topic has exactly one event for it, with that payload, and whether
+# the record lives for the ttl
+declare -A stored
+while IFS=$'\t' read -r k r e t; do stored[$k]="$r"$'\t'"$e"$'\t'"$t"; done < <(psql_q -F $'\t' -c "
+	SELECT k.key, k.response::text,
+	       (SELECT count(*) = 1 AND bool_and(o.payload = k.response) FROM idem.outbox o
+	         WHERE o.key = k.key AND o.topic = 'matrix'),
+	       k.expires_at - k.created_at BETWEEN interval '2 days 3 hours' AND interval '2 days 3 hours 5 minutes'
+	  FROM idem.keys k WHERE k.key LIKE 'c%'")
+check_call() {	# output call-key busy-key -> "checks-passed sqlstate"
+	local out=$1 r e t p=0 state lines
+	IFS=$'\t' read -r r e t <<<"${stored[$2]:-}"
+	mapfile -t lines < <(grep -P "^call\t$2\t" <<<"$out")
+	if [ -n "$r" ] && [ "${#lines[@]}" = 2 ]; then
+		# the first executed, the second replayed, both with the stored response
+		[ "${lines[0]}" = "$(printf 'call\t%s\tfalse\t%s' "$2" "$r")" ] && p=$((p + 1))
+		[ "${lines[1]}" = "$(printf 'call\t%s\ttrue\t%s' "$2" "$r")" ] && p=$((p + 1))
+		[ "$e" = t ] && p=$((p + 1))
+		[ "$t" = t ] && p=$((p + 1))
+	fi
+	state=$(grep -P "^busy\t$3\t" <<<"$out" | cut -f3 | head -1)
+	echo "$p ${state:-nothing}"
+}
+i=0
+for name in "${usable[@]}"; do
+	i=$((i + 1))
+	s=$(slug_of "$name") cell=
+	for via in call bcall; do
+		if [ $via = call ]; then ck=c-$s bk=b-$s; else ck=cb-$s bk=bb-$s; fi
+		read -r p st <<<"$(check_call "$(cat "$work/$via.$i")" "$ck" "$bk")"
+		cell+="${cell:+; }$p/4, $st"
+		if [ "$p" != 4 ] || [ "$st" != ID409 ]; then
+			echo "# $name $([ $via = call ] && echo directly || echo through PgBouncer): idem_call $p/4 checks, wait => false on a held key: $st:"
+			IFS=$'\t' read -r _ e t <<<"${stored[$ck]:-}"
+			echo "#   $ck: one event with the response: ${e:-no record}, kept for the ttl: ${t:-no record}"
+			sed 's/^/#   /' "$work/$via.$i" | head -20; sed 's/^/#   /' "$work/$via.$i.err" | tail -5
+		fi
+	done
+	calls[$name]=$cell
+done
 rows=$(psql_q -c "SELECT count(*) FROM matrix_pay")
 
 # --- the result -------------------------------------------------------------
 n=${#drivers[@]}
 passed=0 failed=0
-table="| driver | sends the amount as | direct: replays of the $n keys, ID422 | through PgBouncer (transaction mode) | its PgBouncer setting |
-|---|---|---|---|---|"
+table="| driver | sends the amount as | direct: replays of the $n keys, ID422 | through PgBouncer (transaction mode) | idem_call, every option: checks, wait => false on a held key (direct; PgBouncer) | its PgBouncer setting |
+|---|---|---|---|---|---|"
 for d in "${drivers[@]}"; do
 	IFS='|' read -r name _ _ how setting <<<"$d"
 	if [ "${ok[$name]}" != 1 ] || [ "${begun[$name]:-0}" != 1 ]; then
 		failed=$((failed + 1))
-		table+=$'\n'"| $name | $how | not run: cannot install or begin | not run | $setting |"
+		table+=$'\n'"| $name | $how | not run: cannot install or begin | not run | not run | $setting |"
 		continue
 	fi
-	if [ "${direct[$name]}" = "$n" ] && [ "${mism[$name]}" = "$n" ] && [ "${bounced[$name]}" = "$n" ]; then
+	if [ "${direct[$name]}" = "$n" ] && [ "${mism[$name]}" = "$n" ] && [ "${bounced[$name]}" = "$n" ] &&
+		[ "${calls[$name]}" = "4/4, ID409; 4/4, ID409" ]; then
 		passed=$((passed + 1))
 	else
 		failed=$((failed + 1))
 	fi
-	table+=$'\n'"| $name | $how | ${direct[$name]}/$n, ${mism[$name]}/$n | ${bounced[$name]}/$n | $setting |"
+	table+=$'\n'"| $name | $how | ${direct[$name]}/$n, ${mism[$name]}/$n | ${bounced[$name]}/$n | ${calls[$name]} | $setting |"
 done
 elapsed=$(($(date +%s) - started))
 echo "$table"
-echo "# $rows business rows for $n requests; extra_float_digits left on the pooled connection: $leaked"
+echo "# $rows business rows for $((3 * n)) requests; extra_float_digits left on the pooled connection: $leaked"
 
 doc="$top/doc/drivers.md"
 if [ "$write_doc" = 1 ]; then
@@ -294,7 +388,7 @@ elif ! diff <(sed -n '/<!-- matrix:begin -->/,/<!-- matrix:end -->/p' "$doc" | s
 	echo "# doc/drivers.md's table differs from this run (scripts/test-drivers.sh --write-doc updates it)"
 	failed=$((failed + 1))
 fi
-[ "$rows" = "$n" ] || { echo "# expected $n business rows, found $rows"; failed=$((failed + 1)); }
+[ "$rows" = "$((3 * n))" ] || { echo "# expected $((3 * n)) business rows, found $rows"; failed=$((failed + 1)); }
 echo "drivers: $passed passed, $failed failed"
 echo "# matrix time: ${elapsed}s"
 [ "$failed" = 0 ]

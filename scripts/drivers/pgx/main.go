@@ -1,5 +1,7 @@
 // pgx v4: it prepares each statement and encodes the arguments as the
-// types the server describes; the amount is a Go string
+// types the server describes; the amount is a Go string.  For idem_call a
+// []string, a time.Duration (interval, also with PreferSimpleProtocol) and
+// a Go bool
 package main
 
 import (
@@ -7,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"time"
 
 	"github.com/jackc/pgconn"
 	"github.com/jackc/pgx/v4"
@@ -14,6 +17,8 @@ import (
 
 const sqlText = "INSERT INTO matrix_pay (ref, amount) VALUES ($1, $2) RETURNING ref, amount"
 const call = "SELECT replayed, response::text FROM idem_execute_ex($1, $2, $3, $4)"
+const idemCall = "SELECT replayed, response::text FROM idem_call($1, $2, $3, " +
+	"outbox_topic => $4, ttl => $5, wait => $6)"
 
 func main() {
 	ctx := context.Background()
@@ -33,6 +38,28 @@ func main() {
 	for _, key := range keys {
 		var replayed bool
 		var response string
+		idem := func(wait bool) error {
+			return conn.QueryRow(ctx, idemCall, key, sqlText, []string{key, "25.00"}, "matrix", 51*time.Hour, wait).
+				Scan(&replayed, &response)
+		}
+		if mode == "call" {
+			for i := 0; i < 2; i++ {
+				if err := idem(true); err != nil {
+					panic(err)
+				}
+				fmt.Printf("call\t%s\t%v\t%s\n", key, replayed, response)
+			}
+			continue
+		}
+		if mode == "busy" {
+			var pgErr *pgconn.PgError
+			if err := idem(false); errors.As(err, &pgErr) {
+				fmt.Printf("busy\t%s\t%s\n", key, pgErr.Code)
+			} else {
+				fmt.Printf("busy\t%s\tnone\n", key)
+			}
+			continue
+		}
 		if err := conn.QueryRow(ctx, call, key, sqlText, key, "25").Scan(&replayed, &response); err != nil {
 			panic(err)
 		}
