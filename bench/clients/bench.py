@@ -28,7 +28,7 @@ import time
 import uuid
 
 here = os.path.dirname(os.path.abspath(__file__))
-top = os.path.abspath(os.path.join(here, "..", "..", ".."))
+top = os.path.abspath(os.path.join(here, "..", ".."))
 sys.path.insert(0, os.path.join(top, "clients", "python"))
 sys.path.insert(0, os.path.join(top, "clients", "python", "tests"))
 
