@@ -355,7 +355,7 @@ run_step(IdemRequest *req, IdemStatement *stmt, Jsonb *result,
 					(errcode(ERRCODE_IDEM_KEY_REUSED),
 					 errmsg("step \"%s\" of run \"%s\" holds a cached error instead of a result",
 							step, run.run_id),
-					 errdetail("idem 1.1 counted the step as completed with the record %s, which idem_execute() wrote with a cached error; a step never records an error.",
+					 errdetail("The record %s, which idem 1.1 counted as the step's result, was written by idem_execute() with a cached error; a step never records an error.",
 							   req->key),
 					 idem_errhint(ERRCODE_IDEM_KEY_REUSED, "Cancel the run and begin it again under another id.")));
 		count_attempt(&run, pos);
