@@ -55,8 +55,9 @@ idem_check_name(const char *what, const char *name, int limit, const char *hint)
 
 /*
  * idem_arg_not_null
- *		Refuse a null argument argno; what names it in the message
- *		("run id", "value passed to idem_state_hash()").
+ *		Refuse a null argument argno of the callers that name it by a
+ *		variable (idem_name_arg()'s "idempotency key", "run id"); a fixed
+ *		subject is spelt out in its caller's own message.
  */
 void
 idem_arg_not_null(FunctionCallInfo fcinfo, int argno, const char *what)

@@ -149,7 +149,11 @@ idem_key(PG_FUNCTION_ARGS)
 		bool		typbyval;
 		char		typalign;
 
-		idem_arg_not_null(fcinfo, 0, "key parts");
+		if (PG_ARGISNULL(0))
+			ereport(ERROR,
+					(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+					 errmsg("key parts must not be null"),
+					 idem_errhint(ERRCODE_NULL_VALUE_NOT_ALLOWED, NULL)));
 		arr = PG_GETARG_ARRAYTYPE_P(0);
 		idem_check_variadic_dims(arr, "key parts");
 		elemtype = ARR_ELEMTYPE(arr);
@@ -211,7 +215,11 @@ idem_state_hash(PG_FUNCTION_ARGS)
 	uint8		digest[IDEM_FINGERPRINT_LEN];
 	StringInfoData buf;
 
-	idem_arg_not_null(fcinfo, 0, "value passed to idem_state_hash()");
+	if (PG_ARGISNULL(0))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("value passed to idem_state_hash() must not be null"),
+				 idem_errhint(ERRCODE_NULL_VALUE_NOT_ALLOWED, NULL)));
 	if (!OidIsValid(typid))
 		ereport(ERROR,
 				(errcode(ERRCODE_INDETERMINATE_DATATYPE),

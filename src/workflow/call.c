@@ -105,7 +105,11 @@ idem_call(PG_FUNCTION_ARGS)
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("idem_call() takes a lease_token only with a run_id and a step"),
 				 idem_errhint(ERRCODE_INVALID_PARAMETER_VALUE, NULL)));
-	idem_arg_not_null(fcinfo, CALL_SQL, "statement passed to idem_call()");
+	if (PG_ARGISNULL(CALL_SQL))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("statement passed to idem_call() must not be null"),
+				 idem_errhint(ERRCODE_NULL_VALUE_NOT_ALLOWED, NULL)));
 
 	/* the options, for this call only */
 	nestlevel = NewGUCNestLevel();

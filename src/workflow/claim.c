@@ -588,7 +588,11 @@ idem_run_extend(PG_FUNCTION_ARGS)
 	int64		lease_us;
 	IdemRunRow	run;
 
-	idem_arg_not_null(fcinfo, 2, "lease");
+	if (PG_ARGISNULL(2))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("lease must not be null"),
+				 idem_errhint(ERRCODE_NULL_VALUE_NOT_ALLOWED, NULL)));
 	lease_us = idem_lease_usecs(PG_GETARG_INTERVAL_P(2), idem_run_max_lease,
 								"idem.run_max_lease");
 	idem_check_can_write("idem_run_extend()");

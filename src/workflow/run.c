@@ -475,7 +475,11 @@ idem_step(PG_FUNCTION_ARGS)
 
 	idem_check_can_write("idem_step()");
 	step_request(fcinfo, &req, &run_id, &step, token);
-	idem_arg_not_null(fcinfo, 2, "statement passed to idem_step()");
+	if (PG_ARGISNULL(2))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("statement passed to idem_step() must not be null"),
+				 idem_errhint(ERRCODE_NULL_VALUE_NOT_ALLOWED, NULL)));
 	req.sql = text_to_cstring(PG_GETARG_TEXT_PP(2));
 	idem_collect_args(fcinfo, STEP_FIXED_ARGS, &req);
 	idem_step_request(&req, run_id, step, token, &result);
@@ -886,7 +890,11 @@ set_run_status(FunctionCallInfo fcinfo, const char *verb, int owner_argno)
 
 	if (strcmp(verb, "fail") == 0)
 	{
-		idem_arg_not_null(fcinfo, 1, "reason passed to idem_run_fail()");
+		if (PG_ARGISNULL(1))
+			ereport(ERROR,
+					(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+					 errmsg("reason passed to idem_run_fail() must not be null"),
+					 idem_errhint(ERRCODE_NULL_VALUE_NOT_ALLOWED, NULL)));
 		if (strcmp(run.status, "completed") == 0)
 			report_not_running(&run);
 		run.last_error = text_to_cstring(PG_GETARG_TEXT_PP(1));
@@ -1215,7 +1223,11 @@ idem_step_fail(PG_FUNCTION_ARGS)
 	TimestampTz now = GetCurrentTimestamp();
 	TimestampTz next;
 
-	idem_arg_not_null(fcinfo, 3, "error");
+	if (PG_ARGISNULL(3))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("error must not be null"),
+				 idem_errhint(ERRCODE_NULL_VALUE_NOT_ALLOWED, NULL)));
 	error = text_to_cstring(PG_GETARG_TEXT_PP(3));
 	if (!PG_ARGISNULL(4))
 		retry_after_us = idem_retry_after_usecs(PG_GETARG_INTERVAL_P(4));

@@ -205,7 +205,11 @@ idem_run_sleep(PG_FUNCTION_ARGS)
 	TimestampTz now = GetCurrentTimestamp();
 	IdemRunRow	run;
 
-	idem_arg_not_null(fcinfo, 2, "until");
+	if (PG_ARGISNULL(2))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("until must not be null"),
+				 idem_errhint(ERRCODE_NULL_VALUE_NOT_ALLOWED, NULL)));
 	until = PG_GETARG_TIMESTAMPTZ(2);
 	if (TIMESTAMP_NOT_FINITE(until) ||
 		until > now + (int64) RUN_MAX_SLEEP_DAYS * USECS_PER_DAY)
