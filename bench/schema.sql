@@ -106,7 +106,7 @@ CREATE FUNCTION bench.reset() RETURNS void
 LANGUAGE sql
 AS $$
 	TRUNCATE bench.payments, bench.outbox, bench.keys, idem.outbox, idem.keys,
-		idem.runs;
+		idem.runs, idem.run_attempts, idem.run_signals;
 	INSERT INTO idem.keys SELECT * FROM bench.idem_seed;
 	INSERT INTO bench.keys SELECT * FROM bench.plpgsql_seed;
 $$;
