@@ -28,12 +28,13 @@
 # --profile-workloads  the workloads counted (default "0 1 2 3 4 5 6 8": the
 #                      round trip, bare, floor, plpgsql, idem new key, idem
 #                      replay, plpgsql replay and the replay call shape)
-# --repeat N           count each major N times (default 1) and report the
+# --repeat N           count each major N times (default 2: the second
+#                      count shows how stable the first is) and report the
 #                      median and the spread of the N counts
 # --tps                also a short TPS pass of the same workloads (1 round
 #                      x 5 s, synchronous_commit off, 4 clients) before the
-#                      profile: secondary, since the majors run at different
-#                      times and TPS moves with the machine's load
+#                      first count: secondary, since the majors run at
+#                      different times and TPS moves with the machine's load
 # --out FILE           the report (default bench/results/versions.txt)
 #
 # The roots are made at the same time (mostly waiting for the archive), the
@@ -54,7 +55,7 @@ top=$(cd "$(dirname "$0")/.." && pwd)
 all_releases="bookworm trixie forky"
 releases=""
 workloads="0 1 2 3 4 5 6 8"
-repeat=1
+repeat=2
 tps=0
 out="$top/bench/results/versions.txt"
 use_cache=1
@@ -236,9 +237,11 @@ bench_release() {	# release
 		flock 9
 	}
 	bench() {
-		local i opts="--no-install --workloads none --no-memory"
-		[ $tps -eq 1 ] && opts="--no-install --workloads '$workloads' --rounds 1 --seconds 5 --sync off --no-memory"
+		local i opts
 		for i in $(seq 1 "$repeat"); do
+			opts="--no-install --workloads none --no-memory"
+			[ $tps -eq 1 ] && [ "$i" -eq 1 ] &&
+				opts="--no-install --workloads '$workloads' --rounds 1 --seconds 5 --sync off --no-memory"
 			say "$rel: bench/run.sh, run $i of $repeat"
 			in_env "$logs/$rel-bench.log" "cut -d' ' -f1 /proc/loadavg >/tmp/load-at-start &&
 				bench/run.sh $opts --profile --profile-workloads '$workloads' &&
@@ -412,7 +415,7 @@ majors=$(for rel in $releases; do printf '%s ' "$(major_of "$rel")"; done)
 	if [ -s "$tpsf" ]; then
 		echo
 		echo "TPS (secondary: --tps, pgbench -M prepared, 4 clients, synchronous_commit off, 1 run of 5 s per workload and"
-		echo "major, the majors one after the other on a shared machine, so the columns do not compare well; median over runs)"
+		echo "major before its first count, the majors one after the other on a shared machine: the columns do not compare well)"
 		awk -v majors="$majors" '
 			function median(list,    n, a, i, j, t) {
 				n = split(list, a, " ")
