@@ -106,7 +106,7 @@ CREATE FUNCTION bench.reset() RETURNS void
 LANGUAGE sql
 AS $$
 	TRUNCATE bench.payments, bench.outbox, bench.keys, idem.outbox, idem.keys,
-		idem.runs;
+		idem.runs, idem.run_attempts, idem.run_signals;
 	INSERT INTO idem.keys SELECT * FROM bench.idem_seed;
 	INSERT INTO bench.keys SELECT * FROM bench.plpgsql_seed;
 $$;
@@ -146,6 +146,10 @@ $$;
 ALTER PROCEDURE bench.large_statements(text, int, int, int) OWNER TO bench;
 
 -- This backend's memory, for the bounded-memory measurement (superuser).
+-- A context's parent is its column parent up to PostgreSQL 17 and, from 18
+-- (which dropped that column), the context whose path ends with the
+-- next-to-last element of its path (17 added path); read through jsonb so
+-- that the body is valid on every major.
 CREATE FUNCTION bench.memory_usage(OUT backend_total_bytes bigint,
 								   OUT idem_cache_bytes bigint,
 								   OUT idem_cached_statements bigint,
@@ -153,12 +157,16 @@ CREATE FUNCTION bench.memory_usage(OUT backend_total_bytes bigint,
 								   OUT rss_anon_kb bigint)
 LANGUAGE sql
 AS $$
+	WITH m AS (SELECT c.*, to_jsonb(c) AS j FROM pg_backend_memory_contexts c),
+	n AS (SELECT m.*, coalesce(m.j ->> 'parent', p.name) AS parent_name
+			FROM m LEFT JOIN m p ON m.j ->> 'parent' IS NULL
+								AND (p.j -> 'path' -> -1) = (m.j -> 'path' -> -2))
 	SELECT sum(total_bytes)::bigint,
 		   (sum(total_bytes) FILTER (WHERE name = 'idem statement cache'
-										OR parent = 'idem statement cache'))::bigint,
+										OR parent_name = 'idem statement cache'))::bigint,
 		   count(*) FILTER (WHERE name = 'idem statement'),
 		   count(*) FILTER (WHERE name = 'CachedPlanSource' AND ident LIKE 'SELECT % AS v'),
 		   (SELECT substring(pg_read_file('/proc/' || pg_backend_pid() || '/status')
 							 FROM 'RssAnon:\s+(\d+)')::bigint)
-	  FROM pg_backend_memory_contexts
+	  FROM n
 $$;
