@@ -33,5 +33,6 @@ if ! (cd "$top/clients/node" && node -e 'for (const m of ["pg", "postgres", "typ
 fi
 # the files named: Node 22 (Debian forky) takes a directory argument for a
 # test file and fails on it, where Node 20 searched it
-(cd "$top/clients/node" && node --test --test-reporter=dot test/*.test.js) || status=1
+# spec, not dot: a failure shows its test and its error
+(cd "$top/clients/node" && node --test --test-reporter=spec test/*.test.js) || status=1
 exit $status

@@ -154,7 +154,9 @@ for (const target of ['direct', 'pgbouncer']) {
       const q = await freshQueue();
       const car = await carrier({ busy: 0.2, delay: 300, retryAfter: '0' }).listen();
       const wf = make(car.url, q);
-      const n = 20;
+      // enough runs that the six kills (each waiting for a worker with work
+      // in hand) come before the last run completes, on a fast machine too
+      const n = 40;
       await startRuns(connect, wf, q, n);
       const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'idem-nodewf.'));
       const log = path.join(dir, 'claims');
