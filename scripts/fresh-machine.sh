@@ -112,17 +112,7 @@ cleanup() {
 		kill -KILL -- -"$bg_pid" 2>/dev/null || true
 		wait "$bg_pid" 2>/dev/null || true
 	fi
-	kill_in_root "$work"
-	if ! unmount_under "$work"; then
-		echo "fresh-machine: left $work in place (mounts remain)" >&2
-	elif [ $keep -eq 1 ]; then
-		echo "fresh-machine: kept $work" >&2
-	elif [ $failed -ne 0 ] || [ $rc -ne 0 ]; then
-		find "$work" -mindepth 1 -maxdepth 1 ! -name logs -exec rm -rf --one-file-system {} +
-		echo "fresh-machine: logs kept in $logs" >&2
-	else
-		rm -rf --one-file-system "$work"
-	fi
+	remove_work fresh-machine "$work" "$keep" "$((failed || rc))"
 	exit $rc
 }
 trap cleanup EXIT

@@ -196,3 +196,39 @@ make_root() {	# dir release log packages source-line...
 	kill_in_root "$base"
 	unmount_under "$base"
 }
+
+# --- the end of a script's work directory -------------------------------------
+# stop_parts PID...: end background parts (subshells of their own) and wait.
+stop_parts() {
+	local p
+	for p in "$@"; do
+		kill -TERM "$p" 2>/dev/null || true
+	done
+	for p in "$@"; do
+		wait "$p" 2>/dev/null || true
+	done
+}
+
+# remove_work NAME DIR KEEP FAILED [KEPT...]: end the processes in DIR's
+# roots and their mounts, then remove DIR: all of it after a success, all
+# but its logs and the folders KEPT after a failure (FAILED non-zero),
+# nothing with KEEP 1 or while a mount remains.  NAME begins the messages.
+remove_work() {
+	local name=$1 dir=$2 keep=$3 failed=$4 f
+	local spare=(! -name logs)
+	shift 4
+	for f in "$@"; do
+		spare+=(! -name "$f")
+	done
+	kill_in_root "$dir"
+	if ! unmount_under "$dir"; then
+		echo "$name: left $dir in place (mounts remain)" >&2
+	elif [ "$keep" -eq 1 ]; then
+		echo "$name: kept $dir" >&2
+	elif [ "$failed" -ne 0 ]; then
+		find "$dir" -mindepth 1 -maxdepth 1 "${spare[@]}" -exec rm -rf --one-file-system {} +
+		echo "$name: logs kept in $dir/logs" >&2
+	else
+		rm -rf --one-file-system "$dir"
+	fi
+}

@@ -92,25 +92,10 @@ bg_pid=""
 pids=()
 
 cleanup() {
-	local rc=$? p
+	local rc=$?
 	trap - EXIT INT TERM
-	for p in "${pids[@]}"; do
-		kill -TERM "$p" 2>/dev/null || true
-	done
-	for p in "${pids[@]}"; do
-		wait "$p" 2>/dev/null || true
-	done
-	kill_in_root "$work"
-	if ! unmount_under "$work"; then
-		echo "test-versions: left $work in place (mounts remain)" >&2
-	elif [ $keep -eq 1 ]; then
-		echo "test-versions: kept $work" >&2
-	elif [ $rc -ne 0 ]; then
-		find "$work" -mindepth 1 -maxdepth 1 ! -name logs ! -name debs -exec rm -rf --one-file-system {} +
-		echo "test-versions: logs kept in $logs" >&2
-	else
-		rm -rf --one-file-system "$work"
-	fi
+	stop_parts "${pids[@]}"
+	remove_work test-versions "$work" "$keep" "$rc" debs
 	exit $rc
 }
 trap cleanup EXIT
