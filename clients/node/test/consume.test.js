@@ -220,7 +220,13 @@ describe('consume', () => {
     });
   }
 
-  const logFile = () => path.join(fs.mkdtempSync(path.join(os.tmpdir(), 'idem-consumer.')), 'log');
+  // each consumer's log in a folder of its own, removed when the file's tests end
+  const logDirs = [];
+  after(() => { for (const d of logDirs) fs.rmSync(d, { recursive: true, force: true }); });
+  const logFile = () => {
+    logDirs.push(fs.mkdtempSync(path.join(os.tmpdir(), 'idem-consumer.')));
+    return path.join(logDirs[logDirs.length - 1], 'log');
+  };
   const lines = (f) => (fs.existsSync(f) ? fs.readFileSync(f, 'utf8').split('\n').slice(0, -1) : []);
   function proc(topic, log, { lease = 2, handlerMs = 0, killAfter = 0, wakeup = 'notify' } = {}) {
     const p = spawn(process.execPath, [path.join(__dirname, '..', 'fixtures', 'outbox-consumer.js'),
