@@ -141,16 +141,6 @@ bench_release() {	# release
 	bg_pid=""
 	trap 'kill -TERM -- -"$bg_pid" 2>/dev/null; exit 143' TERM
 
-	part() {	# name command...: run, time and record one part
-		local name=$1 rc=0 t
-		shift
-		t=$(date +%s)
-		say "$rel: $name"
-		"$@" || rc=$?
-		printf '%s\t%d\t%s\n' "$name" $(( $(date +%s) - t )) \
-			"$([ $rc -eq 0 ] && echo ok || echo "FAILED (exit $rc)")" >>"$sum"
-		return $rc
-	}
 	# a command in the root from /srv/idem, in an empty environment but
 	# for PATH and PG_CONFIG; output to log $1
 	in_env() {	# log command
@@ -161,23 +151,6 @@ bench_release() {	# release
 			PG_CONFIG="/usr/lib/postgresql/$major/bin/pg_config" \
 			/bin/bash -c "cd /srv/idem && $*" ||
 			{ echo "=== $rel: '$*' failed; last 60 lines of $log:" >&2; tail -n 60 "$log" >&2; return 1; }
-	}
-	base() {
-		mapfile -t srcs < <(release_sources "$rel")
-		[ ${#srcs[@]} -gt 0 ] || { echo "versions: no Debian source for $rel" >&2; return 1; }
-		tarball=$cache_dir/$rel-$(date -u +%Y%m%d).tar
-		if [ $use_cache -eq 1 ] && [ -f "$tarball" ]; then
-			say "$rel: base root from $tarball"
-			return 0
-		fi
-		[ $use_cache -eq 1 ] || tarball=$work/$rel-base.tar
-		make_root "$work/$rel-base" "$rel" "$logs/$rel-base.log" ca-certificates "${srcs[@]}" || return 1
-		if [ $use_cache -eq 1 ]; then
-			mkdir -p "$cache_dir"
-			rm -f "$cache_dir/$rel"-*.tar
-		fi
-		tar -C "$work/$rel-base" -cf "$tarball.$$" . && mv "$tarball.$$" "$tarball"
-		rm -rf --one-file-system "$work/$rel-base"
 	}
 	# .debs between the cache and the root: hard links where they can be
 	# (same file system), copies otherwise; never overwriting
@@ -244,12 +217,12 @@ bench_release() {	# release
 		flock -u 9
 	}
 
-	part "base root ($rel minbase)" base || return 1
-	part "root: postgresql-$major, -dev, gcc, valgrind" make_bench_root || return 1
-	part "idem built and installed" build || return 1
-	part "waiting for the other benchmarks" wait_turn || return 1
-	part "bench/run.sh --profile ($repeat run(s))" bench || return 1
-	part "root removed" remove_root "$root" || return 1
+	release_part "base root ($rel minbase)" release_base || return 1
+	release_part "root: postgresql-$major, -dev, gcc, valgrind" make_bench_root || return 1
+	release_part "idem built and installed" build || return 1
+	release_part "waiting for the other benchmarks" wait_turn || return 1
+	release_part "bench/run.sh --profile ($repeat run(s))" bench || return 1
+	release_part "root removed" remove_root "$root" || return 1
 }
 
 say "benchmarking $head on:$(for r in $releases; do printf ' %s/%s' "$r" "$(major_of "$r")"; done); work directory $work"

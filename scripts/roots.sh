@@ -232,3 +232,43 @@ remove_work() {
 		rm -rf --one-file-system "$dir"
 	fi
 }
+
+# --- one release's parts, in a script's per-release subshell -------------------
+# Both read the caller's rel and sum (its summary file), release_base also
+# work, logs, cache_dir and use_cache, and set the caller's tarball and
+# srcs (bash's dynamic scope: the caller declares them local).
+
+# release_part NAME COMMAND...: run, time and record one part, a line
+# "name<TAB>seconds<TAB>result" in $sum.
+release_part() {
+	local name=$1 rc=0 t
+	shift
+	t=$(date +%s)
+	say "$rel: $name"
+	"$@" || rc=$?
+	printf '%s\t%d\t%s\n' "$name" $(( $(date +%s) - t )) \
+		"$([ $rc -eq 0 ] && echo ok || echo "FAILED (exit $rc)")" >>"$sum"
+	return $rc
+}
+
+# release_base: the release's minimal base root (debootstrap minbase, the
+# archive's sources, ca-certificates) as $tarball: the day's under
+# $cache_dir, made there when it is missing; without the cache, made anew
+# under $work.
+release_base() {
+	mapfile -t srcs < <(release_sources "$rel")
+	[ ${#srcs[@]} -gt 0 ] || { echo "${0##*/}: no Debian source for $rel" >&2; return 1; }
+	tarball=$cache_dir/$rel-$(date -u +%Y%m%d).tar
+	if [ "$use_cache" -eq 1 ] && [ -f "$tarball" ]; then
+		say "$rel: base root from $tarball"
+		return 0
+	fi
+	[ "$use_cache" -eq 1 ] || tarball=$work/$rel-base.tar
+	make_root "$work/$rel-base" "$rel" "$logs/$rel-base.log" ca-certificates "${srcs[@]}" || return 1
+	if [ "$use_cache" -eq 1 ]; then
+		mkdir -p "$cache_dir"
+		rm -f "$cache_dir/$rel"-*.tar
+	fi
+	tar -C "$work/$rel-base" -cf "$tarball.$$" . && mv "$tarball.$$" "$tarball"
+	rm -rf --one-file-system "$work/$rel-base"
+}

@@ -120,16 +120,6 @@ prove_release() {	# release
 	bg_pid=""
 	trap 'kill -TERM -- -"$bg_pid" 2>/dev/null; exit 143' TERM
 
-	part() {	# name command...: run, time and record one part
-		local name=$1 rc=0 t
-		shift
-		t=$(date +%s)
-		say "$rel: $name"
-		"$@" || rc=$?
-		printf '%s\t%d\t%s\n' "$name" $(( $(date +%s) - t )) \
-			"$([ $rc -eq 0 ] && echo ok || echo "FAILED (exit $rc)")" >>"$sum"
-		return $rc
-	}
 	# a command in root $1 from /root/idem, in an empty environment but for
 	# PATH, PG_CONFIG and Node's CA bundle; output to log $2
 	in_env() {	# root log command
@@ -140,23 +130,6 @@ prove_release() {	# release
 			PG_CONFIG="/usr/lib/postgresql/$major/bin/pg_config" "${tls_env[@]}" \
 			/bin/bash -c "cd /root/idem && $*" ||
 			{ echo "=== $rel: '$*' failed; last 60 lines of $log:" >&2; tail -n 60 "$log" >&2; return 1; }
-	}
-	base() {
-		mapfile -t srcs < <(release_sources "$rel")
-		[ ${#srcs[@]} -gt 0 ] || { echo "test-versions: no Debian source for $rel" >&2; return 1; }
-		tarball=$cache_dir/$rel-$(date -u +%Y%m%d).tar
-		if [ $use_cache -eq 1 ] && [ -f "$tarball" ]; then
-			say "$rel: base root from $tarball"
-			return 0
-		fi
-		[ $use_cache -eq 1 ] || tarball=$work/$rel-base.tar
-		make_root "$work/$rel-base" "$rel" "$logs/$rel-base.log" ca-certificates "${srcs[@]}" || return 1
-		if [ $use_cache -eq 1 ]; then
-			mkdir -p "$cache_dir"
-			rm -f "$cache_dir/$rel"-*.tar
-		fi
-		tar -C "$work/$rel-base" -cf "$tarball.$$" . && mv "$tarball.$$" "$tarball"
-		rm -rf --one-file-system "$work/$rel-base"
 	}
 	# a throwaway root: dpkg need not sync each file (the installs are most
 	# of a root's time); with the cache, the .debs of earlier runs are kept
@@ -220,16 +193,16 @@ prove_release() {	# release
 	dev=$work/$rel-dev
 	pkg=$work/$rel-pkg
 	rc=0
-	part "base root ($rel minbase)" base || return 1
-	part "root: postgresql-$major, -dev, git" dev_root || return 1
+	release_part "base root ($rel minbase)" release_base || return 1
+	release_part "root: postgresql-$major, -dev, git" dev_root || return 1
 	case " $no_suite " in
 		*" $rel "*) say "$rel: suite skipped (--no-suite)" ;;
-		*) part "suite (scripts/test.sh)" suite || rc=1 ;;
+		*) release_part "suite (scripts/test.sh)" suite || rc=1 ;;
 	esac
-	part "package (pg_buildext, lintian)" package || return 1
+	release_part "package (pg_buildext, lintian)" package || return 1
 	remove_root "$dev" || true
-	part "root: postgresql-$major, no compiler" pkg_root || return 1
-	part "the .deb alone (check-package.sh)" use || rc=1
+	release_part "root: postgresql-$major, no compiler" pkg_root || return 1
+	release_part "the .deb alone (check-package.sh)" use || rc=1
 	remove_root "$pkg" || true
 	return $rc
 }
