@@ -95,10 +95,6 @@ releases=${releases:-$all_releases}
 # the majors in the order of $all_releases, whatever the order asked
 releases=$(for r in $all_releases; do case " $releases " in *" $r "*) printf '%s ' "$r" ;; esac; done)
 
-major_of() {
-	case $1 in bookworm) echo 15 ;; trixie) echo 17 ;; forky) echo 18 ;; esac
-}
-
 say() { echo "[$(date -u +%H:%M:%S)] $*" >&2; }
 die() { echo "versions: $*" >&2; exit 1; }
 

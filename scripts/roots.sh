@@ -233,6 +233,12 @@ remove_work() {
 	fi
 }
 
+# --- the releases and their PostgreSQL majors ----------------------------------
+# major_of RELEASE: the PostgreSQL major of Debian RELEASE's archive
+major_of() {
+	case $1 in bookworm) echo 15 ;; trixie) echo 17 ;; forky) echo 18 ;; esac
+}
+
 # --- one release's parts, in a script's per-release subshell -------------------
 # Both read the caller's rel and sum (its summary file), release_base also
 # work, logs, cache_dir and use_cache, and set the caller's tarball and

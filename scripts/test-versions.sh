@@ -71,10 +71,6 @@ while [ $# -gt 0 ]; do
 done
 releases=${releases:-$all_releases}
 
-major_of() {
-	case $1 in bookworm) echo 15 ;; trixie) echo 17 ;; forky) echo 18 ;; esac
-}
-
 say() { echo "[$(date -u +%H:%M:%S)] $*" >&2; }
 die() { echo "test-versions: $*" >&2; exit 1; }
 
