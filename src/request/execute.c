@@ -387,22 +387,15 @@ execute_and_record(IdemStatement *stmt, IdemRequest *req,
 }
 
 /*
+ * idem_replay_record
+ *		The result of a call that replays rec, the record of its request.
+ *
  * A replay writes no WAL, so its commit waits for nobody.  If the original
  * commit's wait for a synchronous standby was cancelled, the record is
  * visible here but may not survive a failover, and acknowledging a replay
- * would confirm a result that can still be lost.  One transactional WAL
- * record makes this commit flush and wait for synchronous replication past
- * the original commit's LSN.
- */
-static void
-make_replay_durable(IdemRequest *req)
-{
-	LogTransactionalMessage("idem", req->key, req->keylen);
-}
-
-/*
- * idem_replay_record
- *		The result of a call that replays rec, the record of its request.
+ * would confirm a result that can still be lost.  With idem.durable_replay,
+ * one transactional WAL record makes this commit flush and wait for
+ * synchronous replication past the original commit's LSN.
  */
 void
 idem_replay_record(IdemRequest *req, const IdemRecord *rec, IdemResult *result)
@@ -411,7 +404,7 @@ idem_replay_record(IdemRequest *req, const IdemRecord *rec, IdemResult *result)
 	result->replayed = true;
 	result->first_executed_at = rec->created_at;
 	if (idem_durable_replay)
-		make_replay_durable(req);
+		LogTransactionalMessage("idem", req->key, req->keylen);
 }
 
 /*
