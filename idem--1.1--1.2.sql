@@ -174,11 +174,20 @@ ALTER TABLE idem.runs
 	ALTER COLUMN started_count DROP DEFAULT;
 -- The claim's scan: a queue's unfinished runs, oldest due first; also the
 -- concurrency cap's count of the leases that hold (due_at after now).
+-- Runs begun in one transaction share a due time; deduplicated into one
+-- posting list, their entries could only be marked dead all together, so
+-- each claim would visit again every one already claimed.  Apart, each
+-- claimed run's entry is marked dead by the first scan that finds it so.
 CREATE INDEX runs_due_idx ON idem.runs (queue, due_at)
+	WITH (deduplicate_items = off)
 	WHERE queue_state IS NOT NULL;
 -- The claim's share per role: each role's due runs, oldest first.
 CREATE INDEX runs_owner_due_idx ON idem.runs (queue, owner, due_at)
+	WITH (deduplicate_items = off)
 	WHERE queue_state IS NOT NULL;
+-- The outbox's due index, for the same reason: the events of one
+-- transaction share their due time.
+ALTER INDEX idem.outbox_due_idx SET (deduplicate_items = off);
 -- A worker names a run by its id and lease token, not its owner.
 CREATE INDEX runs_queued_idx ON idem.runs (run_id)
 	WHERE queue IS NOT NULL;

@@ -168,6 +168,11 @@ extern int64 idem_purge_expired(int batch_size);
 extern bool idem_lookup_run(Oid owner, const char *run_id, IdemRunRow *row);
 extern void idem_insert_run(IdemRunRow *row);
 extern void idem_update_run(IdemRunRow *row);
+/* offered a due run by idem_scan_due_runs(); false when it wants no more */
+typedef bool (*IdemDueRunFn) (Oid owner, const char *run_id, void *arg);
+extern void idem_scan_due_runs(const char *queue, Oid owner, TimestampTz now,
+							   IdemDueRunFn take, void *arg);
+extern bool idem_queue_other_owner(const char *queue, Oid owner);
 extern void idem_insert_run_attempt(Oid owner, const char *run_id,
 									int32 claim, int32 attempt,
 									const char *step, const char *worker,

@@ -136,6 +136,8 @@ typedef struct IdemCatalog
 	uint64		lock_seed;		/* keys the hash in each key's lock tag */
 	Oid			runs;
 	Oid			runs_pkey;
+	Oid			runs_due;		/* (queue, due_at), unfinished queued runs */
+	Oid			runs_owner_due; /* (queue, owner, due_at), the same runs */
 	Oid			run_attempts;
 	Oid			run_attempts_pkey;
 } IdemCatalog;
@@ -184,6 +186,9 @@ static const ColumnShape runs_shape[Natts_runs] = {
 	{"backoff_cap", INTERVALOID, true}, {"jitter", TEXTOID, true}
 };
 static const int16 runs_pkey_columns[] = {Anum_runs_owner, Anum_runs_run_id};
+static const int16 runs_due_columns[] = {Anum_runs_queue, Anum_runs_due_at};
+static const int16 runs_owner_due_columns[] = {Anum_runs_queue, Anum_runs_owner,
+Anum_runs_due_at};
 static const ColumnShape run_attempts_shape[Natts_run_attempts] = {
 	{"owner", REGROLEOID}, {"run_id", TEXTOID}, {"claim", INT4OID},
 	{"attempt", INT4OID}, {"step", TEXTOID, true}, {"worker", TEXTOID},
@@ -256,6 +261,7 @@ catalog_invalidate(Datum arg, Oid relid)
 		relid == catalog.outbox || relid == catalog.outbox_topics ||
 		relid == catalog.outbox_topics_pkey || relid == catalog.lock_seed_rel ||
 		relid == catalog.runs || relid == catalog.runs_pkey ||
+		relid == catalog.runs_due || relid == catalog.runs_owner_due ||
 		relid == catalog.run_attempts || relid == catalog.run_attempts_pkey ||
 		relid == catalog.audit || relid == catalog.audit_at)
 	{
@@ -329,21 +335,35 @@ catalog_table(const char *relname, Oid nspid, Oid extoid,
 	return relid;
 }
 
-/* A btree index of the table on exactly the given columns. */
+/*
+ * A btree index of the table on exactly the given columns; partial on
+ * "column notnull IS NOT NULL" if notnull is set, else not partial.
+ */
 static Oid
 catalog_index(const char *relname, Oid nspid, Oid tableid, Oid am,
-			  bool unique, const int16 *columns, int ncolumns)
+			  bool unique, const int16 *columns, int ncolumns,
+			  AttrNumber notnull)
 {
 	Oid			relid = catalog_relid(relname, nspid);
 	Relation	idx = index_open(relid, AccessShareLock);
 	Form_pg_index form = idx->rd_index;
+	List	   *pred = RelationGetIndexPredicate(idx);
 	bool		ok;
 
 	ok = form->indrelid == tableid && idx->rd_rel->relam == am &&
 		form->indisunique == unique && form->indisvalid &&
 		form->indnkeyatts == ncolumns && form->indnatts == ncolumns &&
-		RelationGetIndexExpressions(idx) == NIL &&
-		RelationGetIndexPredicate(idx) == NIL;
+		RelationGetIndexExpressions(idx) == NIL;
+	if (notnull == InvalidAttrNumber)
+		ok = ok && pred == NIL;
+	else
+	{
+		NullTest   *nt = list_length(pred) == 1 && IsA(linitial(pred), NullTest) ?
+			linitial_node(NullTest, pred) : NULL;
+
+		ok = ok && nt != NULL && nt->nulltesttype == IS_NOT_NULL &&
+			IsA(nt->arg, Var) && ((Var *) nt->arg)->varattno == notnull;
+	}
 	for (int i = 0; ok && i < ncolumns; i++)
 		ok = form->indkey.values[i] == columns[i];
 	index_close(idx, AccessShareLock);
@@ -438,15 +458,18 @@ catalog_resolve(void)
 											   catalog.outbox_topics,
 											   BTREE_AM_OID, true,
 											   outbox_topics_pkey_columns,
-											   lengthof(outbox_topics_pkey_columns));
+											   lengthof(outbox_topics_pkey_columns),
+											   InvalidAttrNumber);
 	catalog.keys_pkey = catalog_index("keys_pkey", nspid, catalog.keys,
 									  BTREE_AM_OID, true,
 									  keys_pkey_columns,
-									  lengthof(keys_pkey_columns));
+									  lengthof(keys_pkey_columns),
+									  InvalidAttrNumber);
 	catalog.keys_expires = catalog_index("keys_expires_at_idx", nspid,
 										 catalog.keys, BTREE_AM_OID, false,
 										 keys_expires_columns,
-										 lengthof(keys_expires_columns));
+										 lengthof(keys_expires_columns),
+										 InvalidAttrNumber);
 	catalog.lock_seed_rel = catalog_table("lock_seed", nspid, extoid,
 										  lock_seed_shape, 1);
 	catalog.lock_seed = catalog_lock_seed(catalog.lock_seed_rel);
@@ -454,19 +477,31 @@ catalog_resolve(void)
 	catalog.runs_pkey = catalog_index("runs_pkey", nspid, catalog.runs,
 									  BTREE_AM_OID, true,
 									  runs_pkey_columns,
-									  lengthof(runs_pkey_columns));
+									  lengthof(runs_pkey_columns),
+									  InvalidAttrNumber);
+	catalog.runs_due = catalog_index("runs_due_idx", nspid, catalog.runs,
+									 BTREE_AM_OID, false, runs_due_columns,
+									 lengthof(runs_due_columns),
+									 Anum_runs_queue_state);
+	catalog.runs_owner_due = catalog_index("runs_owner_due_idx", nspid,
+										   catalog.runs, BTREE_AM_OID, false,
+										   runs_owner_due_columns,
+										   lengthof(runs_owner_due_columns),
+										   Anum_runs_queue_state);
 	catalog.run_attempts = catalog_table("run_attempts", nspid, extoid,
 										 run_attempts_shape, Natts_run_attempts);
 	catalog.run_attempts_pkey = catalog_index("run_attempts_pkey", nspid,
 											  catalog.run_attempts,
 											  BTREE_AM_OID, true,
 											  run_attempts_pkey_columns,
-											  lengthof(run_attempts_pkey_columns));
+											  lengthof(run_attempts_pkey_columns),
+											  InvalidAttrNumber);
 	catalog.audit = catalog_table("audit", nspid, extoid, audit_shape,
 								  Natts_audit);
 	catalog.audit_at = catalog_index("audit_at_idx", nspid, catalog.audit,
 									 BRIN_AM_OID, false, audit_at_columns,
-									 lengthof(audit_at_columns));
+									 lengthof(audit_at_columns),
+									 InvalidAttrNumber);
 	catalog_valid = true;
 }
 
@@ -635,15 +670,22 @@ probe_row_visible(RowProbe *p)
 						   p->xact_snapshot);
 }
 
+/* Close what a probe or a scan of the table through the index opened. */
+static void
+close_probe(TupleTableSlot *slot, Relation idx, Relation rel, text *name)
+{
+	ExecDropSingleTupleTableSlot(slot);
+	index_close(idx, AccessShareLock);
+	table_close(rel, AccessShareLock);
+	pfree(name);
+}
+
 static void
 probe_row_end(RowProbe *p)
 {
 	if (p->tuple != NULL && p->should_free)
 		heap_freetuple(p->tuple);
-	ExecDropSingleTupleTableSlot(p->slot);
-	index_close(p->idx, AccessShareLock);
-	table_close(p->rel, AccessShareLock);
-	pfree(p->name);
+	close_probe(p->slot, p->idx, p->rel, p->name);
 }
 
 /*
@@ -1235,6 +1277,134 @@ idem_lookup_run(Oid owner, const char *run_id, IdemRunRow *row)
 	}
 	probe_row_end(&p);
 	return found;
+}
+
+/*
+ * Open a scan of one of the claim's partial indexes of idem.runs (their
+ * first column is the queue) with keys beyond the queue's; the caller ends
+ * it with due_scan_end().
+ *
+ * No plan: the index's own order is the claim's, so there is none that a
+ * backend made while idem.runs was empty (a sequential scan and a sort)
+ * and kept.  SnapshotSelf, as the lookups: a run another claim leased and
+ * committed is no longer due, and a claim re-reads each run under its
+ * lock before leasing it.
+ */
+typedef struct DueScan
+{
+	Relation	rel;
+	Relation	idx;
+	IndexScanDesc scan;
+	TupleTableSlot *slot;
+	text	   *queue;
+} DueScan;
+
+static void
+due_scan_begin(DueScan *ds, Oid indexoid, const char *queue, ScanKey more,
+			   int nmore)
+{
+	ScanKeyData skey[3];
+
+	Assert(nmore < lengthof(skey));
+	catalog_resolve();
+	ds->queue = cstring_to_text(queue);
+	ds->rel = table_open(catalog.runs, AccessShareLock);
+	ds->idx = index_open(indexoid, AccessShareLock);
+	ds->slot = table_slot_create(ds->rel, NULL);
+	ScanKeyInit(&skey[0], 1, BTEqualStrategyNumber, F_TEXTEQ,
+				PointerGetDatum(ds->queue));
+	for (int i = 0; i < nmore; i++)
+		skey[i + 1] = more[i];
+	ds->scan = index_beginscan(ds->rel, ds->idx, SnapshotSelf, NULL,
+							   nmore + 1, 0);
+	index_rescan(ds->scan, skey, nmore + 1, NULL, 0);
+}
+
+static void
+due_scan_end(DueScan *ds)
+{
+	index_endscan(ds->scan);
+	close_probe(ds->slot, ds->idx, ds->rel, ds->queue);
+}
+
+/*
+ * idem_scan_due_runs
+ *		Offer the unfinished runs of queue that are due by now to take(),
+ *		oldest due first, until it returns false or none is left; only
+ *		owner's if owner is valid.
+ *
+ * take() may update the run it is offered (a lease moves due_at past now,
+ * out of this scan's range).
+ */
+void
+idem_scan_due_runs(const char *queue, Oid owner, TimestampTz now,
+				   IdemDueRunFn take, void *arg)
+{
+	DueScan		ds;
+	ScanKeyData skey[2];
+	int			nkeys = 0;
+
+	catalog_resolve();
+	if (OidIsValid(owner))
+		ScanKeyInit(&skey[nkeys++], 2, BTEqualStrategyNumber, F_OIDEQ,
+					ObjectIdGetDatum(owner));
+	ScanKeyInit(&skey[nkeys], nkeys + 2, BTLessEqualStrategyNumber,
+				F_TIMESTAMPTZ_LE, TimestampTzGetDatum(now));
+	nkeys++;
+	due_scan_begin(&ds, OidIsValid(owner) ? catalog.runs_owner_due :
+				   catalog.runs_due, queue, skey, nkeys);
+	while (index_getnext_slot(ds.scan, ForwardScanDirection, ds.slot))
+	{
+		bool		isnull;
+		Oid			run_owner;
+		char	   *run_id;
+		bool		more;
+
+		CHECK_FOR_INTERRUPTS();
+		run_owner = DatumGetObjectId(slot_getattr(ds.slot, Anum_runs_owner, &isnull));
+		run_id = TextDatumGetCString(slot_getattr(ds.slot, Anum_runs_run_id, &isnull));
+		more = take(run_owner, run_id, arg);
+		pfree(run_id);
+		if (!more)
+			break;
+	}
+	due_scan_end(&ds);
+}
+
+/*
+ * Whether queue has an unfinished run of an owner on the given side of
+ * owner: one probe of runs_owner_due_idx, from owner outwards.
+ */
+static bool
+queue_owner_beyond(const char *queue, Oid owner, StrategyNumber side)
+{
+	DueScan		ds;
+	ScanKeyData skey;
+	bool		found;
+
+	ScanKeyInit(&skey, 2, side,
+				side == BTLessStrategyNumber ? F_OIDLT : F_OIDGT,
+				ObjectIdGetDatum(owner));
+	due_scan_begin(&ds, catalog.runs_owner_due, queue, &skey, 1);
+	found = index_getnext_slot(ds.scan, side == BTLessStrategyNumber ?
+							   BackwardScanDirection : ForwardScanDirection,
+							   ds.slot);
+	due_scan_end(&ds);
+	return found;
+}
+
+/*
+ * idem_queue_other_owner
+ *		Whether queue has an unfinished run that is not owner's: two index
+ *		probes that start next to owner's runs, so that a queue of one role
+ *		(the common case) pays next to nothing for the share among roles.
+ */
+bool
+idem_queue_other_owner(const char *queue, Oid owner)
+{
+	catalog_resolve();
+	return queue_owner_beyond(queue, owner, BTLessStrategyNumber) ||
+		queue_owner_beyond(queue, owner, BTGreaterStrategyNumber);
 }
 
 static void

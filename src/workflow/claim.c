@@ -6,11 +6,10 @@
  *
  * A claim takes a queue's runs that are due (new, retry time reached,
  * signal arrived, wait or sleep over, or the last holder's lease ran out),
- * oldest due first, from the partial index of unfinished queued runs, and
- * locks them without waiting for those another claim holds.  It then takes
- * each run's lock without waiting (a run whose step is running is left for
- * the next claim) and re-reads the run, as every step does, before it
- * leases it: a new token, due_at moved to the lease's end (so leased runs
+ * oldest due first, from the partial index of unfinished queued runs.  It
+ * takes each run's lock without waiting (a run another claim, a step or a
+ * verb holds is left for the next claim) and re-reads the run, as every
+ * step does, before it leases it: a new token, due_at moved to the lease's end (so leased runs
  * leave the head of the index scan, and an expired lease is simply due
  * again), and a row of idem.run_attempts.  A claim that takes over an
  * expired lease counts it as a failed attempt; on the last attempt the
@@ -61,23 +60,6 @@ PG_FUNCTION_INFO_V1(idem_run_release);
 #define CLAIM_COLS	11
 
 /*
- * Due runs of a queue, oldest due first, locked without waiting for those
- * another claim holds.  The generic plan, as the outbox's claim: no call
- * is planned with "now" as a constant.
- */
-static IdemQuery q_due = {
-	"SELECT owner, run_id FROM idem.runs"
-	" WHERE queue OPERATOR(pg_catalog.=) $1"
-	"   AND queue_state IS NOT NULL"
-	"   AND due_at OPERATOR(pg_catalog.<=) $2"
-	" ORDER BY due_at"
-	" LIMIT $3"
-	" FOR UPDATE SKIP LOCKED",
-	3, {TEXTOID, TIMESTAMPTZOID, INT4OID},
-	CURSOR_OPT_GENERIC_PLAN
-};
-
-/*
  * The roles with due runs in a queue (a skip scan of runs_owner_due_idx,
  * one probe per role), with their leases that hold and their oldest due
  * run; sorted here, not by a Sort node, whose memory every claim would
@@ -111,23 +93,9 @@ static IdemQuery q_owners = {
 };
 
 /*
- * Whether the queue's unfinished runs belong to more than one role: two
- * probes of runs_owner_due_idx, so that a queue of one role (the common
- * case) pays nothing more for the share among roles.
+ * One role's oldest due runs, locked without waiting for those another
+ * claim holds.
  */
-static IdemQuery q_several_owners = {
-	"SELECT (SELECT owner FROM idem.runs"
-	"         WHERE queue OPERATOR(pg_catalog.=) $1 AND queue_state IS NOT NULL"
-	"         ORDER BY owner LIMIT 1)"
-	"       IS DISTINCT FROM"
-	"       (SELECT owner FROM idem.runs"
-	"         WHERE queue OPERATOR(pg_catalog.=) $1 AND queue_state IS NOT NULL"
-	"         ORDER BY owner DESC LIMIT 1)",
-	1, {TEXTOID},
-	CURSOR_OPT_GENERIC_PLAN
-};
-
-/* One role's oldest due runs, locked as q_due locks. */
 static IdemQuery q_due_owner = {
 	"SELECT owner, run_id FROM idem.runs"
 	" WHERE queue OPERATOR(pg_catalog.=) $1"
@@ -352,6 +320,42 @@ collect_due(IdemQuery *q, Datum *values, char *nulls, IdemOwnerSPI *spi,
 	return have + n;
 }
 
+/* A claim in progress, for take_due_run() */
+typedef struct ClaimState
+{
+	IdemQueue  *q;
+	int64		lease_us;
+	Oid			caller;
+	const char *worker;
+	Tuplestorestate *store;
+	TupleDesc	tupdesc;
+	int32		want;
+	int32		leased;
+	bool		shared;			/* the queue has runs of several roles */
+} ClaimState;
+
+/*
+ * Lease a due run the index scan offers; false once the claim has enough,
+ * or if the first run offered shows that the queue's runs are not all one
+ * role's, and must be shared among the roles.
+ */
+static bool
+take_due_run(Oid owner, const char *run_id, void *arg)
+{
+	ClaimState *cs = arg;
+
+	if (cs->leased == 0 && !cs->shared &&
+		idem_queue_other_owner(cs->q->queue, owner))
+	{
+		cs->shared = true;
+		return false;
+	}
+	if (lease_run(owner, run_id, cs->q, cs->lease_us, cs->caller, cs->worker,
+				  cs->store, cs->tupdesc))
+		cs->leased++;
+	return cs->leased < cs->want;
+}
+
 /*
  * One claim of queue into store; returns how many runs it leased.
  *
@@ -359,7 +363,9 @@ collect_due(IdemQuery *q, Datum *values, char *nulls, IdemOwnerSPI *spi,
  * leases that hold goes first (then the one whose oldest due run is
  * oldest), one run each in turn, so that one role's backlog never holds
  * another role's runs back.  Within a role, oldest due first.  A queue
- * whose due runs are all one role's takes them in one scan.
+ * whose unfinished runs are all one role's (the first due run found says
+ * whose, two probes of runs_owner_due_idx say no one else's) is claimed in
+ * one scan of the due index, without a plan or a sort.
  */
 static int32
 claim_into(IdemQueue *q, int32 max_runs, int64 lease_us, Oid caller,
@@ -370,6 +376,7 @@ claim_into(IdemQueue *q, int32 max_runs, int64 lease_us, Oid caller,
 	char		nulls[4] = {' ', ' ', ' ', ' '};
 	TimestampTz now = GetCurrentTimestamp();
 	int32		want = room_under_cap(q, max_runs, now);
+	ClaimState	cs = {q, lease_us, caller, worker, store, tupdesc, want, 0, false};
 	int32		leased = 0;
 	uint64		n = 0;
 	int			nestlevel;
@@ -377,10 +384,13 @@ claim_into(IdemQueue *q, int32 max_runs, int64 lease_us, Oid caller,
 	char	  **run_ids = NULL;
 	DueRole    *roles;
 	int			nroles;
-	bool		isnull0;
 
 	if (want == 0)
 		return 0;
+	/* one role, or none: its oldest due runs, straight off the index */
+	idem_scan_due_runs(q->queue, InvalidOid, now, take_due_run, &cs);
+	if (!cs.shared)
+		return cs.leased;
 	values[0] = CStringGetTextDatum(q->queue);
 	values[1] = TimestampTzGetDatum(now);
 	values[2] = Int32GetDatum(CLAIM_MAX_OWNERS);
@@ -401,41 +411,22 @@ claim_into(IdemQueue *q, int32 max_runs, int64 lease_us, Oid caller,
 	(void) set_config_option("jit", "off", PGC_USERSET,
 							 PGC_S_SESSION, GUC_ACTION_SAVE, true, 0, false);
 	idem_owner_spi_begin(&spi, idem_catalog_runs());
-	idem_query_run(&q_several_owners, values, nulls, 0);
-	if (SPI_processed == 1 &&
-		!DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0],
-									SPI_tuptable->tupdesc, 1, &isnull0)))
+	idem_query_run(&q_owners, values, nulls, 0);
+	nroles = (int) SPI_processed;
+	roles = MemoryContextAlloc(spi.callercxt, sizeof(DueRole) * Max(nroles, 1));
+	for (int i = 0; i < nroles; i++)
 	{
-		/* one role, or none: its oldest due runs */
-		values[2] = Int32GetDatum(want);
-		n = collect_due(&q_due, values, nulls, &spi, &owners, &run_ids, 0);
-		nroles = 0;
-		roles = NULL;
-	}
-	else
-	{
-		idem_query_run(&q_owners, values, nulls, 0);
-		nroles = (int) SPI_processed;
-		roles = MemoryContextAlloc(spi.callercxt, sizeof(DueRole) * Max(nroles, 1));
-		for (int i = 0; i < nroles; i++)
-		{
-			HeapTuple	tup = SPI_tuptable->vals[i];
-			TupleDesc	desc = SPI_tuptable->tupdesc;
-			bool		isnull;
+		HeapTuple	tup = SPI_tuptable->vals[i];
+		TupleDesc	desc = SPI_tuptable->tupdesc;
+		bool		isnull;
 
-			roles[i].owner = DatumGetObjectId(SPI_getbinval(tup, desc, 1, &isnull));
-			roles[i].oldest = DatumGetTimestampTz(SPI_getbinval(tup, desc, 2, &isnull));
-			roles[i].leased = DatumGetInt64(SPI_getbinval(tup, desc, 3, &isnull));
-		}
-		if (nroles > 1)
-			qsort(roles, nroles, sizeof(DueRole), due_role_cmp);
+		roles[i].owner = DatumGetObjectId(SPI_getbinval(tup, desc, 1, &isnull));
+		roles[i].oldest = DatumGetTimestampTz(SPI_getbinval(tup, desc, 2, &isnull));
+		roles[i].leased = DatumGetInt64(SPI_getbinval(tup, desc, 3, &isnull));
 	}
-	if (nroles == 1)
-	{
-		values[2] = Int32GetDatum(want);
-		n = collect_due(&q_due, values, nulls, &spi, &owners, &run_ids, 0);
-	}
-	else if (nroles > 1)
+	if (nroles > 1)
+		qsort(roles, nroles, sizeof(DueRole), due_role_cmp);
+	if (nroles > 0)
 	{
 		/*
 		 * Each role's oldest due runs, as many as the rounds of one run per
