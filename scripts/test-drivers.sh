@@ -26,7 +26,8 @@
 #   scripts/test-drivers.sh [--write-doc]
 # Builds and installs idem into PG_CONFIG's installation first (Debian's
 # PostgreSQL 15 by default, which scripts/deps.sh installs), so it runs on
-# a machine with nothing.  IDEM_DRIVERS_PORT: 5491; PgBouncer gets the next.
+# a machine with nothing.  IDEM_DRIVERS_PORT: the first port to try (5491);
+# the first free pair from there on is used, PgBouncer on its second.
 set -uo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 "$top/scripts/deps.sh" --test || exit 1
@@ -34,7 +35,6 @@ top=$(cd "$(dirname "$0")/.." && pwd)
 idem_build_install "$top" || exit 1
 bindir=$("$PG_CONFIG" --bindir)
 port=${IDEM_DRIVERS_PORT:-5491}
-bport=$((port + 1))
 write_doc=0
 [ "${1:-}" = "--write-doc" ] && write_doc=1
 started=$(date +%s)
@@ -87,7 +87,7 @@ if command -v javac >/dev/null && [ -f /usr/share/java/postgresql.jar ]; then
 fi
 if command -v go >/dev/null; then
 	for prog in pgx pq; do
-		(cd "$drv/$prog" && GO111MODULE=off GOPATH=/usr/share/gocode GOCACHE="${XDG_CACHE_HOME:-$HOME/.cache}/idem-drivers-go" \
+		(cd "$drv/$prog" && GO111MODULE=off GOPATH=/usr/share/gocode GOCACHE="${XDG_CACHE_HOME:-${HOME:-$work}/.cache}/idem-drivers-go" \
 			GOFLAGS= go build -o "$work/$prog" . >>"$build_log" 2>&1)
 	done
 fi
@@ -100,15 +100,27 @@ as_pg "$bindir/initdb" -D "$work/data" -A trust -U postgres --encoding=UTF8 --no
 	{ echo "initdb failed"; exit 1; }
 cat >>"$work/data/postgresql.conf" <<EOF
 listen_addresses = '127.0.0.1'
-port = $port
 unix_socket_directories = '$work'
 # mixed typed and untyped parameters need the library at parse time
 session_preload_libraries = 'idem'
 # the transaction that holds the keys of the ID409 check
 max_prepared_transactions = 1
 EOF
-as_pg "$bindir/pg_ctl" -D "$work/data" -l "$work/server.log" -w start >/dev/null ||
-	{ cat "$work/server.log"; exit 1; }
+# The server on the first pair of free loopback ports from $port on (the
+# suite may run here and in a fresh root at once, which share the network);
+# PgBouncer gets the second port of the pair.
+in_use() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+started_pg=0
+for _ in $(seq 20); do
+	if ! in_use "$port" && ! in_use $((port + 1)) &&
+		as_pg "$bindir/pg_ctl" -D "$work/data" -l "$work/server.log" -o "-p $port" -w start >/dev/null; then
+		started_pg=1
+		break
+	fi
+	port=$((port + 2))
+done
+[ $started_pg = 1 ] || { cat "$work/server.log"; exit 1; }
+bport=$((port + 1))
 export PGHOST=127.0.0.1 PGPORT=$port PGUSER=postgres PGDATABASE=matrix
 psql_q() { "$bindir/psql" -X -q -v ON_ERROR_STOP=1 -At "$@"; }
 psql_q -d postgres -c "CREATE DATABASE matrix" &&

@@ -4,8 +4,9 @@
 # its own throwaway cluster on a Unix socket; then the client helpers'
 # tests (scripts/test-clients.sh), then every example of the documentation
 # (test/doc/run.py: README.md, doc/*.md, clients/README.md, the output each
-# shows compared).  Works as root: the tests run
-# as the unprivileged postgres user, in a copy of the tree it owns.
+# shows compared), then the driver matrix (scripts/test-drivers.sh).  Works
+# as root: the tests run as the unprivileged postgres user, in a copy of the
+# tree it owns.
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 "$top/scripts/check-meta.sh"
@@ -35,6 +36,10 @@ part installcheck "${IDEM_RUNAS[@]}" make -C "$work" PG_CONFIG="$PG_CONFIG" inst
 part clients "${IDEM_RUNAS[@]}" env PG_CONFIG="$PG_CONFIG" HOME="$work" "$work/scripts/test-clients.sh"
 # the docs' examples, after the clients' tests: those install node_modules
 part docs "${IDEM_RUNAS[@]}" env PG_CONFIG="$PG_CONFIG" /usr/bin/python3 "$work/test/doc/run.py"
+# the driver matrix: thirteen drivers and psql retry each other's requests,
+# directly and through PgBouncer (it installs the drivers: root, or sudo);
+# IDEM_TEST_DRIVERS=0 leaves it out
+[ "${IDEM_TEST_DRIVERS:-1}" = 0 ] || part drivers "$top/scripts/test-drivers.sh"
 if [ $status -ne 0 ]; then
 	for f in "$work/regression.diffs" "$work/output_iso/regression.diffs"; do
 		[ -f "$f" ] && { echo "=== $f"; cat "$f"; }

@@ -90,9 +90,9 @@ fill_lat_table() {
 }
 
 # 1. throughput: enough runs that the workers never run dry
-# (a quiet 2-core machine does up to 7,000 plain runs/s; a round that runs
+# (a quiet 2-core machine does up to 10,000 plain runs/s; a round that runs
 # dry fails the claim's \gset and stops the benchmark, saying so)
-per_round=$((seconds * 10000))
+per_round=$((seconds * 12000))
 declare -A got
 for r in $(seq 1 "$rounds"); do
 	for d in leased plain_step plain_call; do
