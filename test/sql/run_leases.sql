@@ -1,9 +1,9 @@
 --
--- run_leases: claims under a lease (oldest due first, the concurrency
--- cap, takeover of an expired lease), the heartbeat, fenced steps (a
--- holder whose lease was taken over executes nothing), external steps,
--- failures with backoff and the last attempt, every attempt on record,
--- cancel and retry, and bad input (issue 21)
+-- run_leases: claims under a lease (oldest due first, the share among
+-- roles, the concurrency cap, takeover of an expired lease), the
+-- heartbeat, fenced steps (a holder whose lease was taken over executes
+-- nothing), external steps, failures with backoff and the last attempt,
+-- every attempt on record, cancel and retry, and bad input (issue 21)
 --
 CREATE ROLE regress_rl_app;
 CREATE ROLE regress_rl_agent;
@@ -306,8 +306,51 @@ SELECT run_id, owner FROM idem_run_claim('rlfair', max_runs => 1);
 SELECT run_id, owner FROM idem_run_claim('rlfair', max_runs => 5);
 RESET ROLE;
 
+-- the share's order: with equal leases the role whose oldest due run is
+-- oldest goes first, one run each per round; a role with fewer leases goes
+-- first even though the other's due runs are older
+SELECT idem_queue_create('rlfair2', producers => '{regress_rl_app,regress_rl_other}',
+	workers => '{regress_rl_agent}');
+SET ROLE regress_rl_app;
+SELECT count(*) FROM (SELECT idem_run_begin('c-' || g, queue => 'rlfair2') FROM generate_series(5, 1, -1) g) s;
+RESET ROLE;
+SET ROLE regress_rl_other;
+SELECT count(*) FROM (SELECT idem_run_begin('d-' || g, queue => 'rlfair2') FROM generate_series(3, 1, -1) g) s;
+RESET ROLE;
+-- regress_rl_app's runs are all due before regress_rl_other's
+UPDATE idem.runs SET due_at = now() + substr(run_id, 3)::int * interval '1 s'
+	- CASE WHEN run_id LIKE 'c-%' THEN interval '2 h' ELSE interval '1 h' END
+ WHERE queue = 'rlfair2';
+SET ROLE regress_rl_agent;
+-- no leases: regress_rl_app first, then in turn
+SELECT ordinality, run_id, owner FROM idem_run_claim('rlfair2', max_runs => 3) WITH ORDINALITY;
+-- regress_rl_app holds 2 leases, regress_rl_other 1: d-2 before the older c-3
+SELECT run_id, owner FROM idem_run_claim('rlfair2', max_runs => 1);
+-- 2 leases each: the oldest due run's role
+SELECT run_id, owner FROM idem_run_claim('rlfair2', max_runs => 1);
+-- 3 and 2: regress_rl_other first, then regress_rl_app's backlog, oldest due first
+SELECT ordinality, run_id, owner FROM idem_run_claim('rlfair2', max_runs => 5) WITH ORDINALITY;
+RESET ROLE;
+
+-- under a concurrency cap the share still reaches every role: a cap of 2,
+-- regress_rl_app's backlog due first, one run each
+SELECT idem_queue_create('rlfair3', producers => '{regress_rl_app,regress_rl_other}',
+	workers => '{regress_rl_agent}', concurrency => 2);
+SET ROLE regress_rl_app;
+SELECT count(*) FROM (SELECT idem_run_begin('e-' || g, queue => 'rlfair3') FROM generate_series(1, 4) g) s;
+RESET ROLE;
+SET ROLE regress_rl_other;
+SELECT created FROM idem_run_begin('f-1', queue => 'rlfair3');
+RESET ROLE;
+UPDATE idem.runs SET due_at = now() - interval '1 h' + substr(run_id, 3)::int * interval '1 s'
+ WHERE queue = 'rlfair3' AND run_id LIKE 'e-%';
+SET ROLE regress_rl_agent;
+SELECT ordinality, run_id, owner FROM idem_run_claim('rlfair3', max_runs => 5) WITH ORDINALITY;
+SELECT count(*) FROM idem_run_claim('rlfair3', max_runs => 5);
+RESET ROLE;
+
 -- cleanup
-DELETE FROM idem.runs WHERE queue IN ('rl', 'rl1', 'rlfair');
+DELETE FROM idem.runs WHERE queue IN ('rl', 'rl1', 'rlfair', 'rlfair2', 'rlfair3');
 DELETE FROM idem.keys WHERE owner = 'regress_rl_other'::regrole;
 DELETE FROM idem.keys WHERE owner = 'regress_rl_app'::regrole;
 DELETE FROM idem.queues;
