@@ -30,6 +30,11 @@
 #  - the coordinator crashes while the shard's node runs a call (held on a
 #    lock there): after the restart the retry replays if the call committed
 #    on the shard's node, executes if it did not; one row either way
+#  - the shard's node is killed between a call's business write and its
+#    commit: the call fails, nothing of it remains, the retry executes once
+#  - the tenant's shard group moves while 3 entry nodes x 4 clients call
+#    and retry 3000 of its keys: no key executes twice, one key record per
+#    row, and every key replays through every entry node after the move
 #  - 3 entry nodes x 16 clients on 50 hot keys over 8 tenants: every
 #    (tenant, key) has exactly one row and one key record
 #  - idem.ttl set on idem_citus_call (ALTER FUNCTION) holds on the shard's
@@ -343,6 +348,126 @@ SELECT (SELECT xmin FROM idem.citus_keys_$keys_shard WHERE tenant = 1 AND key = 
 		  . ($before eq '1' ? 'committed there, replays' : 'rolled back there, executes'))
 	  or diag($err);
 	is(rows("note = 'k-crash'"), '1', '... one row');
+}
+
+# --- the shard's node is killed between the call's business write and its
+# commit (the key record's insert held on a lock there): the call fails,
+# nothing of it remains after the restart, and the retry executes once
+{
+	my ($node_now, $shard_now) = placement(1);
+	my $kshard = $coord->safe_psql('postgres',
+		"SELECT get_shard_id_for_distribution_column('idem.citus_keys', 1::bigint)");
+	my ($bin, $bout, $berr) = ('', '', '');
+	my $blocker = IPC::Run::start(
+		[
+			'psql', '-XAtq', '-d', $node_now->connstr('postgres'), '-c',
+			"SET citus.override_table_visibility = off; SET citus.enable_manual_changes_to_shards = on;"
+			  . " BEGIN; LOCK idem.citus_keys_$kshard IN EXCLUSIVE MODE;"
+			  . " SELECT pg_sleep(60); COMMIT;"
+		],
+		'<', \$bin, '>', \$bout, '2>', \$berr);
+	$node_now->poll_query_until('postgres',
+		"SELECT count(*) > 0 FROM pg_locks WHERE relation = 'idem.citus_keys_$kshard'::regclass AND granted AND mode = 'ExclusiveLock'"
+	) or die 'blocker did not lock';
+	my ($cin, $cout, $cerr) = ('', '', '');
+	my $call = IPC::Run::start(
+		[
+			'psql', '-XAtq', '-d', $coord->connstr('postgres'), '-c',
+			"SELECT replayed FROM idem_citus_call(1::bigint, 'k-kill', $insert, 1::bigint, 'k-kill', 11)"
+		],
+		'<', \$cin, '>', \$cout, '2>', \$cerr);
+	# the business row is written (its shard locked by the call's insert)
+	# and the key record's insert waits
+	$node_now->poll_query_until('postgres',
+		"SELECT count(*) > 0 FROM pg_stat_activity a JOIN pg_locks l ON l.pid = a.pid"
+		  . " WHERE a.query LIKE '%k-kill%' AND a.wait_event_type = 'Lock'"
+		  . " AND l.relation = 'public.payments_$shard_now'::regclass AND l.mode = 'RowExclusiveLock' AND l.granted"
+	) or die 'call did not write on the shard\'s node';
+	$node_now->stop('immediate');
+	$call->finish;
+	$blocker->finish;
+	isnt($call->result(0), 0, "the call fails when the shard's node dies before its commit");
+	is($cout, '', '... and returns nothing');
+	$node_now->start;
+	is(rows("note = 'k-kill'"), '0', '... nothing of it remains after the restart');
+	($out, $err) = call($coord,
+		"SELECT replayed FROM idem_citus_call(1::bigint, 'k-kill', $insert, 1::bigint, 'k-kill', 11)");
+	is($out, 'f', '... the retry executes') or diag($err);
+	($out, $err) = call($w1,
+		"SELECT replayed FROM idem_citus_call(1::bigint, 'k-kill', $insert, 1::bigint, 'k-kill', 11)");
+	is($out, 't', '... and the next one replays') or diag($err);
+	is(rows("note = 'k-kill'"), '1', '... one row');
+}
+
+# --- the tenant's shard group moves while 3 entry nodes x 4 clients call
+# and retry 3000 keys of the tenant: each key executes once, wherever the
+# shard is, and every key's retry after the move replays
+{
+	my ($from, $shard_now) = placement(1);
+	my ($dest) = grep { $_->port != $from->port && $_ != $coord } ($w1, $w2);
+	my $storm = PostgreSQL::Test::Utils::tempdir() . '/storm.sql';
+	PostgreSQL::Test::Utils::append_to_file(
+		$storm, qq{\\set k random(1, 3000)
+SELECT replayed FROM idem_citus_call(1::bigint, 'storm-:k', 'INSERT INTO payments VALUES (\$1, \$2, \$3) RETURNING tenant_id, note', 1::bigint, 'storm-:k', 1);
+});
+	my @storm;
+	for my $entry (@nodes)
+	{
+		my ($o, $e) = ('', '');
+		my $h = IPC::Run::start(
+			[
+				'pgbench', '-n', '-M', 'simple', '-c', 4, '-j', 2,
+				'-T', 6, '-f', $storm, '-h', '127.0.0.1', '-p', $entry->port,
+				'postgres'
+			],
+			'>', \$o, '2>', \$e,
+			IPC::Run::timeout($PostgreSQL::Test::Utils::timeout_default));
+		push @storm, [ $entry, $h, \$o, \$e ];
+	}
+	$coord->poll_query_until('postgres',
+		"SELECT count(*) > 0 FROM payments WHERE tenant_id = 1 AND note LIKE 'storm-%'")
+	  or die 'the storm did not start';
+	$coord->safe_psql('postgres',
+		"SELECT citus_move_shard_placement($shard_now, '127.0.0.1', "
+		  . $from->port
+		  . ", '127.0.0.1', "
+		  . $dest->port
+		  . ", shard_transfer_mode => 'block_writes')");
+	my $moved_at = $coord->safe_psql('postgres',
+		"SELECT count(*) FROM payments WHERE tenant_id = 1 AND note LIKE 'storm-%'");
+	my $calls = 0;
+	for my $r (@storm)
+	{
+		my ($entry, $h, $o, $e) = @$r;
+		$h->finish;
+		$calls += $1 if $$o =~ /number of transactions actually processed: (\d+)/;
+	}
+	is((placement(1))[0]->port, $dest->port,
+		"the shard group moved to " . $dest->name . " during the storm");
+	cmp_ok($calls, '>', 40, "the storm made $calls calls ($moved_at keys done when the move ended)");
+	is( $coord->safe_psql(
+			'postgres', q{
+SELECT count(*) FROM (SELECT note FROM payments
+ WHERE tenant_id = 1 AND note LIKE 'storm-%' GROUP BY 1 HAVING count(*) > 1) d}),
+		'0',
+		'storm during a move: no key executed twice');
+	is( $coord->safe_psql(
+			'postgres', q{
+SELECT (SELECT count(*) FROM payments WHERE tenant_id = 1 AND note LIKE 'storm-%')
+	 = (SELECT count(*) FROM idem.citus_keys WHERE tenant = 1 AND key LIKE 'storm-%')}),
+		't',
+		'... one key record per row');
+	my @done = split /,/, $coord->safe_psql('postgres',
+		"SELECT string_agg(note, ',' ORDER BY note) FROM payments WHERE tenant_id = 1 AND note LIKE 'storm-%'");
+	my $retries = join('', map { "SELECT replayed FROM idem_citus_call(1::bigint, '$_', 'INSERT INTO payments VALUES (\$1, \$2, \$3) RETURNING tenant_id, note', 1::bigint, '$_', 1);\n" } @done);
+	for my $entry (@nodes)
+	{
+		($out, $err) = call($entry, $retries);
+		is(join('', sort { $a cmp $b } split /\n/, $out), 't' x scalar(@done),
+			'after the move, all ' . scalar(@done) . ' keys replay through ' . $entry->name)
+		  or diag($err);
+	}
+	is(rows("note LIKE 'storm-%'"), scalar(@done), '... and no row more');
 }
 
 # --- 3 entry nodes x 16 clients on 50 hot keys over 8 tenants
