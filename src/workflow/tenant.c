@@ -44,18 +44,26 @@
  */
 #include "postgres.h"
 
+#include "access/genam.h"
 #include "access/htup_details.h"
+#include "access/stratnum.h"
+#include "access/table.h"
 #include "catalog/namespace.h"
 #include "catalog/pg_class.h"
+#include "catalog/pg_namespace.h"
 #include "catalog/pg_proc.h"
 #include "catalog/pg_type.h"
 #include "executor/spi.h"
 #include "fmgr.h"
 #include "funcapi.h"
 #include "miscadmin.h"
+#include "nodes/makefuncs.h"
+#include "parser/parse_func.h"
 #include "utils/builtins.h"
+#include "utils/fmgroids.h"
 #include "utils/guc.h"
 #include "utils/hsearch.h"
+#include "utils/inval.h"
 #include "utils/jsonb.h"
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
@@ -298,7 +306,7 @@ rel_owner(Oid relid)
  */
 typedef enum KeysSql
 {
-	KEYS_SHARD, KEYS_PLACEMENT, KEYS_LOOKUP, KEYS_DELETE, KEYS_INSERT,
+	KEYS_LOOKUP, KEYS_DELETE, KEYS_INSERT,
 	KEYS_SQL_COUNT
 } KeysSql;
 
@@ -332,6 +340,18 @@ typedef struct TenantShard
 	Oid			relid;			/* the shard's relation here */
 } TenantShard;
 
+/* A hash table kept for the backend's life, keyed by its entries' first bytes. */
+static HTAB *
+backend_hash(const char *name, Size keysize, Size entrysize)
+{
+	HASHCTL		ctl;
+
+	ctl.keysize = keysize;
+	ctl.entrysize = entrysize;
+	ctl.hcxt = TopMemoryContext;
+	return hash_create(name, 64, &ctl, HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
+}
+
 static SPIPlanPtr
 keys_plan(KeysSql which, Oid relid, Oid tenant_type, int nargs, Oid *types)
 {
@@ -344,8 +364,6 @@ keys_plan(KeysSql which, Oid relid, Oid tenant_type, int nargs, Oid *types)
 
 	if (keys_plans == NULL || hash_get_num_entries(keys_plans) >= MAX_KEYS_PLANS)
 	{
-		HASHCTL		ctl;
-
 		if (keys_plans != NULL)
 		{
 			HASH_SEQ_STATUS status;
@@ -355,11 +373,8 @@ keys_plan(KeysSql which, Oid relid, Oid tenant_type, int nargs, Oid *types)
 				SPI_freeplan(entry->plan);
 			hash_destroy(keys_plans);
 		}
-		ctl.keysize = sizeof(KeysPlanKey);
-		ctl.entrysize = sizeof(KeysPlan);
-		ctl.hcxt = TopMemoryContext;
-		keys_plans = hash_create("idem citus key plans", 64, &ctl,
-								 HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
+		keys_plans = backend_hash("idem citus key plans", sizeof(KeysPlanKey),
+								  sizeof(KeysPlan));
 	}
 	memset(&key, 0, sizeof(key));
 	key.relid = relid;
@@ -374,19 +389,6 @@ keys_plan(KeysSql which, Oid relid, Oid tenant_type, int nargs, Oid *types)
 	initStringInfo(&sql);
 	switch (which)
 	{
-		case KEYS_SHARD:
-			appendStringInfoString(&sql,
-								   "SELECT pg_catalog.get_shard_id_for_distribution_column('idem.citus_keys'::pg_catalog.regclass, $1),"
-								   " (SELECT d.colocationid FROM pg_catalog.pg_dist_partition d"
-								   " WHERE d.logicalrelid OPERATOR(pg_catalog.=) 'idem.citus_keys'::pg_catalog.regclass)");
-			break;
-		case KEYS_PLACEMENT:
-			appendStringInfoString(&sql,
-								   "SELECT EXISTS (SELECT FROM pg_catalog.pg_dist_placement p"
-								   " WHERE p.shardid OPERATOR(pg_catalog.=) $1"
-								   " AND p.groupid OPERATOR(pg_catalog.=)"
-								   " (SELECT g.groupid FROM pg_catalog.pg_dist_local_group g))");
-			break;
 		case KEYS_LOOKUP:
 			appendStringInfo(&sql,
 							 "SELECT k.fingerprint, k.fingerprint_version, k.response,"
@@ -465,45 +467,230 @@ run_keys_sql(KeysSql which, Oid relid, Oid keys_owner, Oid tenant_type,
 }
 
 /*
+ * What calls learn of Citus's metadata for idem.citus_keys, kept across
+ * calls: its colocation group, and for each shard whether its placement is
+ * on this node (and its relation here).  Citus invalidates the table's
+ * relcache entry whenever its shards or their placements change (triggers
+ * on its catalog), which moves keys_meta_generation on; what was learnt
+ * under an earlier generation is read again.  A call takes the shard's
+ * metadata lock before it processes the invalidations that arrived, so
+ * what it uses was true when the lock was granted, and stays true until
+ * the call commits: a move waits for the lock before it switches the
+ * shard's placement to another node.
+ */
+typedef struct ShardHere
+{
+	int64		shardid;
+	uint64		generation;
+	Oid			relid;			/* the shard's relation, InvalidOid if not here */
+} ShardHere;
+
+/* most shards remembered before all are forgotten */
+#define MAX_SHARDS_HERE 4096
+
+static HTAB *shards_here = NULL;
+static uint64 keys_meta_generation = 1;
+static Oid	keys_meta_relid = InvalidOid;
+static bool keys_meta_callback = false;
+static uint64 colocation_generation = 0;
+static uint32 keys_colocation = 0;
+
+static void
+keys_meta_changed(Datum arg, Oid relid)
+{
+	if (relid == InvalidOid || relid == keys_meta_relid)
+		keys_meta_generation++;
+}
+
+/* Citus's get_shard_id_for_distribution_column(), called in C */
+static FmgrInfo shard_for_value;
+static Oid	shard_for_value_type = InvalidOid;
+
+/*
+ * The tenant's shard of idem.citus_keys (Citus's hash of the value and its
+ * shard intervals), as the table's owner: Citus checks that the caller may
+ * read the table.  Returns false for a value no shard covers.
+ */
+static bool
+tenant_shard_id(Oid keys_rel, Oid keys_owner, Oid tenant_type, Datum tenant,
+				int64 *shardid)
+{
+	LOCAL_FCINFO(fcinfo, 2);
+	Oid			save_userid;
+	int			save_sec;
+	Datum		d;
+
+	if (shard_for_value_type != tenant_type)
+	{
+		Oid			argtypes[2] = {REGCLASSOID, ANYOID};
+		Oid			fn = LookupFuncName(list_make2(makeString("pg_catalog"),
+												   makeString("get_shard_id_for_distribution_column")),
+										2, argtypes, false);
+		MemoryContext old = MemoryContextSwitchTo(TopMemoryContext);
+
+		fmgr_info(fn, &shard_for_value);
+		/* the function reads the value's type off its call expression */
+		shard_for_value.fn_expr = (Node *)
+			makeFuncExpr(fn, INT8OID,
+						 list_make2(makeNullConst(REGCLASSOID, -1, InvalidOid),
+									makeNullConst(tenant_type, -1, InvalidOid)),
+						 InvalidOid, InvalidOid, COERCE_EXPLICIT_CALL);
+		MemoryContextSwitchTo(old);
+		shard_for_value_type = tenant_type;
+	}
+	InitFunctionCallInfoData(*fcinfo, &shard_for_value, 2, InvalidOid, NULL, NULL);
+	fcinfo->args[0].value = ObjectIdGetDatum(keys_rel);
+	fcinfo->args[0].isnull = false;
+	fcinfo->args[1].value = tenant;
+	fcinfo->args[1].isnull = false;
+	GetUserIdAndSecContext(&save_userid, &save_sec);
+	SetUserIdAndSecContext(keys_owner, save_sec | SECURITY_LOCAL_USERID_CHANGE);
+	PG_TRY();
+	{
+		d = FunctionCallInvoke(fcinfo);
+	}
+	PG_FINALLY();
+	{
+		SetUserIdAndSecContext(save_userid, save_sec);
+	}
+	PG_END_TRY();
+	if (fcinfo->isnull)
+		return false;
+	*shardid = DatumGetInt64(d);
+	return true;
+}
+
+/*
+ * A scan of one of Citus's catalog tables in pg_catalog, by column keycol
+ * through index (or all rows, without one), with a catalog snapshot: those
+ * tables have no syscache, so it is taken anew for each scan.  Without
+ * out, whether a row has column col equal to want; with it, the first
+ * row's col into *out.  Both integer columns.
+ */
+static bool
+citus_catalog_scan(const char *table, const char *index, const char *keycol,
+				   RegProcedure eq, Datum key, const char *col, uint32 want,
+				   uint32 *out)
+{
+	Oid			relid = get_relname_relid(table, PG_CATALOG_NAMESPACE);
+	Oid			indexid = index ? get_relname_relid(index, PG_CATALOG_NAMESPACE) : InvalidOid;
+	Relation	rel;
+	SysScanDesc scan;
+	ScanKeyData skey;
+	HeapTuple	tup;
+	AttrNumber	attnum;
+	bool		found = false;
+
+	if (!OidIsValid(relid) || (index != NULL && !OidIsValid(indexid)))
+		elog(ERROR, "Citus catalog table \"%s\" or its index is missing", table);
+	rel = table_open(relid, AccessShareLock);
+	attnum = get_attnum(relid, col);
+	if (attnum == InvalidAttrNumber)
+		elog(ERROR, "Citus catalog table \"%s\" has no column \"%s\"", table, col);
+	if (index != NULL)
+		ScanKeyInit(&skey, get_attnum(relid, keycol), BTEqualStrategyNumber,
+					eq, key);
+	scan = systable_beginscan(rel, indexid, index != NULL, NULL,
+							  index != NULL ? 1 : 0, &skey);
+	while (!found && HeapTupleIsValid(tup = systable_getnext(scan)))
+	{
+		bool		isnull;
+		Datum		d = heap_getattr(tup, attnum, RelationGetDescr(rel), &isnull);
+
+		if (isnull)
+			continue;
+		if (out != NULL)
+		{
+			*out = DatumGetUInt32(d);
+			found = true;
+		}
+		else
+			found = DatumGetUInt32(d) == want;
+	}
+	systable_endscan(scan);
+	table_close(rel, AccessShareLock);
+	return found;
+}
+
+/*
  * The tenant's shard of idem.citus_keys, if this node holds it: false when
  * Citus did not delegate the call here.  Takes Citus's shard metadata lock
  * before it asks where the shard is, so that no move can take the shard
  * away until this transaction ends.
  */
 static bool
-tenant_shard_local(Oid keys_owner, Oid tenant_type, Datum tenant,
-				   TenantShard *shard)
+tenant_shard_local(Oid keys_rel, Oid keys_owner, Oid tenant_type,
+				   Datum tenant, TenantShard *shard)
 {
-	Oid			types[1] = {tenant_type};
-	Datum		values[1] = {tenant};
-	bool		isnull;
-	Datum		d;
+	ShardHere  *here;
+	uint64		generation;
+	bool		found;
 	char		relname[NAMEDATALEN];
 
-	run_keys_sql(KEYS_SHARD, InvalidOid, keys_owner, tenant_type, 1, types,
-				 values, true);
-	d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
-	if (isnull)
+	if (!tenant_shard_id(keys_rel, keys_owner, tenant_type, tenant,
+						 &shard->shardid))
 		return false;
-	shard->shardid = DatumGetInt64(d);
-	d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2, &isnull);
-	shard->colocation = isnull ? 0 : DatumGetUInt32(d);
-
 	if (citus_lock_shard_metadata == NULL)
 		citus_lock_shard_metadata = (citus_lock_shard_fn)
 			load_external_function("citus", "LockShardDistributionMetadata", true, NULL);
 	citus_lock_shard_metadata(shard->shardid, ShareLock);
+	/* a move or split that committed before the lock was granted */
+	AcceptInvalidationMessages();
 
-	types[0] = INT8OID;
-	values[0] = Int64GetDatum(shard->shardid);
-	run_keys_sql(KEYS_PLACEMENT, InvalidOid, keys_owner, InvalidOid, 1, types,
-				 values, true);
-	d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
-	if (isnull || !DatumGetBool(d))
-		return false;
-	/* Citus names a shard's relation <table>_<shard id>, in the table's schema */
-	snprintf(relname, sizeof(relname), "citus_keys_" INT64_FORMAT, shard->shardid);
-	shard->relid = get_relname_relid(relname, get_namespace_oid("idem", false));
+	if (!keys_meta_callback)
+	{
+		CacheRegisterRelcacheCallback(keys_meta_changed, (Datum) 0);
+		keys_meta_callback = true;
+	}
+	if (keys_meta_relid != keys_rel)
+	{
+		keys_meta_relid = keys_rel;
+		keys_meta_generation++;
+	}
+	if (shards_here == NULL || hash_get_num_entries(shards_here) >= MAX_SHARDS_HERE)
+	{
+		if (shards_here != NULL)
+			hash_destroy(shards_here);
+		shards_here = backend_hash("idem citus shards here", sizeof(int64),
+								   sizeof(ShardHere));
+	}
+
+	/* read before the catalog is: a change during the reads voids them */
+	generation = keys_meta_generation;
+	if (colocation_generation != generation)
+	{
+		keys_colocation = 0;
+		(void) citus_catalog_scan("pg_dist_partition",
+								  "pg_dist_partition_logical_relid_index",
+								  "logicalrelid", F_OIDEQ, ObjectIdGetDatum(keys_rel),
+								  "colocationid", 0, &keys_colocation);
+		colocation_generation = generation;
+	}
+	shard->colocation = keys_colocation;
+
+	here = hash_search(shards_here, &shard->shardid, HASH_FIND, NULL);
+	if (here == NULL || here->generation != generation)
+	{
+		Oid			relid = InvalidOid;
+		uint32		group = 0;
+
+		if (citus_catalog_scan("pg_dist_local_group", NULL, NULL, InvalidOid,
+							   0, "groupid", 0, &group) &&
+			citus_catalog_scan("pg_dist_placement",
+							   "pg_dist_placement_shardid_index", "shardid",
+							   F_INT8EQ, Int64GetDatum(shard->shardid),
+							   "groupid", group, NULL))
+		{
+			/* Citus names a shard's relation <table>_<shard id>, in the table's schema */
+			snprintf(relname, sizeof(relname), "citus_keys_" INT64_FORMAT,
+					 shard->shardid);
+			relid = get_relname_relid(relname, get_namespace_oid("idem", false));
+		}
+		here = hash_search(shards_here, &shard->shardid, HASH_ENTER, &found);
+		here->generation = generation;
+		here->relid = relid;
+	}
+	shard->relid = here->relid;
 	return OidIsValid(shard->relid);
 }
 
@@ -683,7 +870,7 @@ citus_call(FunctionCallInfo fcinfo, IdemRequest *req, IdemResult *result)
 
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "SPI_connect failed");
-	if (!tenant_shard_local(keys_owner, tenant_type, tenant, &shard))
+	if (!tenant_shard_local(keys_rel, keys_owner, tenant_type, tenant, &shard))
 		ereport(ERROR,
 				(errcode(ERRCODE_IDEM_CITUS_NOT_LOCAL),
 				 errmsg("%s was not delegated to the node of the tenant's shard", fname),
