@@ -9,9 +9,9 @@
  * oldest due first, from the partial index of unfinished queued runs.  It
  * takes each run's lock without waiting (a run another claim, a step or a
  * verb holds is left for the next claim) and re-reads the run, as every
- * step does, before it leases it: a new token, due_at moved to the lease's end (so leased runs
- * leave the head of the index scan, and an expired lease is simply due
- * again), and a row of idem.run_attempts.  A claim that takes over an
+ * step does, before it leases it: a new token, due_at moved to the lease's
+ * end (so leased runs leave the head of the index scan, and an expired
+ * lease is simply due again), and a row of idem.run_attempts.  A claim that takes over an
  * expired lease counts it as a failed attempt; on the last attempt the
  * run fails instead.
  *
@@ -331,6 +331,7 @@ typedef struct ClaimState
 	TupleDesc	tupdesc;
 	int32		want;
 	int32		leased;
+	bool		checked;		/* whether other roles have runs, asked */
 	bool		shared;			/* the queue has runs of several roles */
 } ClaimState;
 
@@ -344,11 +345,12 @@ take_due_run(Oid owner, const char *run_id, void *arg)
 {
 	ClaimState *cs = arg;
 
-	if (cs->leased == 0 && !cs->shared &&
-		idem_queue_other_owner(cs->q->queue, owner))
+	if (!cs->checked)
 	{
-		cs->shared = true;
-		return false;
+		cs->checked = true;
+		cs->shared = idem_queue_other_owner(cs->q->queue, owner);
+		if (cs->shared)
+			return false;
 	}
 	if (lease_run(owner, run_id, cs->q, cs->lease_us, cs->caller, cs->worker,
 				  cs->store, cs->tupdesc))
@@ -376,7 +378,8 @@ claim_into(IdemQueue *q, int32 max_runs, int64 lease_us, Oid caller,
 	char		nulls[4] = {' ', ' ', ' ', ' '};
 	TimestampTz now = GetCurrentTimestamp();
 	int32		want = room_under_cap(q, max_runs, now);
-	ClaimState	cs = {q, lease_us, caller, worker, store, tupdesc, want, 0, false};
+	ClaimState	cs = {q, lease_us, caller, worker, store, tupdesc, want, 0,
+	false, false};
 	int32		leased = 0;
 	uint64		n = 0;
 	int			nestlevel;
