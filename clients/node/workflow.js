@@ -163,8 +163,19 @@ class Worker {
     }
     const queue = [];
     const idle = []; // the executors waiting for a claimed run: their wake-ups
-    let room = null; // the claimer waiting for a run to end: its wake-up
-    const nap = (ms, set) => new Promise((r) => { const t = setTimeout(r, ms); set(() => { clearTimeout(t); r(); }); });
+    const room = []; // the claimer waiting for a run to end: its wake-up
+    // sleep ms at most, woken early by a call of the wake-up put in list
+    // (and taken out of it either way)
+    const nap = (ms, list) => new Promise((resolve) => {
+      const wake = () => {
+        clearTimeout(timer);
+        const i = list.indexOf(wake);
+        if (i >= 0) list.splice(i, 1);
+        resolve();
+      };
+      const timer = setTimeout(wake, ms);
+      list.push(wake);
+    });
     const slots = [];
     let claimer = null;
     let beat = null;
@@ -195,7 +206,7 @@ class Worker {
           let client = null;
           for (;;) {
             while (queue.length === 0 && !(this.stopped && claimer === 'done')) {
-              await nap(200, (w) => idle.push(w));
+              await nap(200, idle);
             }
             if (queue.length === 0) break;
             const c = queue.shift();
@@ -206,7 +217,7 @@ class Worker {
               this.active.delete(c.runId);
               const took = (performance.now() - began) / 1000;
               this.runTime = this.runTime === null ? took : 0.8 * this.runTime + 0.2 * took;
-              if (room) room();
+              for (const w of room.splice(0)) w();
             }
           }
           if (client) await client.end().catch(() => {});
@@ -221,8 +232,7 @@ class Worker {
         const ahead = this.#ahead();
         const free = this.concurrency + ahead - this.active.size;
         if (free < Math.max(ahead, 1) && (free <= 0 || queue.length > 0)) {
-          await nap(200, (w) => { room = w; });
-          room = null;
+          await nap(200, room);
           continue;
         }
         let got = 0;
