@@ -4,7 +4,7 @@
 # helpers' calls against hand-written SQL; arguments --seconds, --rounds,
 # --procs, --sync) or, with --workflow first, workflow_bench.py (the 4-step
 # workflow with workers against the same steps by hand; --runs, --rounds,
-# --procs).
+# --procs, --prefetch).
 #
 #   bench/clients/run.sh [--workflow] [arguments...]
 set -euo pipefail

@@ -190,6 +190,8 @@ export interface WorkerOptions {
   /** stops the worker (drain); without it SIGTERM and SIGINT do */
   signal?: AbortSignal | null;
   log?: Pick<Console, 'warn' | 'error'>;
+  /** runs a claim takes beyond the free executors while runs are fast (those that start within 0.1 s at the recent pace); default 4, 0: only for free executors */
+  prefetch?: number;
 }
 export interface WorkerStats {
   claimed: number;

@@ -20,6 +20,8 @@
 // (RetryAfter: no earlier than its seconds; anything else: its message, the
 // runtime's backoff; the run fails after its last attempt).  LeaseLost
 // (ID412) or a run no longer running (ID423) ends the work on that run.
+// A claim takes runs for the free executors and, while runs are fast, a few
+// ahead (prefetch): one claim for several runs.
 // Leases are extended every lease/3 s while steps run; stop (an AbortSignal,
 // or SIGTERM/SIGINT without one) drains: no more claims, running steps
 // finish, their runs are released.  Every call is one statement outside
@@ -33,6 +35,8 @@ const CLAIM = 'SELECT run_id, input::text AS input, steps, next_step, attempt, l
   ' results::text AS results FROM idem_run_claim($1, max_runs => $2::integer, lease => $3::interval,' +
   ' worker => $4, wait => $5::interval)';
 const STOP_STATES = new Set(['ID412', 'ID423', 'ID404']);
+// a run claimed ahead of a free executor should start within this (s)
+const AHEAD_WAIT = 0.1;
 const seconds = (s) => (s === null || s === undefined ? null : typeof s === 'number' ? `${s} seconds` : s);
 
 class Workflow {
@@ -118,11 +122,14 @@ class Context {
 
 class Worker {
   constructor(connect, workflows, { concurrency = 4, lease = 30, poll = 1, name = null, signal = null,
-    log = console } = {}) {
+    log = console, prefetch = 4 } = {}) {
     if (!(concurrency >= 1)) throw new TypeError('concurrency must be at least 1');
+    if (!(prefetch >= 0)) throw new TypeError('prefetch must be at least 0');
     this.connect = connect;
     this.byQueue = new Map(workflows.map((w) => [w.queue, w]));
     this.concurrency = concurrency;
+    this.prefetch = prefetch;
+    this.runTime = null; // a run's, moving average (s)
     this.lease = lease;
     this.poll = poll;
     this.name = name || `${os.hostname()}:${process.pid}`;
@@ -155,7 +162,20 @@ class Worker {
       for (const sig of ['SIGTERM', 'SIGINT']) { process.on(sig, stop); signals.push(sig); }
     }
     const queue = [];
-    let wake = null;
+    const idle = []; // the executors waiting for a claimed run: their wake-ups
+    const room = []; // the claimer waiting for a run to end: its wake-up
+    // sleep ms at most, woken early by a call of the wake-up put in list
+    // (and taken out of it either way)
+    const nap = (ms, list) => new Promise((resolve) => {
+      const wake = () => {
+        clearTimeout(timer);
+        const i = list.indexOf(wake);
+        if (i >= 0) list.splice(i, 1);
+        resolve();
+      };
+      const timer = setTimeout(wake, ms);
+      list.push(wake);
+    });
     const slots = [];
     let claimer = null;
     let beat = null;
@@ -186,14 +206,18 @@ class Worker {
           let client = null;
           for (;;) {
             while (queue.length === 0 && !(this.stopped && claimer === 'done')) {
-              await new Promise((r) => { wake = r; setTimeout(r, 200); });
+              await nap(200, idle);
             }
             if (queue.length === 0) break;
             const c = queue.shift();
+            const began = performance.now();
             try {
               client = await this.#runOne(client, c);
             } finally {
               this.active.delete(c.runId);
+              const took = (performance.now() - began) / 1000;
+              this.runTime = this.runTime === null ? took : 0.8 * this.runTime + 0.2 * took;
+              for (const w of room.splice(0)) w();
             }
           }
           if (client) await client.end().catch(() => {});
@@ -203,8 +227,14 @@ class Worker {
       let down = 0;
       const queues = [...this.byQueue.keys()];
       while (!this.stopped) {
-        const free = this.concurrency - this.active.size;
-        if (free <= 0) { await new Promise((r) => setTimeout(r, 50)); continue; }
+        // one claim for several runs: claim when `ahead` runs can be taken
+        // at once, or when no claimed run is left for a free executor
+        const ahead = this.#ahead();
+        const free = this.concurrency + ahead - this.active.size;
+        if (free < Math.max(ahead, 1) && (free <= 0 || queue.length > 0)) {
+          await nap(200, room);
+          continue;
+        }
         let got = 0;
         try {
           if (!client) client = await this.#open();
@@ -219,7 +249,8 @@ class Worker {
                 results: row.results === null ? {} : lib().parseExact(row.results) };
               this.active.set(c.runId, { token: c.token, lost: false });
               queue.push(c);
-              if (wake) wake();
+              const w = idle.shift();
+              if (w) w();
             }
             got += r.rows.length;
           }
@@ -234,7 +265,7 @@ class Worker {
       }
       if (client) await client.end().catch(() => {});
       claimer = 'done';
-      if (wake) wake();
+      for (const w of idle.splice(0)) w();
       await Promise.all(slots);
     } finally {
       clearInterval(beat);
@@ -243,6 +274,17 @@ class Worker {
       for (const sig of signals) process.removeListener(sig, stop);
     }
     return { ...this.stats };
+  }
+
+  // Runs to claim beyond the free executors: up to prefetch, as many as
+  // start within AHEAD_WAIT at the pace of the recent runs; none before a
+  // run has ended.  A claimed run waits under its lease (the heartbeat
+  // extends it), out of other workers' reach, and a killed worker's come
+  // back only when their leases end, an attempt counted: so only fast runs
+  // are claimed ahead.
+  #ahead() {
+    if (!this.prefetch || this.runTime === null) return 0;
+    return Math.min(this.prefetch, Math.floor(AHEAD_WAIT * this.concurrency / Math.max(this.runTime, 1e-6)));
   }
 
   #lost(runId) {

@@ -196,10 +196,17 @@ def dumps(value: Any) -> str:
     return "".join(out)
 
 
+# one decoder for every call (json.loads with an argument makes one per
+# call: half of its time on a step's small response)
+_decoder = json.JSONDecoder(parse_float=decimal.Decimal)
+
+
 def loads(text: str) -> Any:
     """json.loads keeping JSON numbers with a fraction or exponent exact,
     as Decimal (integers stay int)."""
-    return json.loads(text, parse_float=decimal.Decimal)
+    if not isinstance(text, str):
+        return json.loads(text, parse_float=decimal.Decimal)     # bytes
+    return _decoder.decode(text)
 
 
 def to_arg(value: Any) -> Optional[str]:

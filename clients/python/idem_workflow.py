@@ -42,6 +42,8 @@ point, is replaced by any other after its lease.
 - ``LeaseLost`` (ID412: the lease expired and another worker took the run)
   or a run no longer running (ID423, cancelled) ends the work on that run
   at once: nothing more is called for it.
+- A claim takes runs for the free executors and, while runs are fast,
+  a few ahead (``prefetch``): one claim for several runs.
 - The worker extends the leases of its runs every lease/3 seconds while
   their steps run (a slow external call keeps its run); SIGTERM or SIGINT
   (or ``stop``) drains: no more claims, running steps finish, their runs
@@ -75,6 +77,8 @@ _CLAIM = ("SELECT run_id, input::text, steps, next_step, attempt, lease_token::t
           " wait => %s::interval)")
 # the run is over for this worker: someone else holds it, or it is not running
 _STOP_STATES = ("ID412", "ID423", "ID404")
+# a run claimed ahead of a free executor should start within this (s)
+_AHEAD_WAIT = 0.1
 
 
 class Started(NamedTuple):
@@ -236,17 +240,30 @@ class Worker:
     for claims and one for heartbeats).  ``connect()`` returns a new
     psycopg connection (made autocommit here).  ``run()`` returns when
     stopped: by ``stop`` (a threading.Event) set, or without one by
-    SIGTERM/SIGINT (run() in the main thread)."""
+    SIGTERM/SIGINT (run() in the main thread).
+
+    ``prefetch``: a claim also takes up to this many runs beyond the free
+    executors, as many as the recent runs' pace says will start within
+    0.1 s (none while runs are slower than that), so that one claim serves
+    several runs and the next run is in hand when one ends.  They wait
+    under their lease, which the heartbeat extends, and count against a
+    queue's concurrency cap; a killed worker's come back, like its running
+    ones, when their leases end, an attempt counted.  0: claim only for
+    free executors."""
 
     def __init__(self, connect: Callable[[], psycopg.Connection], workflows: List[Workflow], *,
                  concurrency: int = 4, lease: float = 30, poll: float = 1.0,
-                 name: Optional[str] = None, stop: Optional[threading.Event] = None):
+                 name: Optional[str] = None, stop: Optional[threading.Event] = None,
+                 prefetch: int = 4):
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
+        if prefetch < 0:
+            raise ValueError("prefetch must be at least 0")
         self.connect = connect
         self.workflows = list(workflows)
         self.by_queue = {wf.queue: wf for wf in self.workflows}
         self.concurrency = concurrency
+        self.prefetch = prefetch
         self.lease = lease
         self.poll = poll
         self.name = name or f"{socket.gethostname()}:{os.getpid()}"
@@ -255,11 +272,13 @@ class Worker:
         self.stats = {"claimed": 0, "steps": 0, "completed": 0, "failed_steps": 0,
                       "lost": 0, "released": 0}
         self._lock = threading.Lock()
+        # the runs held: claimed, waiting in _work or running
         self._active: Dict[str, dict] = {}    # run_id -> {"token", "lost"}
-        self._free = threading.Semaphore(concurrency)
         self._work: List[_Claimed] = []
         self._claims_over = False
         self._have_work = threading.Condition(self._lock)
+        self._room = threading.Condition(self._lock)    # a run held ended
+        self._run_time: Optional[float] = None          # a run's, moving average (s)
 
     # -- connections -------------------------------------------------------
 
@@ -314,13 +333,15 @@ class Worker:
         down = 0
         queues = list(self.by_queue)
         while not self.stop.is_set():
-            # claim only what a free thread can take at once: a claimed run
-            # waiting here would burn its lease
-            if not self._free.acquire(timeout=0.2):
-                continue
-            free = 1
-            while free < self.concurrency and self._free.acquire(blocking=False):
-                free += 1
+            # one claim for several runs costs the server and the worker
+            # about what one run costs: claim when `ahead` runs can be taken
+            # at once, or when no claimed run is left for a free executor
+            with self._lock:
+                ahead = self._ahead()
+                free = self.concurrency + ahead - len(self._active)
+                if free < max(ahead, 1) and (free <= 0 or self._work):
+                    self._room.wait(0.2)
+                    continue
             got = 0
             try:
                 if conn is None:
@@ -347,10 +368,19 @@ class Worker:
                 _log.warning("idem worker %s: claim failed (%s); reconnecting", self.name,
                              str(e).strip())
                 self.stop.wait(min(2.0, 0.05 * 2 ** min(down, 6)))
-            finally:
-                for _ in range(free - got):
-                    self._free.release()
         self._close(conn)
+
+    def _ahead(self) -> int:
+        """Runs to claim beyond the free executors (under self._lock): up to
+        prefetch, as many as start within _AHEAD_WAIT at the pace of the
+        recent runs; none before a run has ended.  A claimed run waits
+        under its lease (the heartbeat extends it), out of other workers'
+        reach, and a killed worker's runs come back only when their leases
+        end, an attempt counted: so only fast runs are claimed ahead."""
+        t = self._run_time
+        if not self.prefetch or t is None:
+            return 0
+        return min(self.prefetch, int(_AHEAD_WAIT * self.concurrency / max(t, 1e-6)))
 
     def _hand_over(self, c: _Claimed):
         self._count("claimed")
@@ -368,12 +398,16 @@ class Worker:
                 if not self._work:
                     break       # stopped and no claim can come any more
                 c = self._work.pop(0)
+            began = time.monotonic()
             try:
                 conn = self._run(conn, c)
             finally:
+                took = time.monotonic() - began
                 with self._lock:
                     self._active.pop(c.run_id, None)
-                self._free.release()
+                    t = self._run_time
+                    self._run_time = took if t is None else 0.8 * t + 0.2 * took
+                    self._room.notify()
         self._close(conn)
 
     def _heartbeat(self):
@@ -486,13 +520,14 @@ class Worker:
         return self._complete(conn, c, spec.name, value)
 
     def _complete(self, conn, c, name, value):
-        value = {} if value is None else value
+        text = _idem.dumps({} if value is None else value)
         try:
             conn.execute("SELECT idem_step_complete(%s, %s, %s::jsonb, lease_token => %s::uuid)",
-                         (c.run_id, name, _idem.dumps(value), c.token))
+                         (c.run_id, name, text, c.token))
         except psycopg.Error as e:
             raise _translated(e)
-        return _loads(_idem.dumps(value))
+        # the result as the database holds it (and a resumed run reads it)
+        return _loads(text)
 
     def _fail(self, conn, c: _Claimed, name, e: Exception):
         if isinstance(e, _idem.RetryAfter):
