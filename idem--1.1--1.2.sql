@@ -185,12 +185,19 @@ CREATE INDEX runs_due_idx ON idem.runs (queue, due_at)
 CREATE INDEX runs_owner_due_idx ON idem.runs (queue, owner, due_at)
 	WITH (deduplicate_items = off)
 	WHERE queue_state IS NOT NULL;
--- The outbox's due index, for the same reason: the events of one
--- transaction share their due time.
-ALTER INDEX idem.outbox_due_idx SET (deduplicate_items = off);
 -- A worker names a run by its id and lease token, not its owner.
 CREATE INDEX runs_queued_idx ON idem.runs (run_id)
 	WHERE queue IS NOT NULL;
+-- The outbox's due index is not deduplicated for the same reason: the
+-- events of one transaction share their due time.
+ALTER INDEX idem.outbox_due_idx SET (deduplicate_items = off);
+-- Between vacuums the outbox fills with dead row versions: each claim and
+-- each ack leaves one, and claims walk the dead entries they left at the
+-- head of the due index until VACUUM removes them.  The default trigger,
+-- a fifth of the table, lets millions pile up under a large backlog before
+-- the first autovacuum; a hundredth keeps the head of the index clean.
+ALTER TABLE idem.outbox SET (autovacuum_vacuum_scale_factor = 0.01,
+							 autovacuum_vacuum_threshold = 10000);
 
 -- Every claim of a run, committed with the claim, and how it ended:
 -- completed (the run), step_failed, failed (the run, on its last attempt),

@@ -83,3 +83,11 @@ SELECT count(*) AS keys_after_reinstall FROM idem.keys;
 -- the same session keeps working after the reinstall (cached OIDs reset)
 SELECT idem_execute('install:1', 'SELECT 1 AS one') ->> 'rowcount' AS after_reinstall;
 SELECT count(*) AS keys FROM idem.keys;
+
+-- a queue's table and its due indexes: autovacuumed after a hundredth of
+-- the outbox's rows died (not a fifth), and the due indexes not
+-- deduplicated (the entries of one transaction's rows share a due time)
+SELECT c.relname, c.reloptions FROM pg_class c
+ WHERE c.oid IN ('idem.outbox'::regclass, 'idem.outbox_due_idx'::regclass,
+				 'idem.runs_due_idx'::regclass, 'idem.runs_owner_due_idx'::regclass)
+ ORDER BY 1;
