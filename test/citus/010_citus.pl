@@ -119,6 +119,38 @@ sub call
 	return ($out, $err);
 }
 
+# Hold shard relation $rel of $node in EXCLUSIVE mode for $secs seconds,
+# in a session of its own (Citus lets it change a shard by hand); returns
+# the session's handle once the lock is granted.
+sub hold_shard_lock
+{
+	my ($node, $rel, $secs) = @_;
+	my ($in, $out, $err) = ('', '', '');
+	my $h = IPC::Run::start(
+		[
+			'psql', '-XAtq', '-d', $node->connstr('postgres'), '-c',
+			"SET citus.override_table_visibility = off; SET citus.enable_manual_changes_to_shards = on;"
+			  . " BEGIN; LOCK $rel IN EXCLUSIVE MODE; SELECT pg_sleep($secs); COMMIT;"
+		],
+		'<', \$in, '>', \$out, '2>', \$err);
+	$node->poll_query_until('postgres',
+		"SELECT count(*) > 0 FROM pg_locks WHERE relation = '$rel'::regclass AND granted AND mode = 'ExclusiveLock'"
+	) or die "$rel was not locked";
+	return $h;
+}
+
+# $sql through $node in a session of its own, in the background: its
+# handle and a reference to its output.
+sub start_call
+{
+	my ($node, $sql) = @_;
+	my ($in, $out, $err) = ('', '', '');
+	my $h = IPC::Run::start(
+		[ 'psql', '-XAtq', '-d', $node->connstr('postgres'), '-c', $sql ],
+		'<', \$in, '>', \$out, '2>', \$err);
+	return ($h, \$out);
+}
+
 sub sqlstate_of
 {
 	my ($err) = @_;
@@ -310,25 +342,9 @@ SELECT (SELECT xmin FROM idem.citus_keys_$keys_shard WHERE tenant = 1 AND key = 
 # commits there or not at all, and the retry replays or executes
 {
 	my ($node_now, $shard_now) = placement(1);
-	my ($bin, $bout, $berr) = ('', '', '');
-	my $blocker = IPC::Run::start(
-		[
-			'psql', '-XAtq', '-d', $node_now->connstr('postgres'), '-c',
-			"SET citus.override_table_visibility = off; SET citus.enable_manual_changes_to_shards = on;"
-			  . " BEGIN; LOCK public.payments_$shard_now IN EXCLUSIVE MODE;"
-			  . " SELECT pg_sleep(6); COMMIT;"
-		],
-		'<', \$bin, '>', \$bout, '2>', \$berr);
-	$node_now->poll_query_until('postgres',
-		"SELECT count(*) > 0 FROM pg_locks WHERE relation = 'public.payments_$shard_now'::regclass AND granted AND mode = 'ExclusiveLock'"
-	) or die 'blocker did not lock';
-	my ($cin, $cout, $cerr) = ('', '', '');
-	my $call = IPC::Run::start(
-		[
-			'psql', '-XAtq', '-d', $coord->connstr('postgres'), '-c',
-			"SELECT replayed FROM idem_citus_call(1::bigint, 'k-crash', $insert, 1::bigint, 'k-crash', 9)"
-		],
-		'<', \$cin, '>', \$cout, '2>', \$cerr);
+	my $blocker = hold_shard_lock($node_now, "public.payments_$shard_now", 6);
+	my ($call) = start_call($coord,
+		"SELECT replayed FROM idem_citus_call(1::bigint, 'k-crash', $insert, 1::bigint, 'k-crash', 9)");
 	$node_now->poll_query_until('postgres',
 		"SELECT count(*) > 0 FROM pg_stat_activity WHERE query LIKE '%k-crash%' AND wait_event_type = 'Lock'"
 	) or die 'call did not reach the shard\'s node';
@@ -357,25 +373,9 @@ SELECT (SELECT xmin FROM idem.citus_keys_$keys_shard WHERE tenant = 1 AND key = 
 	my ($node_now, $shard_now) = placement(1);
 	my $kshard = $coord->safe_psql('postgres',
 		"SELECT get_shard_id_for_distribution_column('idem.citus_keys', 1::bigint)");
-	my ($bin, $bout, $berr) = ('', '', '');
-	my $blocker = IPC::Run::start(
-		[
-			'psql', '-XAtq', '-d', $node_now->connstr('postgres'), '-c',
-			"SET citus.override_table_visibility = off; SET citus.enable_manual_changes_to_shards = on;"
-			  . " BEGIN; LOCK idem.citus_keys_$kshard IN EXCLUSIVE MODE;"
-			  . " SELECT pg_sleep(60); COMMIT;"
-		],
-		'<', \$bin, '>', \$bout, '2>', \$berr);
-	$node_now->poll_query_until('postgres',
-		"SELECT count(*) > 0 FROM pg_locks WHERE relation = 'idem.citus_keys_$kshard'::regclass AND granted AND mode = 'ExclusiveLock'"
-	) or die 'blocker did not lock';
-	my ($cin, $cout, $cerr) = ('', '', '');
-	my $call = IPC::Run::start(
-		[
-			'psql', '-XAtq', '-d', $coord->connstr('postgres'), '-c',
-			"SELECT replayed FROM idem_citus_call(1::bigint, 'k-kill', $insert, 1::bigint, 'k-kill', 11)"
-		],
-		'<', \$cin, '>', \$cout, '2>', \$cerr);
+	my $blocker = hold_shard_lock($node_now, "idem.citus_keys_$kshard", 60);
+	my ($call, $cout) = start_call($coord,
+		"SELECT replayed FROM idem_citus_call(1::bigint, 'k-kill', $insert, 1::bigint, 'k-kill', 11)");
 	# the business row is written (its shard locked by the call's insert)
 	# and the key record's insert waits
 	$node_now->poll_query_until('postgres',
@@ -387,7 +387,7 @@ SELECT (SELECT xmin FROM idem.citus_keys_$keys_shard WHERE tenant = 1 AND key = 
 	$call->finish;
 	$blocker->finish;
 	isnt($call->result(0), 0, "the call fails when the shard's node dies before its commit");
-	is($cout, '', '... and returns nothing');
+	is($$cout, '', '... and returns nothing');
 	$node_now->start;
 	is(rows("note = 'k-kill'"), '0', '... nothing of it remains after the restart');
 	($out, $err) = call($coord,
