@@ -170,7 +170,7 @@ extern void idem_insert_run(IdemRunRow *row);
 extern void idem_update_run(IdemRunRow *row);
 /* offered a due run by idem_scan_due_runs(); false when it wants no more */
 typedef bool (*IdemDueRunFn) (Oid owner, const char *run_id, void *arg);
-extern void idem_scan_due_runs(const char *queue, Oid owner, TimestampTz now,
+extern void idem_scan_due_runs(const char *queue, TimestampTz now,
 							   IdemDueRunFn take, void *arg);
 extern bool idem_queue_other_owner(const char *queue, Oid owner);
 extern void idem_insert_run_attempt(Oid owner, const char *run_id,

@@ -1281,8 +1281,8 @@ idem_lookup_run(Oid owner, const char *run_id, IdemRunRow *row)
 
 /*
  * Open a scan of one of the claim's partial indexes of idem.runs (their
- * first column is the queue) with keys beyond the queue's; the caller ends
- * it with due_scan_end().
+ * first column is the queue) with one key beyond the queue's; the caller
+ * ends it with due_scan_end().
  *
  * No plan: the index's own order is the claim's, so there is none that a
  * backend made while idem.runs was empty (a sequential scan and a sort)
@@ -1300,12 +1300,10 @@ typedef struct DueScan
 } DueScan;
 
 static void
-due_scan_begin(DueScan *ds, Oid indexoid, const char *queue, ScanKey more,
-			   int nmore)
+due_scan_begin(DueScan *ds, Oid indexoid, const char *queue, ScanKey more)
 {
-	ScanKeyData skey[3];
+	ScanKeyData skey[2];
 
-	Assert(nmore < lengthof(skey));
 	catalog_resolve();
 	ds->queue = cstring_to_text(queue);
 	ds->rel = table_open(catalog.runs, AccessShareLock);
@@ -1313,11 +1311,9 @@ due_scan_begin(DueScan *ds, Oid indexoid, const char *queue, ScanKey more,
 	ds->slot = table_slot_create(ds->rel, NULL);
 	ScanKeyInit(&skey[0], 1, BTEqualStrategyNumber, F_TEXTEQ,
 				PointerGetDatum(ds->queue));
-	for (int i = 0; i < nmore; i++)
-		skey[i + 1] = more[i];
-	ds->scan = index_beginscan(ds->rel, ds->idx, SnapshotSelf, NULL,
-							   nmore + 1, 0);
-	index_rescan(ds->scan, skey, nmore + 1, NULL, 0);
+	skey[1] = *more;
+	ds->scan = index_beginscan(ds->rel, ds->idx, SnapshotSelf, NULL, 2, 0);
+	index_rescan(ds->scan, skey, 2, NULL, 0);
 }
 
 static void
@@ -1330,29 +1326,22 @@ due_scan_end(DueScan *ds)
 /*
  * idem_scan_due_runs
  *		Offer the unfinished runs of queue that are due by now to take(),
- *		oldest due first, until it returns false or none is left; only
- *		owner's if owner is valid.
+ *		oldest due first, until it returns false or none is left.
  *
  * take() may update the run it is offered (a lease moves due_at past now,
  * out of this scan's range).
  */
 void
-idem_scan_due_runs(const char *queue, Oid owner, TimestampTz now,
-				   IdemDueRunFn take, void *arg)
+idem_scan_due_runs(const char *queue, TimestampTz now, IdemDueRunFn take,
+				   void *arg)
 {
 	DueScan		ds;
-	ScanKeyData skey[2];
-	int			nkeys = 0;
+	ScanKeyData skey;
 
 	catalog_resolve();
-	if (OidIsValid(owner))
-		ScanKeyInit(&skey[nkeys++], 2, BTEqualStrategyNumber, F_OIDEQ,
-					ObjectIdGetDatum(owner));
-	ScanKeyInit(&skey[nkeys], nkeys + 2, BTLessEqualStrategyNumber,
-				F_TIMESTAMPTZ_LE, TimestampTzGetDatum(now));
-	nkeys++;
-	due_scan_begin(&ds, OidIsValid(owner) ? catalog.runs_owner_due :
-				   catalog.runs_due, queue, skey, nkeys);
+	ScanKeyInit(&skey, 2, BTLessEqualStrategyNumber, F_TIMESTAMPTZ_LE,
+				TimestampTzGetDatum(now));
+	due_scan_begin(&ds, catalog.runs_due, queue, &skey);
 	while (index_getnext_slot(ds.scan, ForwardScanDirection, ds.slot))
 	{
 		bool		isnull;
@@ -1385,7 +1374,7 @@ queue_owner_beyond(const char *queue, Oid owner, StrategyNumber side)
 	ScanKeyInit(&skey, 2, side,
 				side == BTLessStrategyNumber ? F_OIDLT : F_OIDGT,
 				ObjectIdGetDatum(owner));
-	due_scan_begin(&ds, catalog.runs_owner_due, queue, &skey, 1);
+	due_scan_begin(&ds, catalog.runs_owner_due, queue, &skey);
 	found = index_getnext_slot(ds.scan, side == BTLessStrategyNumber ?
 							   BackwardScanDirection : ForwardScanDirection,
 							   ds.slot);

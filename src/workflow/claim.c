@@ -391,7 +391,7 @@ claim_into(IdemQueue *q, int32 max_runs, int64 lease_us, Oid caller,
 	if (want == 0)
 		return 0;
 	/* one role, or none: its oldest due runs, straight off the index */
-	idem_scan_due_runs(q->queue, InvalidOid, now, take_due_run, &cs);
+	idem_scan_due_runs(q->queue, now, take_due_run, &cs);
 	if (!cs.shared)
 		return cs.leased;
 	values[0] = CStringGetTextDatum(q->queue);
