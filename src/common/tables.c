@@ -1280,9 +1280,10 @@ idem_lookup_run(Oid owner, const char *run_id, IdemRunRow *row)
 }
 
 /*
- * Open a scan of one of the claim's partial indexes of idem.runs (their
- * first column is the queue) with one key beyond the queue's; the caller
- * ends it with due_scan_end().
+ * Open a scan of one of the claim's partial indexes of idem.runs,
+ * runs_due_idx or (by_owner) runs_owner_due_idx, whose first column is the
+ * queue, with one key beyond the queue's; the caller ends it with
+ * due_scan_end().
  *
  * No plan: the index's own order is the claim's, so there is none that a
  * backend made while idem.runs was empty (a sequential scan and a sort)
@@ -1300,14 +1301,15 @@ typedef struct DueScan
 } DueScan;
 
 static void
-due_scan_begin(DueScan *ds, Oid indexoid, const char *queue, ScanKey more)
+due_scan_begin(DueScan *ds, bool by_owner, const char *queue, ScanKey more)
 {
 	ScanKeyData skey[2];
 
 	catalog_resolve();
 	ds->queue = cstring_to_text(queue);
 	ds->rel = table_open(catalog.runs, AccessShareLock);
-	ds->idx = index_open(indexoid, AccessShareLock);
+	ds->idx = index_open(by_owner ? catalog.runs_owner_due : catalog.runs_due,
+						 AccessShareLock);
 	ds->slot = table_slot_create(ds->rel, NULL);
 	ScanKeyInit(&skey[0], 1, BTEqualStrategyNumber, F_TEXTEQ,
 				PointerGetDatum(ds->queue));
@@ -1338,10 +1340,9 @@ idem_scan_due_runs(const char *queue, TimestampTz now, IdemDueRunFn take,
 	DueScan		ds;
 	ScanKeyData skey;
 
-	catalog_resolve();
 	ScanKeyInit(&skey, 2, BTLessEqualStrategyNumber, F_TIMESTAMPTZ_LE,
 				TimestampTzGetDatum(now));
-	due_scan_begin(&ds, catalog.runs_due, queue, &skey);
+	due_scan_begin(&ds, false, queue, &skey);
 	while (index_getnext_slot(ds.scan, ForwardScanDirection, ds.slot))
 	{
 		bool		isnull;
@@ -1374,7 +1375,7 @@ queue_owner_beyond(const char *queue, Oid owner, StrategyNumber side)
 	ScanKeyInit(&skey, 2, side,
 				side == BTLessStrategyNumber ? F_OIDLT : F_OIDGT,
 				ObjectIdGetDatum(owner));
-	due_scan_begin(&ds, catalog.runs_owner_due, queue, &skey);
+	due_scan_begin(&ds, true, queue, &skey);
 	found = index_getnext_slot(ds.scan, side == BTLessStrategyNumber ?
 							   BackwardScanDirection : ForwardScanDirection,
 							   ds.slot);
@@ -1391,7 +1392,6 @@ queue_owner_beyond(const char *queue, Oid owner, StrategyNumber side)
 bool
 idem_queue_other_owner(const char *queue, Oid owner)
 {
-	catalog_resolve();
 	return queue_owner_beyond(queue, owner, BTLessStrategyNumber) ||
 		queue_owner_beyond(queue, owner, BTGreaterStrategyNumber);
 }
