@@ -15,6 +15,7 @@ OBJS = \
 	src/common/owner.o \
 	src/common/lease.o \
 	src/common/grants.o \
+	src/common/citusmeta.o \
 	src/request/tokens.o \
 	src/request/statement.o \
 	src/request/exec.o \

@@ -74,11 +74,13 @@ struct Latch;
  * the colocation idem_citus_colocate() declares is missing; IDC02 the call
  * or its statement is not confined to one local transaction on the node of
  * the tenant's shard; IDC03 the tenant value or table does not match the
- * declared colocation.
+ * declared colocation; IDC04 one of idem's own tables was made a Citus
+ * table by hand.
  */
 #define ERRCODE_IDEM_CITUS_NOT_COLOCATED	MAKE_SQLSTATE('I','D','C','0','1')
 #define ERRCODE_IDEM_CITUS_NOT_LOCAL		MAKE_SQLSTATE('I','D','C','0','2')
 #define ERRCODE_IDEM_CITUS_MISMATCH			MAKE_SQLSTATE('I','D','C','0','3')
+#define ERRCODE_IDEM_CITUS_TAKEN_OVER		MAKE_SQLSTATE('I','D','C','0','4')
 
 /* The extension version whose SQL definitions this library serves. */
 #define IDEM_SQL_VERSION		"1.2"

@@ -48,6 +48,13 @@ extern void idem_session_state_save(IdemSessionState *s);
 extern const char *idem_session_state_changed(const IdemSessionState *s);
 struct config_generic;
 extern struct config_generic *idem_own_param(const char *name);
+/* citusmeta.c: Citus's catalog, read directly */
+extern bool idem_citus_catalog_scan(const char *table, const char *index,
+									const char *keycol, RegProcedure eq,
+									Datum key, const char *col, uint32 want,
+									uint32 *out);
+extern bool idem_citus_owns(Oid relid);
+
 /* grants.c: role lists that grant the use of topics and queues */
 extern bool idem_role_in(Oid role, Datum array);
 extern Datum idem_roles_arg(FunctionCallInfo fcinfo, int argno,

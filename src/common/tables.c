@@ -298,7 +298,8 @@ catalog_relid(const char *relname, Oid nspid)
  * A table idem reads by column number must be the extension's own, with
  * exactly the columns idem expects: a renamed original and a look-alike
  * in its place would otherwise be read through the wrong index or with
- * the wrong types.
+ * the wrong types.  Nor may Citus have taken it over: its rows would be on
+ * Citus's shards, out of sight of idem's direct reads and writes.
  */
 static Oid
 catalog_table(const char *relname, Oid nspid, Oid extoid,
@@ -311,6 +312,12 @@ catalog_table(const char *relname, Oid nspid, Oid extoid,
 
 	if (getExtensionOfObject(RelationRelationId, relid) != extoid)
 		catalog_damaged(relname, "The relation is not a member of the extension.");
+	if (idem_citus_owns(relid))
+		ereport(ERROR,
+				(errcode(ERRCODE_IDEM_CITUS_TAKEN_OVER),
+				 errmsg("relation \"idem.%s\" is a Citus table", relname),
+				 errdetail("idem reads and writes its own tables on each node directly, where Citus keeps none of a distributed or reference table's rows."),
+				 idem_errhint(ERRCODE_IDEM_CITUS_TAKEN_OVER, "Give the table back as idem's Citus documentation says (undistribute_table() refuses an extension's table); idem's key records follow a tenant's shard through idem_citus_colocate().")));
 
 	rel = table_open(relid, AccessShareLock);
 	desc = RelationGetDescr(rel);

@@ -9,7 +9,8 @@
  *		which Citus delegates to the node of the tenant's shard
  *		(create_distributed_function with force_delegation).
  *		idem_citus_call(): the key record and the business write in one
- *		local transaction there.
+ *		local transaction there; idem_citus_call_outbox() adds the call's
+ *		outbox event to that transaction, in idem.outbox of that node.
  *
  * The table and the function are made here rather than by the extension's
  * script because their types come from the distributed table.  Declaring
@@ -44,10 +45,7 @@
  */
 #include "postgres.h"
 
-#include "access/genam.h"
 #include "access/htup_details.h"
-#include "access/stratnum.h"
-#include "access/table.h"
 #include "catalog/namespace.h"
 #include "catalog/pg_class.h"
 #include "catalog/pg_namespace.h"
@@ -74,6 +72,7 @@
 
 PG_FUNCTION_INFO_V1(idem_citus_colocate);
 PG_FUNCTION_INFO_V1(idem_citus_call);
+PG_FUNCTION_INFO_V1(idem_citus_call_outbox);
 
 static void
 run_sql(const char *sql, int nargs, Oid *types, Datum *values, int expect)
@@ -143,6 +142,28 @@ citus_keys_empty(void)
 	return DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0],
 									  SPI_tuptable->tupdesc, 1, &(bool){0}));
 }
+
+/*
+ * The functions idem_citus_colocate() makes, after their tenant argument:
+ * each is made with and without the statement's arguments, and Citus
+ * delegates each by its tenant.
+ */
+static const struct
+{
+	const char *name;
+	const char *params;
+	const char *args;			/* params' types, for DROP and regprocedure */
+	const char *symbol;
+}			citus_calls[] = {
+	{"idem_citus_call", "key text, sql text", "text, text", "idem_citus_call"},
+	{"idem_citus_call", "key text, sql text, VARIADIC args \"any\"",
+	"text, text, \"any\"", "idem_citus_call"},
+	{"idem_citus_call_outbox", "outbox_topic text, key text, sql text",
+	"text, text, text", "idem_citus_call_outbox"},
+	{"idem_citus_call_outbox",
+		"outbox_topic text, key text, sql text, VARIADIC args \"any\"",
+	"text, text, text, \"any\"", "idem_citus_call_outbox"},
+};
 
 /*
  * idem_citus_colocate(distributed_table regclass) returns void
@@ -220,12 +241,13 @@ idem_citus_colocate(PG_FUNCTION_ARGS)
 	initStringInfo(&sql);
 	if (OidIsValid(keys_rel))
 	{
-		appendStringInfo(&sql,
-						 "DROP FUNCTION IF EXISTS %s.idem_citus_call(%s, text, text);"
-						 "DROP FUNCTION IF EXISTS %s.idem_citus_call(%s, text, text, VARIADIC \"any\");"
-						 "DROP TABLE idem.citus_keys",
-						 nsp, format_type_be_qualified(get_atttype(keys_rel, 1)),
-						 nsp, format_type_be_qualified(get_atttype(keys_rel, 1)));
+		char	   *old_type = format_type_be_qualified(get_atttype(keys_rel, 1));
+
+		for (int i = 0; i < lengthof(citus_calls); i++)
+			appendStringInfo(&sql, "DROP FUNCTION IF EXISTS %s.%s(%s, %s);",
+							 nsp, citus_calls[i].name, old_type,
+							 citus_calls[i].args);
+		appendStringInfoString(&sql, "DROP TABLE idem.citus_keys");
 		run_sql(sql.data, 0, NULL, NULL, SPI_OK_UTILITY);
 		resetStringInfo(&sql);
 	}
@@ -251,28 +273,23 @@ idem_citus_colocate(PG_FUNCTION_ARGS)
 	run_sql("SELECT pg_catalog.create_distributed_table('idem.citus_keys', 'tenant',"
 			" colocate_with => $1)", 1, types, values, SPI_OK_SELECT);
 
-	/* the C function serving this one serves idem_citus_call() too */
-	resetStringInfo(&sql);
-	appendStringInfo(&sql,
-					 "CREATE FUNCTION %s.idem_citus_call(tenant %s, key text, sql text,"
-					 " OUT response pg_catalog.jsonb, OUT replayed boolean,"
-					 " OUT first_executed_at timestamptz) RETURNS record"
-					 " AS %s, 'idem_citus_call' LANGUAGE C VOLATILE PARALLEL UNSAFE;"
-					 "CREATE FUNCTION %s.idem_citus_call(tenant %s, key text, sql text,"
-					 " VARIADIC args \"any\","
-					 " OUT response pg_catalog.jsonb, OUT replayed boolean,"
-					 " OUT first_executed_at timestamptz) RETURNS record"
-					 " AS %s, 'idem_citus_call' LANGUAGE C VOLATILE PARALLEL UNSAFE",
-					 nsp, typname, probin,
-					 nsp, typname, probin);
-	run_sql(sql.data, 0, NULL, NULL, SPI_OK_UTILITY);
-
-	for (int variadic = 0; variadic < 2; variadic++)
+	/* the C functions serving this one serve the calls too */
+	for (int i = 0; i < lengthof(citus_calls); i++)
 	{
+		resetStringInfo(&sql);
+		appendStringInfo(&sql,
+						 "CREATE FUNCTION %s.%s(tenant %s, %s,"
+						 " OUT response pg_catalog.jsonb, OUT replayed boolean,"
+						 " OUT first_executed_at timestamptz) RETURNS record"
+						 " AS %s, '%s' LANGUAGE C VOLATILE PARALLEL UNSAFE",
+						 nsp, citus_calls[i].name, typname,
+						 citus_calls[i].params, probin,
+						 citus_calls[i].symbol);
+		run_sql(sql.data, 0, NULL, NULL, SPI_OK_UTILITY);
 		types[0] = TEXTOID;
-		values[0] = CStringGetTextDatum(psprintf("%s.idem_citus_call(%s, text, text%s)",
-												 nsp, typname,
-												 variadic ? ", \"any\"" : ""));
+		values[0] = CStringGetTextDatum(psprintf("%s.%s(%s, %s)", nsp,
+												 citus_calls[i].name, typname,
+												 citus_calls[i].args));
 		run_sql("SELECT pg_catalog.create_distributed_function($1::pg_catalog.regprocedure,"
 				" 'tenant', colocate_with => 'idem.citus_keys', force_delegation => true)",
 				1, types, values, SPI_OK_SELECT);
@@ -561,58 +578,6 @@ tenant_shard_id(Oid keys_rel, Oid keys_owner, Oid tenant_type, Datum tenant,
 }
 
 /*
- * A scan of one of Citus's catalog tables in pg_catalog, by column keycol
- * through index (or all rows, without one), with a catalog snapshot: those
- * tables have no syscache, so it is taken anew for each scan.  Without
- * out, whether a row has column col equal to want; with it, the first
- * row's col into *out.  Both integer columns.
- */
-static bool
-citus_catalog_scan(const char *table, const char *index, const char *keycol,
-				   RegProcedure eq, Datum key, const char *col, uint32 want,
-				   uint32 *out)
-{
-	Oid			relid = get_relname_relid(table, PG_CATALOG_NAMESPACE);
-	Oid			indexid = index ? get_relname_relid(index, PG_CATALOG_NAMESPACE) : InvalidOid;
-	Relation	rel;
-	SysScanDesc scan;
-	ScanKeyData skey;
-	HeapTuple	tup;
-	AttrNumber	attnum;
-	bool		found = false;
-
-	if (!OidIsValid(relid) || (index != NULL && !OidIsValid(indexid)))
-		elog(ERROR, "Citus catalog table \"%s\" or its index is missing", table);
-	rel = table_open(relid, AccessShareLock);
-	attnum = get_attnum(relid, col);
-	if (attnum == InvalidAttrNumber)
-		elog(ERROR, "Citus catalog table \"%s\" has no column \"%s\"", table, col);
-	if (index != NULL)
-		ScanKeyInit(&skey, get_attnum(relid, keycol), BTEqualStrategyNumber,
-					eq, key);
-	scan = systable_beginscan(rel, indexid, index != NULL, NULL,
-							  index != NULL ? 1 : 0, &skey);
-	while (!found && HeapTupleIsValid(tup = systable_getnext(scan)))
-	{
-		bool		isnull;
-		Datum		d = heap_getattr(tup, attnum, RelationGetDescr(rel), &isnull);
-
-		if (isnull)
-			continue;
-		if (out != NULL)
-		{
-			*out = DatumGetUInt32(d);
-			found = true;
-		}
-		else
-			found = DatumGetUInt32(d) == want;
-	}
-	systable_endscan(scan);
-	table_close(rel, AccessShareLock);
-	return found;
-}
-
-/*
  * The tenant's shard of idem.citus_keys, if this node holds it: false when
  * Citus did not delegate the call here.  Takes Citus's shard metadata lock
  * before it asks where the shard is, so that no move can take the shard
@@ -660,10 +625,11 @@ tenant_shard_local(Oid keys_rel, Oid keys_owner, Oid tenant_type,
 	if (colocation_generation != generation)
 	{
 		keys_colocation = 0;
-		(void) citus_catalog_scan("pg_dist_partition",
-								  "pg_dist_partition_logical_relid_index",
-								  "logicalrelid", F_OIDEQ, ObjectIdGetDatum(keys_rel),
-								  "colocationid", 0, &keys_colocation);
+		(void) idem_citus_catalog_scan("pg_dist_partition",
+									   "pg_dist_partition_logical_relid_index",
+									   "logicalrelid", F_OIDEQ,
+									   ObjectIdGetDatum(keys_rel),
+									   "colocationid", 0, &keys_colocation);
 		colocation_generation = generation;
 	}
 	shard->colocation = keys_colocation;
@@ -674,12 +640,13 @@ tenant_shard_local(Oid keys_rel, Oid keys_owner, Oid tenant_type,
 		Oid			relid = InvalidOid;
 		uint32		group = 0;
 
-		if (citus_catalog_scan("pg_dist_local_group", NULL, NULL, InvalidOid,
-							   0, "groupid", 0, &group) &&
-			citus_catalog_scan("pg_dist_placement",
-							   "pg_dist_placement_shardid_index", "shardid",
-							   F_INT8EQ, Int64GetDatum(shard->shardid),
-							   "groupid", group, NULL))
+		if (idem_citus_catalog_scan("pg_dist_local_group", NULL, NULL,
+									InvalidOid, 0, "groupid", 0, &group) &&
+			idem_citus_catalog_scan("pg_dist_placement",
+									"pg_dist_placement_shardid_index",
+									"shardid", F_INT8EQ,
+									Int64GetDatum(shard->shardid),
+									"groupid", group, NULL))
 		{
 			/* Citus names a shard's relation <table>_<shard id>, in the table's schema */
 			snprintf(relname, sizeof(relname), "citus_keys_" INT64_FORMAT,
@@ -825,10 +792,16 @@ lock_tenant_key(Oid tenant_type, Datum tenant, IdemRequest *req)
 	pfree(out);
 }
 
+/*
+ * The call of idem_citus_call() (keyarg 1) and idem_citus_call_outbox()
+ * (keyarg 2, the topic before the key): the key, the statement and its
+ * arguments follow keyarg.
+ */
 static void
-citus_call(FunctionCallInfo fcinfo, IdemRequest *req, IdemResult *result)
+citus_call(FunctionCallInfo fcinfo, const char *fname, int keyarg,
+		   IdemRequest *req, IdemResult *result)
 {
-	const char *fname = "idem_citus_call()";
+	char	   *topic = NULL;
 	Oid			keys_rel;
 	Oid			keys_owner;
 	Oid			tenant_type;
@@ -866,7 +839,9 @@ citus_call(FunctionCallInfo fcinfo, IdemRequest *req, IdemResult *result)
 	tenant = PG_GETARG_DATUM(0);
 	keys_owner = rel_owner(keys_rel);
 
-	idem_keyed_request(fcinfo, fname, 1, req);
+	idem_keyed_request(fcinfo, fname, keyarg, req);
+	if (keyarg == 2 && !PG_ARGISNULL(1))
+		topic = text_to_cstring(PG_GETARG_TEXT_PP(1));
 
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "SPI_connect failed");
@@ -912,6 +887,9 @@ citus_call(FunctionCallInfo fcinfo, IdemRequest *req, IdemResult *result)
 			bool		cached;
 			MemoryContext old;
 
+			/* a topic the role may not publish to fails before anything runs */
+			if (topic != NULL)
+				idem_outbox_check_publish(topic, req->owner);
 			executing = true;
 			old = MemoryContextSwitchTo(callercxt);
 			idem_citus_pin_tenant(tenant_type, tenant, shard.colocation);
@@ -921,6 +899,10 @@ citus_call(FunctionCallInfo fcinfo, IdemRequest *req, IdemResult *result)
 			write_tenant_key(keys_owner, tenant_type, tenant, &shard, req, false,
 							 fingerprint, result->response, now,
 							 idem_new_record_expiry(req->owner, req->key, req->ttl));
+			/* a failed statement had no effect to announce */
+			if (topic != NULL && !cached)
+				idem_insert_outbox(req->key, req->owner, topic,
+								   result->response, now, NULL, NULL, 0);
 			result->replayed = false;
 			result->first_executed_at = now;
 		}
@@ -951,6 +933,26 @@ idem_citus_call(PG_FUNCTION_ARGS)
 	IdemRequest req;
 	IdemResult	result;
 
-	citus_call(fcinfo, &req, &result);
+	citus_call(fcinfo, "idem_citus_call()", 1, &req, &result);
+	PG_RETURN_DATUM(idem_result_datum(&result));
+}
+
+/*
+ * idem_citus_call_outbox(tenant <distribution type>, outbox_topic text,
+ *		key text, sql text [, VARIADIC args "any"])
+ *		returns (response jsonb, replayed boolean, first_executed_at timestamptz)
+ *
+ * idem_citus_call() whose execution also writes its response as an event
+ * of outbox_topic (none if NULL) to idem.outbox on the shard's node, in the
+ * same local transaction; that node's consumers deliver it.  The topic is
+ * not part of the request, as idem.outbox_topic is not for idem_execute().
+ */
+Datum
+idem_citus_call_outbox(PG_FUNCTION_ARGS)
+{
+	IdemRequest req;
+	IdemResult	result;
+
+	citus_call(fcinfo, "idem_citus_call_outbox()", 2, &req, &result);
 	PG_RETURN_DATUM(idem_result_datum(&result));
 }

@@ -40,6 +40,15 @@
 #  - idem.ttl set on idem_citus_call (ALTER FUNCTION) holds on the shard's
 #    node; idem_citus_purge() removes expired tenant records on every
 #    shard, and only those
+#  - idem_citus_call_outbox() writes its event to idem.outbox on the node
+#    of the tenant's shard, in the business row's transaction; a replay, a
+#    failing statement, an unregistered topic and a stray statement write
+#    none; one consumer per node, then three per node, deliver each event
+#    exactly once, also a tenant's events from both sides of a move of its
+#    shard group
+#  - idem.keys made a Citus table by hand: calls through the coordinator
+#    and a worker are IDC04; given back with Citus's drop functions, calls
+#    work again and a key recorded before replays
 
 use strict;
 use warnings FATAL => 'all';
@@ -541,6 +550,196 @@ is($coord->safe_psql('postgres',
 		'SELECT count(*) FROM idem.citus_keys WHERE tenant NOT BETWEEN 201 AND 216'),
 	$kept, '... and no record that has not expired');
 $coord->safe_psql('postgres', 'CALL idem_purge_all()');
+
+# --- outbox events: written with the call, in its transaction, to
+# idem.outbox on the node of the tenant's shard; each node's consumers
+# deliver that node's events
+is($coord->safe_psql('postgres',
+		q{SELECT count(*) FROM run_command_on_all_nodes($$SELECT idem_outbox_create_topic('refunds')$$) WHERE success}),
+	'3', 'the topic registered on every node');
+# the calls of keys ev-$from .. ev-$to, tenant 301 + n % 16, through $entry
+sub event_calls
+{
+	my ($entry, $from, $to) = @_;
+	my ($out, $err) = call($entry,
+		join('', map { my $t = 301 + $_ % 16; "SELECT replayed FROM idem_citus_call_outbox(${t}::bigint, 'refunds', 'ev-$_', $insert, ${t}::bigint, 'ev-$_', 1);\n" } $from .. $to));
+	return (join('', sort { $a cmp $b } split /\n/, $out), $err);
+}
+sub events_pending
+{
+	my $n = 0;
+	$n += $_->safe_psql('postgres',
+		"SELECT count(*) FROM idem.outbox WHERE topic = 'refunds'") for @nodes;
+	return $n;
+}
+($out, $err) = call($coord,
+	"SELECT idem_citus_call_outbox(301::bigint, 'no-such-topic', 'ev-x', $insert, 301::bigint, 'ev-x', 1)");
+is(sqlstate_of($err), '42704', 'an unregistered topic: 42704');
+($out, $err) = call($coord,
+	"SELECT idem_citus_call_outbox(301::bigint, 'refunds', 'ev-bad', $insert, 301::bigint, 'ev-bad', 0)");
+is(sqlstate_of($err), '23514', 'a failing business statement raises its error');
+($out, $err) = call($coord,
+	"SELECT idem_citus_call_outbox(301::bigint, 'refunds', 'ev-stray', $insert, 302::bigint, 'ev-stray', 1)");
+is(sqlstate_of($err), 'IDC03', 'a statement writing another tenant: IDC03');
+is(rows("note IN ('ev-x', 'ev-bad', 'ev-stray')"), '0', '... none of the three wrote a row');
+is(events_pending(), '0', '... or an event');
+my $entry_no = 0;
+for my $entry (@nodes)
+{
+	my $from = 1 + 20 * $entry_no++;
+	($out, $err) = event_calls($entry, $from, $from + 19);
+	is($out, 'f' x 20, 'ev-' . $from . '.. through ' . $entry->name . ' execute') or diag($err);
+}
+($out, $err) = event_calls($w2, 1, 60);
+is($out, 't' x 60, 'their retries through one worker replay') or diag($err);
+is(events_pending(), '60', 'one event per executed call, none per replay');
+for my $node (@nodes)
+{
+	my $port = $node->port;
+	is( $node->safe_psql(
+			'postgres', qq{
+SELECT count(*) FROM idem.outbox o
+ WHERE o.topic = 'refunds' AND (SELECT s.nodeport FROM citus_shards s
+	WHERE s.shardid = get_shard_id_for_distribution_column('payments',
+		301 + substr(o.key, 4)::int % 16) LIMIT 1) <> $port}),
+		'0', $node->name . ": each event is on its tenant's node");
+}
+{
+	my ($node, $shard) = placement(301 + 1 % 16);
+	is( $node->safe_psql(
+			'postgres', qq{
+SET citus.override_table_visibility = off;
+SELECT (SELECT xmin FROM idem.outbox WHERE key = 'ev-1')
+	 = (SELECT xmin FROM public.payments_$shard WHERE note = 'ev-1')}),
+		't', "... written in the business row's transaction");
+}
+
+# consumers: a procedure that claims and acks until the topic is empty,
+# logging each delivery in a table of its node
+$coord->safe_psql('postgres', q{
+CREATE PROCEDURE consume(c text) LANGUAGE plpgsql AS $$
+DECLARE
+	e record;
+	n int;
+BEGIN
+	LOOP
+		n := 0;
+		FOR e IN SELECT * FROM idem_outbox_claim('refunds', 3, '30 s', c) LOOP
+			INSERT INTO delivered_log VALUES (e.event_id, e.key, c);
+			PERFORM idem_outbox_ack(e.event_id, e.lease_token);
+			n := n + 1;
+		END LOOP;
+		COMMIT;
+		EXIT WHEN n = 0;
+	END LOOP;
+END $$});
+for my $node (@nodes)
+{
+	$node->safe_psql('postgres',
+		'CREATE TABLE delivered_log (event_id uuid, key text, consumer text)');
+	is($node->safe_psql('postgres',
+			"SELECT count(*) FROM pg_proc WHERE proname = 'consume'"),
+		'1', $node->name . ': the consumer procedure is there');
+}
+# run $per consumers on every node at once; the log of all nodes
+sub deliver
+{
+	my ($per) = @_;
+	my @h;
+	for my $node (@nodes)
+	{
+		for my $c (1 .. $per)
+		{
+			my ($in, $out, $err) = ('', '', '');
+			my $h = IPC::Run::start(
+				[
+					'psql', '-XAtq', '-v', 'ON_ERROR_STOP=1', '-d',
+					$node->connstr('postgres'), '-c',
+					"CALL consume('" . $node->name . "-$c')"
+				],
+				'<', \$in, '>', \$out, '2>', \$err);
+			push @h, [ $h, \$err ];
+		}
+	}
+	for (@h)
+	{
+		my ($h, $err) = @$_;
+		$h->finish;
+		is($$err, '', 'a consumer ran without error');
+	}
+	return join("\n", grep { $_ ne '' } map { $_->safe_psql('postgres',
+		"SELECT string_agg(event_id || ' ' || key || ' ' || consumer, E'\\n') FROM delivered_log") } @nodes);
+}
+sub check_log
+{
+	my ($log, $keys, $what) = @_;
+	my (%events, %keys);
+	for (split /\n/, $log)
+	{
+		my ($ev, $key) = split / /;
+		$events{$ev}++;
+		$keys{$key}++;
+	}
+	is(scalar(grep { $_ > 1 } values %events), 0, "$what: no event delivered twice");
+	is(join(',', sort keys %keys), join(',', sort @$keys), "$what: every event delivered");
+	is(events_pending(), '0', "$what: no event left");
+}
+check_log(deliver(1), [ map { "ev-$_" } 1 .. 60 ], 'one consumer per node');
+
+# events of a tenant written before its shard group moves stay on the old
+# node and are delivered there; those after are written on the new one
+my $mover = 301 + 61 % 16;
+my ($old_node, $mshard) = placement($mover);
+($out, $err) = event_calls($coord, 61, 90);
+is($out, 'f' x 30, 'ev-61..90 execute') or diag($err);
+my ($new_node) = grep { $_ != $old_node && $_ != $coord } ($w1, $w2);
+$coord->safe_psql('postgres',
+	"SELECT citus_move_shard_placement($mshard, '127.0.0.1', "
+	  . $old_node->port . ", '127.0.0.1', " . $new_node->port
+	  . ", shard_transfer_mode => 'block_writes')");
+is((placement($mover))[0]->port, $new_node->port, "tenant ${mover}'s shard group moved");
+($out, $err) = event_calls($w1, 61, 120);
+is($out, 'f' x 30 . 't' x 30, 'ev-91..120 execute, ev-61..90 replay after the move') or diag($err);
+is($new_node->safe_psql('postgres',
+		"SELECT count(*) FROM idem.outbox WHERE key IN ('ev-61', 'ev-77')"),
+	'0', "... tenant ${mover}'s events from before the move are not on the new node");
+is($old_node->safe_psql('postgres',
+		"SELECT count(*) FROM idem.outbox WHERE key IN ('ev-61', 'ev-77')"),
+	'2', '... but on the old one');
+$_->safe_psql('postgres', 'TRUNCATE delivered_log') for @nodes;
+my $log = deliver(3);
+check_log($log, [ map { "ev-$_" } 61 .. 120 ], 'three consumers per node');
+is(scalar(grep { / ev-(61|77|93|109) / } split /\n/, $log), 4,
+	"tenant ${mover}'s events delivered, before and after the move");
+
+# --- idem's own tables made Citus tables by hand are refused
+($out, $err) = call($coord, "SELECT replayed FROM idem_execute_ex('k-before-taken', 'SELECT 1')");
+is($out, 'f', 'a key recorded on the coordinator');
+($out, $err) = call($coord, "SELECT create_distributed_table('idem.keys', 'key', colocate_with => 'none')");
+unlike($err, qr/ERROR/, 'Citus accepts idem.keys distributed by hand');
+for my $entry ($coord, $w1)
+{
+	($out, $err) = call($entry, "SELECT idem_execute('k-taken', 'SELECT 1')");
+	is(sqlstate_of($err), 'IDC04', 'then a call through ' . $entry->name . ' is IDC04');
+}
+like($err, qr/relation "idem.keys" is a Citus table/, '... saying which table');
+($out, $err) = call($coord, "SELECT undistribute_table('idem.keys')");
+is(sqlstate_of($err), 'XX000', 'undistribute_table() refuses a table of an extension');
+# what doc/citus.md says to do instead: Citus's own functions that its drop
+# trigger runs, which leave the table on each node as it was
+($out, $err) = call($coord, q{
+SELECT citus_drop_all_shards('idem.keys', 'idem', 'keys');
+SELECT master_remove_distributed_table_metadata_from_workers('idem.keys', 'idem', 'keys');
+SELECT master_remove_partition_metadata('idem.keys', 'idem', 'keys');
+});
+is($err, '', "Citus's drop functions give idem.keys back") or diag($err);
+for my $entry ($coord, $w1)
+{
+	($out, $err) = call($entry, "SELECT idem_execute('k-given-back', 'SELECT 1')");
+	is($err, '', 'then calls through ' . $entry->name . ' work again') or diag($err);
+}
+($out, $err) = call($coord, "SELECT replayed FROM idem_execute_ex('k-before-taken', 'SELECT 1')");
+is($out, 't', '... and the key recorded before replays') or diag($err);
 
 $_->stop for reverse @nodes;
 done_testing();
