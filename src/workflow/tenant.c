@@ -453,7 +453,7 @@ static void
 run_keys_sql(KeysSql which, Oid relid, Oid keys_owner, Oid tenant_type,
 			 int nargs, Oid *types, Datum *values, bool read_only)
 {
-	SPIPlanPtr	plan = keys_plan(which, relid, tenant_type, nargs, types);
+	SPIPlanPtr	plan;
 	Oid			save_userid;
 	int			save_sec;
 	int			nestlevel = -1;
@@ -470,6 +470,8 @@ run_keys_sql(KeysSql which, Oid relid, Oid keys_owner, Oid tenant_type,
 	SetUserIdAndSecContext(keys_owner, save_sec | SECURITY_LOCAL_USERID_CHANGE);
 	PG_TRY();
 	{
+		/* prepared as the owner too: callers may not even see the schema */
+		plan = keys_plan(which, relid, tenant_type, nargs, types);
 		rc = SPI_execute_plan(plan, values, NULL, read_only, 0);
 	}
 	PG_FINALLY();

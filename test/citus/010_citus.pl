@@ -46,6 +46,10 @@
 #    none; one consumer per node, then three per node, deliver each event
 #    exactly once, also a tenant's events from both sides of a move of its
 #    shard group
+#  - a role that is not a superuser calls through every entry node: its
+#    call executes once and replays elsewhere, its keys are its own (the
+#    same key of another role executes), its event needs its publish
+#    grant, and it cannot read idem.citus_keys
 #  - idem.keys made a Citus table by hand: calls through the coordinator
 #    and a worker are IDC04; given back with Citus's drop functions, calls
 #    work again and a key recorded before replays
@@ -711,6 +715,50 @@ my $log = deliver(3);
 check_log($log, [ map { "ev-$_" } 61 .. 120 ], 'three consumers per node');
 is(scalar(grep { / ev-(61|77|93|109) / } split /\n/, $log), 4,
 	"tenant ${mover}'s events delivered, before and after the move");
+
+# --- an application role that is not a superuser: its calls, its keys,
+# its events
+$coord->safe_psql('postgres', q{
+CREATE ROLE app LOGIN;
+CREATE ROLE app2 LOGIN;
+GRANT SELECT, INSERT ON payments TO app, app2;
+});
+is($coord->safe_psql('postgres',
+		q{SELECT count(*) FROM run_command_on_all_nodes($$SELECT idem_outbox_grant('refunds', 'app', 'publish')$$) WHERE success}),
+	'3', 'app may publish to the topic on every node');
+sub call_as
+{
+	my ($node, $role, $sql) = @_;
+	my ($ret, $out, $err) = $node->psql('postgres', $sql,
+		extra_params => [ '-U', $role, '-v', 'VERBOSITY=verbose' ]);
+	return ($out, $err);
+}
+my $app_call = "SELECT replayed, response FROM idem_citus_call_outbox(401::bigint, 'refunds', 'app-1', $insert, 401::bigint, 'app-1', 7)";
+($out, $err) = call_as($coord, 'app', $app_call);
+like($out, qr/^f\|/, 'app: a call through the coordinator executes') or diag($err);
+my $app_first = (split /\|/, $out, 2)[1];
+for my $entry ($w1, $w2)
+{
+	($out, $err) = call_as($entry, 'app', $app_call);
+	is($out, "t|$app_first", 'app: the retry through ' . $entry->name . ' replays') or diag($err);
+}
+($out, $err) = call_as($w1, 'app2', $app_call);
+is(sqlstate_of($err), '42501', 'app2, not a publisher of the topic: 42501');
+($out, $err) = call_as($w1, 'app2',
+	"SELECT replayed FROM idem_citus_call(401::bigint, 'app-1', $insert, 401::bigint, 'app-1', 7)");
+is($out, 'f', "app2's key app-1 is not app's: it executes") or diag($err);
+is(rows("note = 'app-1'"), '2', 'one row for each role');
+is( $coord->safe_psql('postgres',
+		"SELECT string_agg(owner::text, ',' ORDER BY owner::text) FROM idem.citus_keys WHERE tenant = 401 AND key = 'app-1'"),
+	'app,app2', "each role's key record");
+{
+	my ($node) = placement(401);
+	is($node->safe_psql('postgres',
+			"SELECT owner::text FROM idem.outbox WHERE key = 'app-1'"),
+		'app', "app's event, on its tenant's node, and none of app2's refused call");
+}
+($out, $err) = call_as($coord, 'app', 'SELECT count(*) FROM idem.citus_keys');
+is(sqlstate_of($err), '42501', 'app cannot read idem.citus_keys');
 
 # --- idem's own tables made Citus tables by hand are refused
 ($out, $err) = call($coord, "SELECT replayed FROM idem_execute_ex('k-before-taken', 'SELECT 1')");
