@@ -46,6 +46,8 @@
 #    none; one consumer per node, then three per node, deliver each event
 #    exactly once, also a tenant's events from both sides of a move of its
 #    shard group
+#  - two tenant calls in one transaction block from the coordinator, their
+#    shards on different nodes: both commit, and their retries replay
 #  - a role that is not a superuser calls through every entry node: its
 #    call executes once and replays elsewhere, its keys are its own (the
 #    same key of another role executes), its event needs its publish
@@ -715,6 +717,25 @@ my $log = deliver(3);
 check_log($log, [ map { "ev-$_" } 61 .. 120 ], 'three consumers per node');
 is(scalar(grep { / ev-(61|77|93|109) / } split /\n/, $log), 4,
 	"tenant ${mover}'s events delivered, before and after the move");
+
+# --- two tenant calls in one transaction block, tenants on different
+# nodes: both commit, and their retries replay
+{
+	my ($na) = placement(501);
+	my $tb = (grep { (placement($_))[0]->port != $na->port } 502 .. 540)[0];
+	($out, $err) = call($coord, qq{
+BEGIN;
+SELECT replayed FROM idem_citus_call(501::bigint, 'tx-a', $insert, 501::bigint, 'tx-a', 1);
+SELECT replayed FROM idem_citus_call(${tb}::bigint, 'tx-b', $insert, ${tb}::bigint, 'tx-b', 1);
+COMMIT;});
+	is($out, "f\nf", 'both execute') or diag($err);
+	is(rows("note IN ('tx-a', 'tx-b')"), '2', '... and both rows committed');
+	($out, $err) = call($w1, qq{
+SELECT replayed FROM idem_citus_call(501::bigint, 'tx-a', $insert, 501::bigint, 'tx-a', 1);
+SELECT replayed FROM idem_citus_call(${tb}::bigint, 'tx-b', $insert, ${tb}::bigint, 'tx-b', 1);});
+	is($out, "t\nt", '... their retries through a worker replay') or diag($err);
+	is(rows("note IN ('tx-a', 'tx-b')"), '2', '... one row each');
+}
 
 # --- an application role that is not a superuser: its calls, its keys,
 # its events
