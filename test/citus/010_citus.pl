@@ -52,6 +52,9 @@
 #    call executes once and replays elsewhere, its keys are its own (the
 #    same key of another role executes), its event needs its publish
 #    grant, and it cannot read idem.citus_keys
+#  - a text tenant (a database of its own): tenants and keys that spell
+#    each other's together, each executes once and replays through the
+#    workers
 #  - idem.keys made a Citus table by hand: calls through the coordinator
 #    and a worker are IDC04; given back with Citus's drop functions, calls
 #    work again and a key recorded before replays
@@ -780,6 +783,44 @@ is( $coord->safe_psql('postgres',
 }
 ($out, $err) = call_as($coord, 'app', 'SELECT count(*) FROM idem.citus_keys');
 is(sqlstate_of($err), '42501', 'app cannot read idem.citus_keys');
+
+# --- a text tenant, in a database of its own (one colocation per
+# database): calls from every entry node, tenants whose value and key
+# together spell another's
+for my $node (@nodes)
+{
+	$node->safe_psql('postgres', 'CREATE DATABASE tt');
+	$node->safe_psql('tt', 'CREATE EXTENSION citus');
+}
+$coord->safe_psql('tt',
+	"SELECT citus_set_coordinator_host('127.0.0.1', " . $coord->port . ')');
+$coord->safe_psql('tt', "SELECT citus_add_node('127.0.0.1', " . $_->port . ')')
+  for ($w1, $w2);
+$coord->safe_psql('tt', q{
+CREATE EXTENSION idem;
+CREATE TABLE accounts (tenant text NOT NULL, note text NOT NULL);
+SELECT create_distributed_table('accounts', 'tenant');
+SELECT idem_citus_colocate('accounts');
+});
+is($coord->safe_psql('tt',
+		"SELECT format_type(atttypid, NULL) FROM pg_attribute WHERE attrelid = 'idem.citus_keys'::regclass AND attname = 'tenant'"),
+	'text', 'idem.citus_keys follows a text distribution column');
+my $tt_insert = q{'INSERT INTO accounts VALUES ($1, $2) RETURNING tenant, note'};
+my @pairs = ([ 'acme', 'k:1' ], [ 'acme:k', '1' ], [ 'ümlaut tenant', 'k:1' ]);
+for my $entry (@nodes)
+{
+	for my $p (@pairs)
+	{
+		my ($t, $k) = @$p;
+		my ($ret, $o, $e) = $entry->psql('tt',
+			"SELECT replayed FROM idem_citus_call('$t'::text, '$k', $tt_insert, '$t'::text, '$k')");
+		is($o, $entry == $coord ? 'f' : 't',
+			"text tenant '$t', key '$k' through " . $entry->name
+			  . ($entry == $coord ? ': executes' : ': replays')) or diag($e);
+	}
+}
+is($coord->safe_psql('tt', 'SELECT count(*) FROM accounts'), '3', 'one row per (tenant, key)');
+is($coord->safe_psql('tt', 'SELECT count(*) FROM idem.citus_keys'), '3', 'one key record each');
 
 # --- idem's own tables made Citus tables by hand are refused
 ($out, $err) = call($coord, "SELECT replayed FROM idem_execute_ex('k-before-taken', 'SELECT 1')");
