@@ -576,9 +576,9 @@ LANGUAGE C VOLATILE STRICT PARALLEL UNSAFE;
 REVOKE ALL ON FUNCTION @extschema@.idem_citus_colocate(regclass) FROM PUBLIC;
 
 -- Expired tenant key records, on every shard of idem.citus_keys at once
--- (Citus runs the DELETE on each shard's node); 0 before colocation.  The
--- purge worker and idem_purge() purge each node's own idem.keys only;
--- idem_purge_all() calls this too.  plpgsql resolves the table when the
+-- (Citus runs the DELETE on each shard's node); 0 before colocation.
+-- idem_purge_all() calls it, and so does the purge worker on a Citus
+-- coordinator; idem_purge() purges the node's own idem.keys only.  plpgsql resolves the table when the
 -- statement first runs, so it need not exist before then.
 CREATE FUNCTION @extschema@.idem_citus_purge()
 RETURNS bigint

@@ -3,7 +3,8 @@
  * citusmeta.c
  *		Citus's catalog tables (pg_dist_partition, pg_dist_placement,
  *		pg_dist_local_group), read directly: whether Citus has taken one of
- *		idem's own tables over, and where a tenant's shard is.
+ *		idem's own tables over, where a tenant's shard is, and whether this
+ *		node is the coordinator.
  *
  * Those tables have no syscache, and going through Citus's SQL functions
  * would plan a query per read; an index scan with a catalog snapshot is
@@ -100,4 +101,18 @@ idem_citus_owns(Oid relid)
 								   "logicalrelid", F_OIDEQ,
 								   ObjectIdGetDatum(relid), "colocationid", 0,
 								   &colocation);
+}
+
+/*
+ * idem_citus_coordinator
+ *		Whether this database is a Citus coordinator: its node's group is
+ *		group 0.
+ */
+bool
+idem_citus_coordinator(void)
+{
+	if (!OidIsValid(get_relname_relid("pg_dist_local_group", PG_CATALOG_NAMESPACE)))
+		return false;
+	return idem_citus_catalog_scan("pg_dist_local_group", NULL, NULL,
+								   InvalidOid, 0, "groupid", 0, NULL);
 }

@@ -54,6 +54,7 @@ extern bool idem_citus_catalog_scan(const char *table, const char *index,
 									Datum key, const char *col, uint32 want,
 									uint32 *out);
 extern bool idem_citus_owns(Oid relid);
+extern bool idem_citus_coordinator(void);
 
 /* grants.c: role lists that grant the use of topics and queues */
 extern bool idem_role_in(Oid role, Datum array);

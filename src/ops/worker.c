@@ -52,6 +52,7 @@
 #include "catalog/pg_database.h"
 #include "catalog/pg_extension.h"
 #include "commands/extension.h"
+#include "executor/spi.h"
 #include "miscadmin.h"
 #include "pgstat.h"
 #include "postmaster/bgworker.h"
@@ -369,6 +370,39 @@ purge_in_batches(const char *what, PurgeStep step)
 }
 
 /*
+ * Expired tenant key records under Citus (idem.citus_keys), from the
+ * coordinator only: idem_citus_purge() is one DELETE, which Citus runs on
+ * every shard's node.  It is the SQL function rather than a call into the
+ * tenant layer, which sits above this one.
+ */
+static int64
+purge_citus_keys(int batch_size)
+{
+	bool		isnull;
+	int64		n;
+
+	if (!idem_citus_coordinator())
+		return 0;
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+	if (SPI_execute("SELECT pg_catalog.quote_ident(n.nspname)"
+					"  FROM pg_catalog.pg_extension e"
+					"  JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) e.extnamespace"
+					" WHERE e.extname OPERATOR(pg_catalog.=) 'idem'", true, 1) != SPI_OK_SELECT ||
+		SPI_processed != 1)
+		elog(ERROR, "could not find the schema of extension \"idem\"");
+	if (SPI_execute(psprintf("SELECT %s.idem_citus_purge()",
+							 SPI_getvalue(SPI_tuptable->vals[0],
+										  SPI_tuptable->tupdesc, 1)),
+					false, 1) != SPI_OK_SELECT || SPI_processed != 1)
+		elog(ERROR, "idem_citus_purge() failed");
+	n = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
+									SPI_tuptable->tupdesc, 1, &isnull));
+	SPI_finish();
+	return isnull ? 0 : n;
+}
+
+/*
  * One cycle of the purge worker in its database, each kind in turn, until
  * the extension is dropped.
  *
@@ -383,7 +417,9 @@ purge_cycle(void)
 		purge_in_batches("idem: purging audit entries past idem.audit_retention",
 						 idem_audit_purge_expired) &&
 		purge_in_batches("idem: purging delivered outbox events",
-						 idem_outbox_purge_delivered);
+						 idem_outbox_purge_delivered) &&
+		purge_in_batches("idem: purging expired Citus tenant keys",
+						 purge_citus_keys);
 }
 
 void

@@ -58,6 +58,8 @@
 #  - idem.keys made a Citus table by hand: calls through the coordinator
 #    and a worker are IDC04; given back with Citus's drop functions, calls
 #    work again and a key recorded before replays
+#  - with idem preloaded on the coordinator, the purge worker removes the
+#    expired tenant records on every shard, and only those
 
 use strict;
 use warnings FATAL => 'all';
@@ -850,6 +852,26 @@ for my $entry ($coord, $w1)
 }
 ($out, $err) = call($coord, "SELECT replayed FROM idem_execute_ex('k-before-taken', 'SELECT 1')");
 is($out, 't', '... and the key recorded before replays') or diag($err);
+
+# --- with idem preloaded on the coordinator, its purge worker removes
+# expired tenant records on every shard
+$coord->safe_psql('postgres', "ALTER FUNCTION $fn SET idem.ttl = '1s'");
+$coord->safe_psql('postgres',
+	join('', map { "SELECT replayed FROM idem_citus_call(${_}::bigint, 'k-worker', 'INSERT INTO payments VALUES (\$1, \$2, \$3) RETURNING tenant_id, note', ${_}::bigint, 'k-worker', 1);\n" } 601 .. 616));
+$coord->safe_psql('postgres', "ALTER FUNCTION $fn RESET idem.ttl");
+my $live = $coord->safe_psql('postgres',
+	"SELECT count(*) FROM idem.citus_keys WHERE key <> 'k-worker'");
+$coord->append_conf('postgresql.conf', qq(
+shared_preload_libraries = 'citus, idem'
+idem.purge_interval = 1
+));
+$coord->restart;
+ok( $coord->poll_query_until('postgres',
+		"SELECT count(*) = 0 FROM idem.citus_keys WHERE key = 'k-worker'"),
+	"the coordinator's purge worker removed the 16 expired tenant records");
+is($coord->safe_psql('postgres',
+		"SELECT count(*) FROM idem.citus_keys WHERE key <> 'k-worker'"),
+	$live, '... and no other');
 
 $_->stop for reverse @nodes;
 done_testing();
