@@ -173,26 +173,22 @@ idem_citus_pin_tenant(Oid type, Datum value, uint32 colocation)
 
 /*
  * idem_citus_check_confined
- *		After a business statement ran under a key recorded on this node:
- *		IDC02 if Citus opened a distributed transaction for it, whose
- *		commit on the other nodes would be apart from the key record's
- *		(one-phase: a lost reply, and the retry executes again).
+ *		After a business statement ran, for a record on this node (a key, a
+ *		step): IDC02 if Citus opened a distributed transaction for it, whose
+ *		commit on the other nodes would be apart from the record's
+ *		(one-phase: a lost reply, and the retry executes again).  The
+ *		statement runner (exec.c) asks it after every business statement,
+ *		so no path records one that Citus distributed.
  */
 void
-idem_citus_check_confined(const char *fname, bool tenant_call)
+idem_citus_check_confined(void)
 {
 	if (!idem_citus_in_distributed_transaction())
 		return;
-	if (tenant_call)
-		ereport(ERROR,
-				(errcode(ERRCODE_IDEM_CITUS_NOT_LOCAL),
-				 errmsg("the statement passed to %s reached beyond the tenant's shard", fname),
-				 errdetail("Citus opened a distributed transaction for it: it touched another node or another tenant's shard, so its write could not commit with the key record."),
-				 idem_errhint(ERRCODE_IDEM_CITUS_NOT_LOCAL, "Filter every distributed table the statement reads or writes by the tenant's distribution value, in tables co-located with idem's.")));
 	ereport(ERROR,
 			(errcode(ERRCODE_IDEM_CITUS_NOT_LOCAL),
-			 errmsg("%s cannot record a statement that Citus distributes", fname),
-			 errdetail("Citus opened a distributed transaction for the statement: its write would commit on other nodes apart from the key record on this one."),
+			 errmsg("idem cannot record a statement that Citus distributes"),
+			 errdetail("Citus opened a distributed transaction for the statement: its write would commit on other nodes apart from idem's record on this one."),
 			 idem_errhint(ERRCODE_IDEM_CITUS_NOT_LOCAL, "Declare the tenant's colocation with idem_citus_colocate() and call idem_citus_call(tenant, key, sql, ...).")));
 }
 

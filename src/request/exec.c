@@ -73,6 +73,7 @@ run_statement(IdemStatement *stmt, IdemRequest *req)
 	rc = SPI_execute_plan(plan, req->values, req->nulls, false, 0);
 	if (rc < 0)
 		elog(ERROR, "SPI_execute_plan failed: %s", SPI_result_code_string(rc));
+	idem_citus_check_confined();
 	idem_statement_check_settings(stmt, &before);
 
 	MemoryContextSwitchTo(callercxt);

@@ -93,7 +93,7 @@ extern bool idem_citus_present(void);
 extern void idem_citus_require(const char *fname);
 extern Oid	idem_citus_keys_relid(void);
 extern bool idem_citus_in_distributed_transaction(void);
-extern void idem_citus_check_confined(const char *fname, bool tenant_call);
+extern void idem_citus_check_confined(void);
 extern void idem_citus_pin_tenant(Oid type, Datum value, uint32 colocation);
 
 #endif							/* IDEM_REQUEST_H */

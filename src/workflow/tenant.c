@@ -737,10 +737,12 @@ write_tenant_key(Oid keys_owner, Oid tenant_type, Datum tenant,
 /*
  * Run the business statement pinned to the tenant (idem_citus_pin_tenant()):
  * Citus's refusal of a statement that does not keep to the tenant's value
- * becomes IDC03, which says what to do.
+ * becomes IDC03, and the runner's refusal of one for which Citus opened a
+ * transaction on another node (IDC02) says so in a tenant's terms.
  */
 static Jsonb *
-run_tenant_statement(IdemStatement *stmt, IdemRequest *req, bool *cached)
+run_tenant_statement(const char *fname, IdemStatement *stmt,
+					 IdemRequest *req, bool *cached)
 {
 	MemoryContext cxt = CurrentMemoryContext;
 	Jsonb	   *response = NULL;
@@ -755,6 +757,15 @@ run_tenant_statement(IdemStatement *stmt, IdemRequest *req, bool *cached)
 
 		MemoryContextSwitchTo(cxt);
 		edata = CopyErrorData();
+		if (edata->sqlerrcode == ERRCODE_IDEM_CITUS_NOT_LOCAL)
+		{
+			FlushErrorState();
+			ereport(ERROR,
+					(errcode(ERRCODE_IDEM_CITUS_NOT_LOCAL),
+					 errmsg("the statement passed to %s reached beyond the tenant's shard", fname),
+					 errdetail("Citus opened a distributed transaction for it: it touched another node or another tenant's shard, so its write could not commit with the key record."),
+					 idem_errhint(ERRCODE_IDEM_CITUS_NOT_LOCAL, "Filter every distributed table the statement reads or writes by the tenant's distribution value, in tables co-located with idem's.")));
+		}
 		if (edata->sqlerrcode != ERRCODE_FEATURE_NOT_SUPPORTED ||
 			edata->message == NULL ||
 			strncmp(edata->message, "queries must filter by the distribution argument", 48) != 0)
@@ -762,7 +773,7 @@ run_tenant_statement(IdemStatement *stmt, IdemRequest *req, bool *cached)
 		FlushErrorState();
 		ereport(ERROR,
 				(errcode(ERRCODE_IDEM_CITUS_MISMATCH),
-				 errmsg("the statement passed to idem_citus_call() does not keep to the tenant"),
+				 errmsg("the statement passed to %s does not keep to the tenant", fname),
 				 errdetail("Citus refused a part of it that is not filtered by the tenant's distribution value, in idem's colocation group: %s.",
 						   edata->message),
 				 idem_errhint(ERRCODE_IDEM_CITUS_MISMATCH, "Filter every distributed table the statement reads or writes by the tenant's distribution value, in tables co-located with idem's.")));
@@ -895,9 +906,8 @@ citus_call(FunctionCallInfo fcinfo, const char *fname, int keyarg,
 			executing = true;
 			old = MemoryContextSwitchTo(callercxt);
 			idem_citus_pin_tenant(tenant_type, tenant, shard.colocation);
-			result->response = run_tenant_statement(stmt, req, &cached);
+			result->response = run_tenant_statement(fname, stmt, req, &cached);
 			MemoryContextSwitchTo(old);
-			idem_citus_check_confined(fname, true);
 			write_tenant_key(keys_owner, tenant_type, tenant, &shard, req, false,
 							 fingerprint, result->response, now,
 							 idem_new_record_expiry(req->owner, req->key, req->ttl));

@@ -48,6 +48,9 @@
 #    shard group
 #  - two tenant calls in one transaction block from the coordinator, their
 #    shards on different nodes: both commit, and their retries replay
+#  - a run's step whose statement Citus would run on a worker is IDC02 and
+#    records nothing (through idem_step() and idem_call()), so is a dry run
+#    of such a statement; a step on a local table runs
 #  - a role that is not a superuser calls through every entry node: its
 #    call executes once and replays elsewhere, its keys are its own (the
 #    same key of another role executes), its event needs its publish
@@ -741,6 +744,28 @@ SELECT replayed FROM idem_citus_call(${tb}::bigint, 'tx-b', $insert, ${tb}::bigi
 	is($out, "t\nt", '... their retries through a worker replay') or diag($err);
 	is(rows("note IN ('tx-a', 'tx-b')"), '2', '... one row each');
 }
+
+# --- runs are not distributed: a step whose statement Citus would run on
+# a worker is refused like idem_execute(), recording nothing
+$coord->safe_psql('postgres',
+	"SELECT idem_run_begin('run-c1', steps => ARRAY['pay', 'mail'])");
+($out, $err) = call($coord,
+	"SELECT idem_step('run-c1', 'pay', $insert, 1::bigint, 'run-c1', 5)");
+is(sqlstate_of($err), 'IDC02', 'a step writing a distributed table: IDC02');
+is(rows("note = 'run-c1'"), '0', '... no row');
+is($coord->safe_psql('postgres',
+		"SELECT done_steps FROM idem.runs WHERE run_id = 'run-c1'"),
+	'{}', '... and the step is not recorded');
+($out, $err) = call($coord,
+	"SELECT idem_call(NULL, $insert, ARRAY['1', 'run-c1', '5'], run_id => 'run-c1', step => 'pay')");
+is(sqlstate_of($err), 'IDC02', '... so is the same step through idem_call()');
+($out, $err) = call($coord,
+	"SELECT idem_dry_run('k-dry', $insert, 1::bigint, 'k-dry', 5)");
+is(sqlstate_of($err), 'IDC02', '... and a dry run of such a statement, as the call would be');
+is(rows("note IN ('run-c1', 'k-dry')"), '0', '... none wrote a row');
+($out, $err) = call($coord,
+	"SELECT idem_step('run-c1', 'pay', 'INSERT INTO plain_local VALUES (1) RETURNING id')");
+is($err, '', 'a step on a local table runs') or diag($err);
 
 # --- an application role that is not a superuser: its calls, its keys,
 # its events
