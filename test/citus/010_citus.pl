@@ -58,6 +58,9 @@
 #  - a text tenant (a database of its own): tenants and keys that spell
 #    each other's together, each executes once and replays through the
 #    workers
+#  - a shard split (the halves on both workers), citus_drain_node() and
+#    rebalance_table_shards(): after each, every key replays through every
+#    entry node, with no second row
 #  - idem.keys made a Citus table by hand: calls through the coordinator
 #    and a worker are IDC04; given back with Citus's drop functions, calls
 #    work again and a key recorded before replays
@@ -848,6 +851,68 @@ for my $entry (@nodes)
 }
 is($coord->safe_psql('tt', 'SELECT count(*) FROM accounts'), '3', 'one row per (tenant, key)');
 is($coord->safe_psql('tt', 'SELECT count(*) FROM idem.citus_keys'), '3', 'one key record each');
+
+# --- a shard split, draining a node and the rebalancer: the key records
+# go where their rows go, and every retry replays
+sub retry_all
+{
+	my ($keys, $what) = @_;
+	my $script = join('', map { my ($t, $k) = @$_; "SELECT replayed FROM idem_citus_call(${t}::bigint, '$k', $insert, ${t}::bigint, '$k', 1);\n" } @$keys);
+	for my $entry (@nodes)
+	{
+		my ($out, $err) = call($entry, $script);
+		is(join('', split /\n/, $out), 't' x scalar(@$keys),
+			"$what: all " . scalar(@$keys) . ' keys replay through ' . $entry->name)
+		  or diag($err);
+	}
+}
+sub node_id
+{
+	my ($node) = @_;
+	return $coord->safe_psql('postgres',
+		'SELECT nodeid FROM pg_dist_node WHERE nodeport = ' . $node->port);
+}
+{
+	my (undef, $shard) = placement(701);
+	my @ten = split /,/, $coord->safe_psql('postgres', qq{
+SELECT string_agg(t::text, ',') FROM generate_series(701, 1000) t
+ WHERE get_shard_id_for_distribution_column('payments', t::bigint) = $shard});
+	@ten = @ten[0 .. 11] if @ten > 12;
+	my @keys = map { [ $_, "split-$_" ] } @ten;
+	($out, $err) = call($coord, join('', map { my ($t, $k) = @$_; "SELECT replayed FROM idem_citus_call(${t}::bigint, '$k', $insert, ${t}::bigint, '$k', 1);\n" } @keys));
+	is(join('', split /\n/, $out), 'f' x scalar(@keys), scalar(@keys) . " tenants of shard $shard execute") or diag($err);
+	my ($lo, $hi) = split /\|/, $coord->safe_psql('postgres',
+		"SELECT shardminvalue, shardmaxvalue FROM pg_dist_shard WHERE shardid = $shard");
+	my $mid = int(($lo + $hi) / 2);
+	$coord->safe_psql('postgres',
+		"SELECT citus_split_shard_by_split_points($shard, ARRAY['$mid'], ARRAY["
+		  . node_id($w1) . ', ' . node_id($w2) . "], 'block_writes')");
+	is($coord->safe_psql('postgres', 'SELECT count(DISTINCT nodeport) FROM (SELECT (SELECT s.nodeport FROM citus_shards s WHERE s.shardid = get_shard_id_for_distribution_column(\'payments\', t::bigint) LIMIT 1) AS nodeport FROM unnest(ARRAY[' . join(',', @ten) . ']::bigint[]) t) x'),
+		'2', 'the split put the tenants on both workers');
+	retry_all(\@keys, 'after the split');
+	is(rows("note LIKE 'split-%'"), scalar(@keys), '... no row more');
+	is($coord->safe_psql('postgres', "SELECT count(*) FROM idem.citus_keys WHERE key LIKE 'split-%'"),
+		scalar(@keys), '... one key record each');
+
+	my @reb = map { [ $_, "reb-$_" ] } 801 .. 832;
+	($out, $err) = call($w1, join('', map { my ($t, $k) = @$_; "SELECT replayed FROM idem_citus_call(${t}::bigint, '$k', $insert, ${t}::bigint, '$k', 1);\n" } @reb));
+	is(join('', split /\n/, $out), 'f' x 32, '32 tenants over all shards execute') or diag($err);
+	$coord->safe_psql('postgres',
+		"SELECT citus_drain_node('127.0.0.1', " . $w2->port . ", 'block_writes')");
+	is($coord->safe_psql('postgres',
+			"SELECT count(*) FROM citus_shards WHERE nodeport = " . $w2->port),
+		'0', 'citus_drain_node() moved every shard off worker2');
+	retry_all([ @reb, @keys ], 'after the drain');
+	$coord->safe_psql('postgres',
+		"SELECT citus_set_node_property('127.0.0.1', " . $w2->port . ", 'shouldhaveshards', true)");
+	$coord->safe_psql('postgres',
+		"SELECT rebalance_table_shards(shard_transfer_mode => 'block_writes')");
+	cmp_ok($coord->safe_psql('postgres',
+			"SELECT count(*) FROM citus_shards WHERE nodeport = " . $w2->port),
+		'>', 0, 'the rebalancer moved shards back to worker2');
+	retry_all([ @reb, @keys ], 'after the rebalance');
+	is(rows("note LIKE 'reb-%' OR note LIKE 'split-%'"), 32 + scalar(@keys), '... and no row more');
+}
 
 # --- idem's own tables made Citus tables by hand are refused
 ($out, $err) = call($coord, "SELECT replayed FROM idem_execute_ex('k-before-taken', 'SELECT 1')");
