@@ -61,6 +61,7 @@
 #  - a shard split (the halves on both workers), citus_drain_node() and
 #    rebalance_table_shards(): after each, every key replays through every
 #    entry node, with no second row
+#  - doc/citus.md's examples (its sql-citus blocks), verbatim
 #  - idem.keys made a Citus table by hand: calls through the coordinator
 #    and a worker are IDC04; given back with Citus's drop functions, calls
 #    work again and a key recorded before replays
@@ -817,17 +818,23 @@ is(sqlstate_of($err), '42501', 'app cannot read idem.citus_keys');
 # --- a text tenant, in a database of its own (one colocation per
 # database): calls from every entry node, tenants whose value and key
 # together spell another's
-for my $node (@nodes)
+# a database of its own on every node, Citus and its nodes in it, and idem
+sub citus_database
 {
-	$node->safe_psql('postgres', 'CREATE DATABASE tt');
-	$node->safe_psql('tt', 'CREATE EXTENSION citus');
+	my ($db) = @_;
+	for my $node (@nodes)
+	{
+		$node->safe_psql('postgres', "CREATE DATABASE $db");
+		$node->safe_psql($db, 'CREATE EXTENSION citus');
+	}
+	$coord->safe_psql($db,
+		"SELECT citus_set_coordinator_host('127.0.0.1', " . $coord->port . ')');
+	$coord->safe_psql($db, "SELECT citus_add_node('127.0.0.1', " . $_->port . ')')
+	  for ($w1, $w2);
+	$coord->safe_psql($db, 'CREATE EXTENSION idem');
 }
-$coord->safe_psql('tt',
-	"SELECT citus_set_coordinator_host('127.0.0.1', " . $coord->port . ')');
-$coord->safe_psql('tt', "SELECT citus_add_node('127.0.0.1', " . $_->port . ')')
-  for ($w1, $w2);
+citus_database('tt');
 $coord->safe_psql('tt', q{
-CREATE EXTENSION idem;
 CREATE TABLE accounts (tenant text NOT NULL, note text NOT NULL);
 SELECT create_distributed_table('accounts', 'tenant');
 SELECT idem_citus_colocate('accounts');
@@ -912,6 +919,39 @@ SELECT string_agg(t::text, ',') FROM generate_series(701, 1000) t
 		'>', 0, 'the rebalancer moved shards back to worker2');
 	retry_all([ @reb, @keys ], 'after the rebalance');
 	is(rows("note LIKE 'reb-%' OR note LIKE 'split-%'"), 32 + scalar(@keys), '... and no row more');
+}
+
+# --- doc/citus.md's examples (its ```sql-citus blocks), verbatim, in a
+# database of their own
+{
+	open my $fh, '<', "$FindBin::RealBin/../../doc/citus.md" or die $!;
+	my $doc = do { local $/; <$fh> };
+	close $fh;
+	my @blocks = $doc =~ /^```sql-citus\n(.*?)^```$/msg;
+	is(scalar(@blocks), 4, "doc/citus.md has four examples for this test");
+	citus_database('docs');
+	my ($ret, $o, $e) = $coord->psql('docs', $blocks[0]);
+	is($e, '', 'doc: the setup runs') or diag($e);
+	($ret, $o, $e) = $coord->psql('docs', $blocks[1]);
+	like($o, qr/^\{.*\}\|f\|/, 'doc: the call executes') or diag($e);
+	($ret, $o, $e) = $coord->psql('docs', $blocks[1]);
+	like($o, qr/^\{.*\}\|t\|/, 'doc: run again, it replays') or diag($e);
+	($ret, $o, $e) = $coord->psql('docs', $blocks[2]);
+	like($o, qr/\|f\|/, 'doc: the call that writes an event executes') or diag($e);
+	is($e, '', '... the whole example runs on the coordinator') or diag($e);
+	my ($node) = grep { $_->port == $coord->safe_psql('docs', q{
+SELECT nodeport FROM citus_shards
+ WHERE shardid = get_shard_id_for_distribution_column('payments', 42::bigint)}) } @nodes;
+	my ($claim) = $blocks[2] =~ /(SELECT \* FROM idem_outbox_claim\(.*?\);)/s;
+	like($node->safe_psql('docs', $claim), qr/refund-77/,
+		"doc: the claim on the tenant's worker gets the event");
+	$coord->safe_psql('docs', "SELECT create_distributed_table('idem.keys', 'key', colocate_with => 'none')");
+	($ret, $o, $e) = $coord->psql('docs', "SELECT idem_execute('doc-k', 'SELECT 1')");
+	like($e, qr/is a Citus table/, 'doc: idem.keys made a Citus table is refused');
+	($ret, $o, $e) = $coord->psql('docs', $blocks[3]);
+	is($ret, 0, 'doc: giving it back runs') or diag($e);
+	($ret, $o, $e) = $coord->psql('docs', "SELECT idem_execute('doc-k', 'SELECT 1')");
+	is($e, '', '... and calls work again') or diag($e);
 }
 
 # --- idem's own tables made Citus tables by hand are refused

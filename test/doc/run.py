@@ -21,7 +21,9 @@ allowed) is its expected output: psql's output (stdout and stderr, as psql
 prints them), or the program's; trailing blanks of each line are not
 compared.  A block without one must not fail: no ERROR from psql, exit
 status 0 from the others.  ```sql-notest (```python-notest, ...) marks a
-block that is only illustrative; it is counted, not run.  The README's
+block that is only illustrative; it is counted, not run.  ```sql-citus
+marks an example that needs a Citus cluster: test/citus runs it verbatim
+(scripts/test-citus.sh), this runner only counts it.  The README's
 quick-start block is not run here: .ci/run runs it verbatim on a fresh
 machine (scripts/fresh-machine.sh).  A line <!-- doc: fresh database -->
 before a block starts a new database from that block on (e.g. for a Node
@@ -266,6 +268,10 @@ def run_page(cluster, path, db, stats, failures):
             stats["notest"] += 1
         elif b.lang == "sh-quickstart":
             stats["quickstart"] += 1
+        elif b.lang == "sql-citus":
+            stats["citus"] += 1
+        elif b.lang.split("-")[0] in RUN_LANGS and b.lang not in RUN_LANGS:
+            failures.append(f"{b.where()}: a ```{b.lang} block is neither run nor marked -notest")
     runnable = [b for b in blocks if b.lang in RUN_LANGS]
     if not runnable:
         return
@@ -420,7 +426,7 @@ def main():
     for n in notes:
         print(f"note: {n}")
     cluster = Cluster(pg_config)
-    stats = {k: 0 for k in RUN_LANGS + ("compared", "notest", "quickstart")}
+    stats = {k: 0 for k in RUN_LANGS + ("compared", "notest", "quickstart", "citus")}
     try:
         cluster.start()
         print(f"  cluster started: {time.time() - t0:.1f} s", flush=True)
@@ -443,7 +449,8 @@ def main():
     print(f"doc examples: {ran} blocks run in {len(files)} files "
           f"(sql {stats['sql']}, python {stats['python']}, js {stats['js']}, sh {stats['sh']}), "
           f"{stats['compared']} outputs compared, {stats['notest']} marked -notest, "
-          f"quick start left to fresh-machine.sh: {stats['quickstart']}; "
+          f"quick start left to fresh-machine.sh: {stats['quickstart']}, "
+          f"Citus examples left to test/citus: {stats['citus']}; "
           f"{len(failures)} failed; {time.time() - t0:.1f} s")
     sys.exit(1 if failures else 0)
 
