@@ -75,6 +75,28 @@ ttl_seconds(Interval *ttl)
 }
 
 /*
+ * idem_call_options
+ *		Set the options a call reads (idem.outbox_topic, idem.ttl,
+ *		idem.wait) from its arguments topic_arg, ttl_arg and wait_arg, those
+ *		not NULL, for this call only; returns the GUC nest level for
+ *		AtEOXact_GUC(true, ...) when the call returns.
+ */
+int
+idem_call_options(FunctionCallInfo fcinfo, int topic_arg, int ttl_arg,
+				  int wait_arg)
+{
+	int			nestlevel = NewGUCNestLevel();
+
+	if (!PG_ARGISNULL(topic_arg))
+		set_option("idem.outbox_topic", text_to_cstring(PG_GETARG_TEXT_PP(topic_arg)));
+	if (!PG_ARGISNULL(ttl_arg))
+		set_option("idem.ttl", ttl_seconds(PG_GETARG_INTERVAL_P(ttl_arg)));
+	if (!PG_ARGISNULL(wait_arg))
+		set_option("idem.wait", PG_GETARG_BOOL(wait_arg) ? "on" : "off");
+	return nestlevel;
+}
+
+/*
  * idem_call(key text, sql text, args text[] DEFAULT '{}',
  *		outbox_topic text, ttl interval, wait boolean, run_id text, step text,
  *		lease_token uuid, OUT response jsonb, OUT replayed boolean,
@@ -111,14 +133,7 @@ idem_call(PG_FUNCTION_ARGS)
 				 errmsg("statement passed to idem_call() must not be null"),
 				 idem_errhint(ERRCODE_NULL_VALUE_NOT_ALLOWED, NULL)));
 
-	/* the options, for this call only */
-	nestlevel = NewGUCNestLevel();
-	if (!PG_ARGISNULL(CALL_OUTBOX_TOPIC))
-		set_option("idem.outbox_topic", text_to_cstring(PG_GETARG_TEXT_PP(CALL_OUTBOX_TOPIC)));
-	if (!PG_ARGISNULL(CALL_TTL))
-		set_option("idem.ttl", ttl_seconds(PG_GETARG_INTERVAL_P(CALL_TTL)));
-	if (!PG_ARGISNULL(CALL_WAIT))
-		set_option("idem.wait", PG_GETARG_BOOL(CALL_WAIT) ? "on" : "off");
+	nestlevel = idem_call_options(fcinfo, CALL_OUTBOX_TOPIC, CALL_TTL, CALL_WAIT);
 
 	if (is_step)
 	{

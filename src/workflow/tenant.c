@@ -10,7 +10,9 @@
  *		(create_distributed_function with force_delegation).
  *		idem_citus_call(): the key record and the business write in one
  *		local transaction there; idem_citus_call_outbox() adds the call's
- *		outbox event to that transaction, in idem.outbox of that node.
+ *		outbox event to that transaction, in idem.outbox of that node;
+ *		idem_citus_call_with() takes idem_call()'s options as arguments,
+ *		which Citus carries there as it does not the session's settings.
  *
  * The table and the function are made here rather than by the extension's
  * script because their types come from the distributed table.  Declaring
@@ -73,6 +75,7 @@
 PG_FUNCTION_INFO_V1(idem_citus_colocate);
 PG_FUNCTION_INFO_V1(idem_citus_call);
 PG_FUNCTION_INFO_V1(idem_citus_call_outbox);
+PG_FUNCTION_INFO_V1(idem_citus_call_with);
 
 static void
 run_sql(const char *sql, int nargs, Oid *types, Datum *values, int expect)
@@ -163,6 +166,10 @@ static const struct
 	{"idem_citus_call_outbox",
 		"outbox_topic text, key text, sql text, VARIADIC args \"any\"",
 	"text, text, text, \"any\"", "idem_citus_call_outbox"},
+	{"idem_citus_call_with",
+		"key text, sql text, args text[] DEFAULT '{}', outbox_topic text DEFAULT NULL,"
+		" ttl interval DEFAULT NULL, wait boolean DEFAULT NULL",
+	"text, text, text[], text, interval, boolean", "idem_citus_call_with"},
 };
 
 /*
@@ -805,16 +812,73 @@ lock_tenant_key(Oid tenant_type, Datum tenant, IdemRequest *req)
 	pfree(out);
 }
 
+/* How a tenant call's arguments are laid out, after its tenant. */
+typedef enum CitusCallShape
+{
+	CALL_VARIADIC,				/* key, sql [, VARIADIC args] */
+	CALL_OUTBOX,				/* outbox_topic, key, sql [, VARIADIC args] */
+	CALL_WITH					/* key, sql, args text[], outbox_topic, ttl,
+								 * wait */
+} CitusCallShape;
+
+/* idem_citus_call_with()'s arguments */
+enum
+{
+	WITH_KEY = 1,
+	WITH_SQL,
+	WITH_ARGS,
+	WITH_OUTBOX_TOPIC,
+	WITH_TTL,
+	WITH_WAIT
+};
+
 /*
- * The call of idem_citus_call() (keyarg 1) and idem_citus_call_outbox()
- * (keyarg 2, the topic before the key): the key, the statement and its
- * arguments follow keyarg.
+ * The request of a tenant call of the given shape, and the topic its
+ * event goes to (NULL: none).  The outbox shape names its topic; the
+ * others write to idem.outbox_topic as the shard's node has it (set by
+ * idem_citus_call_with()'s option, or on the function), as idem_execute()
+ * does.
+ */
+static char *
+tenant_request(FunctionCallInfo fcinfo, const char *fname,
+			   CitusCallShape shape, IdemRequest *req)
+{
+	if (shape != CALL_WITH)
+	{
+		int			keyarg = shape == CALL_OUTBOX ? 2 : 1;
+
+		idem_keyed_request(fcinfo, fname, keyarg, req);
+		if (shape == CALL_OUTBOX)
+			return PG_ARGISNULL(1) ? NULL : text_to_cstring(PG_GETARG_TEXT_PP(1));
+		return NULL;
+	}
+	idem_check_can_write(fname);
+	req->owner = idem_key_owner();
+	req->ttl = idem_checked_ttl();
+	req->key = idem_name_arg(fcinfo, WITH_KEY, "idempotency key");
+	req->keylen = strlen(req->key);
+	idem_check_not_step_key(req->key, fname);
+	if (PG_ARGISNULL(WITH_SQL))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("statement passed to %s must not be null", fname),
+				 idem_errhint(ERRCODE_NULL_VALUE_NOT_ALLOWED, NULL)));
+	req->sql = text_to_cstring(PG_GETARG_TEXT_PP(WITH_SQL));
+	req->nargs = 0;
+	if (!PG_ARGISNULL(WITH_ARGS))
+		idem_collect_array(PG_GETARG_ARRAYTYPE_P(WITH_ARGS), true, req);
+	return NULL;
+}
+
+/*
+ * A tenant call: the key record and the business write in one local
+ * transaction on the node of the tenant's shard.
  */
 static void
-citus_call(FunctionCallInfo fcinfo, const char *fname, int keyarg,
+citus_call(FunctionCallInfo fcinfo, const char *fname, CitusCallShape shape,
 		   IdemRequest *req, IdemResult *result)
 {
-	char	   *topic = NULL;
+	char	   *topic;
 	Oid			keys_rel;
 	Oid			keys_owner;
 	Oid			tenant_type;
@@ -852,9 +916,7 @@ citus_call(FunctionCallInfo fcinfo, const char *fname, int keyarg,
 	tenant = PG_GETARG_DATUM(0);
 	keys_owner = rel_owner(keys_rel);
 
-	idem_keyed_request(fcinfo, fname, keyarg, req);
-	if (keyarg == 2 && !PG_ARGISNULL(1))
-		topic = text_to_cstring(PG_GETARG_TEXT_PP(1));
+	topic = tenant_request(fcinfo, fname, shape, req);
 
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "SPI_connect failed");
@@ -901,8 +963,10 @@ citus_call(FunctionCallInfo fcinfo, const char *fname, int keyarg,
 			MemoryContext old;
 
 			/* a topic the role may not publish to fails before anything runs */
-			if (topic != NULL)
+			if (shape == CALL_OUTBOX && topic != NULL)
 				idem_outbox_check_publish(topic, req->owner);
+			else if (shape != CALL_OUTBOX)
+				topic = idem_current_topic(req->owner);
 			executing = true;
 			old = MemoryContextSwitchTo(callercxt);
 			idem_citus_pin_tenant(tenant_type, tenant, shard.colocation);
@@ -945,7 +1009,7 @@ idem_citus_call(PG_FUNCTION_ARGS)
 	IdemRequest req;
 	IdemResult	result;
 
-	citus_call(fcinfo, "idem_citus_call()", 1, &req, &result);
+	citus_call(fcinfo, "idem_citus_call()", CALL_VARIADIC, &req, &result);
 	PG_RETURN_DATUM(idem_result_datum(&result));
 }
 
@@ -965,6 +1029,29 @@ idem_citus_call_outbox(PG_FUNCTION_ARGS)
 	IdemRequest req;
 	IdemResult	result;
 
-	citus_call(fcinfo, "idem_citus_call_outbox()", 2, &req, &result);
+	citus_call(fcinfo, "idem_citus_call_outbox()", CALL_OUTBOX, &req, &result);
+	PG_RETURN_DATUM(idem_result_datum(&result));
+}
+
+/*
+ * idem_citus_call_with(tenant <distribution type>, key text, sql text,
+ *		args text[] DEFAULT '{}', outbox_topic text DEFAULT NULL,
+ *		ttl interval DEFAULT NULL, wait boolean DEFAULT NULL)
+ *		returns (response jsonb, replayed boolean, first_executed_at timestamptz)
+ *
+ * idem_call() for a tenant: the arguments as text typed by the statement,
+ * and the options as arguments, which Citus carries to the shard's node
+ * (it does not carry the session's settings).
+ */
+Datum
+idem_citus_call_with(PG_FUNCTION_ARGS)
+{
+	IdemRequest req;
+	IdemResult	result;
+	int			nestlevel = idem_call_options(fcinfo, WITH_OUTBOX_TOPIC,
+											  WITH_TTL, WITH_WAIT);
+
+	citus_call(fcinfo, "idem_citus_call_with()", CALL_WITH, &req, &result);
+	AtEOXact_GUC(true, nestlevel);
 	PG_RETURN_DATUM(idem_result_datum(&result));
 }

@@ -75,6 +75,10 @@ extern Oid	idem_run_owner_arg(FunctionCallInfo fcinfo, int argno,
 extern bool idem_run_signal_payload(Oid owner, const char *run_id,
 									const char *event, Jsonb **payload);
 
+/* call.c: idem_call() and the options a call takes */
+extern int	idem_call_options(FunctionCallInfo fcinfo, int topic_arg,
+							  int ttl_arg, int wait_arg);
+
 /* run.c: workflow steps, also for idem_call() */
 extern void idem_step_key_request(const char *run_id, const char *step,
 								  const pg_uuid_t *token, IdemRequest *req);

@@ -46,6 +46,9 @@
 #    none; one consumer per node, then three per node, deliver each event
 #    exactly once, also a tenant's events from both sides of a move of its
 #    shard group
+#  - idem_citus_call_with(): text arguments typed by the statement; its ttl,
+#    outbox_topic and wait options hold on the shard's node; a retry
+#    without them replays, another amount is ID422, a bad ttl writes nothing
 #  - two tenant calls in one transaction block from the coordinator, their
 #    shards on different nodes: both commit, and their retries replay
 #  - a run's step whose statement Citus would run on a worker is IDC02 and
@@ -729,6 +732,50 @@ my $log = deliver(3);
 check_log($log, [ map { "ev-$_" } 61 .. 120 ], 'three consumers per node');
 is(scalar(grep { / ev-(61|77|93|109) / } split /\n/, $log), 4,
 	"tenant ${mover}'s events delivered, before and after the move");
+
+# --- idem_citus_call_with(): idem_call() for a tenant, its arguments as
+# text typed by the statement, its options carried to the shard's node
+{
+	my $sql = q{'INSERT INTO payments VALUES ($1, $2, $3) RETURNING tenant_id, note, amount'};
+	my $with = "SELECT replayed, response FROM idem_citus_call_with(451::bigint, 'with-1', $sql,"
+	  . " ARRAY['451', 'with-1', '9'], ttl => '7 days', outbox_topic => 'refunds')";
+	($out, $err) = call($coord, $with);
+	like($out, qr/^f\|\{.*"amount": 9/, 'with: executes, its text arguments typed by the statement') or diag($err);
+	my $first = (split /\|/, $out, 2)[1];
+	is($coord->safe_psql('postgres',
+			"SELECT expires_at - created_at BETWEEN '7 days' AND '7 days 1 minute' FROM idem.citus_keys WHERE tenant = 451 AND key = 'with-1'"),
+		't', "... its ttl option holds on the shard's node");
+	my ($node) = placement(451);
+	is($node->safe_psql('postgres',
+			"SELECT count(*) FROM idem.outbox WHERE key = 'with-1' AND topic = 'refunds'"),
+		'1', '... and its outbox_topic option wrote the event there');
+	($out, $err) = call($w2, "SELECT replayed, response FROM idem_citus_call_with(451::bigint, 'with-1', $sql,"
+		  . " ARRAY['451', 'with-1', '9'])");
+	is($out, "t|$first", '... the retry through a worker, without the options, replays') or diag($err);
+	($out, $err) = call($w1, "SELECT replayed FROM idem_citus_call_with(451::bigint, 'with-1', $sql,"
+		  . " ARRAY['451', 'with-1', '10'])");
+	is(sqlstate_of($err), 'ID422', '... another amount under the key: ID422');
+	($out, $err) = call($coord, "SELECT replayed FROM idem_citus_call_with(451::bigint, 'with-0', $sql,"
+		  . " ARRAY['451', 'with-0', '9'], ttl => '0 s')");
+	is(sqlstate_of($err), '22023', 'a ttl of 0 s: 22023');
+	is(rows("note = 'with-0'"), '0', '... nothing written');
+
+	# wait => false: the key is held by a call whose transaction is open
+	my ($h) = start_call($coord,
+		"BEGIN; SELECT idem_citus_call_with(452::bigint, 'with-w', $sql, ARRAY['452', 'with-w', '1']);"
+		  . " SELECT pg_sleep(4); COMMIT;");
+	$coord->poll_query_until('postgres',
+		"SELECT count(*) > 0 FROM pg_stat_activity WHERE query LIKE '%pg_sleep(4)%' AND wait_event = 'PgSleep'")
+	  or die 'the holding call did not start';
+	($out, $err) = call($w1, "SELECT replayed FROM idem_citus_call_with(452::bigint, 'with-w', $sql,"
+		  . " ARRAY['452', 'with-w', '1'], wait => false)");
+	is(sqlstate_of($err), 'ID409', 'wait => false while the key is held on the shard\'s node: ID409');
+	$h->finish;
+	($out, $err) = call($w1, "SELECT replayed FROM idem_citus_call_with(452::bigint, 'with-w', $sql,"
+		  . " ARRAY['452', 'with-w', '1'], wait => false)");
+	is($out, 't', '... once it committed, the retry replays') or diag($err);
+	is(rows("note IN ('with-1', 'with-w')"), '2', 'one row each');
+}
 
 # --- two tenant calls in one transaction block, tenants on different
 # nodes: both commit, and their retries replay
