@@ -49,6 +49,9 @@
 #  - idem_citus_call_with(): text arguments typed by the statement; its ttl,
 #    outbox_topic and wait options hold on the shard's node; a retry
 #    without them replays, another amount is ID422, a bad ttl writes nothing
+#  - psycopg (Python values as server-side parameters, prepared) calls and
+#    retries through the coordinator and a worker; psql's retries through
+#    the other worker replay
 #  - two tenant calls in one transaction block from the coordinator, their
 #    shards on different nodes: both commit, and their retries replay
 #  - a run's step whose statement Citus would run on a worker is IDC02 and
@@ -775,6 +778,38 @@ is(scalar(grep { / ev-(61|77|93|109) / } split /\n/, $log), 4,
 		  . " ARRAY['452', 'with-w', '1'], wait => false)");
 	is($out, 't', '... once it committed, the retry replays') or diag($err);
 	is(rows("note IN ('with-1', 'with-w')"), '2', 'one row each');
+}
+
+# --- a driver's retry: psycopg, with Python values as server-side
+# parameters, prepared from the first execution, calls
+# idem_citus_call_with() through the coordinator and retries it through a
+# worker; psql retries through the other worker
+{
+	my $py = PostgreSQL::Test::Utils::tempdir() . '/driver.py';
+	PostgreSQL::Test::Utils::append_to_file($py, q{
+import sys, psycopg
+out = []
+for dsn in sys.argv[1:]:
+    conn = psycopg.connect(dsn, autocommit=True, prepare_threshold=0)
+    for tenant in (461, 462, 463):
+        for attempt in range(3):
+            row = conn.execute(
+                "SELECT replayed, response FROM idem_citus_call_with(%s, %s,"
+                " 'INSERT INTO payments VALUES ($1, $2, $3) RETURNING tenant_id, note, amount', %s)",
+                (tenant, "drv-%d" % tenant, [str(tenant), "drv-%d" % tenant, "25"])).fetchone()
+            out.append("%s:%d" % ("t" if row[0] else "f", row[1]["rows"][0]["amount"]))
+    conn.close()
+print(" ".join(out))
+});
+	my ($stdout, $stderr) = ('', '');
+	IPC::Run::run([ '/usr/bin/python3', $py, $coord->connstr('postgres'), $w1->connstr('postgres') ],
+		'>', \$stdout, '2>', \$stderr);
+	is($stdout, join(' ', ('f:25', 't:25', 't:25') x 3, ('t:25') x 9) . "\n",
+		'psycopg: each tenant executes once through the coordinator, its prepared retries and those through worker1 replay')
+	  or diag($stderr);
+	($out, $err) = call($w2, join('', map { "SELECT replayed FROM idem_citus_call_with(${_}::bigint, 'drv-$_', $insert, ARRAY['$_', 'drv-$_', '25']);\n" } 461 .. 463));
+	is($out, "t\nt\nt", "psql's retries through worker2 replay") or diag($err);
+	is(rows("note LIKE 'drv-%'"), '3', 'one row per tenant');
 }
 
 # --- two tenant calls in one transaction block, tenants on different
