@@ -20,10 +20,14 @@
  *
  * The setting is the wrapper author's, never the caller's.  Inside a
  * SECURITY DEFINER function (the current user is not the session's outer
- * role) a value counts only if the current user set it: the function's
- * SET clause, or a set_config() in its body.  A value the caller brought
- * (SET, ALTER ROLE ... SET, a connection option) is ignored there and the
- * call is keyed by the current user, as if it were unset.  Otherwise a
+ * role) a value counts only if the current user set it while the session
+ * ran: the function's SET clause, or a set_config() in its body.  A value
+ * the caller brought (SET, ALTER ROLE ... SET, a connection option) is
+ * ignored there and the call is keyed by the current user, as if it were
+ * unset.  PostgreSQL records a value from ALTER ROLE or ALTER DATABASE as
+ * set by the bootstrap superuser, the usual owner of wrappers, so the
+ * setter alone does not tell them apart: the value's source must be the
+ * session too.  Otherwise a
  * caller could SET idem.key_owner to a role the wrapper's owner has been
  * granted and read or occupy that role's keys through the wrapper (a
  * replay of its response, a mismatch as an oracle), or leave the shared
@@ -48,17 +52,19 @@
 static struct config_generic *key_owner_param = NULL;
 
 /*
- * The role that set idem.key_owner's current value: the current user at
- * the time (a function's SET clause runs as the function's owner), or
- * the bootstrap superuser for a value from the configuration, ALTER ROLE
- * or ALTER DATABASE.
+ * Whether role set idem.key_owner's current value while the session ran
+ * (SET, set_config(), a function's SET clause, which runs as the
+ * function's owner), rather than the configuration, ALTER ROLE, ALTER
+ * DATABASE or the connection, which PostgreSQL records as set by the
+ * bootstrap superuser.
  */
-static Oid
-key_owner_setter(void)
+static bool
+key_owner_set_by(Oid role)
 {
 	if (key_owner_param == NULL)
 		key_owner_param = idem_own_param("idem.key_owner");
-	return idem_guc_setter(key_owner_param);
+	return key_owner_param->source == PGC_S_SESSION &&
+		idem_guc_setter(key_owner_param) == role;
 }
 
 /*
@@ -75,7 +81,7 @@ idem_key_owner(void)
 	if (likely(setting == NULL || setting[0] == '\0') ||
 		strcmp(setting, "current_user") == 0)
 		return user;
-	if (user != GetOuterUserId() && key_owner_setter() != user)
+	if (user != GetOuterUserId() && !key_owner_set_by(user))
 		return user;
 	if (strcmp(setting, "session_user") == 0)
 		owner = GetSessionUserId();

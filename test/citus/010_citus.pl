@@ -1010,7 +1010,7 @@ SELECT string_agg(t::text, ',') FROM generate_series(701, 1000) t
 	my $doc = do { local $/; <$fh> };
 	close $fh;
 	my @blocks = $doc =~ /^```sql-citus\n(.*?)^```$/msg;
-	is(scalar(@blocks), 4, "doc/citus.md has four examples for this test");
+	is(scalar(@blocks), 5, "doc/citus.md has five examples for this test");
 	citus_database('docs');
 	my ($ret, $o, $e) = $coord->psql('docs', $blocks[0]);
 	is($e, '', 'doc: the setup runs') or diag($e);
@@ -1027,10 +1027,15 @@ SELECT nodeport FROM citus_shards
 	my ($claim) = $blocks[2] =~ /(SELECT \* FROM idem_outbox_claim\(.*?\);)/s;
 	like($node->safe_psql('docs', $claim), qr/refund-77/,
 		"doc: the claim on the tenant's worker gets the event");
+	like($coord->safe_psql('docs', $blocks[3]), qr/\|1$/m,
+		"doc: the undelivered events' query counts the event on its node");
+	$node->safe_psql('docs', "SELECT idem_outbox_ack(event_id, lease_token) FROM idem.outbox WHERE key = 'refund-77'");
+	unlike($coord->safe_psql('docs', $blocks[3]), qr/\|[1-9]\d*$/m,
+		'... and none once it is acknowledged');
 	$coord->safe_psql('docs', "SELECT create_distributed_table('idem.keys', 'key', colocate_with => 'none')");
 	($ret, $o, $e) = $coord->psql('docs', "SELECT idem_execute('doc-k', 'SELECT 1')");
 	like($e, qr/is a Citus table/, 'doc: idem.keys made a Citus table is refused');
-	($ret, $o, $e) = $coord->psql('docs', $blocks[3]);
+	($ret, $o, $e) = $coord->psql('docs', $blocks[4]);
 	is($ret, 0, 'doc: giving it back runs') or diag($e);
 	($ret, $o, $e) = $coord->psql('docs', "SELECT idem_execute('doc-k', 'SELECT 1')");
 	is($e, '', '... and calls work again') or diag($e);

@@ -153,6 +153,29 @@ SET idem.key_owner = 'regress_idem_alice';
 SELECT pay_own('sec:pay-alice') AS bob_keyed_as_bob;
 RESET idem.key_owner;
 RESET SESSION AUTHORIZATION;
+-- nor a value from ALTER ROLE ... SET, which PostgreSQL records as set by
+-- the bootstrap superuser: ignored inside a wrapper that superuser owns too
+SELECT current_user AS superuser \gset
+CREATE FUNCTION pay_super(k text) RETURNS jsonb SECURITY DEFINER
+  LANGUAGE sql SET search_path = pg_catalog, public
+  AS $$ SELECT idem_execute(k, 'INSERT INTO payments (payer) VALUES (session_user) RETURNING payer') -> 'rows' $$;
+GRANT INSERT, SELECT ON payments TO regress_idem_alice;
+GRANT USAGE ON SEQUENCE payments_id_seq TO regress_idem_alice;
+SET SESSION AUTHORIZATION regress_idem_alice;
+SELECT idem_execute('sec:pay-super', 'INSERT INTO payments (payer) VALUES (session_user) RETURNING payer') -> 'rows' AS alice_records;
+RESET SESSION AUTHORIZATION;
+ALTER ROLE regress_idem_bob LOGIN;
+ALTER ROLE regress_idem_bob SET idem.key_owner = 'regress_idem_alice';
+\c - regress_idem_bob
+SHOW idem.key_owner;
+SELECT pay_super('sec:pay-super') AS bob_keyed_as_the_wrapper_owner;
+\c - :superuser
+ALTER ROLE regress_idem_bob RESET idem.key_owner;
+ALTER ROLE regress_idem_bob NOLOGIN;
+REVOKE INSERT, SELECT ON payments FROM regress_idem_alice;
+REVOKE USAGE ON SEQUENCE payments_id_seq FROM regress_idem_alice;
+DROP FUNCTION pay_super(text);
+SELECT owner = 'regress_idem_alice'::regrole AS alices, count(*) FROM idem.keys WHERE key = 'sec:pay-super' GROUP BY 1 ORDER BY 1;
 SELECT owner, count(*) FROM idem.keys WHERE key = 'sec:pay-alice' GROUP BY owner ORDER BY owner::text;
 SELECT payer, count(*) FROM payments GROUP BY payer ORDER BY payer;
 -- and one that sets it in its body (set_config, as its owner) is honoured
@@ -190,7 +213,7 @@ RESET idem.key_owner;
 SELECT count(*) AS keys_as_bob FROM idem.keys WHERE key LIKE 'sec:%as-bob%';
 DROP FUNCTION pay_shared(text), pay_own(text);
 DROP TABLE payments;
-DELETE FROM idem.keys WHERE key IN ('sec:pay', 'sec:pay-alice', 'sec:as-self');
+DELETE FROM idem.keys WHERE key IN ('sec:pay', 'sec:pay-alice', 'sec:pay-super', 'sec:as-self');
 DROP ROLE regress_idem_definer;
 
 DROP SCHEMA evil CASCADE;
