@@ -86,7 +86,15 @@ idem_key_owner(void)
 	if (strcmp(setting, "session_user") == 0)
 		owner = GetSessionUserId();
 	else
-		owner = get_role_oid(setting, false);
+	{
+		owner = get_role_oid(setting, true);
+		if (!OidIsValid(owner))
+			ereport(ERROR,
+					(errcode(ERRCODE_UNDEFINED_OBJECT),
+					 errmsg("role \"%s\" named by idem.key_owner does not exist",
+							setting),
+					 idem_errhint(ERRCODE_UNDEFINED_OBJECT, "Set idem.key_owner to an existing role, session_user or current_user.")));
+	}
 	if (owner != user && !has_privs_of_role(user, owner))
 		ereport(ERROR,
 				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
@@ -94,8 +102,9 @@ idem_key_owner(void)
 						GetUserNameFromId(owner, false)),
 				 errdetail("idem.key_owner is \"%s\"; only a role with the privileges of role \"%s\" may use its keys.",
 						   setting, GetUserNameFromId(owner, false)),
-				 errhint("Grant role \"%s\" to role \"%s\", or reset idem.key_owner.",
-						 GetUserNameFromId(owner, false),
-						 GetUserNameFromId(user, false))));
+				 idem_errhint(ERRCODE_INSUFFICIENT_PRIVILEGE,
+							  psprintf("Grant role \"%s\" to role \"%s\", or reset idem.key_owner.",
+									   GetUserNameFromId(owner, false),
+									   GetUserNameFromId(user, false)))));
 	return owner;
 }
