@@ -218,9 +218,11 @@ idem_execute_caching_errors(IdemStatement *stmt, IdemRequest *req,
 	}
 	PG_CATCH();
 	{
+		bool		refused = idem_refused_statement();
 		ErrorData  *edata = idem_subxact_abort(&sx);
 
-		if (!is_cached(edata->sqlerrcode))
+		/* idem's own refusal of what the statement did is never an outcome */
+		if (refused || !is_cached(edata->sqlerrcode))
 			ReThrowError(edata);
 		response = error_response(edata);
 		FreeErrorData(edata);

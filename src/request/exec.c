@@ -34,6 +34,24 @@ typedef struct InflightKey
 static InflightKey *inflight_keys = NULL;
 
 /*
+ * True while idem checks a business statement that ran (the settings it
+ * may have changed, the shape of its result): an error then is idem's
+ * refusal, not the statement's, and must never become a cached outcome.
+ */
+static bool checking_statement = false;
+
+/*
+ * idem_refused_statement
+ *		Whether the error being handled was raised by idem's checks after
+ *		the business statement ran, rather than by the statement.
+ */
+bool
+idem_refused_statement(void)
+{
+	return checking_statement;
+}
+
+/*
  * Raise ID508 if req's key is the one of a call whose business statement
  * is running (further up this backend's stack).
  */
@@ -70,9 +88,11 @@ run_statement(IdemStatement *stmt, IdemRequest *req)
 		elog(ERROR, "SPI_connect failed");
 
 	plan = idem_statement_plan(stmt);
+	checking_statement = false;
 	rc = SPI_execute_plan(plan, req->values, req->nulls, false, 0);
 	if (rc < 0)
 		elog(ERROR, "SPI_execute_plan failed: %s", SPI_result_code_string(rc));
+	checking_statement = true;
 	idem_citus_check_confined();
 	idem_statement_check_settings(stmt, &before);
 
@@ -80,6 +100,8 @@ run_statement(IdemStatement *stmt, IdemRequest *req)
 	response = idem_build_response(idem_statement_command(stmt),
 								   SPI_processed, SPI_tuptable);
 	idem_check_response_size(response, "idem_execute() response");
+	/* a statement around this one (a nested call) goes on running */
+	checking_statement = false;
 
 	SPI_finish();
 	return response;

@@ -41,6 +41,7 @@ extern void idem_value_digest(const char *tag, Oid typid, Datum value,
 /* exec.c: the statement runner */
 extern void idem_check_not_inflight(IdemRequest *req);
 extern Jsonb *idem_execute_statement(IdemStatement *stmt, IdemRequest *req);
+extern bool idem_refused_statement(void);
 
 /* errcache.c: business errors recorded as a key's outcome */
 extern bool idem_cache_errors_check(char **newval, void **extra,

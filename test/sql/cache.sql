@@ -153,6 +153,19 @@ SELECT idem_execute('w:big', 'SELECT raise_long($1)', 100) -> 'error' ->> 'messa
 SELECT count(*) AS recorded FROM idem.keys WHERE key = 'w:big';
 RESET idem.cache_errors;
 RESET idem.max_response_size;
+-- idem's own refusals of what a statement did are never recorded, even in
+-- a listed class: two result columns of one name (42701), a setting the
+-- statement changed (0A000); each is raised, and the key stays free
+SET idem.cache_errors = '42, 0A, 22';
+SELECT idem_execute('w:dup-cols', 'SELECT 1 AS a, 2 AS a');
+\echo :LAST_ERROR_SQLSTATE
+SELECT idem_execute('w:set', 'SELECT set_config(''idem.ttl'', ''5'', false)');
+\echo :LAST_ERROR_SQLSTATE
+SELECT count(*) AS recorded FROM idem.keys WHERE key IN ('w:dup-cols', 'w:set');
+-- while a listed error of the statement itself still is
+SELECT idem_execute('w:div', 'SELECT 1 / 0') -> 'error' ->> 'sqlstate';
+SELECT count(*) AS recorded FROM idem.keys WHERE key = 'w:div';
+RESET idem.cache_errors;
 DROP FUNCTION raise_state(text), raise_long(int);
 
 DROP VIEW state;
