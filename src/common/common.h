@@ -60,6 +60,7 @@ extern bool idem_citus_coordinator(void);
 extern bool idem_role_in(Oid role, Datum array);
 extern Datum idem_roles_arg(FunctionCallInfo fcinfo, int argno,
 							const char *name);
+extern void idem_check_role_exists(Oid role);
 
 /* lease.c: the lease of outbox events and queued runs */
 typedef enum IdemFence

@@ -17,6 +17,7 @@
 #include "catalog/pg_type.h"
 #include "utils/acl.h"
 #include "utils/array.h"
+#include "utils/syscache.h"
 
 #include "common/common.h"
 
@@ -44,20 +45,48 @@ idem_role_in(Oid role, Datum array)
 }
 
 /*
+ * idem_check_role_exists
+ *		42704 unless role is a role.  A regrole argument accepts any OID
+ *		(0::regrole, 12345::regrole); a list that kept one would grant its
+ *		privilege to whatever role is created with that OID later.
+ */
+void
+idem_check_role_exists(Oid role)
+{
+	if (!SearchSysCacheExists1(AUTHOID, ObjectIdGetDatum(role)))
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_OBJECT),
+				 errmsg("role with OID %u does not exist", role),
+				 idem_errhint(ERRCODE_UNDEFINED_OBJECT, "Name an existing role.")));
+}
+
+/*
  * idem_roles_arg
- *		A regrole[] argument: not null, one dimension, no null element.
+ *		A regrole[] argument: not null, one dimension, no null element,
+ *		every element a role.
  */
 Datum
 idem_roles_arg(FunctionCallInfo fcinfo, int argno, const char *name)
 {
 	ArrayType  *arr;
+	Datum	   *roles;
+	int			n;
 
 	idem_arg_not_null(fcinfo, argno, name);
 	arr = PG_GETARG_ARRAYTYPE_P(argno);
-	if (ARR_NDIM(arr) > 1 || array_contains_nulls(arr))
+	if (ARR_NDIM(arr) > 1)
+		ereport(ERROR,
+				(errcode(ERRCODE_ARRAY_SUBSCRIPT_ERROR),
+				 errmsg("%s must be a one-dimensional array", name),
+				 idem_errhint(ERRCODE_ARRAY_SUBSCRIPT_ERROR, NULL)));
+	if (array_contains_nulls(arr))
 		ereport(ERROR,
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("%s must be a one-dimensional array without nulls", name),
+				 errmsg("%s must not contain nulls", name),
 				 idem_errhint(ERRCODE_NULL_VALUE_NOT_ALLOWED, NULL)));
+	deconstruct_array(arr, REGROLEOID, sizeof(Oid), true, TYPALIGN_INT,
+					  &roles, NULL, &n);
+	for (int i = 0; i < n; i++)
+		idem_check_role_exists(DatumGetObjectId(roles[i]));
 	return PointerGetDatum(arr);
 }

@@ -1462,6 +1462,9 @@ change_topic(FunctionCallInfo fcinfo, IdemQuery *q, const char *what)
 				 errmsg("unrecognized outbox topic privilege \"%s\"", privilege),
 				 idem_errhint(ERRCODE_INVALID_PARAMETER_VALUE, "The privileges are \"publish\" and \"consume\".")));
 	idem_check_can_write(what);
+	/* a dropped role's OID may still be revoked */
+	if (q == &q_topic_grant)
+		idem_check_role_exists(PG_GETARG_OID(1));
 	values[0] = PointerGetDatum(cstring_to_text(topic));
 	values[1] = PG_GETARG_DATUM(1);
 	values[2] = BoolGetDatum(strcmp(privilege, "publish") == 0);

@@ -331,6 +331,9 @@ change_queue(FunctionCallInfo fcinfo, IdemQuery *q, const char *what)
 				 errmsg("unrecognized run queue privilege \"%s\"", privilege),
 				 idem_errhint(ERRCODE_INVALID_PARAMETER_VALUE, "The privileges are \"produce\", \"work\" and \"signal\".")));
 	idem_check_can_write(what);
+	/* a dropped role's OID may still be revoked */
+	if (q == &q_grant)
+		idem_check_role_exists(PG_GETARG_OID(1));
 	values[0] = CStringGetTextDatum(queue);
 	values[1] = PG_GETARG_DATUM(1);
 	values[2] = Int32GetDatum(priv);

@@ -59,6 +59,15 @@ SELECT idem_outbox_create_topic('');
 SELECT idem_outbox_create_topic(repeat('t', 256));
 SELECT idem_outbox_create_topic(NULL);
 SELECT idem_outbox_create_topic('x', publishers => NULL);
+-- a role list holds roles: an OID of none would grant whatever role is
+-- created with it later; a dropped role's OID may still be revoked
+SELECT idem_outbox_create_topic('x', publishers => ARRAY[0::regrole]);
+SELECT idem_outbox_create_topic('x', consumers => '{{regress_ob_producer}}');
+SELECT idem_outbox_create_topic('x', consumers => ARRAY[NULL::regrole]);
+SELECT idem_outbox_grant('pay', 0::regrole, 'publish');
+SELECT idem_outbox_grant('pay', 987654321::regrole, 'consume');
+SELECT idem_outbox_revoke('pay', 987654321::regrole, 'consume');
+SELECT count(*) AS topics_x FROM idem.outbox_topics WHERE topic = 'x';
 SET ROLE regress_ob_other;
 SELECT idem_outbox_create_topic('mine');
 RESET ROLE;

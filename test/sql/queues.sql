@@ -40,6 +40,9 @@ SELECT idem_queue_create('q2', jitter => 'half');
 SELECT idem_queue_create('q2', jitter => NULL);
 SELECT idem_queue_create('q2', workers => NULL);
 SELECT idem_queue_create('q2', workers => '{NULL}');
+SELECT idem_queue_create('q2', workers => '{{regress_rq_other}}');
+SELECT idem_queue_create('q2', producers => ARRAY[0::regrole]);
+SELECT idem_queue_grant('returns', 987654321::regrole, 'work');
 SELECT idem_queue_grant('nope', 'regress_rq_other', 'work');	-- 42704
 SELECT idem_queue_grant('returns', 'regress_rq_other', 'consume');
 SELECT (SELECT digest FROM rq_digest) = :'before_digest' AS unchanged;
@@ -50,6 +53,8 @@ SELECT idem_queue_grant('returns', 'regress_rq_other', 'signal');
 SELECT signallers FROM idem.queues WHERE queue = 'returns';
 SELECT idem_queue_revoke('returns', 'regress_rq_other', 'signal');
 SELECT signallers FROM idem.queues WHERE queue = 'returns';
+-- a dropped role's OID may still be revoked
+SELECT idem_queue_revoke('returns', 987654321::regrole, 'signal');
 
 -- enqueue: the producer's run, due at once
 SET ROLE regress_rq_app;
