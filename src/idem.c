@@ -342,7 +342,7 @@ _PG_init(void)
 							   &idem_lease_token,
 							   "",
 							   PGC_USERSET, 0,
-							   NULL, NULL, NULL);
+							   idem_lease_token_check, NULL, NULL);
 	DefineCustomIntVariable("idem.run_max_lease",
 							"Longest lease a claim or an extension of a queued run may ask for.",
 							NULL,

@@ -154,6 +154,8 @@ extern int	idem_purge_batch_size;
 extern int	idem_stats_max_databases;
 extern int	idem_stats_max_roles;
 extern char *idem_lease_token;
+extern bool idem_lease_token_check(char **newval, void **extra,
+								   GucSource source);
 extern int	idem_run_max_lease;
 
 /* Column numbers of idem.outbox (tables.c checks the shape, outbox.c writes) */

@@ -223,3 +223,48 @@ char	   *idem_lease_token = NULL;
 int			idem_run_max_lease = 3600;
 bool		idem_outbox_notify = false;
 bool		idem_outbox_keep_delivered = false;
+
+/*
+ * idem_lease_token_check
+ *		idem.lease_token is empty or a UUID in a form uuid_in() accepts
+ *		(32 hex digits, a hyphen allowed after any group of four, braces
+ *		around it all), so that a mistyped token is refused by the SET, not
+ *		by the first step that presents it.
+ */
+bool
+idem_lease_token_check(char **newval, void **extra, GucSource source)
+{
+	const char *p = *newval;
+	size_t		len = strlen(p);
+	int			digits = 0;
+	bool		hyphen = false;
+
+	if (len == 0)
+		return true;
+	if (p[0] == '{')
+	{
+		if (len < 2 || p[len - 1] != '}')
+			goto bad;
+		p++;
+		len -= 2;
+	}
+	for (size_t i = 0; i < len; i++)
+	{
+		if (isxdigit((unsigned char) p[i]))
+		{
+			digits++;
+			hyphen = false;
+		}
+		else if (p[i] == '-' && !hyphen && digits > 0 && digits % 4 == 0 &&
+				 digits < 32 && i + 1 < len)
+			hyphen = true;
+		else
+			goto bad;
+	}
+	if (digits == 32)
+		return true;
+bad:
+	GUC_check_errdetail("A lease token is a UUID, as idem_run_claim() returns it.");
+	return false;
+}
+

@@ -73,6 +73,16 @@ BEGIN;
 SELECT set_config('idem.lease_token', rl_token('w2')::text, true) IS NOT NULL AS set;
 SELECT idem_step('ret-2', 'check', 'SELECT 2 AS two');
 COMMIT;
+-- a mistyped token is refused by the SET, in every form uuid_in() accepts
+-- it is taken
+SET idem.lease_token = 'garbage';
+SET idem.lease_token = 'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a1';
+SET idem.lease_token = 'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11-';
+SET idem.lease_token = '{a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11';
+SET idem.lease_token = '{a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11}';
+SET idem.lease_token = 'A0EEBC999C0B4EF8BB6D6BB9BD380A11';
+SET idem.lease_token = 'a0ee-bc99-9c0b-4ef8-bb6d-6bb9-bd38-0a11';
+RESET idem.lease_token;
 RESET ROLE;
 SELECT owner, key FROM idem.keys WHERE owner::text LIKE 'regress_rl%' ORDER BY key;
 
