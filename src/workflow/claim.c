@@ -109,44 +109,6 @@ static IdemQuery q_due_owner = {
 	CURSOR_OPT_GENERIC_PLAN
 };
 
-static IdemQuery q_lock_queue = {
-	"SELECT FROM idem.queues WHERE queue OPERATOR(pg_catalog.=) $1 FOR UPDATE",
-	1, {TEXTOID}
-};
-
-/* the leases that hold: on the claim's index, after now */
-static IdemQuery q_count_leased = {
-	"SELECT pg_catalog.count(*)::pg_catalog.int4 FROM idem.runs"
-	" WHERE queue OPERATOR(pg_catalog.=) $1"
-	"   AND queue_state IS NOT NULL"
-	"   AND due_at OPERATOR(pg_catalog.>) $2"
-	"   AND queue_state OPERATOR(pg_catalog.=) 'leased'",
-	2, {TEXTOID, TIMESTAMPTZOID},
-	CURSOR_OPT_GENERIC_PLAN
-};
-
-/* How many runs this claim may lease under the queue's cap. */
-static int32
-room_under_cap(IdemQueue *q, int32 want, TimestampTz now)
-{
-	IdemOwnerSPI spi;
-	Datum		values[2];
-	char		nulls[2] = {' ', ' '};
-	bool		isnull;
-	int32		leased;
-
-	if (q->concurrency <= 0)
-		return want;
-	values[0] = CStringGetTextDatum(q->queue);
-	values[1] = TimestampTzGetDatum(now);
-	idem_owner_spi_begin(&spi, idem_catalog_runs());
-	idem_query_run(&q_lock_queue, values, nulls, 0);
-	idem_query_run(&q_count_leased, values, nulls, 0);
-	leased = DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[0],
-										 SPI_tuptable->tupdesc, 1, &isnull));
-	idem_owner_spi_end(&spi);
-	return Max(Min(want, q->concurrency - leased), 0);
-}
 
 /* The results of the run's completed steps, as one object by step name. */
 static Jsonb *
@@ -377,7 +339,7 @@ claim_into(IdemQueue *q, int32 max_runs, int64 lease_us, Oid caller,
 	Datum		values[4];
 	char		nulls[4] = {' ', ' ', ' ', ' '};
 	TimestampTz now = GetCurrentTimestamp();
-	int32		want = room_under_cap(q, max_runs, now);
+	int32		want = idem_queue_room(q, max_runs, now);
 	ClaimState	cs = {q, lease_us, caller, worker, store, tupdesc, want, 0,
 	false, false};
 	int32		leased = 0;
@@ -591,6 +553,7 @@ idem_run_extend(PG_FUNCTION_ARGS)
 								"idem.run_max_lease");
 	idem_check_can_write("idem_run_extend()");
 	idem_lock_run_leased(run_id, token, "extend", &run);
+	idem_run_check_room(&run);
 	run.due_at = GetCurrentTimestamp() + lease_us;
 	idem_update_run(&run);
 	PG_RETURN_TIMESTAMPTZ(run.due_at);

@@ -133,6 +133,51 @@ read_queue(const char *queue, Oid role, IdemQueuePrivilege priv,
 	return true;
 }
 
+static IdemQuery q_lock_queue = {
+	"SELECT FROM idem.queues WHERE queue OPERATOR(pg_catalog.=) $1 FOR UPDATE",
+	1, {TEXTOID}
+};
+
+/* the leases that hold: on the claim's index, after now */
+static IdemQuery q_count_leased = {
+	"SELECT pg_catalog.count(*)::pg_catalog.int4 FROM idem.runs"
+	" WHERE queue OPERATOR(pg_catalog.=) $1"
+	"   AND queue_state IS NOT NULL"
+	"   AND due_at OPERATOR(pg_catalog.>) $2"
+	"   AND queue_state OPERATOR(pg_catalog.=) 'leased'",
+	2, {TEXTOID, TIMESTAMPTZOID},
+	CURSOR_OPT_GENERIC_PLAN
+};
+
+/*
+ * idem_queue_room
+ *		How many of want runs may be leased now under q's concurrency cap
+ *		(all of them without one).  The queue's row stays locked until the
+ *		transaction ends, so whoever counts next (a claim, or a holder whose
+ *		lease ran out) sees the leases this transaction grants.
+ */
+int32
+idem_queue_room(IdemQueue *q, int32 want, TimestampTz now)
+{
+	IdemOwnerSPI spi;
+	Datum		values[2];
+	char		nulls[2] = {' ', ' '};
+	bool		isnull;
+	int32		leased;
+
+	if (q->concurrency <= 0)
+		return want;
+	values[0] = CStringGetTextDatum(q->queue);
+	values[1] = TimestampTzGetDatum(now);
+	idem_owner_spi_begin(&spi, idem_catalog_runs());
+	idem_query_run(&q_lock_queue, values, nulls, 0);
+	idem_query_run(&q_count_leased, values, nulls, 0);
+	leased = DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[0],
+										 SPI_tuptable->tupdesc, 1, &isnull));
+	idem_owner_spi_end(&spi);
+	return Max(Min(want, q->concurrency - leased), 0);
+}
+
 /*
  * idem_queue_read
  *		The queue's policy; an error if it does not exist.

@@ -364,6 +364,8 @@ run_step(IdemRequest *req, IdemStatement *stmt, Jsonb *result,
 	}
 
 	check_step_may_run(&run, step, ordinal);
+	if (stmt != NULL)
+		idem_run_check_room(&run);
 	topic = idem_current_topic(req->owner);
 	*executing = true;
 	response = stmt != NULL ? idem_execute_statement(stmt, req) : result;
@@ -1164,6 +1166,7 @@ idem_step_start(PG_FUNCTION_ARGS)
 	idem_check_can_write("idem_step_start()");
 	InitMaterializedSRF(fcinfo, 0);
 	idem_lock_run_leased(run_id, token, "start a step of", &run);
+	idem_run_check_room(&run);
 	ordinal = step_ordinal(&run, step);
 	values[0] = CStringGetTextDatum(idem_run_step_key(run_id, step));
 	done = recorded_result(&run, step, ordinal);

@@ -292,6 +292,36 @@ idem_run_fence(IdemRunRow *run, const pg_uuid_t *token, const char *verb)
 }
 
 /*
+ * idem_run_check_room
+ *		Before a holder whose lease ran out goes on working (a statement
+ *		step, an external step's start, an extension): the lease still
+ *		holds, but no longer has room under the queue's cap if a claim
+ *		leased another run in its place meanwhile, and the two holders
+ *		would work beyond the cap.  ID412 then.  Recording what was done
+ *		(a result, a failure) and letting go (release, await, sleep) need
+ *		no room.
+ */
+void
+idem_run_check_room(IdemRunRow *run)
+{
+	TimestampTz now = GetCurrentTimestamp();
+	IdemQueue	q;
+
+	if (run->queue == NULL || run->due_at > now)
+		return;
+	idem_queue_read(run->queue, &q);
+	if (idem_queue_room(&q, 1, now) == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_IDEM_LEASE_LOST),
+				 errmsg("lease of run \"%s\" ran out while queue \"%s\" is at its concurrency cap",
+						run->run_id, run->queue),
+				 errdetail_plural("The queue leases at most %d run at once; another run was leased in this one's place after its lease ran out.",
+								  "The queue leases at most %d runs at once; other runs were leased in this one's place after its lease ran out.",
+								  q.concurrency, q.concurrency),
+				 idem_errhint(ERRCODE_IDEM_LEASE_LOST, "Stop working on the run; a claim takes it over once the cap leaves room. Extend leases before they run out.")));
+}
+
+/*
  * idem_lock_run_fenced
  *		idem_lock_run(), with the fence checked on the run's latest version
  *		before the snapshot is: a holder whose lease was taken over gets

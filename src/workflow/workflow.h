@@ -35,6 +35,7 @@ typedef struct IdemQueue
 } IdemQueue;
 
 extern void idem_queue_read(const char *queue, IdemQueue *q);
+extern int32 idem_queue_room(IdemQueue *q, int32 want, TimestampTz now);
 extern bool idem_queue_allows(const char *queue, Oid role,
 							  IdemQueuePrivilege priv, IdemQueue *q);
 extern void idem_queue_check(const char *queue, Oid role,
@@ -63,6 +64,7 @@ extern void idem_lock_run_leased(const char *run_id, const pg_uuid_t *token,
 								 const char *verb, IdemRunRow *run);
 extern void idem_run_fence(IdemRunRow *run, const pg_uuid_t *token,
 						   const char *verb);
+extern void idem_run_check_room(IdemRunRow *run);
 extern void idem_run_end_lease(IdemRunRow *run, const char *outcome,
 							   const char *error, TimestampTz now);
 extern void idem_run_attempt_begin(IdemRunRow *run, const char *step,
