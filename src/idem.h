@@ -87,6 +87,8 @@ struct Latch;
 
 /* Longest key accepted, in bytes (Stripe's limit is 255 characters). */
 #define IDEM_MAX_KEY_BYTES		255
+/* Longest failure text an event or a run keeps (idem_outbox_fail, idem_step_fail). */
+#define IDEM_MAX_ERROR_BYTES	65536
 
 /* The longest wait of a claim: it holds a snapshot, as any statement does. */
 #define IDEM_MAX_WAIT_S			3600

@@ -54,6 +54,26 @@ idem_check_name(const char *what, const char *name, int limit, const char *hint)
 }
 
 /*
+ * idem_check_error_text
+ *		A failure's text as a consumer or a worker reports it (an event's
+ *		or a run's last error), kept in the row and shown in the views: at
+ *		most IDEM_MAX_ERROR_BYTES, or 22001.
+ */
+void
+idem_check_error_text(const char *what, const char *text)
+{
+	size_t		len = strlen(text);
+
+	if (len > IDEM_MAX_ERROR_BYTES)
+		ereport(ERROR,
+				(errcode(ERRCODE_STRING_DATA_RIGHT_TRUNCATION),
+				 errmsg("%s is too long", what),
+				 errdetail("The %s is %zu bytes long; the limit is %d bytes.",
+						   what, len, IDEM_MAX_ERROR_BYTES),
+				 idem_errhint(ERRCODE_STRING_DATA_RIGHT_TRUNCATION, "Report a summary; the whole error belongs in the worker's log.")));
+}
+
+/*
  * idem_arg_not_null
  *		Refuse a null argument argno of the callers that name it by a
  *		variable (idem_name_arg()'s "idempotency key", "run id"); a fixed

@@ -27,6 +27,7 @@ extern int	idem_errhint(int sqlerrcode, const char *hint);
 extern void idem_check_can_write(const char *what);
 extern void idem_check_name(const char *what, const char *name, int limit,
 							const char *hint);
+extern void idem_check_error_text(const char *what, const char *text);
 extern void idem_arg_not_null(FunctionCallInfo fcinfo, int argno,
 							  const char *what);
 extern char *idem_name_arg(FunctionCallInfo fcinfo, int argno,

@@ -1185,6 +1185,7 @@ idem_outbox_fail(PG_FUNCTION_ARGS)
 	arg_not_null(fcinfo, 1, "lease_token");
 	arg_not_null(fcinfo, 2, "error");
 	error = text_to_cstring(PG_GETARG_TEXT_PP(2));
+	idem_check_error_text("error", error);
 	if (!PG_ARGISNULL(3))
 		retry_after_us = idem_retry_after_usecs(PG_GETARG_INTERVAL_P(3));
 	idem_check_can_write("idem_outbox_fail()");

@@ -1232,6 +1232,7 @@ idem_step_fail(PG_FUNCTION_ARGS)
 				 errmsg("error must not be null"),
 				 idem_errhint(ERRCODE_NULL_VALUE_NOT_ALLOWED, NULL)));
 	error = text_to_cstring(PG_GETARG_TEXT_PP(3));
+	idem_check_error_text("error", error);
 	if (!PG_ARGISNULL(4))
 		retry_after_us = idem_retry_after_usecs(PG_GETARG_INTERVAL_P(4));
 	idem_check_can_write("idem_step_fail()");

@@ -231,6 +231,8 @@ SELECT idem_outbox_fail(event_id, gen_random_uuid(), 'x') FROM ob_claimed WHERE 
 SELECT idem_outbox_ack(event_id, NULL) FROM ob_claimed WHERE key = 'ob:2';
 SELECT idem_outbox_ack(NULL, token) FROM ob_claimed WHERE key = 'ob:2';
 SELECT idem_outbox_fail(event_id, token, NULL) FROM ob_claimed WHERE key = 'ob:2';
+-- an error text is kept in the row: at most 64 kB (22001)
+SELECT idem_outbox_fail(event_id, token, repeat('x', 65537)) FROM ob_claimed WHERE key = 'ob:2';
 -- retry_after negative or beyond idem.outbox_max_retry_after (1 day)
 SELECT idem_outbox_fail(event_id, token, 'x', retry_after => '-1 s') FROM ob_claimed WHERE key = 'ob:2';
 SELECT idem_outbox_fail(event_id, token, 'x', retry_after => '2 days') FROM ob_claimed WHERE key = 'ob:2';

@@ -294,6 +294,7 @@ SELECT * FROM idem_run_claim('rl');
 ROLLBACK;
 SELECT idem_step_fail('ret-1', 'refund', NULL, 'x');
 SELECT idem_step_fail('ret-1', 'refund', gen_random_uuid(), NULL);
+SELECT idem_step_fail('ret-1', 'refund', gen_random_uuid(), repeat('x', 65537));
 SELECT idem_step_fail('ret-1', 'refund', gen_random_uuid(), 'x', retry_after => '-1 s');
 SELECT idem_step_fail('ret-1', 'refund', gen_random_uuid(), 'x', retry_after => '10 years');
 RESET ROLE;
