@@ -110,7 +110,11 @@ static IdemQuery q_due_owner = {
 };
 
 
-/* The results of the run's completed steps, as one object by step name. */
+/*
+ * The results of the run's completed steps, as one object by step name;
+ * NULL if they are more than one jsonb value holds (each step's is within
+ * idem.max_response_size, but a thousand of them need not be).
+ */
 static Jsonb *
 results_so_far(IdemRunRow *run)
 {
@@ -118,6 +122,7 @@ results_so_far(IdemRunRow *run)
 	JsonbValue *res;
 	Datum	   *names;
 	int			n;
+	Size		total = 0;
 
 	deconstruct_array(run->done_steps, TEXTOID, -1, false, TYPALIGN_INT,
 					  &names, NULL, &n);
@@ -133,6 +138,9 @@ results_so_far(IdemRunRow *run)
 		if (!idem_lookup_key(run->owner, idem_run_step_key(run->run_id, step),
 							 &rec) || !rec.visible)
 			continue;
+		total += VARSIZE(rec.response) + strlen(step) + 2 * sizeof(JEntry);
+		if (total > JENTRY_OFFLENMASK)
+			return NULL;
 		k.type = jbvString;
 		k.val.string.val = step;
 		k.val.string.len = strlen(step);
@@ -162,6 +170,7 @@ lease_run(Oid owner, const char *run_id, IdemQueue *q, int64 lease_us,
 	bool		nulls[CLAIM_COLS] = {0};
 	char	   *next;
 	int			max_attempts;
+	Jsonb	   *results;
 
 	/* a run whose step or verb is running now is the next claim's */
 	if (!idem_try_lock_key(owner, lockkey, strlen(lockkey)))
@@ -193,6 +202,24 @@ lease_run(Oid owner, const char *run_id, IdemQueue *q, int64 lease_us,
 		run.attempt++;
 	}
 
+	results = results_so_far(&run);
+	if (results == NULL)
+	{
+		/*
+		 * No claim could ever return this run: failing it keeps it from
+		 * failing every claim that reaches it, other roles' too.
+		 */
+		run.status = "failed";
+		run.finished = true;
+		run.finished_at = now;
+		run.last_error = "the results of its completed steps exceed the 256 MB of the one jsonb value a claim returns them in";
+		run.queue_state = NULL;
+		run.due_at = DT_NOEND;
+		idem_update_run(&run);
+		idem_stats_count_for(MyDatabaseId, owner, IDEM_STAT_RUNS_FAILED, 1);
+		return false;
+	}
+
 	run.queue_state = "leased";
 	run.due_at = now + lease_us;
 	run.has_token = true;
@@ -217,7 +244,7 @@ lease_run(Oid owner, const char *run_id, IdemQueue *q, int64 lease_us,
 	values[5] = Int32GetDatum(run.attempt);
 	values[6] = UUIDPGetDatum(&run.lease_token);
 	values[7] = TimestampTzGetDatum(run.due_at);
-	values[8] = JsonbPGetDatum(results_so_far(&run));
+	values[8] = JsonbPGetDatum(results);
 	nulls[9] = nulls[10] = run.started_step == NULL;
 	values[9] = run.started_step ? CStringGetTextDatum(run.started_step) : (Datum) 0;
 	values[10] = Int32GetDatum(run.started_count);
