@@ -128,23 +128,27 @@ idem_run_signal(PG_FUNCTION_ARGS)
 	idem_check_response_size(payload, "signal payload");
 	idem_check_can_write("idem_run_signal()");
 
-	/* another role's run: the queue's signallers and administrators */
+	/*
+	 * Another role's run: its queue's signallers and administrators.  Its
+	 * existence is theirs to know only: a run the caller may not signal
+	 * is reported as one that does not exist.
+	 */
 	owner = PG_ARGISNULL(3) ? idem_key_owner() : PG_GETARG_OID(3);
-	idem_lock_run(owner, run_id, &run);
 	if (!has_privs_of_role(caller, owner) && !idem_run_is_admin(caller))
 	{
 		IdemQueue	q;
 
-		if (run.queue == NULL ||
+		if (!idem_lookup_run(owner, run_id, &run) || run.queue == NULL ||
 			!idem_queue_allows(run.queue, caller, QUEUE_SIGNAL, &q))
 			ereport(ERROR,
-					(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
-					 errmsg("permission denied to signal run \"%s\" of role \"%s\"",
+					(errcode(ERRCODE_IDEM_RUN_NOT_FOUND),
+					 errmsg("run \"%s\" of role \"%s\" does not exist",
 							run_id, GetUserNameFromId(owner, false)),
-					 errdetail("Role \"%s\" is not among the signallers of the run's queue.",
+					 errdetail("No run with this id was begun by that role on a queue whose signallers include role \"%s\".",
 							   GetUserNameFromId(caller, false)),
-					 idem_errhint(ERRCODE_INSUFFICIENT_PRIVILEGE, "An administrator grants it with idem_queue_grant(queue, role, 'signal').")));
+					 idem_errhint(ERRCODE_IDEM_RUN_NOT_FOUND, "An administrator grants signalling a queue's runs with idem_queue_grant(queue, role, 'signal').")));
 	}
+	idem_lock_run(owner, run_id, &run);
 	if (strcmp(run.status, "running") != 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_IDEM_RUN_NOT_RUNNING),

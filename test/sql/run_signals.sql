@@ -42,7 +42,10 @@ RESET ROLE;
 -- signalling needs a grant: the owner, the queue's signallers, admins
 SELECT * FROM rs_digest \gset before_
 SET ROLE regress_rs_other;
-SELECT idem_run_signal('ret-1', 'approve', '{"by": "x"}', owner => 'regress_rs_app');	-- 42501
+-- a run the caller may not signal is reported as one that does not
+-- exist: whether another role has a run of that id is not its to know
+SELECT idem_run_signal('ret-1', 'approve', '{"by": "x"}', owner => 'regress_rs_app');	-- ID404
+SELECT idem_run_signal('no-such-run', 'approve', '{"by": "x"}', owner => 'regress_rs_app');	-- ID404
 SELECT idem_run_signal('ret-1', 'approve', '{"by": "x"}');		-- its own runs: none
 RESET ROLE;
 SELECT (SELECT digest FROM rs_digest) = :'before_digest' AS unchanged;
