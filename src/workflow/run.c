@@ -895,7 +895,9 @@ set_run_status(FunctionCallInfo fcinfo, const char *verb, int owner_argno)
 					(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
 					 errmsg("reason passed to idem_run_fail() must not be null"),
 					 idem_errhint(ERRCODE_NULL_VALUE_NOT_ALLOWED, NULL)));
-		if (strcmp(run.status, "completed") == 0)
+		/* a cancelled run that failed could be resumed into executing again */
+		if (strcmp(run.status, "completed") == 0 ||
+			strcmp(run.status, "cancelled") == 0)
 			report_not_running(&run);
 		run.last_error = text_to_cstring(PG_GETARG_TEXT_PP(1));
 		run.status = "failed";
@@ -924,7 +926,8 @@ set_run_status(FunctionCallInfo fcinfo, const char *verb, int owner_argno)
 	}
 	else
 	{
-		if (strcmp(run.status, "failed") == 0)
+		if (strcmp(run.status, "failed") == 0 ||
+			strcmp(run.status, "cancelled") == 0)
 			report_not_running(&run);
 		if (idem_run_next_step(&run) != NULL)
 			ereport(ERROR,

@@ -218,6 +218,22 @@ SET ROLE regress_rl_agent;
 SELECT idem_step_complete('ret-2', 'ship', '{}', lease_token => rl_token('w2'));
 RESET ROLE;
 SELECT run_id, status, state, last_error FROM idem_runs WHERE run_id = 'ret-2';
+-- a cancelled run stays cancelled: failing or completing it would let
+-- idem_run_resume() make it execute again, so they refuse it as resume does
+SET ROLE regress_rl_app;
+SELECT created FROM idem_run_begin('ret-c');
+SELECT idem_run_cancel('ret-c');
+RESET ROLE;
+SELECT * FROM rl_digest \gset before_
+SET ROLE regress_rl_app;
+SELECT idem_run_complete('ret-c');										-- ID423
+SELECT idem_run_fail('ret-c', 'stuck');									-- ID423
+SELECT idem_run_complete('ret-2');										-- ID423
+SELECT idem_run_fail('ret-2', 'stuck');									-- ID423
+SELECT idem_run_resume('ret-2');										-- ID423
+RESET ROLE;
+SELECT (SELECT digest FROM rl_digest) = :'before_digest' AS unchanged;
+SELECT run_id, status, state FROM idem_runs WHERE run_id IN ('ret-2', 'ret-c') ORDER BY 1;
 -- administrators cancel any role's run
 GRANT idem_admin TO regress_rl_other;
 SET ROLE regress_rl_other;
