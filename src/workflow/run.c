@@ -793,6 +793,18 @@ idem_run_begin(PG_FUNCTION_ARGS)
 	asked.input = input;
 	if (asked.queue != NULL)
 		idem_queue_check(asked.queue, GetUserId(), QUEUE_PRODUCE, &queue);
+	/*
+	 * A worker finishes a queued run with its last declared step: without
+	 * declared steps only idem_run_complete() would, and it takes no lease
+	 * token, so the run would be claimed until its attempts ran out.
+	 */
+	if (asked.queue != NULL && steps == NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("a run on a queue needs declared steps"),
+				 errdetail("Run \"%s\" has no steps: its worker could never complete it.",
+						   run_id),
+				 idem_errhint(ERRCODE_INVALID_PARAMETER_VALUE, "Pass the run's steps, or begin it on no queue and complete it with idem_run_complete().")));
 
 	lockkey = idem_run_lock_key(run_id);
 	idem_lock_key(owner, lockkey, strlen(lockkey), idem_wait);

@@ -102,7 +102,7 @@ RESET ROLE;
 -- sleep: the lease ends and the run is due at until; once until has
 -- passed, the call says go on
 SET ROLE regress_rs_app;
-SELECT created FROM idem_run_begin('ret-4', queue => 'rs');
+SELECT created FROM idem_run_begin('ret-4', steps => ARRAY['s'], queue => 'rs');
 RESET ROLE;
 SET ROLE regress_rs_agent;
 INSERT INTO rs_claimed SELECT 'w6', run_id, lease_token, attempt, next_step, results
