@@ -138,8 +138,8 @@ done_position(IdemRunRow *run, const char *step, int ordinal)
  * The position of step among the run's declared steps (1-based), or 0 if
  * the run declared none.  A name the run did not declare is an error.
  */
-static int
-step_ordinal(IdemRunRow *run, const char *step)
+int
+idem_run_step_ordinal(IdemRunRow *run, const char *step)
 {
 	int			ordinal;
 
@@ -326,7 +326,7 @@ run_step(IdemRequest *req, IdemStatement *stmt, Jsonb *result,
 
 	/* before anything executes or replays: a queued run's holder only */
 	idem_lock_run_fenced(req->owner, run_id, token, "work on", &run);
-	ordinal = step_ordinal(&run, step);
+	ordinal = idem_run_step_ordinal(&run, step);
 
 	if (idem_find_record(stmt, req, fingerprint, now, &rec))
 	{
@@ -1179,7 +1179,7 @@ idem_step_start(PG_FUNCTION_ARGS)
 	idem_check_can_write("idem_step_start()");
 	InitMaterializedSRF(fcinfo, 0);
 	idem_lock_run_leased(run_id, token, "start a step of", &run);
-	ordinal = step_ordinal(&run, step);
+	ordinal = idem_run_step_ordinal(&run, step);
 	values[0] = CStringGetTextDatum(idem_run_step_key(run_id, step));
 	done = recorded_result(&run, step, ordinal);
 	if (done != NULL)
@@ -1248,7 +1248,7 @@ idem_step_fail(PG_FUNCTION_ARGS)
 		retry_after_us = idem_retry_after_usecs(PG_GETARG_INTERVAL_P(4));
 	idem_check_can_write("idem_step_fail()");
 	idem_lock_run_leased(run_id, token, "fail a step of", &run);
-	ordinal = step_ordinal(&run, step);
+	ordinal = idem_run_step_ordinal(&run, step);
 	if (done_position(&run, step, ordinal) > 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_IDEM_STEP_OUT_OF_SEQUENCE),
@@ -1363,7 +1363,7 @@ idem_run_await(PG_FUNCTION_ARGS)
 
 	idem_check_can_write("idem_run_await()");
 	idem_lock_run_leased(run_id, token, "await an event of", &run);
-	ordinal = step_ordinal(&run, event);
+	ordinal = idem_run_step_ordinal(&run, event);
 	done = recorded_result(&run, event, ordinal);
 	if (done != NULL)
 		PG_RETURN_DATUM(await_result(fcinfo, is_json_null(done) ?

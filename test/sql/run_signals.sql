@@ -47,6 +47,17 @@ SELECT idem_run_signal('ret-1', 'approve', '{"by": "x"}');		-- its own runs: non
 RESET ROLE;
 SELECT (SELECT digest FROM rs_digest) = :'before_digest' AS unchanged;
 
+-- a run with declared steps awaits only those: a signal of another name
+-- would be stored and never used, and is refused as its await is (ID400)
+SELECT * FROM rs_digest \gset before_
+SET ROLE regress_rs_ops;
+SELECT idem_run_signal('ret-1', 'aprove', '{"by": "ops"}', owner => 'regress_rs_app');	-- ID400
+RESET ROLE;
+SET ROLE regress_rs_app;
+SELECT idem_run_signal('ret-1', 'aprove', '{"by": "app"}');		-- ID400
+RESET ROLE;
+SELECT (SELECT digest FROM rs_digest) = :'before_digest' AS unchanged;
+
 -- the signal makes the run due; the payload becomes the step's result
 SET ROLE regress_rs_ops;
 SELECT idem_run_signal('ret-1', 'approve', '{"by": "ops"}', owner => 'regress_rs_app');
