@@ -215,6 +215,8 @@ extern void idem_owner_spi_begin(IdemOwnerSPI *s, Oid relid);
 extern void idem_owner_spi_end(IdemOwnerSPI *s);
 extern int	idem_query_run(IdemQuery *q, Datum *values, const char *nulls,
 						   long limit);
+extern int	idem_query_run_latest(IdemQuery *q, Datum *values,
+								  const char *nulls, long limit);
 
 
 /* tables.c: rows of idem.audit and idem.outbox, for audit.c and outbox.c */

@@ -1707,8 +1707,9 @@ idem_owner_spi_end(IdemOwnerSPI *s)
  * by the GUC rules, and an error unwinds the level with the
  * (sub)transaction.  With jit already off there is nothing to do.
  */
-int
-idem_query_run(IdemQuery *q, Datum *values, const char *nulls, long limit)
+static int
+query_run(IdemQuery *q, Datum *values, const char *nulls, long limit,
+		  Snapshot snapshot)
 {
 	int			rc;
 	int			save_nestlevel = 0;
@@ -1731,10 +1732,31 @@ idem_query_run(IdemQuery *q, Datum *values, const char *nulls, long limit)
 		(void) set_config_option("jit", "off", PGC_USERSET, PGC_S_SESSION,
 								 GUC_ACTION_SAVE, true, 0, false);
 	}
-	rc = SPI_execute_plan(q->plan, values, nulls, false, limit);
+	rc = SPI_execute_snapshot(q->plan, values, nulls, snapshot,
+							  InvalidSnapshot, false, true, limit);
 	if (save_nestlevel > 0)
 		AtEOXact_GUC(true, save_nestlevel);
 	if (rc < 0)
 		elog(ERROR, "SPI_execute_plan failed: %s", SPI_result_code_string(rc));
 	return rc;
+}
+
+int
+idem_query_run(IdemQuery *q, Datum *values, const char *nulls, long limit)
+{
+	return query_run(q, values, nulls, limit, InvalidSnapshot);
+}
+
+/*
+ * idem_query_run_latest
+ *		idem_query_run() with a snapshot taken now, not the transaction's:
+ *		what every transaction committed so far, at any isolation level.
+ *		Only for rows that a lock the caller holds keeps from changing
+ *		until it commits, so that what it read stays true.
+ */
+int
+idem_query_run_latest(IdemQuery *q, Datum *values, const char *nulls,
+					  long limit)
+{
+	return query_run(q, values, nulls, limit, GetLatestSnapshot());
 }

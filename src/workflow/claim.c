@@ -502,6 +502,7 @@ idem_run_claim(PG_FUNCTION_ARGS)
 	IdemQueue	q;
 	TimestampTz deadline;
 	char		channel[300];
+	MemoryContext scancxt;
 
 	queue = idem_name_arg(fcinfo, 0, "run queue");
 	if (PG_ARGISNULL(1) || PG_ARGISNULL(2))
@@ -537,14 +538,29 @@ idem_run_claim(PG_FUNCTION_ARGS)
 		elog(ERROR, "idem_run_claim() must return %d columns", CLAIM_COLS);
 	idem_queue_channel(queue, channel, sizeof(channel));
 	deadline = GetCurrentTimestamp() + (int64) wait_ms * 1000;
+
+	/*
+	 * A waiting claim scans again and again, up to an hour, each time
+	 * reading every due run it cannot lease (held by another transaction):
+	 * what a scan allocated must go with it.  The leased runs are copied
+	 * into the result's tuplestore.
+	 */
+	scancxt = AllocSetContextCreate(CurrentMemoryContext, "idem_run_claim scan",
+									ALLOCSET_DEFAULT_SIZES);
 	for (;;)
 	{
 		TimestampTz now;
 		long		left;
+		MemoryContext oldcxt;
+		int32		leased;
 
 		idem_wakeup_note_claim(channel);
-		if (claim_into(&q, max_runs, lease_us, caller, worker,
-					   rsinfo->setResult, rsinfo->setDesc) > 0)
+		oldcxt = MemoryContextSwitchTo(scancxt);
+		leased = claim_into(&q, max_runs, lease_us, caller, worker,
+							rsinfo->setResult, rsinfo->setDesc);
+		MemoryContextSwitchTo(oldcxt);
+		MemoryContextReset(scancxt);
+		if (leased > 0)
 			break;
 		now = GetCurrentTimestamp();
 		if (now >= deadline)
@@ -552,6 +568,7 @@ idem_run_claim(PG_FUNCTION_ARGS)
 		left = (long) ((deadline - now) / 1000);
 		wait_for_runs(channel, Max(Min(left, CLAIM_POLL_MS), 1));
 	}
+	MemoryContextDelete(scancxt);
 	return (Datum) 0;
 }
 

@@ -138,8 +138,8 @@ done_position(IdemRunRow *run, const char *step, int ordinal)
  * The position of step among the run's declared steps (1-based), or 0 if
  * the run declared none.  A name the run did not declare is an error.
  */
-static int
-step_ordinal(IdemRunRow *run, const char *step)
+int
+idem_run_step_ordinal(IdemRunRow *run, const char *step)
 {
 	int			ordinal;
 
@@ -326,7 +326,7 @@ run_step(IdemRequest *req, IdemStatement *stmt, Jsonb *result,
 
 	/* before anything executes or replays: a queued run's holder only */
 	idem_lock_run_fenced(req->owner, run_id, token, "work on", &run);
-	ordinal = step_ordinal(&run, step);
+	ordinal = idem_run_step_ordinal(&run, step);
 
 	if (idem_find_record(stmt, req, fingerprint, now, &rec))
 	{
@@ -795,6 +795,18 @@ idem_run_begin(PG_FUNCTION_ARGS)
 	asked.input = input;
 	if (asked.queue != NULL)
 		idem_queue_check(asked.queue, GetUserId(), QUEUE_PRODUCE, &queue);
+	/*
+	 * A worker finishes a queued run with its last declared step: without
+	 * declared steps only idem_run_complete() would, and it takes no lease
+	 * token, so the run would be claimed until its attempts ran out.
+	 */
+	if (asked.queue != NULL && steps == NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("a run on a queue needs declared steps"),
+				 errdetail("Run \"%s\" has no steps: its worker could never complete it.",
+						   run_id),
+				 idem_errhint(ERRCODE_INVALID_PARAMETER_VALUE, "Pass the run's steps, or begin it on no queue and complete it with idem_run_complete().")));
 
 	lockkey = idem_run_lock_key(run_id);
 	idem_lock_key(owner, lockkey, strlen(lockkey), idem_wait);
@@ -897,7 +909,9 @@ set_run_status(FunctionCallInfo fcinfo, const char *verb, int owner_argno)
 					(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
 					 errmsg("reason passed to idem_run_fail() must not be null"),
 					 idem_errhint(ERRCODE_NULL_VALUE_NOT_ALLOWED, NULL)));
-		if (strcmp(run.status, "completed") == 0)
+		/* a cancelled run that failed could be resumed into executing again */
+		if (strcmp(run.status, "completed") == 0 ||
+			strcmp(run.status, "cancelled") == 0)
 			report_not_running(&run);
 		run.last_error = text_to_cstring(PG_GETARG_TEXT_PP(1));
 		run.status = "failed";
@@ -926,7 +940,8 @@ set_run_status(FunctionCallInfo fcinfo, const char *verb, int owner_argno)
 	}
 	else
 	{
-		if (strcmp(run.status, "failed") == 0)
+		if (strcmp(run.status, "failed") == 0 ||
+			strcmp(run.status, "cancelled") == 0)
 			report_not_running(&run);
 		if (idem_run_next_step(&run) != NULL)
 			ereport(ERROR,
@@ -1167,7 +1182,7 @@ idem_step_start(PG_FUNCTION_ARGS)
 	InitMaterializedSRF(fcinfo, 0);
 	idem_lock_run_leased(run_id, token, "start a step of", &run);
 	idem_run_check_room(&run);
-	ordinal = step_ordinal(&run, step);
+	ordinal = idem_run_step_ordinal(&run, step);
 	values[0] = CStringGetTextDatum(idem_run_step_key(run_id, step));
 	done = recorded_result(&run, step, ordinal);
 	if (done != NULL)
@@ -1237,7 +1252,7 @@ idem_step_fail(PG_FUNCTION_ARGS)
 		retry_after_us = idem_retry_after_usecs(PG_GETARG_INTERVAL_P(4));
 	idem_check_can_write("idem_step_fail()");
 	idem_lock_run_leased(run_id, token, "fail a step of", &run);
-	ordinal = step_ordinal(&run, step);
+	ordinal = idem_run_step_ordinal(&run, step);
 	if (done_position(&run, step, ordinal) > 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_IDEM_STEP_OUT_OF_SEQUENCE),
@@ -1352,7 +1367,7 @@ idem_run_await(PG_FUNCTION_ARGS)
 
 	idem_check_can_write("idem_run_await()");
 	idem_lock_run_leased(run_id, token, "await an event of", &run);
-	ordinal = step_ordinal(&run, event);
+	ordinal = idem_run_step_ordinal(&run, event);
 	done = recorded_result(&run, event, ordinal);
 	if (done != NULL)
 		PG_RETURN_DATUM(await_result(fcinfo, is_json_null(done) ?

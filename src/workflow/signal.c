@@ -10,7 +10,10 @@
  * the await asks, and sending it again is a no-op (with another payload,
  * ID422).  A run's owner signals it; other roles need the signal grant of
  * the run's queue, or idem_admin.  The run's lock orders a signal against
- * the await, so a run never waits for a signal it already has.
+ * the await, so a run never waits for a signal it already has: the await
+ * looks for the signal with a snapshot taken under the lock, not with its
+ * transaction's, which under REPEATABLE READ or SERIALIZABLE may be older
+ * than a signal that committed before the lock was granted.
  *
  * Copyright (c) 2026, idem authors
  *
@@ -58,7 +61,14 @@ static IdemQuery q_signal_insert = {
 /*
  * idem_run_signal_payload
  *		The payload of the run's signal event, copied into *payload; false
- *		if there is no such signal.
+ *		if there is no such signal.  The caller holds the run's lock.
+ *
+ * Read as committed now, whatever the isolation level, as the run's row
+ * is read for its fence.  Sound because a signal is inserted under the
+ * run's lock and never changed (only the purge of the run, under the same
+ * lock, deletes it): every signal committed before the caller's lock was
+ * granted is seen, and any other waits for the lock and then finds the
+ * run as the caller leaves it.
  */
 bool
 idem_run_signal_payload(Oid owner, const char *run_id, const char *event,
@@ -73,7 +83,7 @@ idem_run_signal_payload(Oid owner, const char *run_id, const char *event,
 	values[1] = CStringGetTextDatum(run_id);
 	values[2] = CStringGetTextDatum(event);
 	idem_owner_spi_begin(&spi, idem_catalog_runs());
-	idem_query_run(&q_signal_get, values, nulls, 1);
+	idem_query_run_latest(&q_signal_get, values, nulls, 1);
 	found = SPI_processed == 1;
 	if (found)
 	{
@@ -155,6 +165,8 @@ idem_run_signal(PG_FUNCTION_ARGS)
 				 errmsg("run \"%s\" is %s", run_id, run.status),
 				 errdetail("A finished run takes no signals."),
 				 idem_errhint(ERRCODE_IDEM_RUN_NOT_RUNNING, NULL)));
+	/* a run with declared steps awaits only those: another name would wait unused */
+	(void) idem_run_step_ordinal(&run, event);
 
 	values[0] = ObjectIdGetDatum(owner);
 	values[1] = CStringGetTextDatum(run_id);

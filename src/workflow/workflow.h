@@ -88,5 +88,6 @@ extern void idem_step_request(IdemRequest *req, const char *run_id,
 							  const char *step, const pg_uuid_t *token,
 							  IdemResult *result);
 extern char *idem_run_next_step(IdemRunRow *run);
+extern int	idem_run_step_ordinal(IdemRunRow *run, const char *step);
 
 #endif							/* IDEM_WORKFLOW_H */

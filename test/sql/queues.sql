@@ -83,7 +83,7 @@ SELECT run_id, owner, queue, status, state, next_step, steps_done, steps_total,
 
 -- a member of a producer group may enqueue; others may not
 SET ROLE regress_rq_member;
-SELECT created FROM idem_run_begin('m1', queue => 'returns', max_attempts => 2,
+SELECT created FROM idem_run_begin('m1', steps => ARRAY['s'], queue => 'returns', max_attempts => 2,
 	backoff_base => '10 ms', backoff_cap => '1 s', jitter => 'equal');
 RESET ROLE;
 SELECT * FROM rq_digest \gset before_
@@ -93,6 +93,10 @@ SELECT created FROM idem_run_begin('o1', queue => 'nope');			-- 42704
 SELECT created FROM idem_run_begin('o1', max_attempts => 2);		-- a policy needs a queue
 SELECT created FROM idem_run_begin('o1', queue => 'returns', max_attempts => 0);
 SELECT created FROM idem_run_begin('o1', queue => 'returns', jitter => 'some');
+-- a queued run's worker completes it with its last step: it needs steps
+SET ROLE regress_rq_app;
+SELECT created FROM idem_run_begin('o1', queue => 'returns');		-- 22023
+SELECT created FROM idem_run_begin('o1', NULL, '{}', 'returns');	-- 22023
 RESET ROLE;
 SELECT (SELECT digest FROM rq_digest) = :'before_digest' AS unchanged;
 

@@ -31,7 +31,7 @@ SET ROLE regress_rl_app;
 SELECT created FROM idem_run_begin('ret-1', steps => ARRAY['check','label','refund'],
 	input => '{"amount": 10}', queue => 'rl');
 SELECT created FROM idem_run_begin('ret-2', steps => ARRAY['check','ship'], queue => 'rl');
-SELECT created FROM idem_run_begin('ret-0', queue => 'rl');
+SELECT created FROM idem_run_begin('ret-0', steps => ARRAY['s'], queue => 'rl');
 RESET ROLE;
 
 -- only workers claim
@@ -201,7 +201,7 @@ SELECT claim, outcome FROM idem_run_attempts WHERE run_id = 'ret-1' ORDER BY cla
 
 -- release: due at once, the attempt not counted
 SET ROLE regress_rl_app;
-SELECT created FROM idem_run_begin('ret-3', queue => 'rl');
+SELECT created FROM idem_run_begin('ret-3', steps => ARRAY['s'], queue => 'rl');
 RESET ROLE;
 SET ROLE regress_rl_agent;
 INSERT INTO rl_claimed SELECT 'w7', run_id, lease_token, attempt, next_step,
@@ -228,6 +228,22 @@ SET ROLE regress_rl_agent;
 SELECT idem_step_complete('ret-2', 'ship', '{}', lease_token => rl_token('w2'));
 RESET ROLE;
 SELECT run_id, status, state, last_error FROM idem_runs WHERE run_id = 'ret-2';
+-- a cancelled run stays cancelled: failing or completing it would let
+-- idem_run_resume() make it execute again, so they refuse it as resume does
+SET ROLE regress_rl_app;
+SELECT created FROM idem_run_begin('ret-c');
+SELECT idem_run_cancel('ret-c');
+RESET ROLE;
+SELECT * FROM rl_digest \gset before_
+SET ROLE regress_rl_app;
+SELECT idem_run_complete('ret-c');										-- ID423
+SELECT idem_run_fail('ret-c', 'stuck');									-- ID423
+SELECT idem_run_complete('ret-2');										-- ID423
+SELECT idem_run_fail('ret-2', 'stuck');									-- ID423
+SELECT idem_run_resume('ret-2');										-- ID423
+RESET ROLE;
+SELECT (SELECT digest FROM rl_digest) = :'before_digest' AS unchanged;
+SELECT run_id, status, state FROM idem_runs WHERE run_id IN ('ret-2', 'ret-c') ORDER BY 1;
 -- administrators cancel any role's run
 GRANT idem_admin TO regress_rl_other;
 SET ROLE regress_rl_other;
@@ -241,7 +257,7 @@ SELECT run_id, claim, worker, outcome, error FROM idem_run_attempts WHERE run_id
 -- one that changes nothing is not
 SET idem.audit = executions;
 SET ROLE regress_rl_app;
-SELECT created FROM idem_run_begin('ret-ops', queue => 'rl');
+SELECT created FROM idem_run_begin('ret-ops', steps => ARRAY['s'], queue => 'rl');
 RESET ROLE;
 SET ROLE regress_rl_other;
 SELECT idem_run_fail('ret-ops', 'stuck', owner => 'regress_rl_app');		-- 42501
@@ -270,7 +286,7 @@ DELETE FROM idem.audit WHERE run_id = 'ret-ops';
 SELECT idem_queue_create('rl1', producers => '{regress_rl_app}',
 	workers => '{regress_rl_agent}', max_attempts => 1);
 SET ROLE regress_rl_app;
-SELECT created FROM idem_run_begin('x-1', queue => 'rl1');
+SELECT created FROM idem_run_begin('x-1', steps => ARRAY['s'], queue => 'rl1');
 RESET ROLE;
 SET ROLE regress_rl_agent;
 SELECT count(*) FROM idem_run_claim('rl1', lease => '1 ms');
@@ -304,12 +320,12 @@ RESET ROLE;
 SELECT idem_queue_create('rlfair', producers => '{regress_rl_app,regress_rl_other}',
 	workers => '{regress_rl_agent}');
 SET ROLE regress_rl_app;
-SELECT count(*) FROM (SELECT idem_run_begin('a-' || g, queue => 'rlfair') FROM generate_series(1, 3) g) s;
+SELECT count(*) FROM (SELECT idem_run_begin('a-' || g, steps => ARRAY['s'], queue => 'rlfair') FROM generate_series(1, 3) g) s;
 RESET ROLE;
 UPDATE idem.runs SET due_at = now() - interval '1 h' + substr(run_id, 3)::int * interval '1 s'
  WHERE queue = 'rlfair';
 SET ROLE regress_rl_other;
-SELECT created FROM idem_run_begin('b-1', queue => 'rlfair');
+SELECT created FROM idem_run_begin('b-1', steps => ARRAY['s'], queue => 'rlfair');
 RESET ROLE;
 SET ROLE regress_rl_agent;
 SELECT run_id, owner FROM idem_run_claim('rlfair', max_runs => 2) ORDER BY run_id;
@@ -323,10 +339,10 @@ RESET ROLE;
 SELECT idem_queue_create('rlfair2', producers => '{regress_rl_app,regress_rl_other}',
 	workers => '{regress_rl_agent}');
 SET ROLE regress_rl_app;
-SELECT count(*) FROM (SELECT idem_run_begin('c-' || g, queue => 'rlfair2') FROM generate_series(5, 1, -1) g) s;
+SELECT count(*) FROM (SELECT idem_run_begin('c-' || g, steps => ARRAY['s'], queue => 'rlfair2') FROM generate_series(5, 1, -1) g) s;
 RESET ROLE;
 SET ROLE regress_rl_other;
-SELECT count(*) FROM (SELECT idem_run_begin('d-' || g, queue => 'rlfair2') FROM generate_series(3, 1, -1) g) s;
+SELECT count(*) FROM (SELECT idem_run_begin('d-' || g, steps => ARRAY['s'], queue => 'rlfair2') FROM generate_series(3, 1, -1) g) s;
 RESET ROLE;
 -- regress_rl_app's runs are all due before regress_rl_other's
 UPDATE idem.runs SET due_at = now() + substr(run_id, 3)::int * interval '1 s'
@@ -348,10 +364,10 @@ RESET ROLE;
 SELECT idem_queue_create('rlfair3', producers => '{regress_rl_app,regress_rl_other}',
 	workers => '{regress_rl_agent}', concurrency => 2);
 SET ROLE regress_rl_app;
-SELECT count(*) FROM (SELECT idem_run_begin('e-' || g, queue => 'rlfair3') FROM generate_series(1, 4) g) s;
+SELECT count(*) FROM (SELECT idem_run_begin('e-' || g, steps => ARRAY['s'], queue => 'rlfair3') FROM generate_series(1, 4) g) s;
 RESET ROLE;
 SET ROLE regress_rl_other;
-SELECT created FROM idem_run_begin('f-1', queue => 'rlfair3');
+SELECT created FROM idem_run_begin('f-1', steps => ARRAY['s'], queue => 'rlfair3');
 RESET ROLE;
 UPDATE idem.runs SET due_at = now() - interval '1 h' + substr(run_id, 3)::int * interval '1 s'
  WHERE queue = 'rlfair3' AND run_id LIKE 'e-%';

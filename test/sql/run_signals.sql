@@ -50,6 +50,17 @@ SELECT idem_run_signal('ret-1', 'approve', '{"by": "x"}');		-- its own runs: non
 RESET ROLE;
 SELECT (SELECT digest FROM rs_digest) = :'before_digest' AS unchanged;
 
+-- a run with declared steps awaits only those: a signal of another name
+-- would be stored and never used, and is refused as its await is (ID400)
+SELECT * FROM rs_digest \gset before_
+SET ROLE regress_rs_ops;
+SELECT idem_run_signal('ret-1', 'aprove', '{"by": "ops"}', owner => 'regress_rs_app');	-- ID400
+RESET ROLE;
+SET ROLE regress_rs_app;
+SELECT idem_run_signal('ret-1', 'aprove', '{"by": "app"}');		-- ID400
+RESET ROLE;
+SELECT (SELECT digest FROM rs_digest) = :'before_digest' AS unchanged;
+
 -- the signal makes the run due; the payload becomes the step's result
 SET ROLE regress_rs_ops;
 SELECT idem_run_signal('ret-1', 'approve', '{"by": "ops"}', owner => 'regress_rs_app');
@@ -105,7 +116,7 @@ RESET ROLE;
 -- sleep: the lease ends and the run is due at until; once until has
 -- passed, the call says go on
 SET ROLE regress_rs_app;
-SELECT created FROM idem_run_begin('ret-4', queue => 'rs');
+SELECT created FROM idem_run_begin('ret-4', steps => ARRAY['s'], queue => 'rs');
 RESET ROLE;
 SET ROLE regress_rs_agent;
 INSERT INTO rs_claimed SELECT 'w6', run_id, lease_token, attempt, next_step, results

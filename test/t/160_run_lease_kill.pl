@@ -181,7 +181,7 @@ $node->safe_psql(
 	'postgres', q{
 SELECT idem_stats_reset();
 SELECT idem_queue_create('twice', max_attempts => 2, backoff_base => '0 s');
-SELECT status FROM idem_run_begin('st-1', queue => 'twice');
+SELECT status FROM idem_run_begin('st-1', steps => ARRAY['s'], queue => 'twice');
 SELECT status FROM idem_run_begin('st-2', steps => ARRAY['approve'], queue => 'returns');
 SELECT idem_run_signal('st-2', 'approve');
 SELECT idem_step_fail('st-1', 's', lease_token, 'first') IS NOT NULL FROM idem_run_claim('twice');
