@@ -49,13 +49,16 @@ static IdemQuery q_queued_by_id = {
  * looked up): a worker's steps name the run by id and token, and a token
  * belongs to one run forever, so the owner a step would look up again is
  * known.  A stale entry is harmless: the fence compares the token with the
- * run's row under its lock.
+ * run's row under its lock.  An entry serves only the run it was noted
+ * for: a token presented with another run's id is looked up, and answered
+ * as any backend answers it.
  */
 #define TOKEN_CACHE_SIZE	16
 static struct
 {
 	pg_uuid_t	token;
 	Oid			owner;
+	char		run_id[IDEM_MAX_KEY_BYTES + 1];
 } token_cache[TOKEN_CACHE_SIZE];
 static int	token_cache_next = 0;
 
@@ -64,19 +67,23 @@ static int	token_cache_next = 0;
  *		Remember that token leases a run of owner.
  */
 void
-idem_run_token_owner_note(const pg_uuid_t *token, Oid owner)
+idem_run_token_owner_note(const pg_uuid_t *token, const char *run_id,
+						  Oid owner)
 {
 	token_cache[token_cache_next].token = *token;
 	token_cache[token_cache_next].owner = owner;
+	strlcpy(token_cache[token_cache_next].run_id, run_id,
+			sizeof(token_cache[token_cache_next].run_id));
 	token_cache_next = (token_cache_next + 1) % TOKEN_CACHE_SIZE;
 }
 
 static Oid
-token_owner_cached(const pg_uuid_t *token)
+token_owner_cached(const pg_uuid_t *token, const char *run_id)
 {
 	for (int i = 0; i < TOKEN_CACHE_SIZE; i++)
 		if (OidIsValid(token_cache[i].owner) &&
-			memcmp(token_cache[i].token.data, token->data, UUID_LEN) == 0)
+			memcmp(token_cache[i].token.data, token->data, UUID_LEN) == 0 &&
+			strcmp(token_cache[i].run_id, run_id) == 0)
 			return token_cache[i].owner;
 	return InvalidOid;
 }
@@ -203,7 +210,7 @@ idem_leased_run_owner(const char *run_id, const pg_uuid_t *token)
 	char	   *state = NULL;
 	char	   *holder = NULL;
 
-	owner = token_owner_cached(token);
+	owner = token_owner_cached(token, run_id);
 	if (OidIsValid(owner))
 		return owner;
 	values[0] = CStringGetTextDatum(run_id);
@@ -235,7 +242,7 @@ idem_leased_run_owner(const char *run_id, const pg_uuid_t *token)
 	idem_owner_spi_end(&spi);
 	if (OidIsValid(owner))
 	{
-		idem_run_token_owner_note(token, owner);
+		idem_run_token_owner_note(token, run_id, owner);
 		return owner;
 	}
 	if (!any)

@@ -55,7 +55,8 @@ extern void idem_lock_run(Oid owner, const char *run_id, IdemRunRow *run);
 extern const pg_uuid_t *idem_lease_token_arg(FunctionCallInfo fcinfo,
 											 int argno, bool required);
 extern const pg_uuid_t *idem_lease_token_setting(void);
-extern void idem_run_token_owner_note(const pg_uuid_t *token, Oid owner);
+extern void idem_run_token_owner_note(const pg_uuid_t *token,
+									  const char *run_id, Oid owner);
 extern Oid	idem_leased_run_owner(const char *run_id, const pg_uuid_t *token);
 extern void idem_lock_run_fenced(Oid owner, const char *run_id,
 								 const pg_uuid_t *token, const char *verb,

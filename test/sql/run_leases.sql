@@ -332,6 +332,15 @@ SELECT run_id, owner FROM idem_run_claim('rlfair', max_runs => 2) ORDER BY run_i
 SELECT run_id, owner FROM idem_run_claim('rlfair', max_runs => 1);
 SELECT run_id, owner FROM idem_run_claim('rlfair', max_runs => 5);
 RESET ROLE;
+-- one run's token presented with another run's id, in the backend that
+-- claimed both: ID412, as any backend answers it
+SELECT lease_token AS tok_a1 FROM idem.runs WHERE run_id = 'a-1' \gset
+SET ROLE regress_rl_agent;
+\set VERBOSITY terse
+SELECT idem_call(NULL, 'SELECT 1', run_id => 'b-1', step => 's', lease_token => :'tok_a1');
+\set VERBOSITY default
+\echo :LAST_ERROR_SQLSTATE
+RESET ROLE;
 
 -- the share's order: with equal leases the role whose oldest due run is
 -- oldest goes first, one run each per round; a role with fewer leases goes
