@@ -16,9 +16,10 @@
  * run fails instead.
  *
  * A queue's concurrency cap is kept by one claim at a time: the claim
- * locks the queue's row and counts the leases that hold, in a statement of
- * its own after the lock, and so in READ COMMITTED sees every lease an
- * earlier claim committed.  A claim commits on its own: its lease and its
+ * takes the queue's cap lock and counts the leases that hold, in a
+ * statement of its own after the lock, and so in READ COMMITTED sees every
+ * lease an earlier claim committed.  A claim that leased nothing gives the
+ * lock back before it waits.  A claim commits on its own: its lease and its
  * attempt's record must be durable before the worker acts on them.
  *
  * Copyright (c) 2026, idem authors
@@ -562,6 +563,7 @@ idem_run_claim(PG_FUNCTION_ARGS)
 		MemoryContextReset(scancxt);
 		if (leased > 0)
 			break;
+		idem_queue_room_release(&q);
 		now = GetCurrentTimestamp();
 		if (now >= deadline)
 			break;

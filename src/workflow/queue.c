@@ -22,8 +22,10 @@
 #include "postgres.h"
 
 #include "catalog/pg_type.h"
+#include "common/hashfn.h"
 #include "executor/spi.h"
 #include "miscadmin.h"
+#include "storage/lock.h"
 #include "utils/builtins.h"
 #include "utils/timestamp.h"
 
@@ -133,10 +135,6 @@ read_queue(const char *queue, Oid role, IdemQueuePrivilege priv,
 	return true;
 }
 
-static IdemQuery q_lock_queue = {
-	"SELECT FROM idem.queues WHERE queue OPERATOR(pg_catalog.=) $1 FOR UPDATE",
-	1, {TEXTOID}
-};
 
 /* the leases that hold: on the claim's index, after now */
 static IdemQuery q_count_leased = {
@@ -150,11 +148,26 @@ static IdemQuery q_count_leased = {
 };
 
 /*
+ * The lock that takes turns on a capped queue's count of leases: a
+ * transaction that leases under the cap holds it until it commits, so the
+ * next count sees its leases.  A heavyweight lock rather than the queue's
+ * row, so that a claim that leased nothing (and may wait on) lets go of it.
+ */
+static void
+queue_cap_locktag(LOCKTAG *tag, const char *queue)
+{
+	uint32		h = DatumGetUInt32(hash_any((const unsigned char *) queue,
+											strlen(queue)));
+
+	/* owner 0: no role's key lock is in that namespace */
+	SET_LOCKTAG_ADVISORY(*tag, MyDatabaseId, InvalidOid, h, IDEM_LOCKTAG_CLASS);
+}
+
+/*
  * idem_queue_room
  *		How many of want runs may be leased now under q's concurrency cap
- *		(all of them without one).  The queue's row stays locked until the
- *		transaction ends, so whoever counts next (a claim, or a holder whose
- *		lease ran out) sees the leases this transaction grants.
+ *		(all of them without one).  Takes the queue's cap lock, kept until
+ *		the transaction ends unless idem_queue_room_release() gives it back.
  */
 int32
 idem_queue_room(IdemQueue *q, int32 want, TimestampTz now)
@@ -164,18 +177,37 @@ idem_queue_room(IdemQueue *q, int32 want, TimestampTz now)
 	char		nulls[2] = {' ', ' '};
 	bool		isnull;
 	int32		leased;
+	LOCKTAG		tag;
 
 	if (q->concurrency <= 0)
 		return want;
+	queue_cap_locktag(&tag, q->queue);
+	(void) LockAcquire(&tag, ExclusiveLock, false, false);
 	values[0] = CStringGetTextDatum(q->queue);
 	values[1] = TimestampTzGetDatum(now);
 	idem_owner_spi_begin(&spi, idem_catalog_runs());
-	idem_query_run(&q_lock_queue, values, nulls, 0);
 	idem_query_run(&q_count_leased, values, nulls, 0);
 	leased = DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[0],
 										 SPI_tuptable->tupdesc, 1, &isnull));
 	idem_owner_spi_end(&spi);
 	return Max(Min(want, q->concurrency - leased), 0);
+}
+
+/*
+ * idem_queue_room_release
+ *		Give back the cap lock idem_queue_room() took, after counting led to
+ *		no lease: a claim that waits for runs must not make every other
+ *		claim of the queue wait with it.
+ */
+void
+idem_queue_room_release(IdemQueue *q)
+{
+	LOCKTAG		tag;
+
+	if (q->concurrency <= 0)
+		return;
+	queue_cap_locktag(&tag, q->queue);
+	LockRelease(&tag, ExclusiveLock, false);
 }
 
 /*

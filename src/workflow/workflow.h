@@ -36,6 +36,7 @@ typedef struct IdemQueue
 
 extern void idem_queue_read(const char *queue, IdemQueue *q);
 extern int32 idem_queue_room(IdemQueue *q, int32 want, TimestampTz now);
+extern void idem_queue_room_release(IdemQueue *q);
 extern bool idem_queue_allows(const char *queue, Oid role,
 							  IdemQueuePrivilege priv, IdemQueue *q);
 extern void idem_queue_check(const char *queue, Oid role,
