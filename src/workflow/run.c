@@ -80,36 +80,6 @@ run_ndone(IdemRunRow *run)
 	return ArrayGetNItems(ARR_NDIM(run->done_steps), ARR_DIMS(run->done_steps));
 }
 
-/*
- * Where name is in a text[] without nulls (1-based), or 0: one pass over
- * the array, no copy of its elements.
- */
-static int
-name_position(ArrayType *arr, const char *name)
-{
-	ArrayIterator it = array_create_iterator(arr, 0, NULL);
-	size_t		len = strlen(name);
-	Datum		elem;
-	bool		isnull;
-	int			pos = 0;
-	int			found = 0;
-
-	while (array_iterate(it, &elem, &isnull))
-	{
-		text	   *t = DatumGetTextPP(elem);
-
-		pos++;
-		if (!isnull && VARSIZE_ANY_EXHDR(t) == len &&
-			memcmp(VARDATA_ANY(t), name, len) == 0)
-		{
-			found = pos;
-			break;
-		}
-	}
-	array_free_iterator(it);
-	return found;
-}
-
 /* The name of declared step ordinal (1-based). */
 static char *
 declared_step(IdemRunRow *run, int ordinal)
@@ -131,30 +101,9 @@ done_position(IdemRunRow *run, const char *step, int ordinal)
 {
 	if (run->steps != NULL)
 		return ordinal <= run_ndone(run) ? ordinal : 0;
-	return name_position(run->done_steps, step);
+	return idem_run_name_position(run->done_steps, step);
 }
 
-/*
- * The position of step among the run's declared steps (1-based), or 0 if
- * the run declared none.  A name the run did not declare is an error.
- */
-int
-idem_run_step_ordinal(IdemRunRow *run, const char *step)
-{
-	int			ordinal;
-
-	if (run->steps == NULL)
-		return 0;
-	ordinal = name_position(run->steps, step);
-	if (ordinal > 0)
-		return ordinal;
-	ereport(ERROR,
-			(errcode(ERRCODE_IDEM_STEP_UNDECLARED),
-			 errmsg("run \"%s\" has no step \"%s\"", run->run_id, step),
-			 errdetail("The run was begun with a list of steps, and this name is not in it."),
-			 idem_errhint(ERRCODE_IDEM_STEP_UNDECLARED, "Use one of the names passed to idem_run_begin().")));
-	return 0;					/* keep compiler quiet */
-}
 
 /* Refuse a run of more than IDEM_MAX_RUN_STEPS steps. */
 static void
@@ -217,7 +166,7 @@ check_step_may_run(IdemRunRow *run, const char *step, int ordinal)
 		report_not_running(run);
 	if (ordinal == 0)
 	{
-		if (name_position(run->done_steps, step) > 0)
+		if (idem_run_name_position(run->done_steps, step) > 0)
 			report_lost_record(run, step);
 		check_step_count(ndone + 1, run->run_id);
 		return;

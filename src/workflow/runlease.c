@@ -88,6 +88,61 @@ token_owner_cached(const pg_uuid_t *token, const char *run_id)
 	return InvalidOid;
 }
 
+/*
+ * idem_run_name_position
+ *		Where name is in a text[] without nulls (1-based), or 0: one pass
+ *		over the array, no copy of its elements.
+ */
+int
+idem_run_name_position(ArrayType *arr, const char *name)
+{
+	ArrayIterator it = array_create_iterator(arr, 0, NULL);
+	size_t		len = strlen(name);
+	Datum		elem;
+	bool		isnull;
+	int			pos = 0;
+	int			found = 0;
+
+	while (array_iterate(it, &elem, &isnull))
+	{
+		text	   *t = DatumGetTextPP(elem);
+
+		pos++;
+		if (!isnull && VARSIZE_ANY_EXHDR(t) == len &&
+			memcmp(VARDATA_ANY(t), name, len) == 0)
+		{
+			found = pos;
+			break;
+		}
+	}
+	array_free_iterator(it);
+	return found;
+}
+
+/*
+ * idem_run_step_ordinal
+ *		The position of step among the run's declared steps (1-based), or
+ *		0 if the run declared none.  A name the run did not declare is
+ *		ID400.
+ */
+int
+idem_run_step_ordinal(IdemRunRow *run, const char *step)
+{
+	int			ordinal;
+
+	if (run->steps == NULL)
+		return 0;
+	ordinal = idem_run_name_position(run->steps, step);
+	if (ordinal > 0)
+		return ordinal;
+	ereport(ERROR,
+			(errcode(ERRCODE_IDEM_STEP_UNDECLARED),
+			 errmsg("run \"%s\" has no step \"%s\"", run->run_id, step),
+			 errdetail("The run was begun with a list of steps, and this name is not in it."),
+			 idem_errhint(ERRCODE_IDEM_STEP_UNDECLARED, "Use one of the names passed to idem_run_begin().")));
+	return 0;					/* keep compiler quiet */
+}
+
 /* Keys derived for a run: its lock, and each step's record. */
 char *
 idem_run_lock_key(const char *run_id)

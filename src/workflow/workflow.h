@@ -48,6 +48,8 @@ extern void idem_queue_check_policy(FunctionCallInfo fcinfo, int attempts_arg,
 extern void idem_queue_channel(const char *queue, char *name, size_t size);
 
 /* runlease.c: a queued run's lease, as its functions see it */
+extern int	idem_run_name_position(ArrayType *arr, const char *name);
+extern int	idem_run_step_ordinal(IdemRunRow *run, const char *step);
 extern char *idem_run_lock_key(const char *run_id);
 extern char *idem_run_step_key(const char *run_id, const char *step);
 extern void idem_report_run_not_found(const char *run_id);
@@ -90,6 +92,5 @@ extern void idem_step_request(IdemRequest *req, const char *run_id,
 							  const char *step, const pg_uuid_t *token,
 							  IdemResult *result);
 extern char *idem_run_next_step(IdemRunRow *run);
-extern int	idem_run_step_ordinal(IdemRunRow *run, const char *step);
 
 #endif							/* IDEM_WORKFLOW_H */
