@@ -92,11 +92,7 @@ PG_FUNCTION_INFO_V1(idem_purge);
 static void
 refuse_old_definitions(void)
 {
-	ereport(ERROR,
-			(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-			 errmsg("extension \"idem\" must be updated"),
-			 errdetail("The extension's SQL definitions are version 1.0, but the installed library is version %s.", IDEM_SQL_VERSION),
-			 idem_errhint(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE, "Run ALTER EXTENSION idem UPDATE.")));
+	idem_report_old_definitions("1.0");
 }
 
 Datum

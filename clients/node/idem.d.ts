@@ -95,6 +95,13 @@ export class RetryAfter extends Error {
   seconds: number;
 }
 
+/**
+ * The SQL of a retry_after argument, parameter $n, capped at the server's
+ * idem.outbox_max_retry_after: what the consumer loop and the worker pass
+ * to idem_outbox_fail / idem_step_fail for a RetryAfter.
+ */
+export function RETRY_AFTER(n: number): string;
+
 export interface ErrorFields {
   sqlstate?: string;
   detail?: string;

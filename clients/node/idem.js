@@ -221,13 +221,23 @@ class RetryAfter extends Error {
     this.seconds = retryAfterSeconds(seconds);
   }
 }
+// Longer than any server accepts: RETRY_AFTER caps it at the server's
+// idem.outbox_max_retry_after, so a far Retry-After (a year, a date in 2099,
+// Infinity) is "as late as allowed", never a refused failure.
+const RETRY_AFTER_MAX_S = 1e9;
+// the retry_after argument of idem_outbox_fail / idem_step_fail, parameter n
+const RETRY_AFTER = (n) =>
+  `LEAST($${n}::interval, pg_catalog.current_setting('idem.outbox_max_retry_after')::interval)`;
+
 function retryAfterSeconds(v) {
   if (v === null || v === undefined || v === '') return 0;
-  const n = Number(v);
-  if (Number.isFinite(n)) return Math.max(0, n);
-  const when = Date.parse(String(v));
-  if (Number.isNaN(when)) throw new TypeError(`not a Retry-After value: ${v}`);
-  return Math.max(0, (when - Date.now()) / 1000);
+  let n = Number(v);
+  if (Number.isNaN(n)) {
+    const when = Date.parse(String(v));
+    if (Number.isNaN(when)) throw new TypeError(`not a Retry-After value: ${v}`);
+    n = (when - Date.now()) / 1000;
+  }
+  return Math.min(Math.max(0, n), RETRY_AFTER_MAX_S);
 }
 
 const CLAIM = 'SELECT event_id, key, topic, payload::text AS payload, run_id, step, attempt,' +
@@ -481,7 +491,7 @@ async function consume(connect, topic, handler, { maxEvents = 10, lease = 30, co
         if (!failed) {
           if (await report('SELECT idem_outbox_ack($1, $2)', [r.event_id, r.lease_token], event)) acked++;
         } else if (failure instanceof RetryAfter) {
-          await report('SELECT idem_outbox_fail($1, $2, $3, $4::interval)',
+          await report(`SELECT idem_outbox_fail($1, $2, $3, ${RETRY_AFTER(4)})`,
             [r.event_id, r.lease_token, failure.message, `${failure.seconds} seconds`], event);
         } else {
           // a thrown non-Error (a string, undefined) is still the event's failure
@@ -506,7 +516,7 @@ async function consume(connect, topic, handler, { maxEvents = 10, lease = 30, co
 const { KeyReused, InProgress, NestedKey, RunNotFound, StepUndeclared, RunNotRunning, OutOfSequence,
   EventNotFound, LeaseLost } = errors;
 // listed one by one so that ES modules can import them by name
-module.exports = { execute, step, retry, retryAdvice, consume, RetryAfter, sqlstateOf, parseExact,
+module.exports = { execute, step, retry, retryAdvice, consume, RetryAfter, RETRY_AFTER, sqlstateOf, parseExact,
   toArg, translate, IdemError, KeyReused, InProgress, NestedKey, RunNotFound, StepUndeclared,
   RunNotRunning, OutOfSequence, EventNotFound, LeaseLost, CachedError };
 // the workflow layer (workflow.js) is built on the above

@@ -352,11 +352,15 @@ class Worker {
     this.stats.failedSteps++;
     try {
       if (!client) client = await this.#open();
-      const r = await client.query('SELECT idem_step_fail($1, $2, $3::uuid, $4, $5::interval) AS due',
-        [c.runId, name, c.token, text.slice(0, 2000), after]);
+      const r = after === null
+        ? await client.query('SELECT idem_step_fail($1, $2, $3::uuid, $4) AS due',
+          [c.runId, name, c.token, text.slice(0, 2000)])
+        : await client.query(`SELECT idem_step_fail($1, $2, $3::uuid, $4, ${lib().RETRY_AFTER(5)}) AS due`,
+          [c.runId, name, c.token, text.slice(0, 2000), after]);
       if (r.rows[0].due === null) this.log.error(`idem worker ${this.name}: run ${c.runId} failed at step ${name}: ${text}`);
     } catch (e) {
       if (!STOP_STATES.has(e.code)) {
+        this.log.warn(`idem worker ${this.name}: could not fail run ${c.runId} step ${name}: ${e.message}`);
         if (client) client.end().catch(() => {});
         return null;
       }

@@ -408,20 +408,34 @@ class RetryAfter(Exception):
         self.seconds = _retry_after_seconds(seconds)
 
 
+# Longer than any server accepts: RETRY_AFTER caps it at the server's
+# idem.outbox_max_retry_after, so a far Retry-After (a year, a date in 2099,
+# infinity) is "as late as allowed", never a refused failure.
+_RETRY_AFTER_MAX_S = 1e9
+
+# the retry_after argument of idem_outbox_fail / idem_step_fail
+RETRY_AFTER = ("LEAST(%s::interval,"
+               " pg_catalog.current_setting('idem.outbox_max_retry_after')::interval)")
+
+
 def _retry_after_seconds(value) -> float:
     if value is None or value == "":
         return 0.0
     if isinstance(value, (int, float, decimal.Decimal)):
-        return max(0.0, float(value))
-    text = str(value).strip()
-    try:
-        return max(0.0, float(text))
-    except ValueError:
-        import email.utils
-        when = email.utils.parsedate_to_datetime(text)   # ValueError if neither
-        if when.tzinfo is None:
-            when = when.replace(tzinfo=datetime.timezone.utc)
-        return max(0.0, (when - datetime.datetime.now(datetime.timezone.utc)).total_seconds())
+        seconds = float(value)
+    else:
+        text = str(value).strip()
+        try:
+            seconds = float(text)
+        except ValueError:
+            import email.utils
+            when = email.utils.parsedate_to_datetime(text)   # ValueError if neither
+            if when.tzinfo is None:
+                when = when.replace(tzinfo=datetime.timezone.utc)
+            seconds = (when - datetime.datetime.now(datetime.timezone.utc)).total_seconds()
+    if seconds != seconds:      # NaN
+        return 0.0
+    return min(max(0.0, seconds), _RETRY_AFTER_MAX_S)
 
 
 _log = logging.getLogger("idem_client")
@@ -655,7 +669,7 @@ def consume(connect: Callable[[], psycopg.Connection], topic: str,
                 try:
                     handler(event)
                 except RetryAfter as e:
-                    report("SELECT idem_outbox_fail(%s, %s, %s, %s::interval)",
+                    report("SELECT idem_outbox_fail(%s, %s, %s, " + RETRY_AFTER + ")",
                            (event_id, token, str(e), f"{e.seconds} seconds"), event)
                 except Exception as e:  # the handler's failure is the event's, not the loop's
                     r = report("SELECT idem_outbox_fail(%s, %s, %s)",

@@ -539,8 +539,13 @@ class Worker:
             if conn is None or conn.closed or conn.broken:
                 self._close(conn)
                 conn = self._open()
-            due = conn.execute("SELECT idem_step_fail(%s, %s, %s::uuid, %s, %s::interval)",
-                               (c.run_id, name, c.token, text[:2000], after)).fetchone()[0]
+            if after is None:
+                due = conn.execute("SELECT idem_step_fail(%s, %s, %s::uuid, %s)",
+                                   (c.run_id, name, c.token, text[:2000])).fetchone()[0]
+            else:
+                due = conn.execute("SELECT idem_step_fail(%s, %s, %s::uuid, %s, "
+                                   + _idem.RETRY_AFTER + ")",
+                                   (c.run_id, name, c.token, text[:2000], after)).fetchone()[0]
             if due is None:
                 _log.error("idem worker %s: run %s failed at step %s: %s", self.name, c.run_id,
                            name, text)

@@ -172,6 +172,8 @@ extern Oid	idem_catalog_runs(void);
 extern Oid	idem_catalog_outbox_topics(Oid *pkey);
 extern uint64 idem_catalog_secret(void);
 extern uint64 idem_catalog_generation(void);
+extern char *idem_extension_version(Oid extoid);
+extern void idem_report_old_definitions(const char *version);
 extern bool idem_restamp_key(Oid owner, const char *key,
 							 TimestampTz expires_at);
 extern int64 idem_purge_expired(int batch_size);

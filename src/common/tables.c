@@ -421,6 +421,55 @@ idem_catalog_generation(void)
 }
 
 /*
+ * idem_extension_version
+ *		The installed version of the extension, or NULL.
+ */
+char *
+idem_extension_version(Oid extoid)
+{
+	Relation	rel = table_open(ExtensionRelationId, AccessShareLock);
+	ScanKeyData key;
+	SysScanDesc scan;
+	HeapTuple	tup;
+	char	   *version = NULL;
+
+	ScanKeyInit(&key, Anum_pg_extension_oid, BTEqualStrategyNumber,
+				F_OIDEQ, ObjectIdGetDatum(extoid));
+	scan = systable_beginscan(rel, ExtensionOidIndexId, true, NULL, 1, &key);
+	tup = systable_getnext(scan);
+	if (HeapTupleIsValid(tup))
+	{
+		bool		isnull;
+		Datum		d = heap_getattr(tup, Anum_pg_extension_extversion,
+									 RelationGetDescr(rel), &isnull);
+
+		if (!isnull)
+			version = TextDatumGetCString(d);
+	}
+	systable_endscan(scan);
+	table_close(rel, AccessShareLock);
+	return version;
+}
+
+/*
+ * idem_report_old_definitions
+ *		55000: the database's SQL definitions of idem are of another
+ *		version than this library's.  Before ALTER EXTENSION idem UPDATE
+ *		they would be read with the wrong shapes; the fix is the update,
+ *		never a reinstall, which would drop every record.
+ */
+void
+idem_report_old_definitions(const char *version)
+{
+	ereport(ERROR,
+			(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+			 errmsg("extension \"idem\" must be updated"),
+			 errdetail("The extension's SQL definitions are version %s, but the installed library is version %s.",
+					   version ? version : "unknown", IDEM_SQL_VERSION),
+			 idem_errhint(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE, "Run ALTER EXTENSION idem UPDATE.")));
+}
+
+/*
  * Find idem's tables.  The schema must be the one the extension created:
  * a schema named "idem" made by someone else is never used, and neither is
  * a relation that is not the extension's own or has another shape.
@@ -446,6 +495,15 @@ catalog_resolve(void)
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 				 errmsg("extension \"idem\" is not installed in this database"),
 				 idem_errhint(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE, "Run CREATE EXTENSION idem.")));
+
+	/* the scripts of earlier versions run with their own version recorded */
+	if (!(creating_extension && CurrentExtensionObject == extoid))
+	{
+		char	   *version = idem_extension_version(extoid);
+
+		if (version == NULL || strcmp(version, IDEM_SQL_VERSION) != 0)
+			idem_report_old_definitions(version);
+	}
 
 	nspid = get_namespace_oid("idem", true);
 	if (!OidIsValid(nspid) ||

@@ -266,33 +266,6 @@ idem_launcher_main(Datum main_arg)
 	}
 }
 
-/* The installed version of the extension, or NULL. */
-static char *
-extension_version(Oid extoid)
-{
-	Relation	rel = table_open(ExtensionRelationId, AccessShareLock);
-	ScanKeyData key;
-	SysScanDesc scan;
-	HeapTuple	tup;
-	char	   *version = NULL;
-
-	ScanKeyInit(&key, Anum_pg_extension_oid, BTEqualStrategyNumber,
-				F_OIDEQ, ObjectIdGetDatum(extoid));
-	scan = systable_beginscan(rel, ExtensionOidIndexId, true, NULL, 1, &key);
-	tup = systable_getnext(scan);
-	if (HeapTupleIsValid(tup))
-	{
-		bool		isnull;
-		Datum		d = heap_getattr(tup, Anum_pg_extension_extversion,
-									 RelationGetDescr(rel), &isnull);
-
-		if (!isnull)
-			version = TextDatumGetCString(d);
-	}
-	systable_endscan(scan);
-	table_close(rel, AccessShareLock);
-	return version;
-}
 
 /*
  * Whether the extension is installed here and usable (pg_cron's test), at
@@ -312,7 +285,7 @@ extension_ready(void)
 		return false;
 	if (creating_extension && CurrentExtensionObject == extoid)
 		return false;
-	version = extension_version(extoid);
+	version = idem_extension_version(extoid);
 	return version != NULL && strcmp(version, IDEM_SQL_VERSION) == 0;
 }
 

@@ -132,6 +132,22 @@ describe('consume', () => {
     assert.ok(row.next_attempt_at - before >= 20000 && row.next_attempt_at - afterT <= 20000);
   });
 
+  it('takes a Retry-After beyond the server limit as the limit', async () => {
+    // later than idem.outbox_max_retry_after (1 day) allows: as late as
+    // allowed; it was refused, and the failure lost
+    const t = await freshTopic();
+    await publish(t, 'a');
+    const before = await serverNow();
+    const l = loop(t, () => { throw new idem.RetryAfter(Infinity, 'mailer 429'); });
+    await until(async () => (await events(t)).a.last_error !== null, 'the failure');
+    const afterT = await serverNow();
+    assert.equal(await l.finish(), 0);
+    const row = (await events(t)).a;
+    assert.equal(row.state, 'pending');
+    assert.equal(row.last_error, 'mailer 429');
+    assert.ok(row.next_attempt_at - before >= 86400000 && row.next_attempt_at - afterT <= 86400000);
+  });
+
   it("leaves any other error's retry to the server's backoff", async () => {
     const t = await freshTopic();
     await publish(t, 'a');

@@ -135,6 +135,23 @@ def test_retry_after_sets_the_next_attempt(cluster, connect, topic, admin):
     assert len(loop.seen) == 1   # not due again while the loop ran
 
 
+def test_retry_after_beyond_the_server_limit_is_the_limit(cluster, connect, topic, admin):
+    # a Retry-After later than idem.outbox_max_retry_after (1 day) allows is
+    # as late as allowed; it was refused, and the failure lost
+    publish(connect, topic, "a")
+
+    def handler(event):
+        raise idem.RetryAfter("Wed, 21 Oct 2099 07:28:00 GMT", "mailer 429")
+    before = server_now(admin)
+    loop = Loop(cluster.dsn(), topic, handler)
+    until(lambda: events(admin, topic)["a"]["last_error"] is not None, what="the failure")
+    after = server_now(admin)
+    assert loop.finish() == 0
+    row = events(admin, topic)["a"]
+    assert row["state"] == "pending" and row["last_error"] == "mailer 429"
+    assert before + 86400 * SECOND <= row["next_attempt_at"] <= after + 86400 * SECOND
+
+
 def test_other_exception_gets_the_server_backoff(cluster, connect, topic, admin):
     publish(connect, topic, "a")
 

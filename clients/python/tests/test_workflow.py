@@ -5,6 +5,7 @@ its lease, a taken-over run stops its holder, SIGTERM drains, and worker
 processes SIGKILLed at random leave every effect exactly once and every
 attempt on record."""
 
+import datetime
 import os
 import random
 import signal
@@ -161,6 +162,31 @@ def test_an_exception_fails_the_run_after_its_last_attempt(connect, admin, queue
     assert seen == [1, 2]
     assert admin.execute("SELECT last_error FROM idem_runs WHERE run_id = %s",
                          (f"{queue}:bad",)).fetchone()[0] == "ValueError: bad return 7"
+
+
+def test_retry_after_beyond_the_server_limit_is_the_limit(connect, admin, queue):
+    """A Retry-After later than idem.outbox_max_retry_after (1 day) allows:
+    the step fails as late as allowed; it was refused and the failure lost,
+    and the run came back after the lease."""
+    wf = idem.Workflow(queue, steps=["label"])
+
+    @wf.external("label")
+    def label(ctx):
+        raise idem.RetryAfter("Wed, 21 Oct 2099 07:28:00 GMT", "carrier 429")
+    conn = connect()
+    conn.autocommit = True
+    wf.start(conn, f"{queue}:far", input={})
+    w = Running(connect, [wf], concurrency=1, lease=2, poll=0.1)
+    until(lambda: admin.execute("SELECT count(*) FROM idem_run_attempts WHERE run_id = %s"
+                                " AND outcome IS NOT NULL", (f"{queue}:far",)).fetchone()[0] > 0,
+          10, "the failed attempt")
+    w.finish()
+    outcome, error = admin.execute("SELECT outcome, error FROM idem_run_attempts WHERE run_id = %s"
+                                   " ORDER BY claim", (f"{queue}:far",)).fetchone()
+    assert (outcome, error) == ("step_failed", "carrier 429")
+    due = admin.execute("SELECT next_due - now() FROM idem_runs WHERE run_id = %s",
+                        (f"{queue}:far",)).fetchone()[0]
+    assert datetime.timedelta(hours=23) < due <= datetime.timedelta(days=1)
 
 
 def test_transient_sqlstate_is_retried_by_the_runtime(connect, admin, queue):
