@@ -406,15 +406,9 @@ idem_replay_record(IdemRequest *req, const IdemRecord *rec, IdemResult *result)
 		LogTransactionalMessage("idem", req->key, req->keylen);
 }
 
-/*
- * idem_keyed_request
- *		The request of a call shaped (key text, sql text [, VARIADIC args]),
- *		checked the way idem_execute() checks it; fname names the function.
- *		keyarg is the key's argument number: the statement follows it, then
- *		the statement's arguments.
- */
-void
-idem_keyed_request(FunctionCallInfo fcinfo, const char *fname, int keyarg,
+/* A keyed request's key and statement, checked as idem_execute() does. */
+static void
+keyed_request_head(FunctionCallInfo fcinfo, const char *fname, int keyarg,
 				   IdemRequest *req)
 {
 	idem_check_can_write(fname);
@@ -430,7 +424,37 @@ idem_keyed_request(FunctionCallInfo fcinfo, const char *fname, int keyarg,
 				 errmsg("statement passed to %s must not be null", fname),
 				 idem_errhint(ERRCODE_NULL_VALUE_NOT_ALLOWED, NULL)));
 	req->sql = text_to_cstring(PG_GETARG_TEXT_PP(keyarg + 1));
+}
+
+/*
+ * idem_keyed_request
+ *		The request of a call shaped (key text, sql text [, VARIADIC args]),
+ *		checked the way idem_execute() checks it; fname names the function.
+ *		keyarg is the key's argument number: the statement follows it, then
+ *		the statement's arguments.
+ */
+void
+idem_keyed_request(FunctionCallInfo fcinfo, const char *fname, int keyarg,
+				   IdemRequest *req)
+{
+	keyed_request_head(fcinfo, fname, keyarg, req);
 	idem_collect_args(fcinfo, keyarg + IDEM_FIXED_ARGS, req);
+}
+
+/*
+ * idem_keyed_array_request
+ *		The same for a call shaped (key text, sql text, ..., args text[]):
+ *		the statement's arguments are argument argsarg, text typed by the
+ *		statement as untyped driver parameters are.
+ */
+void
+idem_keyed_array_request(FunctionCallInfo fcinfo, const char *fname,
+						 int keyarg, int argsarg, IdemRequest *req)
+{
+	keyed_request_head(fcinfo, fname, keyarg, req);
+	req->nargs = 0;
+	if (!PG_ARGISNULL(argsarg))
+		idem_collect_array(PG_GETARG_ARRAYTYPE_P(argsarg), true, req);
 }
 
 static void

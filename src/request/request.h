@@ -72,6 +72,8 @@ extern void idem_collect_args(FunctionCallInfo fcinfo, int first,
 extern void idem_collect_array(ArrayType *arr, bool strings, IdemRequest *req);
 extern void idem_keyed_request(FunctionCallInfo fcinfo, const char *fname,
 							   int keyarg, IdemRequest *req);
+extern void idem_keyed_array_request(FunctionCallInfo fcinfo, const char *fname,
+									 int keyarg, int argsarg, IdemRequest *req);
 extern void idem_execute_request(IdemRequest *req, IdemResult *result);
 extern Datum idem_result_datum(IdemResult *result);
 extern void idem_check_not_step_key(const char *key, const char *fname);

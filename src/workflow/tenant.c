@@ -852,21 +852,7 @@ tenant_request(FunctionCallInfo fcinfo, const char *fname,
 			return PG_ARGISNULL(1) ? NULL : text_to_cstring(PG_GETARG_TEXT_PP(1));
 		return NULL;
 	}
-	idem_check_can_write(fname);
-	req->owner = idem_key_owner();
-	req->ttl = idem_checked_ttl();
-	req->key = idem_name_arg(fcinfo, WITH_KEY, "idempotency key");
-	req->keylen = strlen(req->key);
-	idem_check_not_step_key(req->key, fname);
-	if (PG_ARGISNULL(WITH_SQL))
-		ereport(ERROR,
-				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("statement passed to %s must not be null", fname),
-				 idem_errhint(ERRCODE_NULL_VALUE_NOT_ALLOWED, NULL)));
-	req->sql = text_to_cstring(PG_GETARG_TEXT_PP(WITH_SQL));
-	req->nargs = 0;
-	if (!PG_ARGISNULL(WITH_ARGS))
-		idem_collect_array(PG_GETARG_ARRAYTYPE_P(WITH_ARGS), true, req);
+	idem_keyed_array_request(fcinfo, fname, WITH_KEY, WITH_ARGS, req);
 	return NULL;
 }
 
