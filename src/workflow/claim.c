@@ -155,6 +155,20 @@ results_so_far(IdemRunRow *run)
 	return JsonbValueToJsonb(res);
 }
 
+/* A run the claim fails instead of leasing it, off its queue for good. */
+static void
+fail_at_claim(IdemRunRow *run, Oid owner, TimestampTz now, const char *error)
+{
+	run->status = "failed";
+	run->finished = true;
+	run->finished_at = now;
+	run->last_error = (char *) error;
+	run->queue_state = NULL;
+	run->due_at = DT_NOEND;
+	idem_update_run(run);
+	idem_stats_count_for(MyDatabaseId, owner, IDEM_STAT_RUNS_FAILED, 1);
+}
+
 /*
  * Lease one due run found by the scan, if it still is due once its lock is
  * taken; put it into store.  Returns whether it was leased.
@@ -190,14 +204,7 @@ lease_run(Oid owner, const char *run_id, IdemQueue *q, int64 lease_us,
 		max_attempts = run.max_attempts > 0 ? run.max_attempts : q->max_attempts;
 		if (run.attempt >= max_attempts)
 		{
-			run.status = "failed";
-			run.finished = true;
-			run.finished_at = now;
-			run.last_error = "lease expired on the last attempt";
-			run.queue_state = NULL;
-			run.due_at = DT_NOEND;
-			idem_update_run(&run);
-			idem_stats_count_for(MyDatabaseId, owner, IDEM_STAT_RUNS_FAILED, 1);
+			fail_at_claim(&run, owner, now, "lease expired on the last attempt");
 			return false;
 		}
 		run.attempt++;
@@ -210,14 +217,8 @@ lease_run(Oid owner, const char *run_id, IdemQueue *q, int64 lease_us,
 		 * No claim could ever return this run: failing it keeps it from
 		 * failing every claim that reaches it, other roles' too.
 		 */
-		run.status = "failed";
-		run.finished = true;
-		run.finished_at = now;
-		run.last_error = "the results of its completed steps exceed the 256 MB of the one jsonb value a claim returns them in";
-		run.queue_state = NULL;
-		run.due_at = DT_NOEND;
-		idem_update_run(&run);
-		idem_stats_count_for(MyDatabaseId, owner, IDEM_STAT_RUNS_FAILED, 1);
+		fail_at_claim(&run, owner, now,
+					  "the results of its completed steps exceed the 256 MB of the one jsonb value a claim returns them in");
 		return false;
 	}
 
