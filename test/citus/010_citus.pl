@@ -943,10 +943,15 @@ is($coord->safe_psql('tt', 'SELECT count(*) FROM idem.citus_keys'), '3', 'one ke
 
 # --- a shard split, draining a node and the rebalancer: the key records
 # go where their rows go, and every retry replays
+# the calls of [tenant, key] pairs, one statement each
+sub calls_of
+{
+	return join('', map { my ($t, $k) = @$_; "SELECT replayed FROM idem_citus_call(${t}::bigint, '$k', $insert, ${t}::bigint, '$k', 1);\n" } @_);
+}
 sub retry_all
 {
 	my ($keys, $what) = @_;
-	my $script = join('', map { my ($t, $k) = @$_; "SELECT replayed FROM idem_citus_call(${t}::bigint, '$k', $insert, ${t}::bigint, '$k', 1);\n" } @$keys);
+	my $script = calls_of(@$keys);
 	for my $entry (@nodes)
 	{
 		my ($out, $err) = call($entry, $script);
@@ -968,7 +973,7 @@ SELECT string_agg(t::text, ',') FROM generate_series(701, 1000) t
  WHERE get_shard_id_for_distribution_column('payments', t::bigint) = $shard});
 	@ten = @ten[0 .. 11] if @ten > 12;
 	my @keys = map { [ $_, "split-$_" ] } @ten;
-	($out, $err) = call($coord, join('', map { my ($t, $k) = @$_; "SELECT replayed FROM idem_citus_call(${t}::bigint, '$k', $insert, ${t}::bigint, '$k', 1);\n" } @keys));
+	($out, $err) = call($coord, calls_of(@keys));
 	is(join('', split /\n/, $out), 'f' x scalar(@keys), scalar(@keys) . " tenants of shard $shard execute") or diag($err);
 	my ($lo, $hi) = split /\|/, $coord->safe_psql('postgres',
 		"SELECT shardminvalue, shardmaxvalue FROM pg_dist_shard WHERE shardid = $shard");
@@ -984,7 +989,7 @@ SELECT string_agg(t::text, ',') FROM generate_series(701, 1000) t
 		scalar(@keys), '... one key record each');
 
 	my @reb = map { [ $_, "reb-$_" ] } 801 .. 832;
-	($out, $err) = call($w1, join('', map { my ($t, $k) = @$_; "SELECT replayed FROM idem_citus_call(${t}::bigint, '$k', $insert, ${t}::bigint, '$k', 1);\n" } @reb));
+	($out, $err) = call($w1, calls_of(@reb));
 	is(join('', split /\n/, $out), 'f' x 32, '32 tenants over all shards execute') or diag($err);
 	$coord->safe_psql('postgres',
 		"SELECT citus_drain_node('127.0.0.1', " . $w2->port . ", 'block_writes')");
