@@ -501,6 +501,7 @@ _PG_init(void)
 		idem_worker_register();
 	}
 	idem_untyped_install();
+	idem_query_install();
 	defined = true;
 
 	check_early_settings(settings);

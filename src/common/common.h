@@ -215,6 +215,10 @@ typedef struct IdemQuery
 
 extern void idem_owner_spi_begin(IdemOwnerSPI *s, Oid relid);
 extern void idem_owner_spi_end(IdemOwnerSPI *s);
+extern Oid	idem_catalog_outbox_indexes(Oid *due, Oid *run);
+extern void idem_update_outbox_row(Relation rel, ItemPointer otid,
+								   HeapTuple tuple);
+extern void idem_query_install(void);
 extern int	idem_query_run(IdemQuery *q, Datum *values, const char *nulls,
 						   long limit);
 extern int	idem_query_run_latest(IdemQuery *q, Datum *values,

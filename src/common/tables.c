@@ -46,6 +46,7 @@
 #include "catalog/namespace.h"
 #include "catalog/pg_extension.h"
 #include "catalog/pg_namespace.h"
+#include "catalog/pg_operator.h"
 #include "commands/extension.h"
 #include "executor/executor.h"
 #include "jit/jit.h"
@@ -53,9 +54,11 @@
 #include "executor/tuptable.h"
 #include "miscadmin.h"
 #include "optimizer/optimizer.h"
+#include "optimizer/planner.h"
 #include "storage/lmgr.h"
 #include "storage/lock.h"
 #include "utils/timestamp.h"
+#include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/datum.h"
 #include "utils/fmgroids.h"
@@ -128,6 +131,8 @@ typedef struct IdemCatalog
 	Oid			keys_pkey;
 	Oid			keys_expires;
 	Oid			outbox;
+	Oid			outbox_due;		/* (topic, next_attempt_at), undelivered */
+	Oid			outbox_run;		/* (run_id), undelivered events of runs */
 	Oid			outbox_topics;
 	Oid			outbox_topics_pkey;
 	Oid			audit;
@@ -170,6 +175,8 @@ static const ColumnShape outbox_topics_shape[Natts_outbox_topics] = {
 	{"consumers", REGROLEARRAYOID}, {"created_at", TIMESTAMPTZOID}
 };
 static const int16 outbox_topics_pkey_columns[] = {Anum_outbox_topics_topic};
+static const int16 outbox_due_columns[] = {Anum_outbox_topic, Anum_outbox_next_attempt_at};
+static const int16 outbox_run_columns[] = {Anum_outbox_run_id};
 static const ColumnShape lock_seed_shape[1] = {{"seed", INT8OID}};
 static const ColumnShape runs_shape[Natts_runs] = {
 	{"run_id", TEXTOID}, {"owner", REGROLEOID}, {"steps", TEXTARRAYOID, true},
@@ -258,7 +265,8 @@ catalog_invalidate(Datum arg, Oid relid)
 {
 	if (relid == InvalidOid || relid == catalog.keys ||
 		relid == catalog.keys_pkey || relid == catalog.keys_expires ||
-		relid == catalog.outbox || relid == catalog.outbox_topics ||
+		relid == catalog.outbox || relid == catalog.outbox_due ||
+		relid == catalog.outbox_run || relid == catalog.outbox_topics ||
 		relid == catalog.outbox_topics_pkey || relid == catalog.lock_seed_rel ||
 		relid == catalog.runs || relid == catalog.runs_pkey ||
 		relid == catalog.runs_due || relid == catalog.runs_owner_due ||
@@ -342,35 +350,91 @@ catalog_table(const char *relname, Oid nspid, Oid extoid,
 	return relid;
 }
 
+/* The predicate of a partial index of idem's, as its install script made it */
+typedef enum IndexPredicate
+{
+	PRED_NONE,
+	PRED_QUEUED_RUN,			/* queue_state IS NOT NULL */
+	PRED_UNDELIVERED,			/* state = ANY (ARRAY['pending', 'leased']) */
+	PRED_UNDELIVERED_RUN		/* run_id IS NOT NULL AND the same */
+} IndexPredicate;
+
+static bool
+is_not_null_test(Node *node, AttrNumber attno)
+{
+	NullTest   *nt = IsA(node, NullTest) ? (NullTest *) node : NULL;
+
+	return nt != NULL && nt->nulltesttype == IS_NOT_NULL &&
+		IsA(nt->arg, Var) && ((Var *) nt->arg)->varattno == attno;
+}
+
+/* Whether node is "state = ANY (ARRAY['pending', 'leased'])" */
+static bool
+is_undelivered_test(Node *node)
+{
+	ScalarArrayOpExpr *sa = IsA(node, ScalarArrayOpExpr) ? (ScalarArrayOpExpr *) node : NULL;
+	Node	   *var;
+	Const	   *array;
+	Datum	   *elems;
+	bool	   *elemnulls;
+	int			nelems;
+
+	if (sa == NULL || !sa->useOr || sa->opno != TextEqualOperator ||
+		list_length(sa->args) != 2)
+		return false;
+	var = linitial(sa->args);
+	array = lsecond(sa->args);
+	if (!IsA(var, Var) || ((Var *) var)->varattno != Anum_outbox_state ||
+		!IsA(array, Const) || array->constisnull ||
+		array->consttype != TEXTARRAYOID)
+		return false;
+	deconstruct_array(DatumGetArrayTypeP(array->constvalue), TEXTOID, -1,
+					  false, TYPALIGN_INT, &elems, &elemnulls, &nelems);
+	return nelems == 2 && !elemnulls[0] && !elemnulls[1] &&
+		strcmp(TextDatumGetCString(elems[0]), "pending") == 0 &&
+		strcmp(TextDatumGetCString(elems[1]), "leased") == 0;
+}
+
+static bool
+predicate_is(List *pred, IndexPredicate expected)
+{
+	switch (expected)
+	{
+		case PRED_NONE:
+			return pred == NIL;
+		case PRED_QUEUED_RUN:
+			return list_length(pred) == 1 &&
+				is_not_null_test(linitial(pred), Anum_runs_queue_state);
+		case PRED_UNDELIVERED:
+			return list_length(pred) == 1 && is_undelivered_test(linitial(pred));
+		case PRED_UNDELIVERED_RUN:
+			return list_length(pred) == 2 &&
+				is_not_null_test(linitial(pred), Anum_outbox_run_id) &&
+				is_undelivered_test(lsecond(pred));
+	}
+	return false;
+}
+
 /*
- * A btree index of the table on exactly the given columns; partial on
- * "column notnull IS NOT NULL" if notnull is set, else not partial.
+ * The index relname of tableid, checked to be the one the install script
+ * made: idem scans some of them itself, and a scan of an index that does
+ * not cover the rows idem expects would miss them without a word.
  */
 static Oid
 catalog_index(const char *relname, Oid nspid, Oid tableid, Oid am,
 			  bool unique, const int16 *columns, int ncolumns,
-			  AttrNumber notnull)
+			  IndexPredicate predicate)
 {
 	Oid			relid = catalog_relid(relname, nspid);
 	Relation	idx = index_open(relid, AccessShareLock);
 	Form_pg_index form = idx->rd_index;
-	List	   *pred = RelationGetIndexPredicate(idx);
 	bool		ok;
 
 	ok = form->indrelid == tableid && idx->rd_rel->relam == am &&
 		form->indisunique == unique && form->indisvalid &&
 		form->indnkeyatts == ncolumns && form->indnatts == ncolumns &&
-		RelationGetIndexExpressions(idx) == NIL;
-	if (notnull == InvalidAttrNumber)
-		ok = ok && pred == NIL;
-	else
-	{
-		NullTest   *nt = list_length(pred) == 1 && IsA(linitial(pred), NullTest) ?
-			linitial_node(NullTest, pred) : NULL;
-
-		ok = ok && nt != NULL && nt->nulltesttype == IS_NOT_NULL &&
-			IsA(nt->arg, Var) && ((Var *) nt->arg)->varattno == notnull;
-	}
+		RelationGetIndexExpressions(idx) == NIL &&
+		predicate_is(RelationGetIndexPredicate(idx), predicate);
 	for (int i = 0; ok && i < ncolumns; i++)
 		ok = form->indkey.values[i] == columns[i];
 	index_close(idx, AccessShareLock);
@@ -516,6 +580,14 @@ catalog_resolve(void)
 	catalog.keys = catalog_table("keys", nspid, extoid, keys_shape, Natts_keys);
 	catalog.outbox = catalog_table("outbox", nspid, extoid, outbox_shape,
 								   Natts_outbox);
+	catalog.outbox_due = catalog_index("outbox_due_idx", nspid, catalog.outbox,
+									   BTREE_AM_OID, false, outbox_due_columns,
+									   lengthof(outbox_due_columns),
+									   PRED_UNDELIVERED);
+	catalog.outbox_run = catalog_index("outbox_run_idx", nspid, catalog.outbox,
+									   BTREE_AM_OID, false, outbox_run_columns,
+									   lengthof(outbox_run_columns),
+									   PRED_UNDELIVERED_RUN);
 	catalog.outbox_topics = catalog_table("outbox_topics", nspid, extoid,
 										  outbox_topics_shape,
 										  Natts_outbox_topics);
@@ -524,17 +596,17 @@ catalog_resolve(void)
 											   BTREE_AM_OID, true,
 											   outbox_topics_pkey_columns,
 											   lengthof(outbox_topics_pkey_columns),
-											   InvalidAttrNumber);
+											   PRED_NONE);
 	catalog.keys_pkey = catalog_index("keys_pkey", nspid, catalog.keys,
 									  BTREE_AM_OID, true,
 									  keys_pkey_columns,
 									  lengthof(keys_pkey_columns),
-									  InvalidAttrNumber);
+									  PRED_NONE);
 	catalog.keys_expires = catalog_index("keys_expires_at_idx", nspid,
 										 catalog.keys, BTREE_AM_OID, false,
 										 keys_expires_columns,
 										 lengthof(keys_expires_columns),
-										 InvalidAttrNumber);
+										 PRED_NONE);
 	catalog.lock_seed_rel = catalog_table("lock_seed", nspid, extoid,
 										  lock_seed_shape, 1);
 	catalog.lock_seed = catalog_lock_seed(catalog.lock_seed_rel);
@@ -543,16 +615,16 @@ catalog_resolve(void)
 									  BTREE_AM_OID, true,
 									  runs_pkey_columns,
 									  lengthof(runs_pkey_columns),
-									  InvalidAttrNumber);
+									  PRED_NONE);
 	catalog.runs_due = catalog_index("runs_due_idx", nspid, catalog.runs,
 									 BTREE_AM_OID, false, runs_due_columns,
 									 lengthof(runs_due_columns),
-									 Anum_runs_queue_state);
+									 PRED_QUEUED_RUN);
 	catalog.runs_owner_due = catalog_index("runs_owner_due_idx", nspid,
 										   catalog.runs, BTREE_AM_OID, false,
 										   runs_owner_due_columns,
 										   lengthof(runs_owner_due_columns),
-										   Anum_runs_queue_state);
+										   PRED_QUEUED_RUN);
 	catalog.run_attempts = catalog_table("run_attempts", nspid, extoid,
 										 run_attempts_shape, Natts_run_attempts);
 	catalog.run_attempts_pkey = catalog_index("run_attempts_pkey", nspid,
@@ -560,13 +632,13 @@ catalog_resolve(void)
 											  BTREE_AM_OID, true,
 											  run_attempts_pkey_columns,
 											  lengthof(run_attempts_pkey_columns),
-											  InvalidAttrNumber);
+											  PRED_NONE);
 	catalog.audit = catalog_table("audit", nspid, extoid, audit_shape,
 								  Natts_audit);
 	catalog.audit_at = catalog_index("audit_at_idx", nspid, catalog.audit,
 									 BRIN_AM_OID, false, audit_at_columns,
 									 lengthof(audit_at_columns),
-									 InvalidAttrNumber);
+									 PRED_NONE);
 	catalog_valid = true;
 }
 
@@ -1107,6 +1179,20 @@ Oid
 idem_catalog_outbox(void)
 {
 	catalog_resolve();
+	return catalog.outbox;
+}
+
+/*
+ * idem_catalog_outbox_indexes
+ *		The OID of idem.outbox and those of its due index and its index of
+ *		runs' undelivered events, checked.
+ */
+Oid
+idem_catalog_outbox_indexes(Oid *due, Oid *run)
+{
+	catalog_resolve();
+	*due = catalog.outbox_due;
+	*run = catalog.outbox_run;
 	return catalog.outbox;
 }
 
@@ -1706,6 +1792,18 @@ idem_insert_outbox_row(Datum *values, bool *nulls)
 	insert_row(WRITE_OUTBOX, catalog.outbox, values, nulls);
 }
 
+/*
+ * idem_update_outbox_row
+ *		Replace the event at otid with tuple, as idem_update_run() does a
+ *		run.  Caller holds the row's tuple lock and makes the new version
+ *		visible.
+ */
+void
+idem_update_outbox_row(Relation rel, ItemPointer otid, HeapTuple tuple)
+{
+	update_row(WRITE_OUTBOX, rel, otid, tuple);
+}
+
 /* ---------------------------------------------------------------------
  * SQL on idem's tables (the outbox's delivery, the audit trail's purge)
  * ---------------------------------------------------------------------
@@ -1752,48 +1850,81 @@ idem_owner_spi_end(IdemOwnerSPI *s)
  *		Execute q, prepared and kept on its first use.  Inside an SPI
  *		connection.
  *
- * Planned and run without JIT.  idem's queries are index probes of a few
- * rows, but a generic plan estimates "LIMIT $n" at a tenth of what the
- * scan under it may return, so on a large outbox the claim's estimate
- * crosses jit_above_cost, and JIT then compiles its expressions at every
- * execution: 0.4 s a claim with 7.2 million events, where the claim
- * itself takes a millisecond.  jit_enabled is read when a plan is made
- * (the plan's jitFlags decide for every execution of it), so jit is set
- * off for the call in a GUC nest level of its own, as a function's SET
- * clause would: code the query runs (a trigger an administrator put on
- * the table) sees the setting in force, a SET it makes is kept or undone
- * by the GUC rules, and an error unwinds the level with the
- * (sub)transaction.  With jit already off there is nothing to do.
+ * Planned without JIT.  idem's queries are index probes of a few rows, but
+ * a generic plan estimates "LIMIT $n" at a tenth of what the scan under it
+ * may return, so on a large outbox the claim's estimate crosses
+ * jit_above_cost, and JIT then compiles its expressions at every
+ * execution: 0.4 s a claim with 7.2 million events, where the claim itself
+ * takes a millisecond.  Whether a plan is compiled is decided when it is
+ * made (its jitFlags), and a cached plan is made again whenever an
+ * invalidation arrives, which may be while it is being revalidated for
+ * this very execution; so the planner hook clears jitFlags of every plan
+ * made while one of idem's queries runs (code the query runs, such as a
+ * trigger an administrator put on a table, is planned as if jit were
+ * off).  Setting jit off around each execution would do the same through
+ * the GUC machinery, at the price of a GUC nest level per query, which
+ * before PostgreSQL 16 visits every setting when it is popped.
  */
+static int	own_query_depth = 0;
+static planner_hook_type prev_planner_hook = NULL;
+
+static PlannedStmt *
+own_query_planner(Query *parse, const char *query_string, int cursorOptions,
+				  ParamListInfo boundParams)
+{
+	PlannedStmt *result;
+
+	if (prev_planner_hook)
+		result = prev_planner_hook(parse, query_string, cursorOptions,
+								   boundParams);
+	else
+		result = standard_planner(parse, query_string, cursorOptions,
+								  boundParams);
+	if (own_query_depth > 0)
+		result->jitFlags = PGJIT_NONE;
+	return result;
+}
+
+/*
+ * idem_query_install
+ *		Install the planner hook; called once, when the library is loaded.
+ */
+void
+idem_query_install(void)
+{
+	prev_planner_hook = planner_hook;
+	planner_hook = own_query_planner;
+}
+
 static int
 query_run(IdemQuery *q, Datum *values, const char *nulls, long limit,
 		  Snapshot snapshot)
 {
 	int			rc;
-	int			save_nestlevel = 0;
 
-	if (q->plan == NULL)
+	own_query_depth++;
+	PG_TRY();
 	{
-		SPIPlanPtr	plan = SPI_prepare_cursor(q->sql, q->nargs, q->argtypes,
-											  q->cursor_options);
+		if (q->plan == NULL)
+		{
+			SPIPlanPtr	plan = SPI_prepare_cursor(q->sql, q->nargs, q->argtypes,
+												  q->cursor_options);
 
-		if (plan == NULL)
-			elog(ERROR, "SPI_prepare failed: %s",
-				 SPI_result_code_string(SPI_result));
-		if (SPI_keepplan(plan) != 0)
-			elog(ERROR, "SPI_keepplan failed");
-		q->plan = plan;
+			if (plan == NULL)
+				elog(ERROR, "SPI_prepare failed: %s",
+					 SPI_result_code_string(SPI_result));
+			if (SPI_keepplan(plan) != 0)
+				elog(ERROR, "SPI_keepplan failed");
+			q->plan = plan;
+		}
+		rc = SPI_execute_snapshot(q->plan, values, nulls, snapshot,
+								  InvalidSnapshot, false, true, limit);
 	}
-	if (jit_enabled)
+	PG_FINALLY();
 	{
-		save_nestlevel = NewGUCNestLevel();
-		(void) set_config_option("jit", "off", PGC_USERSET, PGC_S_SESSION,
-								 GUC_ACTION_SAVE, true, 0, false);
+		own_query_depth--;
 	}
-	rc = SPI_execute_snapshot(q->plan, values, nulls, snapshot,
-							  InvalidSnapshot, false, true, limit);
-	if (save_nestlevel > 0)
-		AtEOXact_GUC(true, save_nestlevel);
+	PG_END_TRY();
 	if (rc < 0)
 		elog(ERROR, "SPI_execute_plan failed: %s", SPI_result_code_string(rc));
 	return rc;

@@ -7,11 +7,12 @@
  *		jitter, dead letters, requeue, and the purge of delivered events.
  *
  * The writer is on idem_execute()'s hot path and reaches idem.outbox and
- * idem.outbox_topics by OID (tables.c), like the key record.  Delivery
- * runs fixed statements through SPI, prepared once per backend, as the
- * owner of idem.outbox (the callers have no privilege on schema idem) and
- * with every name, operator and function schema-qualified, so that no
- * caller's search_path can reach into them.
+ * idem.outbox_topics by OID (tables.c), like the key record, and so does
+ * the claim, delivery's other hot path.  The rest of delivery runs fixed
+ * statements through SPI, prepared once per backend, as the owner of
+ * idem.outbox (the callers have no privilege on schema idem) and with every
+ * name, operator and function schema-qualified, so that no caller's
+ * search_path can reach into them.
  *
  * An event's next_attempt_at is its due time.  A claim moves it to the end
  * of the lease, so leased events fall out of the head of the claim's index
@@ -470,74 +471,6 @@ idem_insert_outbox(const char *key, Oid owner, const char *topic,
 
 
 /*
- * Due events of a topic, oldest due first, locked without waiting for
- * those another claim holds, then leased: due time moved to the end of the
- * lease, attempt counted, a new token.  An event whose last allowed attempt
- * ended with an expired lease becomes a dead letter instead.  A pending
- * event is always leased, even past a lowered idem.outbox_max_attempts:
- * the limit is applied when an attempt fails, and the event's last error
- * is its consumer's, not a lease's.
- *
- * A workflow run's events of a topic are delivered in order: one waits
- * while an event of the same run and topic written by an earlier step is
- * pending or leased (a dead one does not hold the run up).  Earlier is the
- * step's place in the run, the order the steps committed in; the
- * transactions' start times (created_at) can be the other way round.  Only
- * events with a run id pay the probe, on a partial index of undelivered
- * run events.
- *
- * One UPDATE, its rows returned as they are updated: the order by due time
- * is made by claim_into() from each row's due time before the claim, a
- * subquery over the few locked rows (a query around the update to sort
- * them, or a join, costs every claim a plan tree several times as large,
- * and a join is a hash join built at every claim).
- *
- * Always the generic plan, whose shape does not depend on the values: the
- * update reaches the locked rows by TID whatever LIMIT the planner assumes
- * (a join on ctid would be a hash join over the whole table), and no call
- * is planned with "now" as a constant, which makes the planner
- * probe the due index for its actual bounds, walking the dead entries that
- * earlier claims left at its head.
- */
-static IdemQuery q_claim = {
-	"WITH c AS ("
-	"  SELECT o.ctid AS tid, o.event_id, o.next_attempt_at AS due"
-	"    FROM idem.outbox o"
-	"   WHERE o.topic OPERATOR(pg_catalog.=) $1"
-	"     AND o.state OPERATOR(pg_catalog.=) ANY (ARRAY['pending', 'leased']::pg_catalog.text[])"
-	"     AND o.next_attempt_at OPERATOR(pg_catalog.<=) $2"
-	"     AND (o.run_id IS NULL OR NOT EXISTS ("
-	"          SELECT FROM idem.outbox p"
-	"           WHERE p.owner OPERATOR(pg_catalog.=) o.owner"
-	"             AND p.run_id OPERATOR(pg_catalog.=) o.run_id"
-	"             AND p.topic OPERATOR(pg_catalog.=) o.topic"
-	"             AND p.run_position OPERATOR(pg_catalog.<) o.run_position"
-	"             AND p.run_id IS NOT NULL"
-	"             AND p.state OPERATOR(pg_catalog.=) ANY (ARRAY['pending', 'leased']::pg_catalog.text[])))"
-	"   ORDER BY o.next_attempt_at"
-	"   LIMIT $3"
-	"   FOR UPDATE SKIP LOCKED)"
-	" UPDATE idem.outbox o"
-	"    SET state = CASE WHEN o.state OPERATOR(pg_catalog.=) 'leased' AND o.attempts OPERATOR(pg_catalog.>=) $5 THEN 'dead' ELSE 'leased' END,"
-	"        attempts = CASE WHEN o.state OPERATOR(pg_catalog.=) 'leased' AND o.attempts OPERATOR(pg_catalog.>=) $5 THEN o.attempts"
-	"                   ELSE o.attempts OPERATOR(pg_catalog.+) 1 END,"
-	"        next_attempt_at = $4,"
-	"        lease_token = CASE WHEN o.state OPERATOR(pg_catalog.=) 'leased' AND o.attempts OPERATOR(pg_catalog.>=) $5 THEN NULL"
-	"                      ELSE pg_catalog.gen_random_uuid() END,"
-	"        leased_by = $6,"
-	"        lease_holder = $7,"
-	"        last_error = CASE WHEN o.state OPERATOR(pg_catalog.=) 'leased' AND o.attempts OPERATOR(pg_catalog.>=) $5"
-	"                     THEN 'lease expired on the last attempt' ELSE o.last_error END"
-	"  WHERE o.ctid OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT tid FROM c))"
-	" RETURNING o.event_id, o.key, o.owner, o.topic, o.payload, o.run_id, o.step,"
-	"           o.attempts, o.lease_token, o.created_at, o.next_attempt_at,"
-	"           o.state OPERATOR(pg_catalog.=) 'dead',"
-	"           (SELECT c.due FROM c WHERE c.event_id OPERATOR(pg_catalog.=) o.event_id)",
-	7, {TEXTOID, TIMESTAMPTZOID, INT4OID, TIMESTAMPTZOID, INT4OID, REGROLEOID, TEXTOID},
-	CURSOR_OPT_GENERIC_PLAN
-};
-
-/*
  * The fast path of an ack: the current lease's event is deleted, or with
  * idem.outbox_keep_delivered becomes delivered (for the purge to delete
  * after idem.outbox_retention).  Deleting is what makes delivery cheap: no
@@ -699,50 +632,119 @@ check_can_wait(const char *what)
 }
 
 /*
- * The columns of q_claim's rows: the function's result columns first (the
- * tuplestore takes the first CLAIM_COL_DEAD of them), then whether the row
- * became a dead letter, then its due time before the claim.
+ * The columns of a claim's rows, as idem_outbox_claim() returns them.
  */
-#define CLAIM_COL_CREATED_AT	9
-#define CLAIM_COL_DEAD			11
-#define CLAIM_COL_DUE			12
-#define CLAIM_COLS				13
+#define CLAIM_RESULT_COLS		11
 
-typedef struct ClaimedRow
+static bool
+state_is(Datum state, const char *name)
 {
-	TimestampTz due;
-	TimestampTz created_at;
-	uint64		row;
-} ClaimedRow;
+	text	   *t = DatumGetTextPP(state);
 
-/* oldest due first, then oldest written, then as the update returned them */
-static int
-claimed_row_cmp(const void *a, const void *b)
+	return VARSIZE_ANY_EXHDR(t) == strlen(name) &&
+		memcmp(VARDATA_ANY(t), name, VARSIZE_ANY_EXHDR(t)) == 0;
+}
+
+static bool
+text_datums_equal(Datum a, Datum b)
 {
-	const ClaimedRow *x = (const ClaimedRow *) a;
-	const ClaimedRow *y = (const ClaimedRow *) b;
+	text	   *x = DatumGetTextPP(a);
+	text	   *y = DatumGetTextPP(b);
 
-	if (x->due != y->due)
-		return x->due < y->due ? -1 : 1;
-	if (x->created_at != y->created_at)
-		return x->created_at < y->created_at ? -1 : 1;
-	return x->row < y->row ? -1 : (x->row > y->row ? 1 : 0);
+	return VARSIZE_ANY_EXHDR(x) == VARSIZE_ANY_EXHDR(y) &&
+		memcmp(VARDATA_ANY(x), VARDATA_ANY(y), VARSIZE_ANY_EXHDR(x)) == 0;
+}
+
+/*
+ * Whether a workflow run's event (its row in values) waits for an event of
+ * the same run and topic that an earlier step wrote and that is pending or
+ * leased: a probe of outbox_run_idx, whose entries are the run events not
+ * yet delivered (a dead one does not hold the run up).  Earlier is the
+ * step's place in the run, the order the steps committed in; the
+ * transactions' start times (created_at) can be the other way round.
+ */
+static bool
+held_back_by_run(Relation rel, Relation runidx, Snapshot snap,
+				 TupleTableSlot *probe, Datum *values, bool *nulls)
+{
+	ScanKeyData skey;
+	IndexScanDesc scan;
+	bool		held = false;
+
+	if (nulls[Anum_outbox_run_position - 1])
+		return false;
+	ScanKeyInit(&skey, 1, BTEqualStrategyNumber, F_TEXTEQ,
+				values[Anum_outbox_run_id - 1]);
+	scan = index_beginscan(rel, runidx, snap, NULL, 1, 0);
+	index_rescan(scan, &skey, 1, NULL, 0);
+	while (!held && index_getnext_slot(scan, ForwardScanDirection, probe))
+	{
+		bool		isnull;
+		Datum		position;
+		Datum		state;
+
+		position = slot_getattr(probe, Anum_outbox_run_position, &isnull);
+		if (isnull ||
+			DatumGetInt32(position) >= DatumGetInt32(values[Anum_outbox_run_position - 1]))
+			continue;
+		state = slot_getattr(probe, Anum_outbox_state, &isnull);
+		held = (state_is(state, "pending") || state_is(state, "leased")) &&
+			DatumGetObjectId(slot_getattr(probe, Anum_outbox_owner, &isnull)) ==
+			DatumGetObjectId(values[Anum_outbox_owner - 1]) &&
+			text_datums_equal(slot_getattr(probe, Anum_outbox_topic, &isnull),
+							  values[Anum_outbox_topic - 1]);
+	}
+	index_endscan(scan);
+	return held;
 }
 
 /*
  * One claim of topic by caller into store: leases from now.  Returns the
  * events leased (dead letters made on the way are counted, not returned).
+ *
+ * What "SELECT ... ORDER BY next_attempt_at FOR UPDATE SKIP LOCKED" and an
+ * UPDATE of the rows it locked would do, without the executor: the due
+ * events of the topic are read off outbox_due_idx, oldest due first; each
+ * is locked without waiting (one another claim or an ack holds is
+ * skipped), in READ COMMITTED in its latest version, which is checked
+ * again as the executor's recheck would (still undelivered and due, and
+ * not held back by its run); then leased: due time moved to the end of the
+ * lease, attempt counted, a new token.  An event whose last allowed
+ * attempt ended with an expired lease becomes a dead letter instead.  A
+ * pending event is always leased, even past a lowered
+ * idem.outbox_max_attempts: the limit is applied when an attempt fails,
+ * and the event's last error is its consumer's, not a lease's.
+ *
+ * A claim is a few index probes and row updates; a statement doing the
+ * same costs every claim its planning locks, executor start-up and
+ * expression set-up, several times the work itself for a small batch.  In
+ * REPEATABLE READ and SERIALIZABLE an event changed since the snapshot is
+ * skipped, where the statement would fail with a serialization error.
  */
 static uint64
 claim_into(const char *topic, int32 max_events, int64 lease_us, Oid caller,
 		   const char *consumer, Tuplestorestate *store, TupleDesc tupdesc)
 {
-	IdemOwnerSPI spi;
-	Datum		values[7];
-	char		nulls[7] = {' ', ' ', ' ', ' ', ' ', ' ', ' '};
+	Oid			due_oid;
+	Oid			run_oid;
+	Oid			relid = idem_catalog_outbox_indexes(&due_oid, &run_oid);
+	Relation	rel;
+	Relation	dueidx;
+	Relation	runidx = NULL;
+	TupleTableSlot *slot;
+	TupleTableSlot *locked;
+	TupleTableSlot *probe = NULL;
+	IndexScanDesc scan;
+	ScanKeyData skey[2];
+	Snapshot	snap;
+	CommandId	cid;
+	int			lockflags;
+	MemoryContext rowcxt;
+	Datum		topictext = PointerGetDatum(cstring_to_text(topic));
+	Datum		holder = PointerGetDatum(cstring_to_text(consumer));
+	Datum		lease_error = PointerGetDatum(cstring_to_text("lease expired on the last attempt"));
+	uint64		claimed = 0;
 	uint64		dead = 0;
-	uint64		claimed;
-	ClaimedRow *order;
 
 	/*
 	 * Clock time, not the transaction's start: a consumer loop in one
@@ -750,51 +752,133 @@ claim_into(const char *topic, int32 max_events, int64 lease_us, Oid caller,
 	 * must run from now.
 	 */
 	TimestampTz now = GetCurrentTimestamp();
-
-	values[0] = PointerGetDatum(cstring_to_text(topic));
-	values[1] = TimestampTzGetDatum(now);
-	values[2] = Int32GetDatum(max_events);
-	values[3] = TimestampTzGetDatum(now + lease_us);
-	values[4] = Int32GetDatum(idem_outbox_max_attempts);
-	values[5] = ObjectIdGetDatum(caller);
-	values[6] = PointerGetDatum(cstring_to_text(consumer));
+	TimestampTz lease_end = now + lease_us;
 
 	idem_wakeup_note_claim(topic);
-	idem_owner_spi_begin(&spi, idem_catalog_outbox());
-	idem_query_run(&q_claim, values, nulls, 0);
-	/* in SPI's memory, which idem_owner_spi_end() frees */
-	order = palloc(sizeof(ClaimedRow) * Max(SPI_processed, 1));
-	for (uint64 i = 0; i < SPI_processed; i++)
-	{
-		HeapTuple	tup = SPI_tuptable->vals[i];
-		bool		isnull;
+	rel = table_open(relid, RowExclusiveLock);
+	dueidx = index_open(due_oid, AccessShareLock);
+	CommandCounterIncrement();
+	snap = RegisterSnapshot(GetTransactionSnapshot());
+	cid = GetCurrentCommandId(true);
+	lockflags = IsolationUsesXactSnapshot() ? 0 : TUPLE_LOCK_FLAG_FIND_LAST_VERSION;
+	slot = table_slot_create(rel, NULL);
+	locked = table_slot_create(rel, NULL);
+	rowcxt = AllocSetContextCreate(CurrentMemoryContext, "idem outbox claim",
+								   ALLOCSET_SMALL_SIZES);
 
-		order[i].due = DatumGetTimestampTz(heap_getattr(tup, CLAIM_COL_DUE + 1,
-													   SPI_tuptable->tupdesc,
-													   &isnull));
-		order[i].created_at = DatumGetTimestampTz(heap_getattr(tup, CLAIM_COL_CREATED_AT + 1,
-															  SPI_tuptable->tupdesc,
-															  &isnull));
-		order[i].row = i;
-	}
-	if (SPI_processed > 1)
-		qsort(order, SPI_processed, sizeof(ClaimedRow), claimed_row_cmp);
-	for (uint64 i = 0; i < SPI_processed; i++)
+	ScanKeyInit(&skey[0], 1, BTEqualStrategyNumber, F_TEXTEQ, topictext);
+	ScanKeyInit(&skey[1], 2, BTLessEqualStrategyNumber, F_TIMESTAMPTZ_LE,
+				TimestampTzGetDatum(now));
+	scan = index_beginscan(rel, dueidx, snap, NULL, 2, 0);
+	index_rescan(scan, skey, 2, NULL, 0);
+	while (claimed < (uint64) max_events &&
+		   index_getnext_slot(scan, ForwardScanDirection, slot))
 	{
-		Datum		row[CLAIM_COLS];
-		bool		rownulls[CLAIM_COLS];
+		ItemPointerData tid = slot->tts_tid;
+		TM_FailureData tmfd;
+		MemoryContext oldcxt;
+		Datum		values[Natts_outbox];
+		bool		nulls[Natts_outbox];
+		bool		leased;
+		bool		to_dead;
+		HeapTuple	newtup;
 
-		heap_deform_tuple(SPI_tuptable->vals[order[i].row],
-						  SPI_tuptable->tupdesc, row, rownulls);
+		CHECK_FOR_INTERRUPTS();
+		if (table_tuple_lock(rel, &tid, snap, locked, cid, LockTupleExclusive,
+							 LockWaitSkip, lockflags, &tmfd) != TM_Ok)
+			continue;
+
+		MemoryContextReset(rowcxt);
+		oldcxt = MemoryContextSwitchTo(rowcxt);
+		slot_getallattrs(locked);
+		memcpy(values, locked->tts_values, sizeof(values));
+		memcpy(nulls, locked->tts_isnull, sizeof(nulls));
+		leased = state_is(values[Anum_outbox_state - 1], "leased");
+		if ((!leased && !state_is(values[Anum_outbox_state - 1], "pending")) ||
+			DatumGetTimestampTz(values[Anum_outbox_next_attempt_at - 1]) > now ||
+			!text_datums_equal(values[Anum_outbox_topic - 1], topictext))
+		{
+			MemoryContextSwitchTo(oldcxt);
+			continue;
+		}
+		if (!nulls[Anum_outbox_run_id - 1])
+		{
+			if (runidx == NULL)
+			{
+				/* as long as the scan, not the row */
+				MemoryContextSwitchTo(oldcxt);
+				runidx = index_open(run_oid, AccessShareLock);
+				probe = table_slot_create(rel, NULL);
+				MemoryContextSwitchTo(rowcxt);
+			}
+			if (held_back_by_run(rel, runidx, snap, probe, values, nulls))
+			{
+				MemoryContextSwitchTo(oldcxt);
+				continue;
+			}
+		}
+
 		/* the claim that finds a last lease expired makes it a dead letter */
-		if (DatumGetBool(row[CLAIM_COL_DEAD]))
+		to_dead = leased &&
+			DatumGetInt32(values[Anum_outbox_attempts - 1]) >= idem_outbox_max_attempts;
+		values[Anum_outbox_state - 1] = CStringGetTextDatum(to_dead ? "dead" : "leased");
+		if (!to_dead)
+			values[Anum_outbox_attempts - 1] =
+				Int32GetDatum(DatumGetInt32(values[Anum_outbox_attempts - 1]) + 1);
+		values[Anum_outbox_next_attempt_at - 1] = TimestampTzGetDatum(lease_end);
+		values[Anum_outbox_lease_token - 1] = to_dead ? (Datum) 0 : idem_random_uuid();
+		nulls[Anum_outbox_lease_token - 1] = to_dead;
+		values[Anum_outbox_leased_by - 1] = ObjectIdGetDatum(caller);
+		nulls[Anum_outbox_leased_by - 1] = false;
+		values[Anum_outbox_lease_holder - 1] = holder;
+		nulls[Anum_outbox_lease_holder - 1] = false;
+		if (to_dead)
+		{
+			values[Anum_outbox_last_error - 1] = lease_error;
+			nulls[Anum_outbox_last_error - 1] = false;
+		}
+		newtup = heap_form_tuple(RelationGetDescr(rel), values, nulls);
+		idem_update_outbox_row(rel, &locked->tts_tid, newtup);
+
+		if (to_dead)
 			dead++;
 		else
+		{
+			Datum		row[CLAIM_RESULT_COLS];
+			bool		rownulls[CLAIM_RESULT_COLS];
+			static const AttrNumber columns[CLAIM_RESULT_COLS] = {
+				Anum_outbox_event_id, Anum_outbox_key, Anum_outbox_owner,
+				Anum_outbox_topic, Anum_outbox_payload, Anum_outbox_run_id,
+				Anum_outbox_step, Anum_outbox_attempts,
+				Anum_outbox_lease_token, Anum_outbox_created_at,
+				Anum_outbox_next_attempt_at
+			};
+
+			for (int i = 0; i < CLAIM_RESULT_COLS; i++)
+			{
+				row[i] = values[columns[i] - 1];
+				rownulls[i] = nulls[columns[i] - 1];
+			}
 			tuplestore_putvalues(store, tupdesc, row, rownulls);
+			claimed++;
+		}
+		MemoryContextSwitchTo(oldcxt);
 	}
-	claimed = SPI_processed - dead;
-	idem_owner_spi_end(&spi);
-	/* counted as the claiming role, no longer as the tables' owner */
+	index_endscan(scan);
+	UnregisterSnapshot(snap);
+	ExecDropSingleTupleTableSlot(slot);
+	ExecDropSingleTupleTableSlot(locked);
+	if (runidx != NULL)
+	{
+		ExecDropSingleTupleTableSlot(probe);
+		index_close(runidx, NoLock);
+	}
+	index_close(dueidx, NoLock);
+	table_close(rel, NoLock);
+	MemoryContextDelete(rowcxt);
+	/* the leases are seen by the rest of the transaction */
+	CommandCounterIncrement();
+
 	idem_stats_count(IDEM_STAT_OUTBOX_CLAIMED, claimed);
 	idem_stats_count(IDEM_STAT_OUTBOX_DEAD, dead);
 	return claimed;
@@ -861,7 +945,7 @@ idem_outbox_claim(PG_FUNCTION_ARGS)
 	 * does), spares building it from the catalog at every claim.
 	 */
 	if (rsinfo->expectedDesc != NULL &&
-		rsinfo->expectedDesc->natts == CLAIM_COL_DEAD)
+		rsinfo->expectedDesc->natts == CLAIM_RESULT_COLS)
 		tupdesc = rsinfo->expectedDesc;
 	else if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE)
 		elog(ERROR, "return type must be a row type");

@@ -401,9 +401,6 @@ claim_into(IdemQueue *q, int32 max_runs, int64 lease_us, Oid caller,
 							 PGC_S_SESSION, GUC_ACTION_SAVE, true, 0, false);
 	(void) set_config_option("enable_bitmapscan", "off", PGC_USERSET,
 							 PGC_S_SESSION, GUC_ACTION_SAVE, true, 0, false);
-	/* the roles' order needs a sort, whose disabled cost would call for JIT */
-	(void) set_config_option("jit", "off", PGC_USERSET,
-							 PGC_S_SESSION, GUC_ACTION_SAVE, true, 0, false);
 	idem_owner_spi_begin(&spi, idem_catalog_runs());
 	idem_query_run(&q_owners, values, nulls, 0);
 	nroles = (int) SPI_processed;
