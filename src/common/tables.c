@@ -131,6 +131,7 @@ typedef struct IdemCatalog
 	Oid			keys_pkey;
 	Oid			keys_expires;
 	Oid			outbox;
+	Oid			outbox_pkey;	/* (event_id) */
 	Oid			outbox_due;		/* (topic, next_attempt_at), undelivered */
 	Oid			outbox_run;		/* (run_id), undelivered events of runs */
 	Oid			outbox_topics;
@@ -175,6 +176,7 @@ static const ColumnShape outbox_topics_shape[Natts_outbox_topics] = {
 	{"consumers", REGROLEARRAYOID}, {"created_at", TIMESTAMPTZOID}
 };
 static const int16 outbox_topics_pkey_columns[] = {Anum_outbox_topics_topic};
+static const int16 outbox_pkey_columns[] = {Anum_outbox_event_id};
 static const int16 outbox_due_columns[] = {Anum_outbox_topic, Anum_outbox_next_attempt_at};
 static const int16 outbox_run_columns[] = {Anum_outbox_run_id};
 static const ColumnShape lock_seed_shape[1] = {{"seed", INT8OID}};
@@ -265,7 +267,8 @@ catalog_invalidate(Datum arg, Oid relid)
 {
 	if (relid == InvalidOid || relid == catalog.keys ||
 		relid == catalog.keys_pkey || relid == catalog.keys_expires ||
-		relid == catalog.outbox || relid == catalog.outbox_due ||
+		relid == catalog.outbox || relid == catalog.outbox_pkey ||
+		relid == catalog.outbox_due ||
 		relid == catalog.outbox_run || relid == catalog.outbox_topics ||
 		relid == catalog.outbox_topics_pkey || relid == catalog.lock_seed_rel ||
 		relid == catalog.runs || relid == catalog.runs_pkey ||
@@ -580,6 +583,10 @@ catalog_resolve(void)
 	catalog.keys = catalog_table("keys", nspid, extoid, keys_shape, Natts_keys);
 	catalog.outbox = catalog_table("outbox", nspid, extoid, outbox_shape,
 								   Natts_outbox);
+	catalog.outbox_pkey = catalog_index("outbox_pkey", nspid, catalog.outbox,
+										BTREE_AM_OID, true, outbox_pkey_columns,
+										lengthof(outbox_pkey_columns),
+										PRED_NONE);
 	catalog.outbox_due = catalog_index("outbox_due_idx", nspid, catalog.outbox,
 									   BTREE_AM_OID, false, outbox_due_columns,
 									   lengthof(outbox_due_columns),
@@ -1184,13 +1191,14 @@ idem_catalog_outbox(void)
 
 /*
  * idem_catalog_outbox_indexes
- *		The OID of idem.outbox and those of its due index and its index of
- *		runs' undelivered events, checked.
+ *		The OID of idem.outbox and those of its primary key, its due index
+ *		and its index of runs' undelivered events, checked.
  */
 Oid
-idem_catalog_outbox_indexes(Oid *due, Oid *run)
+idem_catalog_outbox_indexes(Oid *pkey, Oid *due, Oid *run)
 {
 	catalog_resolve();
+	*pkey = catalog.outbox_pkey;
 	*due = catalog.outbox_due;
 	*run = catalog.outbox_run;
 	return catalog.outbox;
@@ -1790,6 +1798,18 @@ idem_insert_outbox_row(Datum *values, bool *nulls)
 {
 	catalog_resolve();
 	insert_row(WRITE_OUTBOX, catalog.outbox, values, nulls);
+}
+
+/*
+ * idem_delete_outbox_row
+ *		Delete the event at tid, whose tuple lock the caller holds.
+ */
+void
+idem_delete_outbox_row(Relation rel, ItemPointer tid)
+{
+	if (!delete_row(rel, tid))
+		elog(ERROR, "outbox event at (%u,%u) changed under its tuple lock",
+			 ItemPointerGetBlockNumber(tid), ItemPointerGetOffsetNumber(tid));
 }
 
 /*

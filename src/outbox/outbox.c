@@ -470,54 +470,6 @@ idem_insert_outbox(const char *key, Oid owner, const char *topic,
  */
 
 
-/*
- * The fast path of an ack: the current lease's event is deleted, or with
- * idem.outbox_keep_delivered becomes delivered (for the purge to delete
- * after idem.outbox_retention).  Deleting is what makes delivery cheap: no
- * new row version, no index entries for it, nothing left for the purge
- * and VACUUM to find; a row kept costs both, and is an option.
- */
-static IdemQuery q_ack = {
-	"DELETE FROM idem.outbox"
-	" WHERE event_id OPERATOR(pg_catalog.=) $1"
-	"   AND lease_token OPERATOR(pg_catalog.=) $2"
-	"   AND state OPERATOR(pg_catalog.=) 'leased'"
-	" RETURNING topic",
-	3, {UUIDOID, UUIDOID, TIMESTAMPTZOID}
-};
-
-static IdemQuery q_ack_keep = {
-	"UPDATE idem.outbox"
-	"   SET state = 'delivered', delivered_at = $3"
-	" WHERE event_id OPERATOR(pg_catalog.=) $1"
-	"   AND lease_token OPERATOR(pg_catalog.=) $2"
-	"   AND state OPERATOR(pg_catalog.=) 'leased'"
-	" RETURNING topic",
-	3, {UUIDOID, UUIDOID, TIMESTAMPTZOID}
-};
-
-/* A batch ack: every pair whose lease holds, as the single ack. */
-static IdemQuery q_ack_batch = {
-	"DELETE FROM idem.outbox o"
-	" USING ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2)) AS u(e, t)"
-	" WHERE o.event_id OPERATOR(pg_catalog.=) u.e"
-	"   AND o.lease_token OPERATOR(pg_catalog.=) u.t"
-	"   AND o.state OPERATOR(pg_catalog.=) 'leased'"
-	" RETURNING o.event_id, o.topic",
-	3, {UUIDARRAYOID, UUIDARRAYOID, TIMESTAMPTZOID}
-};
-
-static IdemQuery q_ack_batch_keep = {
-	"UPDATE idem.outbox o"
-	"   SET state = 'delivered', delivered_at = $3"
-	"  FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2)) AS u(e, t)"
-	" WHERE o.event_id OPERATOR(pg_catalog.=) u.e"
-	"   AND o.lease_token OPERATOR(pg_catalog.=) u.t"
-	"   AND o.state OPERATOR(pg_catalog.=) 'leased'"
-	" RETURNING o.event_id, o.topic",
-	3, {UUIDARRAYOID, UUIDARRAYOID, TIMESTAMPTZOID}
-};
-
 /* An event, locked, for fail/requeue and to say why an ack found nothing. */
 static IdemQuery q_lock = {
 	"SELECT state, lease_token OPERATOR(pg_catalog.=) $2, attempts, topic, ctid"
@@ -725,9 +677,10 @@ static uint64
 claim_into(const char *topic, int32 max_events, int64 lease_us, Oid caller,
 		   const char *consumer, Tuplestorestate *store, TupleDesc tupdesc)
 {
+	Oid			pkey_oid;
 	Oid			due_oid;
 	Oid			run_oid;
-	Oid			relid = idem_catalog_outbox_indexes(&due_oid, &run_oid);
+	Oid			relid = idem_catalog_outbox_indexes(&pkey_oid, &due_oid, &run_oid);
 	Relation	rel;
 	Relation	dueidx;
 	Relation	runidx = NULL;
@@ -1069,6 +1022,161 @@ lock_leased(IdemOwnerSPI *spi, FunctionCallInfo fcinfo, const char *what,
 }
 
 /*
+ * An ack's relation, index, snapshot and slots, for one event or a batch.
+ *
+ * Like the claim, an ack reaches its event by OID and index, without a
+ * statement: found by its id (outbox_pkey), locked as a DELETE would lock
+ * it (waiting for a claim or another ack that holds it; then, in READ
+ * COMMITTED, its latest version is the one checked, and in REPEATABLE READ
+ * or SERIALIZABLE a version changed since the snapshot is a serialization
+ * failure, as it would be for the statement), and delivered if the token
+ * leases it: deleted, or with idem.outbox_keep_delivered made delivered
+ * (for the purge to delete after idem.outbox_retention).  Deleting is what
+ * makes delivery cheap: no new row version, no index entries for it,
+ * nothing left for the purge and VACUUM to find; a row kept costs both,
+ * and is an option.
+ */
+typedef struct AckScan
+{
+	Relation	rel;
+	Relation	pkey;
+	Snapshot	snap;
+	CommandId	cid;
+	int			lockflags;
+	TupleTableSlot *slot;
+	TupleTableSlot *locked;
+	TimestampTz now;
+} AckScan;
+
+typedef enum AckOutcome
+{
+	ACK_DONE,
+	ACK_NOT_FOUND,
+	ACK_NOT_LEASED,				/* the LockedEvent says why */
+	ACK_TWICE					/* acknowledged earlier in this batch */
+} AckOutcome;
+
+static void
+ack_begin(AckScan *a)
+{
+	Oid			pkey;
+	Oid			due;
+	Oid			run;
+	Oid			relid = idem_catalog_outbox_indexes(&pkey, &due, &run);
+
+	a->rel = table_open(relid, RowExclusiveLock);
+	a->pkey = index_open(pkey, AccessShareLock);
+	CommandCounterIncrement();
+	a->snap = RegisterSnapshot(GetTransactionSnapshot());
+	a->cid = GetCurrentCommandId(true);
+	a->lockflags = IsolationUsesXactSnapshot() ? 0 : TUPLE_LOCK_FLAG_FIND_LAST_VERSION;
+	a->slot = table_slot_create(a->rel, NULL);
+	a->locked = table_slot_create(a->rel, NULL);
+	a->now = GetCurrentTimestamp();
+}
+
+static void
+ack_end(AckScan *a)
+{
+	ExecDropSingleTupleTableSlot(a->slot);
+	ExecDropSingleTupleTableSlot(a->locked);
+	UnregisterSnapshot(a->snap);
+	index_close(a->pkey, NoLock);
+	table_close(a->rel, NoLock);
+	/* the deliveries are seen by the rest of the transaction */
+	CommandCounterIncrement();
+}
+
+static AckOutcome
+ack_event(AckScan *a, Datum event_id, Datum token, LockedEvent *ev)
+{
+	ScanKeyData skey;
+	IndexScanDesc scan;
+	ItemPointerData tid;
+	TM_FailureData tmfd;
+	TM_Result	result;
+	bool		found;
+	bool		isnull;
+	Datum		d;
+
+	ScanKeyInit(&skey, 1, BTEqualStrategyNumber, F_UUID_EQ, event_id);
+	scan = index_beginscan(a->rel, a->pkey, a->snap, NULL, 1, 0);
+	index_rescan(scan, &skey, 1, NULL, 0);
+	found = index_getnext_slot(scan, ForwardScanDirection, a->slot);
+	if (found)
+		tid = a->slot->tts_tid;
+	index_endscan(scan);
+	if (!found)
+		return ACK_NOT_FOUND;
+
+	result = table_tuple_lock(a->rel, &tid, a->snap, a->locked, a->cid,
+							  LockTupleExclusive, LockWaitBlock, a->lockflags,
+							  &tmfd);
+	switch (result)
+	{
+		case TM_Ok:
+			break;
+		case TM_SelfModified:
+			return ACK_TWICE;
+		case TM_Deleted:
+			if (IsolationUsesXactSnapshot())
+				ereport(ERROR,
+						(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+						 errmsg("could not serialize access due to concurrent delete")));
+			return ACK_NOT_FOUND;
+		case TM_Updated:
+			/* READ COMMITTED follows the update: only a snapshot's level */
+			ereport(ERROR,
+					(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+					 errmsg("could not serialize access due to concurrent update")));
+			break;
+		default:
+			elog(ERROR, "unexpected table_tuple_lock status: %u", result);
+	}
+
+	ev->state = TextDatumGetCString(slot_getattr(a->locked, Anum_outbox_state, &isnull));
+	d = slot_getattr(a->locked, Anum_outbox_lease_token, &isnull);
+	ev->token_matches = !isnull &&
+		memcmp(DatumGetUUIDP(d), DatumGetUUIDP(token), UUID_LEN) == 0;
+	ev->attempts = DatumGetInt32(slot_getattr(a->locked, Anum_outbox_attempts, &isnull));
+	ev->topic = TextDatumGetCString(slot_getattr(a->locked, Anum_outbox_topic, &isnull));
+	ev->tid = a->locked->tts_tid;
+	if (idem_lease_fence(strcmp(ev->state, "leased") == 0,
+						 ev->token_matches) != IDEM_FENCE_HELD)
+		return ACK_NOT_LEASED;
+
+	if (idem_outbox_keep_delivered)
+	{
+		Datum		values[Natts_outbox];
+		bool		nulls[Natts_outbox];
+		HeapTuple	newtup;
+
+		slot_getallattrs(a->locked);
+		memcpy(values, a->locked->tts_values, sizeof(values));
+		memcpy(nulls, a->locked->tts_isnull, sizeof(nulls));
+		values[Anum_outbox_state - 1] = CStringGetTextDatum("delivered");
+		values[Anum_outbox_delivered_at - 1] = TimestampTzGetDatum(a->now);
+		nulls[Anum_outbox_delivered_at - 1] = false;
+		newtup = heap_form_tuple(RelationGetDescr(a->rel), values, nulls);
+		idem_update_outbox_row(a->rel, &ev->tid, newtup);
+		heap_freetuple(newtup);
+	}
+	else
+		idem_delete_outbox_row(a->rel, &ev->tid);
+	return ACK_DONE;
+}
+
+/* The error of an ack that found its event not leased, or no event */
+static void
+report_ack_failure(AckOutcome outcome, Datum event_id, LockedEvent *ev)
+{
+	if (outcome == ACK_NOT_FOUND)
+		report_not_found(event_id);
+	check_topic(ev->topic, GetUserId(), TOPIC_CONSUME);
+	report_not_leased(event_id, ev, "acknowledge");
+}
+
+/*
  * idem_outbox_ack(event_id uuid, lease_token uuid) returns void
  *
  * A lease that expired but was not taken over still holds: the delivery
@@ -1077,45 +1185,22 @@ lock_leased(IdemOwnerSPI *spi, FunctionCallInfo fcinfo, const char *what,
 Datum
 idem_outbox_ack(PG_FUNCTION_ARGS)
 {
-	Oid			caller = GetUserId();
-	Datum		values[3];
-	char		nulls[3] = {' ', ' ', ' '};
-	IdemOwnerSPI	spi;
-	char	   *topic = NULL;
+	AckScan		a;
+	AckOutcome	outcome;
 	LockedEvent ev;
-	bool		found;
 
 	arg_not_null(fcinfo, 0, "event_id");
 	arg_not_null(fcinfo, 1, "lease_token");
 	idem_check_can_write("idem_outbox_ack()");
-	values[0] = PG_GETARG_DATUM(0);
-	values[1] = PG_GETARG_DATUM(1);
-	values[2] = TimestampTzGetDatum(GetCurrentTimestamp());
 
-	idem_owner_spi_begin(&spi, idem_catalog_outbox());
-	idem_query_run(idem_outbox_keep_delivered ? &q_ack_keep : &q_ack,
-				   values, nulls, 0);
-	if (SPI_processed == 1)
-	{
-		bool		isnull;
-		MemoryContext oldcxt = MemoryContextSwitchTo(spi.callercxt);
-
-		topic = TextDatumGetCString(SPI_getbinval(SPI_tuptable->vals[0],
-												  SPI_tuptable->tupdesc, 1,
-												  &isnull));
-		MemoryContextSwitchTo(oldcxt);
-		idem_owner_spi_end(&spi);
-		/* an error here rolls the ack back with the caller's transaction */
-		check_topic(topic, caller, TOPIC_CONSUME);
-		idem_stats_count(IDEM_STAT_OUTBOX_ACKED, 1);
-		PG_RETURN_VOID();
-	}
-	found = lock_event(&spi, values[0], values[1], false, &ev);
-	idem_owner_spi_end(&spi);
-	if (!found)
-		report_not_found(values[0]);
-	check_topic(ev.topic, caller, TOPIC_CONSUME);
-	report_not_leased(values[0], &ev, "acknowledge");
+	ack_begin(&a);
+	outcome = ack_event(&a, PG_GETARG_DATUM(0), PG_GETARG_DATUM(1), &ev);
+	ack_end(&a);
+	if (outcome != ACK_DONE)
+		report_ack_failure(outcome, PG_GETARG_DATUM(0), &ev);
+	/* an error here rolls the ack back with the caller's transaction */
+	check_topic(ev.topic, GetUserId(), TOPIC_CONSUME);
+	idem_stats_count(IDEM_STAT_OUTBOX_ACKED, 1);
 	PG_RETURN_VOID();
 }
 
@@ -1156,17 +1241,14 @@ uuid_array_arg(FunctionCallInfo fcinfo, int argno, const char *name, int *n)
 Datum
 idem_outbox_ack_batch(PG_FUNCTION_ARGS)
 {
-	Oid			caller = GetUserId();
 	Datum	   *ids;
 	Datum	   *tokens;
 	int			nids;
 	int			ntokens;
-	Datum		values[3];
-	char		nulls[3] = {' ', ' ', ' '};
-	IdemOwnerSPI	spi;
-	uint64		done;
-	char	  **topics;
-	pg_uuid_t **acked;
+	AckScan		a;
+	bool		twice = false;
+	List	   *topics = NIL;
+	ListCell   *lc;
 
 	ids = uuid_array_arg(fcinfo, 0, "event_ids", &nids);
 	tokens = uuid_array_arg(fcinfo, 1, "lease_tokens", &ntokens);
@@ -1187,62 +1269,36 @@ idem_outbox_ack_batch(PG_FUNCTION_ARGS)
 	if (nids == 0)
 		PG_RETURN_INT32(0);
 
-	values[0] = PG_GETARG_DATUM(0);
-	values[1] = PG_GETARG_DATUM(1);
-	values[2] = TimestampTzGetDatum(GetCurrentTimestamp());
-
-	idem_owner_spi_begin(&spi, idem_catalog_outbox());
-	idem_query_run(idem_outbox_keep_delivered ? &q_ack_batch_keep :
-				   &q_ack_batch, values, nulls, 0);
-	done = SPI_processed;
-	topics = MemoryContextAlloc(spi.callercxt, sizeof(char *) * Max(done, 1));
-	acked = MemoryContextAlloc(spi.callercxt, sizeof(pg_uuid_t *) * Max(done, 1));
-	for (uint64 i = 0; i < done; i++)
+	ack_begin(&a);
+	for (int i = 0; i < nids; i++)
 	{
-		bool		isnull;
-		MemoryContext oldcxt = MemoryContextSwitchTo(spi.callercxt);
+		LockedEvent ev;
+		AckOutcome	outcome;
 
-		acked[i] = palloc(UUID_LEN);
-		memcpy(acked[i], DatumGetUUIDP(SPI_getbinval(SPI_tuptable->vals[i],
-													 SPI_tuptable->tupdesc, 1,
-													 &isnull)), UUID_LEN);
-		topics[i] = TextDatumGetCString(SPI_getbinval(SPI_tuptable->vals[i],
-													  SPI_tuptable->tupdesc, 2,
-													  &isnull));
-		MemoryContextSwitchTo(oldcxt);
-	}
-	if (done < (uint64) nids)
-	{
-		/* the first pair that was not delivered says why */
-		for (int i = 0; i < nids; i++)
+		CHECK_FOR_INTERRUPTS();
+		outcome = ack_event(&a, ids[i], tokens[i], &ev);
+		if (outcome == ACK_TWICE)
+			twice = true;
+		else if (outcome != ACK_DONE)
 		{
-			bool		was_acked = false;
-			LockedEvent ev;
-
-			for (uint64 j = 0; j < done && !was_acked; j++)
-				was_acked = memcmp(acked[j], DatumGetUUIDP(ids[i]), UUID_LEN) == 0;
-			if (was_acked)
-				continue;
-			if (!lock_event(&spi, ids[i], tokens[i], false, &ev))
-			{
-				idem_owner_spi_end(&spi);
-				report_not_found(ids[i]);
-			}
-			idem_owner_spi_end(&spi);
-			check_topic(ev.topic, caller, TOPIC_CONSUME);
-			report_not_leased(ids[i], &ev, "acknowledge");
+			/* the first pair that was not delivered says why */
+			ack_end(&a);
+			report_ack_failure(outcome, ids[i], &ev);
 		}
-		idem_owner_spi_end(&spi);
+		/* a batch is mostly of one topic: each is checked once below */
+		else if (topics == NIL || strcmp(llast(topics), ev.topic) != 0)
+			topics = lappend(topics, ev.topic);
+	}
+	ack_end(&a);
+	if (twice)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("event_ids must not contain an event twice"),
 				 idem_errhint(ERRCODE_INVALID_PARAMETER_VALUE, NULL)));
-	}
-	idem_owner_spi_end(&spi);
-	for (uint64 i = 0; i < done; i++)
-		check_topic(topics[i], caller, TOPIC_CONSUME);
-	idem_stats_count(IDEM_STAT_OUTBOX_ACKED, done);
-	PG_RETURN_INT32((int32) done);
+	foreach(lc, topics)
+		check_topic(lfirst(lc), GetUserId(), TOPIC_CONSUME);
+	idem_stats_count(IDEM_STAT_OUTBOX_ACKED, nids);
+	PG_RETURN_INT32(nids);
 }
 
 /*

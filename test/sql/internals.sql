@@ -101,8 +101,9 @@ DROP TABLE int_biz;
 
 -- The outbox's queries are planned without JIT by idem's planner hook,
 -- not by changing the setting: code they run (here a trigger an
--- administrator put on idem.outbox, fired by the ack's DELETE) sees the
--- session's jit, and a session-level SET it makes holds afterwards.
+-- administrator put on idem.outbox, fired by a failed attempt's UPDATE)
+-- sees the session's jit, and a session-level SET it makes holds
+-- afterwards.
 -- (test/t/140_outbox_jit.pl checks that nothing idem plans is
 -- JIT-compiled.)
 SELECT idem_outbox_create_topic('int-jit');
@@ -113,13 +114,13 @@ BEGIN
 	PERFORM pg_catalog.set_config('jit', 'off', false);
 	RETURN NULL;
 END $$;
-CREATE TRIGGER int_jit_note AFTER DELETE ON idem.outbox
+CREATE TRIGGER int_jit_note AFTER UPDATE ON idem.outbox
   FOR EACH ROW EXECUTE FUNCTION int_jit_note();
 SET jit = on;
 SET idem.outbox_topic = 'int-jit';
 SELECT idem_execute('int-j1', 'SELECT 1 AS one') ->> 'rowcount';
 RESET idem.outbox_topic;
-SELECT idem_outbox_ack(event_id, lease_token) FROM idem_outbox_claim('int-jit');
+SELECT idem_outbox_fail(event_id, lease_token, 'int') IS NOT NULL AS failed FROM idem_outbox_claim('int-jit');
 SELECT during FROM int_jit_seen;
 SHOW jit;
 -- without the trigger's SET, the session's own setting comes back
@@ -129,7 +130,7 @@ SET idem.outbox_topic = 'int-jit';
 SELECT idem_execute('int-j2', 'SELECT 1 AS one') ->> 'rowcount';
 RESET idem.outbox_topic;
 DROP TRIGGER int_jit_note ON idem.outbox;
-SELECT idem_outbox_ack(event_id, lease_token) FROM idem_outbox_claim('int-jit');
+SELECT idem_outbox_fail(event_id, lease_token, 'int') IS NOT NULL AS failed FROM idem_outbox_claim('int-jit');
 SHOW jit;
 RESET jit;
 DROP FUNCTION int_jit_note();
