@@ -458,12 +458,7 @@ idem_step_args(FunctionCallInfo fcinfo, int first, const char *fname,
 			   char **step)
 {
 	step_request(fcinfo, first, req, run_id, step, token);
-	if (PG_ARGISNULL(first + 2))
-		ereport(ERROR,
-				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("statement passed to %s must not be null", fname),
-				 idem_errhint(ERRCODE_NULL_VALUE_NOT_ALLOWED, NULL)));
-	req->sql = text_to_cstring(PG_GETARG_TEXT_PP(first + 2));
+	req->sql = idem_sql_arg(fcinfo, first + 2, fname);
 	idem_collect_args(fcinfo, first + STEP_FIXED_ARGS, req);
 }
 

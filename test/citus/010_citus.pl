@@ -1008,6 +1008,172 @@ SELECT string_agg(t::text, ',') FROM generate_series(701, 1000) t
 	is(rows("note LIKE 'reb-%' OR note LIKE 'split-%'"), 32 + scalar(@keys), '... and no row more');
 }
 
+# --- tenant runs: the run in idem.citus_runs and its steps' records in
+# idem.citus_keys, on the tenant's shard, in the step's local transaction
+is( $coord->safe_psql(
+		'postgres', q{
+SELECT count(DISTINCT colocationid) FROM pg_dist_partition
+ WHERE logicalrelid IN ('payments'::regclass, 'idem.citus_runs'::regclass)}),
+	'1',
+	"idem.citus_runs is in payments' colocation group");
+{
+	my $t = 501;
+	my $step = sub {
+		my ($node, $tenant, $run, $name, $note, $amount, $role) = @_;
+		my $sql = "SELECT replayed, response FROM idem_citus_step(${tenant}::bigint, '$run', '$name', $insert, ${tenant}::bigint, '$note', $amount)";
+		return $role ? call_as($node, $role, $sql) : call($node, $sql);
+	};
+	my $begin = "SELECT status, next_step, created FROM idem_citus_run_begin(${t}::bigint, 'order-9', ARRAY['pay', 'ship', 'mail'], '{\"order\": 9}')";
+	($out, $err) = call($coord, $begin);
+	is($out, 'running|pay|t', 'a tenant run begins through the coordinator') or diag($err);
+	for my $entry ($w1, $w2)
+	{
+		($out, $err) = call($entry, $begin);
+		is($out, 'running|pay|f', 'begun again through ' . $entry->name . ': the same run') or diag($err);
+	}
+	($out, $err) = call($w1,
+		"SELECT created FROM idem_citus_run_begin(${t}::bigint, 'order-9', ARRAY['pay', 'ship'], '{\"order\": 9}')");
+	is(sqlstate_of($err), 'ID422', 'the same run id with other steps: ID422');
+	($out, $err) = call($w2,
+		"SELECT created FROM idem_citus_run_begin(${t}::bigint, 'order-9', ARRAY['pay', 'ship', 'mail'], '{\"order\": 10}')");
+	is(sqlstate_of($err), 'ID422', '... with another input: ID422');
+
+	# bad input, through a worker: nothing written
+	($out, $err) = $step->($w1, $t, 'order-9', 'ship', 'order-9:ship', 1);
+	is(sqlstate_of($err), 'ID425', 'a step out of its declared order: ID425');
+	($out, $err) = $step->($w1, $t, 'order-9', 'refund', 'order-9:refund', 1);
+	is(sqlstate_of($err), 'ID400', 'a step the run did not declare: ID400');
+	($out, $err) = $step->($w2, $t, 'no-such-run', 'pay', 'no-such-run', 1);
+	is(sqlstate_of($err), 'ID404', 'a step of a run that does not exist: ID404');
+	($out, $err) = call($w2, "SELECT status FROM idem_citus_run_status(${t}::bigint, 'no-such-run')");
+	is(sqlstate_of($err), 'ID404', '... and its status: ID404');
+	($out, $err) = $step->($coord, $t, 'order-9', 'pay', 'order-9:pay', -1);
+	is(sqlstate_of($err), '23514', 'a step whose statement fails raises its error');
+	($out, $err) = call($coord,
+		"SELECT idem_citus_step(${t}::bigint, 'order-9', 'pay', $insert, ${t}::bigint, 'order-9:pay', 1), 1");
+	is(sqlstate_of($err), 'IDC02', 'a step Citus does not delegate: IDC02');
+	($out, $err) = call($coord,
+		"SELECT replayed FROM idem_citus_step(${t}::bigint, 'order-9', 'pay', $insert, ${far}::bigint, 'order-9:pay', 1)");
+	is(sqlstate_of($err), 'IDC03', "a step writing another tenant's shard: IDC03");
+	is(rows("note LIKE 'order-9:%'"), '0', '... none of them wrote a row');
+	is($coord->safe_psql('postgres',
+			"SELECT done_steps FROM idem.citus_runs WHERE tenant = $t AND run_id = 'order-9'"),
+		'{}', '... or moved the run on');
+
+	# the first step, from the coordinator: one local transaction there
+	($out, $err) = $step->($coord, $t, 'order-9', 'pay', 'order-9:pay', 11);
+	like($out, qr/^f\|/, 'step pay executes') or diag($err);
+	my $pay = (split /\|/, $out, 2)[1];
+	my ($node, $shard) = placement($t);
+	my ($keys_shard, $runs_shard) = split /\|/, $coord->safe_psql('postgres', qq{
+SELECT get_shard_id_for_distribution_column('idem.citus_keys', ${t}::bigint),
+	   get_shard_id_for_distribution_column('idem.citus_runs', ${t}::bigint)});
+	is( $node->safe_psql(
+			'postgres', qq{
+SET citus.override_table_visibility = off;
+SELECT count(DISTINCT x) FROM (
+	SELECT xmin::text FROM public.payments_$shard WHERE note = 'order-9:pay'
+	UNION ALL SELECT xmin::text FROM idem.citus_keys_$keys_shard
+	 WHERE tenant = $t AND key = idem_step_key('order-9', 'pay')
+	UNION ALL SELECT xmin::text FROM idem.citus_runs_$runs_shard
+	 WHERE tenant = $t AND run_id = 'order-9') s(x)}),
+		'1',
+		"the row, the step's record and the run's progress: one local transaction on the shard's node");
+	($out, $err) = $step->($w1, $t, 'order-9', 'ship', 'order-9:ship', 12);
+	like($out, qr/^f\|/, 'step ship executes through worker1') or diag($err);
+	my $ship = (split /\|/, $out, 2)[1];
+	for my $entry ($w1, $w2, $coord)
+	{
+		($out, $err) = $step->($entry, $t, 'order-9', 'pay', 'order-9:pay', 11);
+		is($out, "t|$pay", 'retry of pay through ' . $entry->name . ' replays') or diag($err);
+	}
+	($out, $err) = $step->($w2, $t, 'order-9', 'pay', 'order-9:pay', 99);
+	is(sqlstate_of($err), 'ID422', 'pay again with another amount: ID422');
+	is(rows("note = 'order-9:pay'"), '1', 'one row for pay');
+	is($coord->safe_psql('postgres',
+			"SELECT status, next_step, steps_done, steps_total, input FROM idem_citus_run_status(${t}::bigint, 'order-9')"),
+		'running|mail|2|3|{"order": 9}', 'status: running, mail next, 2 of 3 done');
+
+	# two tenants on one shard, the same run id: two runs
+	my $twin = $coord->safe_psql(
+		'postgres', qq{
+SELECT t FROM generate_series(502, 2000) t
+ WHERE get_shard_id_for_distribution_column('payments', t::bigint)
+	 = get_shard_id_for_distribution_column('payments', ${t}::bigint)
+ LIMIT 1});
+	($out, $err) = call($w2,
+		"SELECT status, next_step, created FROM idem_citus_run_begin(${twin}::bigint, 'order-9', ARRAY['pay'])");
+	is($out, 'running|pay|t', "tenant $twin on the same shard begins its own run order-9") or diag($err);
+	($out, $err) = $step->($w2, $twin, 'order-9', 'pay', 'order-9:pay', 7);
+	like($out, qr/^f\|.*"amount": 7/, "... its pay executes, not replaying tenant ${t}'s") or diag($err);
+	is($coord->safe_psql('postgres',
+			"SELECT status, steps_done FROM idem_citus_run_status(${twin}::bigint, 'order-9')"),
+		'completed|1', '... and completes its run alone');
+	is($coord->safe_psql('postgres',
+			"SELECT status, steps_done FROM idem_citus_run_status(${t}::bigint, 'order-9')"),
+		'running|2', "tenant ${t}'s run is unchanged");
+
+	# the shard group moves between steps: the run goes with it
+	my ($to) = grep { $_->port != $node->port && $_ != $coord } ($w1, $w2);
+	$coord->safe_psql('postgres',
+		"SELECT citus_move_shard_placement($shard, '127.0.0.1', " . $node->port
+		  . ", '127.0.0.1', " . $to->port . ", shard_transfer_mode => 'block_writes')");
+	is((placement($t))[0]->port, $to->port, "tenant ${t}'s shard moved to " . $to->name);
+	for my $entry ($coord, $w1, $w2)
+	{
+		($out, $err) = $step->($entry, $t, 'order-9', 'pay', 'order-9:pay', 11);
+		is($out, "t|$pay", 'after the move, pay through ' . $entry->name . ' replays') or diag($err);
+		($out, $err) = $step->($entry, $t, 'order-9', 'ship', 'order-9:ship', 12);
+		is($out, "t|$ship", '... and so does ship') or diag($err);
+	}
+	($out, $err) = $step->($w2, $t, 'order-9', 'mail', 'order-9:mail', 13);
+	like($out, qr/^f\|/, 'the last step executes on the new node') or diag($err);
+	is( $to->safe_psql(
+			'postgres', qq{
+SET citus.override_table_visibility = off;
+SELECT r.status, r.done_steps, r.xmin = p.xmin
+  FROM idem.citus_runs_$runs_shard r, public.payments_$shard p
+ WHERE r.tenant = $t AND r.run_id = 'order-9' AND p.note = 'order-9:mail'}),
+		'completed|{pay,ship,mail}|t',
+		'... which completes the run there, in the row\'s transaction');
+	is(rows("note LIKE 'order-9:%'"), '4', 'one row per executed step (and the twin\'s)');
+	($out, $err) = $step->($w1, $t, 'order-9', 'mail', 'order-9:mail', 13);
+	like($out, qr/^t\|/, 'a completed run\'s step replays') or diag($err);
+
+	# an external step's result, and a run without declared steps
+	($out, $err) = call($w1,
+		"SELECT created FROM idem_citus_run_begin(${t}::bigint, 'free-1')");
+	is($out, 't', 'a run without declared steps begins') or diag($err);
+	for my $entry ($w1, $coord)
+	{
+		($out, $err) = call($entry,
+			"SELECT replayed, response FROM idem_citus_step_complete(${t}::bigint, 'free-1', 'label', '{\"label\": \"LB-1\"}')");
+		is($out, ($entry == $w1 ? 'f' : 't') . '|{"label": "LB-1"}',
+			'an external step\'s result ' . ($entry == $w1 ? 'is recorded' : 'replays')) or diag($err);
+	}
+	($out, $err) = call($w2,
+		"SELECT replayed FROM idem_citus_step_complete(${t}::bigint, 'free-1', 'label', '{\"label\": \"LB-2\"}')");
+	is(sqlstate_of($err), 'ID422', '... another result for it: ID422');
+
+	# a role that is not a superuser: its own runs under the same ids
+	($out, $err) = call_as($w1, 'app',
+		"SELECT status, created FROM idem_citus_run_begin(${t}::bigint, 'order-9', ARRAY['pay'])");
+	is($out, 'running|t', "app's run order-9 of tenant $t is its own") or diag($err);
+	($out, $err) = $step->($coord, $t, 'order-9', 'pay', 'order-9:app', 5, 'app');
+	like($out, qr/^f\|/, "app's step executes through the coordinator") or diag($err);
+	my $app_pay = (split /\|/, $out, 2)[1];
+	($out, $err) = $step->($w2, $t, 'order-9', 'pay', 'order-9:app', 5, 'app');
+	is($out, "t|$app_pay", '... and replays through worker2') or diag($err);
+	($out, $err) = call_as($coord, 'app',
+		"SELECT status, steps_done FROM idem_citus_run_status(${t}::bigint, 'order-9')");
+	is($out, 'completed|1', "... completing app's run") or diag($err);
+	($out, $err) = call_as($coord, 'app', 'SELECT count(*) FROM idem.citus_runs');
+	is(sqlstate_of($err), '42501', 'app cannot read idem.citus_runs');
+	($out, $err) = call_as($w1, 'app2',
+		"SELECT status FROM idem_citus_run_status(${t}::bigint, 'free-1')");
+	is(sqlstate_of($err), 'ID404', "another role does not see the run: ID404");
+}
+
 # --- doc/citus.md's examples (its ```sql-citus blocks), verbatim, in a
 # database of their own
 {
