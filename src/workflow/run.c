@@ -308,10 +308,32 @@ local_execute(const IdemRunStore *store, IdemStatement *stmt,
 	return idem_execute_statement(stmt, req);
 }
 
-static const IdemRunStore local_store = {
+const IdemRunStore idem_local_runs = {
 	local_lock_and_read, local_insert_run, local_update_run,
 	local_find_record, local_insert_key, local_execute, NULL
 };
+
+/* Lock and read owner's run in store: ID404 if none. */
+static void
+read_locked(const IdemRunStore *store, Oid owner, const char *run_id,
+			IdemRunRow *run)
+{
+	if (!store->lock_and_read(store, owner, run_id, run))
+		idem_report_run_not_found(run_id);
+}
+
+/*
+ * idem_run_lock_in
+ *		idem_lock_run() on the runs store keeps: take the run's lock and
+ *		read it, as the current snapshot may act on it.
+ */
+void
+idem_run_lock_in(const IdemRunStore *store, Oid owner, const char *run_id,
+				 IdemRunRow *run)
+{
+	read_locked(store, owner, run_id, run);
+	idem_check_run_visible(run);
+}
 
 /*
  * One step of a run, as a statement (stmt) or as a result recorded from
@@ -331,8 +353,7 @@ run_step(const IdemRunStore *store, IdemRequest *req, IdemStatement *stmt,
 	char	   *topic;
 	Jsonb	   *response;
 
-	if (!store->lock_and_read(store, req->owner, run_id, &run))
-		idem_report_run_not_found(run_id);
+	read_locked(store, req->owner, run_id, &run);
 	/* before anything executes or replays: a queued run's holder only */
 	idem_run_fence(&run, token, "work on");
 	idem_check_run_visible(&run);
@@ -471,7 +492,7 @@ void
 idem_step_request(IdemRequest *req, const char *run_id, const char *step,
 				  const pg_uuid_t *token, IdemResult *result)
 {
-	idem_step_request_in(&local_store, req, run_id, step, token, result);
+	idem_step_request_in(&idem_local_runs, req, run_id, step, token, result);
 }
 
 /*
@@ -541,7 +562,7 @@ idem_step_complete(PG_FUNCTION_ARGS)
 		token = idem_lease_token_setting();
 	idem_check_can_write("idem_step_complete()");
 	step_request(fcinfo, 0, &req, &run_id, &step, token);
-	idem_step_complete_in(&local_store, &req, run_id, step, token,
+	idem_step_complete_in(&idem_local_runs, &req, run_id, step, token,
 						  idem_step_result_arg(fcinfo, 2, "idem_step_complete()"),
 						  &out);
 	PG_RETURN_JSONB_P(out.response);
@@ -848,7 +869,7 @@ idem_run_begin(PG_FUNCTION_ARGS)
 				 idem_errhint(ERRCODE_INVALID_PARAMETER_VALUE, "Pass the run's steps, or begin it on no queue and complete it with idem_run_complete().")));
 
 	PG_RETURN_DATUM(idem_run_begin_result(fcinfo, &run,
-										  idem_run_begin_in(&local_store,
+										  idem_run_begin_in(&idem_local_runs,
 															idem_key_owner(),
 															&asked, &run)));
 }
@@ -980,19 +1001,36 @@ set_run_status(FunctionCallInfo fcinfo, const char *verb, int owner_argno)
 {
 	Oid			owner;
 	char	   *run_id;
-	IdemRunRow	run;
-	TimestampTz now = GetCurrentTransactionStartTimestamp();
-	const char *action = NULL;
 
 	idem_check_can_write(psprintf("idem_run_%s()", verb));
 	run_id = idem_name_arg(fcinfo, 0, "run id");
 	owner = owner_argno < 0 ? idem_key_owner() :
 		idem_run_owner_arg(fcinfo, owner_argno, verb);
-	idem_lock_run(owner, run_id, &run);
+	PG_RETURN_TEXT_P(cstring_to_text(idem_run_set_status_in(&idem_local_runs,
+															 fcinfo, verb,
+															 owner, run_id,
+															 1)));
+}
+
+/*
+ * idem_run_set_status_in
+ *		Fail, resume or complete (verb) owner's run run_id in store, failing
+ *		it with the reason in argument reason_arg; returns the new status.
+ */
+char *
+idem_run_set_status_in(const IdemRunStore *store, FunctionCallInfo fcinfo,
+					   const char *verb, Oid owner, const char *run_id,
+					   int reason_arg)
+{
+	IdemRunRow	run;
+	TimestampTz now = GetCurrentTransactionStartTimestamp();
+	const char *action = NULL;
+
+	idem_run_lock_in(store, owner, run_id, &run);
 
 	if (strcmp(verb, "fail") == 0)
 	{
-		if (PG_ARGISNULL(1))
+		if (PG_ARGISNULL(reason_arg))
 			ereport(ERROR,
 					(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
 					 errmsg("reason passed to idem_run_fail() must not be null"),
@@ -1001,7 +1039,7 @@ set_run_status(FunctionCallInfo fcinfo, const char *verb, int owner_argno)
 		if (strcmp(run.status, "completed") == 0 ||
 			strcmp(run.status, "cancelled") == 0)
 			report_not_running(&run);
-		run.last_error = text_to_cstring(PG_GETARG_TEXT_PP(1));
+		run.last_error = text_to_cstring(PG_GETARG_TEXT_PP(reason_arg));
 		run.status = "failed";
 		run.finished = true;
 		run.finished_at = now;
@@ -1047,10 +1085,10 @@ set_run_status(FunctionCallInfo fcinfo, const char *verb, int owner_argno)
 			leave_queue(&run, "completed", NULL);
 		}
 	}
-	idem_update_run(&run);
+	store->update_run(store, &run);
 	if (action != NULL)
 		idem_audit_run_action(owner, run_id, action);
-	PG_RETURN_TEXT_P(cstring_to_text(run.status));
+	return run.status;
 }
 
 /* idem_run_fail(run_id text, reason text, owner regrole) returns text */
@@ -1248,7 +1286,7 @@ complete_leased_step(const char *run_id, const char *step,
 	IdemResult	out;
 
 	idem_step_key_request(run_id, step, token, &req);
-	idem_step_complete_in(&local_store, &req, run_id, step, token, result,
+	idem_step_complete_in(&idem_local_runs, &req, run_id, step, token, result,
 						  &out);
 	return out.response;
 }

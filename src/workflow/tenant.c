@@ -14,7 +14,8 @@
  *		idem_citus_call_with() takes idem_call()'s options as arguments,
  *		which Citus carries there as it does not the session's settings.
  *		Tenant runs: idem_citus_run_begin(), idem_citus_step(),
- *		idem_citus_step_complete() and idem_citus_run_status(), run.c's
+ *		idem_citus_step_complete(), idem_citus_run_status() and the run
+ *		verbs (fail, resume, complete, cancel) of the role's own runs, run.c's
  *		runs and steps on a store (IdemRunStore) that keeps the run in
  *		idem.citus_runs and its steps' records in idem.citus_keys, on the
  *		tenant's shards, co-located with the keys.
@@ -86,6 +87,10 @@ PG_FUNCTION_INFO_V1(idem_citus_run_begin);
 PG_FUNCTION_INFO_V1(idem_citus_step);
 PG_FUNCTION_INFO_V1(idem_citus_step_complete);
 PG_FUNCTION_INFO_V1(idem_citus_run_status);
+PG_FUNCTION_INFO_V1(idem_citus_run_fail);
+PG_FUNCTION_INFO_V1(idem_citus_run_resume);
+PG_FUNCTION_INFO_V1(idem_citus_run_complete);
+PG_FUNCTION_INFO_V1(idem_citus_run_cancel);
 
 static void
 run_sql(const char *sql, int nargs, Oid *types, Datum *values, int expect)
@@ -217,6 +222,14 @@ static const struct
 		" OUT finished_at timestamptz, OUT last_error text,"
 		" OUT input pg_catalog.jsonb",
 	"text", "record", "idem_citus_run_status", true},
+	{"idem_citus_run_fail", "run_id text, reason text", "text, text", "text",
+	"idem_citus_run_fail", true},
+	{"idem_citus_run_resume", "run_id text", "text", "text",
+	"idem_citus_run_resume", true},
+	{"idem_citus_run_complete", "run_id text", "text", "text",
+	"idem_citus_run_complete", true},
+	{"idem_citus_run_cancel", "run_id text, reason text DEFAULT NULL",
+	"text, text", "text", "idem_citus_run_cancel", true},
 };
 
 /*
@@ -1533,4 +1546,71 @@ idem_citus_run_status(PG_FUNCTION_ARGS)
 	MemoryContextSwitchTo(old);
 	SPI_finish();
 	PG_RETURN_DATUM(result);
+}
+
+/*
+ * A run verb on the role's run of the tenant (argument 1): fail, resume,
+ * complete or cancel, with the reason in argument 2 for fail and cancel.
+ * Returns the run's status.
+ */
+static Datum
+tenant_run_verb(FunctionCallInfo fcinfo, const char *verb)
+{
+	const char *fname = psprintf("idem_citus_run_%s()", verb);
+	TenantCall	tc;
+	IdemRunStore store;
+	char	   *run_id;
+	char	   *status;
+	Datum		result;
+	MemoryContext old;
+
+	tenant_run_store(fcinfo, fname, &tc, &store);
+	run_id = idem_name_arg(fcinfo, 1, "run id");
+	tenant_here(&tc, true);
+	if (strcmp(verb, "cancel") == 0)
+		status = idem_run_cancel_in(&store, idem_key_owner(), run_id,
+									PG_ARGISNULL(2) ? NULL :
+									text_to_cstring(PG_GETARG_TEXT_PP(2)));
+	else
+		status = idem_run_set_status_in(&store, fcinfo, verb, idem_key_owner(),
+										run_id, 2);
+	old = MemoryContextSwitchTo(tc.callercxt);
+	result = PointerGetDatum(cstring_to_text(status));
+	MemoryContextSwitchTo(old);
+	SPI_finish();
+	return result;
+}
+
+/*
+ * idem_citus_run_fail(tenant <distribution type>, run_id text, reason text)
+ *		returns text
+ */
+Datum
+idem_citus_run_fail(PG_FUNCTION_ARGS)
+{
+	return tenant_run_verb(fcinfo, "fail");
+}
+
+/* idem_citus_run_resume(tenant <distribution type>, run_id text) returns text */
+Datum
+idem_citus_run_resume(PG_FUNCTION_ARGS)
+{
+	return tenant_run_verb(fcinfo, "resume");
+}
+
+/* idem_citus_run_complete(tenant <distribution type>, run_id text) returns text */
+Datum
+idem_citus_run_complete(PG_FUNCTION_ARGS)
+{
+	return tenant_run_verb(fcinfo, "complete");
+}
+
+/*
+ * idem_citus_run_cancel(tenant <distribution type>, run_id text,
+ *		reason text DEFAULT NULL) returns text
+ */
+Datum
+idem_citus_run_cancel(PG_FUNCTION_ARGS)
+{
+	return tenant_run_verb(fcinfo, "cancel");
 }

@@ -112,6 +112,13 @@ struct IdemRunStore
 };
 
 /* run.c: workflow steps, also for idem_call() and tenant runs */
+extern const IdemRunStore idem_local_runs;
+extern void idem_run_lock_in(const IdemRunStore *store, Oid owner,
+							 const char *run_id, IdemRunRow *run);
+extern char *idem_run_set_status_in(const IdemRunStore *store,
+									FunctionCallInfo fcinfo, const char *verb,
+									Oid owner, const char *run_id,
+									int reason_arg);
 extern void idem_step_key_request(const char *run_id, const char *step,
 								  const pg_uuid_t *token, IdemRequest *req);
 extern void idem_step_args(FunctionCallInfo fcinfo, int first,
@@ -139,5 +146,9 @@ extern Datum idem_run_begin_result(FunctionCallInfo fcinfo, IdemRunRow *run,
 extern void idem_run_status_values(IdemRunRow *run, Datum *values,
 								   bool *nulls);
 extern char *idem_run_next_step(IdemRunRow *run);
+
+/* control.c: operators' verbs */
+extern char *idem_run_cancel_in(const IdemRunStore *store, Oid owner,
+								const char *run_id, const char *reason);
 
 #endif							/* IDEM_WORKFLOW_H */

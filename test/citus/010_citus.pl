@@ -1155,6 +1155,26 @@ SELECT r.status, r.done_steps, r.xmin = p.xmin
 		"SELECT replayed FROM idem_citus_step_complete(${t}::bigint, 'free-1', 'label', '{\"label\": \"LB-2\"}')");
 	is(sqlstate_of($err), 'ID422', '... another result for it: ID422');
 
+	($out, $err) = call($w2, "SELECT idem_citus_run_complete(${t}::bigint, 'free-1')");
+	is($out, 'completed', '... and it completes when the caller says so') or diag($err);
+
+	# the run verbs, through the workers
+	call($coord, "SELECT created FROM idem_citus_run_begin(${t}::bigint, 'order-10', ARRAY['pay'])");
+	($out, $err) = call($w1, "SELECT idem_citus_run_fail(${t}::bigint, 'order-10', 'card declined')");
+	is($out, 'failed', 'a tenant run fails') or diag($err);
+	($out, $err) = $step->($w2, $t, 'order-10', 'pay', 'order-10:pay', 1);
+	is(sqlstate_of($err), 'ID423', '... and refuses its steps: ID423');
+	($out, $err) = call($w2, "SELECT idem_citus_run_resume(${t}::bigint, 'order-10')");
+	is($out, 'running', '... until it is resumed') or diag($err);
+	($out, $err) = call($w1, "SELECT idem_citus_run_cancel(${t}::bigint, 'order-10')");
+	is($out, 'cancelled', 'a tenant run is cancelled') or diag($err);
+	($out, $err) = call($coord, "SELECT idem_citus_run_resume(${t}::bigint, 'order-10')");
+	is(sqlstate_of($err), 'ID423', '... for good: resuming it is ID423');
+	($out, $err) = call($coord,
+		"SELECT status, last_error FROM idem_citus_run_status(${t}::bigint, 'order-10')");
+	is($out, 'cancelled|cancelled', '... its status says so') or diag($err);
+	is(rows("note = 'order-10:pay'"), '0', '... and none of its steps ran');
+
 	# a role that is not a superuser: its own runs under the same ids
 	($out, $err) = call_as($w1, 'app',
 		"SELECT status, created FROM idem_citus_run_begin(${t}::bigint, 'order-9', ARRAY['pay'])");
