@@ -57,6 +57,19 @@
 #  - a run's step whose statement Citus would run on a worker is IDC02 and
 #    records nothing (through idem_step() and idem_call()), so is a dry run
 #    of such a statement; a step on a local table runs
+#  - tenant runs: idem.citus_runs is in payments' colocation group; a run
+#    of three steps entering through the coordinator and both workers,
+#    begun again (the same run, or ID422 with other steps or input), its
+#    steps retried through every entry node (replayed, one row each); its
+#    first step's row, record and the run's progress in one transaction on
+#    the shard's node; out of order (ID425), undeclared (ID400), unknown
+#    run (ID404), a failing statement, a step Citus did not delegate
+#    (IDC02) or writing another tenant (IDC03) write nothing; two tenants
+#    of one shard with one run id; the shard group moved between steps:
+#    completed steps replay through every entry node and the last runs on
+#    the new node, completing the run there; an external step's result;
+#    fail, resume, complete, cancel; a role that is not a superuser has its
+#    own run under the same id and cannot read idem.citus_runs
 #  - a role that is not a superuser calls through every entry node: its
 #    call executes once and replays elsewhere, its keys are its own (the
 #    same key of another role executes), its event needs its publish
@@ -1201,7 +1214,7 @@ SELECT r.status, r.done_steps, r.xmin = p.xmin
 	my $doc = do { local $/; <$fh> };
 	close $fh;
 	my @blocks = $doc =~ /^```sql-citus\n(.*?)^```$/msg;
-	is(scalar(@blocks), 5, "doc/citus.md has five examples for this test");
+	is(scalar(@blocks), 6, "doc/citus.md has six examples for this test");
 	citus_database('docs');
 	my ($ret, $o, $e) = $coord->psql('docs', $blocks[0]);
 	is($e, '', 'doc: the setup runs') or diag($e);
@@ -1223,10 +1236,18 @@ SELECT nodeport FROM citus_shards
 	$node->safe_psql('docs', "SELECT idem_outbox_ack(event_id, lease_token) FROM idem.outbox WHERE key = 'refund-77'");
 	unlike($coord->safe_psql('docs', $blocks[3]), qr/\|[1-9]\d*$/m,
 		'... and none once it is acknowledged');
+	($ret, $o, $e) = $coord->psql('docs', $blocks[4]);
+	is($o, "running|charge|t\nf|{\"rows\": [{\"note\": \"fulfil-1234:charge\", \"amount\": 100}], \"command\": \"INSERT\", \"rowcount\": 1}\nf\ncompleted||2",
+		'doc: the run begins, both steps execute, the run completes') or diag($e);
+	($ret, $o, $e) = $w2->psql('docs', $blocks[4]);
+	is($o, "completed||f\nt|{\"rows\": [{\"note\": \"fulfil-1234:charge\", \"amount\": 100}], \"command\": \"INSERT\", \"rowcount\": 1}\nt\ncompleted||2",
+		'doc: run again through a worker, the run is found and its steps replay') or diag($e);
+	is($coord->safe_psql('docs', "SELECT count(*) FROM payments WHERE note LIKE 'fulfil-1234:%'"),
+		'2', '... one row per step');
 	$coord->safe_psql('docs', "SELECT create_distributed_table('idem.keys', 'key', colocate_with => 'none')");
 	($ret, $o, $e) = $coord->psql('docs', "SELECT idem_execute('doc-k', 'SELECT 1')");
 	like($e, qr/is a Citus table/, 'doc: idem.keys made a Citus table is refused');
-	($ret, $o, $e) = $coord->psql('docs', $blocks[4]);
+	($ret, $o, $e) = $coord->psql('docs', $blocks[5]);
 	is($ret, 0, 'doc: giving it back runs') or diag($e);
 	($ret, $o, $e) = $coord->psql('docs', "SELECT idem_execute('doc-k', 'SELECT 1')");
 	is($e, '', '... and calls work again') or diag($e);
