@@ -68,8 +68,10 @@
 #    of one shard with one run id; the shard group moved between steps:
 #    completed steps replay through every entry node and the last runs on
 #    the new node, completing the run there; an external step's result;
-#    fail, resume, complete, cancel; a role that is not a superuser has its
-#    own run under the same id and cannot read idem.citus_runs
+#    fail, resume, complete, cancel; three agents stepping one run at once
+#    through the three entry nodes: each step once; a role that is not a
+#    superuser has its own run under the same id and cannot read
+#    idem.citus_runs
 #  - a role that is not a superuser calls through every entry node: its
 #    call executes once and replays elsewhere, its keys are its own (the
 #    same key of another role executes), its event needs its publish
@@ -1187,6 +1189,27 @@ SELECT r.status, r.done_steps, r.xmin = p.xmin
 		"SELECT status, last_error FROM idem_citus_run_status(${t}::bigint, 'order-10')");
 	is($out, 'cancelled|cancelled', '... its status says so') or diag($err);
 	is(rows("note = 'order-10:pay'"), '0', '... and none of its steps ran');
+
+	# three agents run one run's steps at once, one through each entry node
+	call($coord, "SELECT created FROM idem_citus_run_begin(${t}::bigint, 'order-11', ARRAY['a', 'b', 'c'])");
+	{
+		my $seq = join('', map { "SELECT replayed FROM idem_citus_step(${t}::bigint, 'order-11', '$_', $insert, ${t}::bigint, 'order-11:$_', 1);\n" } qw(a b c));
+		my @agents = map {
+			my %io = (in => $seq, out => '', err => '');
+			$io{h} = IPC::Run::start([ 'psql', '-XAtq', '-d', $_->connstr('postgres') ],
+				'<', \$io{in}, '>', \$io{out}, '2>', \$io{err});
+			\%io;
+		} @nodes;
+		$_->{h}->finish for @agents;
+		my $all = join('', map { $_->{out} } @agents);
+		is(join('', map { $_->{err} } @agents), '', 'concurrent agents: no errors');
+		is(scalar(() = $all =~ /^f$/mg) . '/' . scalar(() = $all =~ /^t$/mg), '3/6',
+			'... each step executed once and replayed twice');
+	}
+	is(rows("note LIKE 'order-11:%'"), '3', '... one row per step');
+	is($coord->safe_psql('postgres',
+			"SELECT status, steps_done FROM idem_citus_run_status(${t}::bigint, 'order-11')"),
+		'completed|3', '... and the run completed');
 
 	# a role that is not a superuser: its own runs under the same ids
 	($out, $err) = call_as($w1, 'app',
