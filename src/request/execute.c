@@ -462,6 +462,18 @@ idem_keyed_array_request(FunctionCallInfo fcinfo, const char *fname,
 						 int keyarg, int argsarg, IdemRequest *req)
 {
 	keyed_request_head(fcinfo, fname, keyarg, req);
+	idem_collect_text_args(fcinfo, argsarg, req);
+}
+
+/*
+ * idem_collect_text_args
+ *		The statement's arguments from a text[] argument argsarg (none if
+ *		it is NULL), typed by the statement as untyped driver parameters
+ *		are.
+ */
+void
+idem_collect_text_args(FunctionCallInfo fcinfo, int argsarg, IdemRequest *req)
+{
 	req->nargs = 0;
 	if (!PG_ARGISNULL(argsarg))
 		idem_collect_array(PG_GETARG_ARRAYTYPE_P(argsarg), true, req);

@@ -471,16 +471,20 @@ step_request(FunctionCallInfo fcinfo, int first, IdemRequest *req,
 /*
  * idem_step_args
  *		A statement step's request from arguments (run_id, step, sql
- *		[, VARIADIC args]) starting at first, as idem_step() takes them.
+ *		[, VARIADIC args]) starting at first, as idem_step() takes them, or
+ *		with text_args (run_id, step, sql, args text[]), as idem_call() does.
  */
 void
 idem_step_args(FunctionCallInfo fcinfo, int first, const char *fname,
-			   const pg_uuid_t *token, IdemRequest *req, char **run_id,
-			   char **step)
+			   const pg_uuid_t *token, bool text_args, IdemRequest *req,
+			   char **run_id, char **step)
 {
 	step_request(fcinfo, first, req, run_id, step, token);
 	req->sql = idem_sql_arg(fcinfo, first + 2, fname);
-	idem_collect_args(fcinfo, first + STEP_FIXED_ARGS, req);
+	if (text_args)
+		idem_collect_text_args(fcinfo, first + STEP_FIXED_ARGS, req);
+	else
+		idem_collect_args(fcinfo, first + STEP_FIXED_ARGS, req);
 }
 
 /*
@@ -535,7 +539,8 @@ idem_step(PG_FUNCTION_ARGS)
 	const pg_uuid_t *token = idem_lease_token_setting();
 
 	idem_check_can_write("idem_step()");
-	idem_step_args(fcinfo, 0, "idem_step()", token, &req, &run_id, &step);
+	idem_step_args(fcinfo, 0, "idem_step()", token, false, &req, &run_id,
+				   &step);
 	idem_step_request(&req, run_id, step, token, &result);
 	PG_RETURN_JSONB_P(result.response);
 }

@@ -14,11 +14,11 @@
  *		idem_citus_call_with() takes idem_call()'s options as arguments,
  *		which Citus carries there as it does not the session's settings.
  *		Tenant runs: idem_citus_run_begin(), idem_citus_step(),
- *		idem_citus_step_complete(), idem_citus_run_status() and the run
- *		verbs (fail, resume, complete, cancel) of the role's own runs, run.c's
- *		runs and steps on a store (IdemRunStore) that keeps the run in
- *		idem.citus_runs and its steps' records in idem.citus_keys, on the
- *		tenant's shards, co-located with the keys.
+ *		idem_citus_step_with(), idem_citus_step_complete(),
+ *		idem_citus_run_status() and the run verbs (fail, resume, complete,
+ *		cancel) of the role's own runs: run.c's runs and steps on a store
+ *		(IdemRunStore) that keeps the run in idem.citus_runs and its steps'
+ *		records in idem.citus_keys, on the tenant's shards.
  *
  * The tables and the functions are made here rather than by the
  * extension's script because their types come from the distributed table.
@@ -85,6 +85,7 @@ PG_FUNCTION_INFO_V1(idem_citus_call_outbox);
 PG_FUNCTION_INFO_V1(idem_citus_call_with);
 PG_FUNCTION_INFO_V1(idem_citus_run_begin);
 PG_FUNCTION_INFO_V1(idem_citus_step);
+PG_FUNCTION_INFO_V1(idem_citus_step_with);
 PG_FUNCTION_INFO_V1(idem_citus_step_complete);
 PG_FUNCTION_INFO_V1(idem_citus_run_status);
 PG_FUNCTION_INFO_V1(idem_citus_run_fail);
@@ -213,6 +214,11 @@ static const struct
 	{"idem_citus_step",
 		"run_id text, step text, sql text, VARIADIC args \"any\", " CALL_RESULT,
 	"text, text, text, \"any\"", "record", "idem_citus_step", true},
+	{"idem_citus_step_with",
+		"run_id text, step text, sql text, args text[] DEFAULT '{}',"
+		" outbox_topic text DEFAULT NULL, wait boolean DEFAULT NULL, " CALL_RESULT,
+	"text, text, text, text[], text, boolean", "record", "idem_citus_step_with",
+	true},
 	{"idem_citus_step_complete",
 		"run_id text, step text, result pg_catalog.jsonb, " CALL_RESULT,
 	"text, text, pg_catalog.jsonb", "record", "idem_citus_step_complete", true},
@@ -1455,6 +1461,39 @@ tenant_step_result(TenantCall *tc, IdemResult *result)
 	return d;
 }
 
+/* idem_citus_step_with()'s options */
+enum
+{
+	STEP_WITH_OUTBOX_TOPIC = 5,
+	STEP_WITH_WAIT
+};
+
+/* A statement step of the tenant's run; with: idem_citus_step_with()'s. */
+static Datum
+tenant_step(FunctionCallInfo fcinfo, const char *fname, bool with)
+{
+	TenantCall	tc;
+	IdemRunStore store;
+	IdemRequest req;
+	IdemResult	result;
+	char	   *run_id;
+	char	   *step;
+	int			nestlevel = -1;
+	Datum		d;
+
+	tenant_run_store(fcinfo, fname, &tc, &store);
+	if (with)
+		nestlevel = idem_call_options(fcinfo, STEP_WITH_OUTBOX_TOPIC, -1,
+									  STEP_WITH_WAIT);
+	idem_step_args(fcinfo, 1, fname, NULL, with, &req, &run_id, &step);
+	tenant_here(&tc, true);
+	idem_step_request_in(&store, &req, run_id, step, NULL, &result);
+	d = tenant_step_result(&tc, &result);
+	if (nestlevel >= 0)
+		AtEOXact_GUC(true, nestlevel);
+	return d;
+}
+
 /*
  * idem_citus_step(tenant <distribution type>, run_id text, step text,
  *		sql text [, VARIADIC args "any"])
@@ -1467,19 +1506,23 @@ tenant_step_result(TenantCall *tc, IdemResult *result)
 Datum
 idem_citus_step(PG_FUNCTION_ARGS)
 {
-	const char *fname = "idem_citus_step()";
-	TenantCall	tc;
-	IdemRunStore store;
-	IdemRequest req;
-	IdemResult	result;
-	char	   *run_id;
-	char	   *step;
+	return tenant_step(fcinfo, "idem_citus_step()", false);
+}
 
-	tenant_run_store(fcinfo, fname, &tc, &store);
-	idem_step_args(fcinfo, 1, fname, NULL, &req, &run_id, &step);
-	tenant_here(&tc, true);
-	idem_step_request_in(&store, &req, run_id, step, NULL, &result);
-	PG_RETURN_DATUM(tenant_step_result(&tc, &result));
+/*
+ * idem_citus_step_with(tenant <distribution type>, run_id text, step text,
+ *		sql text, args text[] DEFAULT '{}', outbox_topic text DEFAULT NULL,
+ *		wait boolean DEFAULT NULL)
+ *		returns (response jsonb, replayed boolean, first_executed_at timestamptz)
+ *
+ * idem_citus_step() as idem_call() takes a step: the arguments as text
+ * typed by the statement, and the options as arguments, which Citus
+ * carries to the shard's node (it does not carry the session's settings).
+ */
+Datum
+idem_citus_step_with(PG_FUNCTION_ARGS)
+{
+	return tenant_step(fcinfo, "idem_citus_step_with()", true);
 }
 
 /*

@@ -123,7 +123,8 @@ extern void idem_step_key_request(const char *run_id, const char *step,
 								  const pg_uuid_t *token, IdemRequest *req);
 extern void idem_step_args(FunctionCallInfo fcinfo, int first,
 						   const char *fname, const pg_uuid_t *token,
-						   IdemRequest *req, char **run_id, char **step);
+						   bool text_args, IdemRequest *req, char **run_id,
+						   char **step);
 extern void idem_step_request(IdemRequest *req, const char *run_id,
 							  const char *step, const pg_uuid_t *token,
 							  IdemResult *result);

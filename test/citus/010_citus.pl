@@ -68,9 +68,10 @@
 #    of one shard with one run id; the shard group moved between steps:
 #    completed steps replay through every entry node and the last runs on
 #    the new node, completing the run there; an external step's result;
-#    fail, resume, complete, cancel; three agents stepping one run at once
-#    through the three entry nodes: each step once; a role that is not a
-#    superuser has its own run under the same id and cannot read
+#    idem_citus_step_with()'s text arguments and its event on the shard's
+#    node; fail, resume, complete, cancel; three agents stepping one run at
+#    once through the three entry nodes: each step once; a role that is not
+#    a superuser has its own run under the same id and cannot read
 #    idem.citus_runs
 #  - a role that is not a superuser calls through every entry node: its
 #    call executes once and replays elsewhere, its keys are its own (the
@@ -1210,6 +1211,19 @@ SELECT r.status, r.done_steps, r.xmin = p.xmin
 	is($coord->safe_psql('postgres',
 			"SELECT status, steps_done FROM idem_citus_run_status(${t}::bigint, 'order-11')"),
 		'completed|3', '... and the run completed');
+
+	# idem_citus_step_with(): text arguments, and the step's event on the
+	# shard's node (a session's setting would not reach it)
+	call($coord, "SELECT created FROM idem_citus_run_begin(${t}::bigint, 'order-12', ARRAY['notify'])");
+	($out, $err) = call($w1,
+		"SELECT replayed, response->'rows'->0->>'amount' FROM idem_citus_step_with(${t}::bigint, 'order-12', 'notify', $insert, ARRAY['$t', 'order-12:notify', '8'], outbox_topic => 'refunds')");
+	is($out, 'f|8', 'idem_citus_step_with(): text arguments typed by the statement') or diag($err);
+	($out, $err) = call($w2,
+		"SELECT replayed FROM idem_citus_step_with(${t}::bigint, 'order-12', 'notify', $insert, ARRAY['$t', 'order-12:notify', '8'])");
+	is($out, 't', '... its retry without the topic replays') or diag($err);
+	is((placement($t))[0]->safe_psql('postgres',
+			"SELECT count(*), min(topic), min(run_id), min(step) FROM idem.outbox WHERE key = idem_step_key('order-12', 'notify')"),
+		'1|refunds|order-12|notify', "... and its one event is on the shard's node, with its run and step");
 
 	# a role that is not a superuser: its own runs under the same ids
 	($out, $err) = call_as($w1, 'app',
