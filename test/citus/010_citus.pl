@@ -79,7 +79,9 @@
 #    grant, and it cannot read idem.citus_keys
 #  - a text tenant (a database of its own): tenants and keys that spell
 #    each other's together, each executes once and replays through the
-#    workers
+#    workers; without idem.citus_runs (a colocation declared before tenant
+#    runs) a run function is IDC01, and declaring the colocation again adds
+#    the runs and keeps the keys
 #  - a shard split (the halves on both workers), citus_drain_node() and
 #    rebalance_table_shards(): after each, every key replays through every
 #    entry node, with no second row
@@ -956,6 +958,30 @@ for my $entry (@nodes)
 }
 is($coord->safe_psql('tt', 'SELECT count(*) FROM accounts'), '3', 'one row per (tenant, key)');
 is($coord->safe_psql('tt', 'SELECT count(*) FROM idem.citus_keys'), '3', 'one key record each');
+
+# a colocation declared by a build without tenant runs: without
+# idem.citus_runs a run function is IDC01; declared again, the colocation
+# gets the table and the functions, and keeps its key records
+$coord->safe_psql('tt', 'DROP TABLE idem.citus_runs');
+{
+	my ($ret, $o, $e) = $w1->psql('tt',
+		"SELECT created FROM idem_citus_run_begin('acme'::text, 'run-1')",
+		extra_params => [ '-v', 'VERBOSITY=verbose' ]);
+	is(sqlstate_of($e), 'IDC01', 'a run function without idem.citus_runs: IDC01');
+	$coord->safe_psql('tt', q{
+DO $$DECLARE f regprocedure;
+BEGIN
+	FOR f IN SELECT oid::regprocedure FROM pg_proc WHERE proname ~ '^idem_citus_(run|step)' LOOP
+		EXECUTE 'DROP FUNCTION ' || f;
+	END LOOP;
+END$$});
+	$coord->safe_psql('tt', "SELECT idem_citus_colocate('accounts')");
+	($ret, $o, $e) = $w2->psql('tt',
+		"SELECT created FROM idem_citus_run_begin('acme'::text, 'run-1')");
+	is($o, 't', 'declared again, the colocation gets tenant runs') or diag($e);
+	is($coord->safe_psql('tt', 'SELECT count(*) FROM idem.citus_keys'), '3',
+		'... and keeps its key records');
+}
 
 # --- a shard split, draining a node and the rebalancer: the key records
 # go where their rows go, and every retry replays
