@@ -22,6 +22,11 @@
  * fails with 40001 instead of acting on what it saw.  The run's row is
  * read and updated directly (tables.c), one HOT update per step.
  *
+ * The sequencing reaches the run and its steps' records through a store
+ * (IdemRunStore): idem.runs and idem.keys on this node here, and a tenant's
+ * shards under Citus (tenant.c), so that one implementation of the rules
+ * serves both.
+ *
  * Copyright (c) 2026, idem authors
  *
  * IDENTIFICATION
@@ -324,8 +329,8 @@ read_locked(const IdemRunStore *store, Oid owner, const char *run_id,
 
 /*
  * idem_run_lock_in
- *		idem_lock_run() on the runs store keeps: take the run's lock and
- *		read it, as the current snapshot may act on it.
+ *		idem_lock_run() on the runs that store keeps: take the run's lock
+ *		and read it, as the current snapshot may act on it.
  */
 void
 idem_run_lock_in(const IdemRunStore *store, Oid owner, const char *run_id,
