@@ -16,9 +16,10 @@
  *		Tenant runs: idem_citus_run_begin(), idem_citus_step(),
  *		idem_citus_step_with(), idem_citus_step_complete(),
  *		idem_citus_run_status() and the run verbs (fail, resume, complete,
- *		cancel) of the role's own runs: run.c's runs and steps on a store
- *		(IdemRunStore) that keeps the run in idem.citus_runs and its steps'
- *		records in idem.citus_keys, on the tenant's shards.
+ *		cancel) of the role's own runs, and idem_citus_run_purge() of
+ *		finished runs: run.c's runs and steps on a store (IdemRunStore)
+ *		that keeps the run in idem.citus_runs and its steps' records in
+ *		idem.citus_keys, on the tenant's shards.
  *
  * The tables and the functions are made here rather than by the
  * extension's script because their types come from the distributed table.
@@ -284,8 +285,39 @@ create_tenant_objects(const char *nsp, const char *typname,
 					 " CONSTRAINT citus_runs_pkey PRIMARY KEY (tenant, owner, run_id),"
 					 " CONSTRAINT citus_runs_status_check CHECK (status OPERATOR(pg_catalog.=)"
 					 " ANY ('{running,completed,failed,cancelled}'::pg_catalog.text[])));"
-					 "REVOKE ALL ON idem.citus_runs FROM PUBLIC",
+					 "REVOKE ALL ON idem.citus_runs FROM PUBLIC;",
 					 typname);
+
+	/*
+	 * idem_run_purge() for tenant runs, an administrator's.  Each run's
+	 * record and its steps' are on its tenant's node, where no lock of the
+	 * run can be tried from here: the run's row is deleted only if it is
+	 * still finished once its row lock is had (a run resumed meanwhile
+	 * stays), and a verb that loses its run to the purge finds none
+	 * (ID404).  Multi-shard, so Citus commits it in two phases.
+	 */
+	appendStringInfo(&sql,
+					 "CREATE FUNCTION %s.idem_citus_run_purge(finished_before timestamptz)"
+					 " RETURNS bigint LANGUAGE plpgsql STRICT"
+					 " SET search_path = pg_catalog, pg_temp AS $purge$"
+					 " DECLARE r record; n bigint := 0; step_keys text[];"
+					 " BEGIN"
+					 "  FOR r IN DELETE FROM idem.citus_runs"
+					 "    WHERE status OPERATOR(pg_catalog.<>) 'running'"
+					 "      AND finished_at OPERATOR(pg_catalog.<) finished_before"
+					 "    RETURNING tenant, owner, run_id, done_steps LOOP"
+					 "   step_keys := ARRAY(SELECT %s.idem_step_key(r.run_id, s.step)"
+					 "     FROM pg_catalog.unnest(r.done_steps) AS s(step));"
+					 "   DELETE FROM idem.citus_keys k"
+					 "    WHERE k.tenant OPERATOR(pg_catalog.=) r.tenant"
+					 "      AND k.owner OPERATOR(pg_catalog.=) r.owner"
+					 "      AND k.key OPERATOR(pg_catalog.=) ANY (step_keys);"
+					 "   n := n + 1;"
+					 "  END LOOP;"
+					 "  RETURN n;"
+					 " END $purge$;"
+					 "REVOKE ALL ON FUNCTION %s.idem_citus_run_purge(timestamptz) FROM PUBLIC",
+					 nsp, nsp, nsp);
 	run_sql(sql.data, 0, NULL, NULL, SPI_OK_UTILITY);
 
 	values[0] = CStringGetTextDatum(qtable);
@@ -404,8 +436,9 @@ idem_citus_colocate(PG_FUNCTION_ARGS)
 			appendStringInfo(&sql, "DROP FUNCTION IF EXISTS %s.%s(%s, %s);",
 							 nsp, citus_calls[i].name, old_type,
 							 citus_calls[i].args);
-		appendStringInfoString(&sql, "DROP TABLE idem.citus_keys;"
-							   "DROP TABLE IF EXISTS idem.citus_runs");
+		appendStringInfo(&sql, "DROP FUNCTION IF EXISTS %s.idem_citus_run_purge(timestamptz);"
+						 "DROP TABLE idem.citus_keys;"
+						 "DROP TABLE IF EXISTS idem.citus_runs", nsp);
 		run_sql(sql.data, 0, NULL, NULL, SPI_OK_UTILITY);
 	}
 	create_tenant_objects(nsp, typname, qtable, probin, false);
@@ -1343,6 +1376,9 @@ write_tenant_run(TenantCall *tc, KeysSql which, IdemRunRow *run)
 	values[10] = TimestampTzGetDatum(run->started_at);
 	run_keys_sql(which, tc->runs_relid, tc->keys_owner, tc->tenant_type,
 				 nargs, types, values, nulls, false);
+	/* idem_citus_run_purge() deleted the finished run after it was read */
+	if (SPI_processed != 1 && which == RUNS_UPDATE)
+		idem_report_run_not_found(run->run_id);
 	if (SPI_processed != 1)
 		elog(ERROR, "run \"%s\" of idem.citus_runs was not written", run->run_id);
 }

@@ -72,7 +72,8 @@
 #    node; fail, resume, complete, cancel; three agents stepping one run at
 #    once through the three entry nodes: each step once; a role that is not
 #    a superuser has its own run under the same id and cannot read
-#    idem.citus_runs
+#    idem.citus_runs; idem_citus_run_purge() removes the finished runs of
+#    every shard with their steps' records, and keeps a running one
 #  - a role that is not a superuser calls through every entry node: its
 #    call executes once and replays elsewhere, its keys are its own (the
 #    same key of another role executes), its event needs its publish
@@ -1268,6 +1269,30 @@ SELECT r.status, r.done_steps, r.xmin = p.xmin
 	($out, $err) = call_as($w1, 'app2',
 		"SELECT status FROM idem_citus_run_status(${t}::bigint, 'free-1')");
 	is(sqlstate_of($err), 'ID404', "another role does not see the run: ID404");
+
+	# the purge of finished tenant runs, on every shard, from the coordinator
+	call($coord, "SELECT created FROM idem_citus_run_begin(${t}::bigint, 'order-13', ARRAY['a', 'b'])");
+	($out, $err) = $step->($w1, $t, 'order-13', 'a', 'order-13:a', 1);
+	like($out, qr/^f\|/, 'a run still running has a completed step') or diag($err);
+	my $finished = $coord->safe_psql('postgres',
+		"SELECT count(*) FROM idem.citus_runs WHERE status <> 'running'");
+	cmp_ok($finished, '>=', 7, "$finished finished runs, on several shards");
+	is($coord->safe_psql('postgres',
+			"SELECT has_function_privilege('public', 'idem_citus_run_purge(timestamptz)', 'EXECUTE')"),
+		'f', 'idem_citus_run_purge() is not granted to PUBLIC');
+	is($coord->safe_psql('postgres', "SELECT idem_citus_run_purge(now() - interval '1 day')"),
+		'0', 'a purge of runs finished before yesterday removes none');
+	is($coord->safe_psql('postgres', "SELECT idem_citus_run_purge(now() + interval '1 day')"),
+		$finished, 'a purge of runs finished before tomorrow removes each finished run');
+	is($coord->safe_psql('postgres',
+			"SELECT string_agg(run_id || ':' || status, ',' ORDER BY run_id) FROM idem.citus_runs"),
+		'order-13:running', '... and keeps the running one');
+	is($coord->safe_psql('postgres',
+			"SELECT string_agg(key, ',') FROM idem.citus_keys WHERE key LIKE 'idem.step:%'"),
+		$coord->safe_psql('postgres', "SELECT idem_step_key('order-13', 'a')"),
+		"... and its step's record, and none of the purged runs' steps");
+	($out, $err) = $step->($w2, $t, 'order-9', 'pay', 'order-9:pay', 11);
+	is(sqlstate_of($err), 'ID404', 'a step of a purged run: ID404');
 }
 
 # --- doc/citus.md's examples (its ```sql-citus blocks), verbatim, in a
