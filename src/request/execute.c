@@ -406,6 +406,21 @@ idem_replay_record(IdemRequest *req, const IdemRecord *rec, IdemResult *result)
 		LogTransactionalMessage("idem", req->key, req->keylen);
 }
 
+/*
+ * idem_sql_arg
+ *		The business statement passed as argument argno of fname.
+ */
+char *
+idem_sql_arg(FunctionCallInfo fcinfo, int argno, const char *fname)
+{
+	if (PG_ARGISNULL(argno))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("statement passed to %s must not be null", fname),
+				 idem_errhint(ERRCODE_NULL_VALUE_NOT_ALLOWED, NULL)));
+	return text_to_cstring(PG_GETARG_TEXT_PP(argno));
+}
+
 /* A keyed request's key and statement, checked as idem_execute() does. */
 static void
 keyed_request_head(FunctionCallInfo fcinfo, const char *fname, int keyarg,
@@ -418,12 +433,7 @@ keyed_request_head(FunctionCallInfo fcinfo, const char *fname, int keyarg,
 	req->key = idem_name_arg(fcinfo, keyarg, "idempotency key");
 	req->keylen = strlen(req->key);
 	idem_check_not_step_key(req->key, fname);
-	if (PG_ARGISNULL(keyarg + 1))
-		ereport(ERROR,
-				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("statement passed to %s must not be null", fname),
-				 idem_errhint(ERRCODE_NULL_VALUE_NOT_ALLOWED, NULL)));
-	req->sql = text_to_cstring(PG_GETARG_TEXT_PP(keyarg + 1));
+	req->sql = idem_sql_arg(fcinfo, keyarg + 1, fname);
 }
 
 /*
@@ -452,6 +462,18 @@ idem_keyed_array_request(FunctionCallInfo fcinfo, const char *fname,
 						 int keyarg, int argsarg, IdemRequest *req)
 {
 	keyed_request_head(fcinfo, fname, keyarg, req);
+	idem_collect_text_args(fcinfo, argsarg, req);
+}
+
+/*
+ * idem_collect_text_args
+ *		The statement's arguments from a text[] argument argsarg (none if
+ *		it is NULL), typed by the statement as untyped driver parameters
+ *		are.
+ */
+void
+idem_collect_text_args(FunctionCallInfo fcinfo, int argsarg, IdemRequest *req)
+{
 	req->nargs = 0;
 	if (!PG_ARGISNULL(argsarg))
 		idem_collect_array(PG_GETARG_ARRAYTYPE_P(argsarg), true, req);

@@ -70,6 +70,9 @@ extern char *idem_derive_key(int nparts, const char *const *parts);
 extern void idem_collect_args(FunctionCallInfo fcinfo, int first,
 							  IdemRequest *req);
 extern void idem_collect_array(ArrayType *arr, bool strings, IdemRequest *req);
+extern char *idem_sql_arg(FunctionCallInfo fcinfo, int argno, const char *fname);
+extern void idem_collect_text_args(FunctionCallInfo fcinfo, int argsarg,
+								   IdemRequest *req);
 extern void idem_keyed_request(FunctionCallInfo fcinfo, const char *fname,
 							   int keyarg, IdemRequest *req);
 extern void idem_keyed_array_request(FunctionCallInfo fcinfo, const char *fname,

@@ -78,7 +78,8 @@ ttl_seconds(Interval *ttl)
  * idem_call_options
  *		Set the options a call reads (idem.outbox_topic, idem.ttl,
  *		idem.wait) from its arguments topic_arg, ttl_arg and wait_arg, those
- *		not NULL, for this call only; returns the GUC nest level for
+ *		not NULL (ttl_arg -1: a step's call, whose record never expires,
+ *		takes none), for this call only; returns the GUC nest level for
  *		AtEOXact_GUC(true, ...) when the call returns.
  */
 int
@@ -89,7 +90,7 @@ idem_call_options(FunctionCallInfo fcinfo, int topic_arg, int ttl_arg,
 
 	if (!PG_ARGISNULL(topic_arg))
 		set_option("idem.outbox_topic", text_to_cstring(PG_GETARG_TEXT_PP(topic_arg)));
-	if (!PG_ARGISNULL(ttl_arg))
+	if (ttl_arg >= 0 && !PG_ARGISNULL(ttl_arg))
 		set_option("idem.ttl", ttl_seconds(PG_GETARG_INTERVAL_P(ttl_arg)));
 	if (!PG_ARGISNULL(wait_arg))
 		set_option("idem.wait", PG_GETARG_BOOL(wait_arg) ? "on" : "off");
@@ -154,9 +155,7 @@ idem_call(PG_FUNCTION_ARGS)
 		idem_check_not_step_key(req.key, "idem_call()");
 	}
 	req.sql = text_to_cstring(PG_GETARG_TEXT_PP(CALL_SQL));
-	req.nargs = 0;
-	if (!PG_ARGISNULL(CALL_ARGS))
-		idem_collect_array(PG_GETARG_ARRAYTYPE_P(CALL_ARGS), true, &req);
+	idem_collect_text_args(fcinfo, CALL_ARGS, &req);
 
 	if (is_step)
 		idem_step_request(&req, run_id, step, token, &result);

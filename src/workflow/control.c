@@ -52,18 +52,33 @@ idem_run_cancel(PG_FUNCTION_ARGS)
 {
 	char	   *run_id = idem_name_arg(fcinfo, 0, "run id");
 	Oid			owner;
-	IdemRunRow	run;
-	TimestampTz now = GetCurrentTimestamp();
 
 	idem_check_can_write("idem_run_cancel()");
 	owner = idem_run_owner_arg(fcinfo, 2, "cancel");
-	idem_lock_run(owner, run_id, &run);
+	PG_RETURN_TEXT_P(cstring_to_text(idem_run_cancel_in(&idem_local_runs, owner,
+														run_id,
+														PG_ARGISNULL(1) ? NULL :
+														text_to_cstring(PG_GETARG_TEXT_PP(1)))));
+}
+
+/*
+ * idem_run_cancel_in
+ *		Cancel owner's run run_id in store, for reason (NULL: "cancelled");
+ *		returns its status.
+ */
+char *
+idem_run_cancel_in(const IdemRunStore *store, Oid owner, const char *run_id,
+				   const char *reason)
+{
+	IdemRunRow	run;
+	TimestampTz now = GetCurrentTimestamp();
+
+	idem_run_lock_in(store, owner, run_id, &run);
 	if (strcmp(run.status, "cancelled") == 0)
-		PG_RETURN_TEXT_P(cstring_to_text(run.status));
+		return run.status;
 	if (strcmp(run.status, "running") != 0)
 		report_finished(&run, "cancelled");
-	run.last_error = PG_ARGISNULL(1) ? "cancelled" :
-		text_to_cstring(PG_GETARG_TEXT_PP(1));
+	run.last_error = reason != NULL ? pstrdup(reason) : "cancelled";
 	if (run.queue != NULL)
 	{
 		idem_run_end_lease(&run, "cancelled", run.last_error, now);
@@ -73,9 +88,9 @@ idem_run_cancel(PG_FUNCTION_ARGS)
 	run.status = "cancelled";
 	run.finished = true;
 	run.finished_at = GetCurrentTransactionStartTimestamp();
-	idem_update_run(&run);
+	store->update_run(store, &run);
 	idem_audit_run_action(owner, run_id, "cancelled");
-	PG_RETURN_TEXT_P(cstring_to_text(run.status));
+	return run.status;
 }
 
 /*

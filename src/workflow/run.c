@@ -22,6 +22,11 @@
  * fails with 40001 instead of acting on what it saw.  The run's row is
  * read and updated directly (tables.c), one HOT update per step.
  *
+ * The sequencing reaches the run and its steps' records through a store
+ * (IdemRunStore): idem.runs and idem.keys on this node here, and a tenant's
+ * shards under Citus (tenant.c), so that one implementation of the rules
+ * serves both.
+ *
  * Copyright (c) 2026, idem authors
  *
  * IDENTIFICATION
@@ -189,7 +194,8 @@ check_step_may_run(IdemRunRow *run, const char *step, int ordinal)
  * transaction.
  */
 static void
-record_step(IdemRunRow *run, const char *step, TimestampTz now)
+record_step(const IdemRunStore *store, IdemRunRow *run, const char *step,
+			TimestampTz now)
 {
 	int			n;
 	Datum	   *names;
@@ -238,12 +244,12 @@ record_step(IdemRunRow *run, const char *step, TimestampTz now)
 			run->due_at = DT_NOEND;
 		}
 	}
-	idem_update_run(run);
+	store->update_run(store, run);
 }
 
 /* Count a replay of completed step number pos (1-based). */
 static void
-count_attempt(IdemRunRow *run, int pos)
+count_attempt(const IdemRunStore *store, IdemRunRow *run, int pos)
 {
 	Datum	   *counts;
 	int			n;
@@ -252,7 +258,86 @@ count_attempt(IdemRunRow *run, int pos)
 					  &counts, NULL, &n);
 	counts[pos - 1] = Int32GetDatum(DatumGetInt32(counts[pos - 1]) + 1);
 	run->attempts = construct_array(counts, n, INT4OID, 4, true, TYPALIGN_INT);
+	store->update_run(store, run);
+}
+
+/*
+ * The run's store on this node: idem.runs and idem.keys, written without
+ * the executor (tables.c).
+ */
+static bool
+local_lock_and_read(const IdemRunStore *store, Oid owner, const char *run_id,
+					IdemRunRow *run)
+{
+	char	   *lockkey = idem_run_lock_key(run_id);
+
+	idem_lock_key(owner, lockkey, strlen(lockkey), idem_wait);
+	return idem_lookup_run(owner, run_id, run);
+}
+
+static void
+local_insert_run(const IdemRunStore *store, IdemRunRow *run)
+{
+	idem_insert_run(run);
+}
+
+static void
+local_update_run(const IdemRunStore *store, IdemRunRow *run)
+{
 	idem_update_run(run);
+}
+
+static bool
+local_find_record(const IdemRunStore *store, IdemStatement *stmt,
+				  IdemRequest *req, const uint8 *fingerprint, TimestampTz now,
+				  IdemRecord *rec)
+{
+	return idem_find_record(stmt, req, fingerprint, now, rec);
+}
+
+/* A step's record never expires: only its run's purge removes it. */
+static void
+local_insert_key(const IdemRunStore *store, IdemRequest *req,
+				 const uint8 *fingerprint, Jsonb *response, TimestampTz now)
+{
+	TimestampTz never;
+
+	TIMESTAMP_NOEND(never);
+	idem_insert_key(req->key, req->owner, fingerprint, response, now, never);
+}
+
+static Jsonb *
+local_execute(const IdemRunStore *store, IdemStatement *stmt,
+			  IdemRequest *req)
+{
+	return idem_execute_statement(stmt, req);
+}
+
+const IdemRunStore idem_local_runs = {
+	local_lock_and_read, local_insert_run, local_update_run,
+	local_find_record, local_insert_key, local_execute, NULL
+};
+
+/* Lock and read owner's run in store: ID404 if none. */
+static void
+read_locked(const IdemRunStore *store, Oid owner, const char *run_id,
+			IdemRunRow *run)
+{
+	if (!store->lock_and_read(store, owner, run_id, run))
+		idem_report_run_not_found(run_id);
+}
+
+/*
+ * idem_run_lock_in
+ *		idem_lock_run() on the runs that store keeps: take the run's lock
+ *		and read it, as the current snapshot may act on it.
+ */
+void
+idem_run_lock_in(const IdemRunStore *store, Oid owner, const char *run_id,
+				 IdemRunRow *run)
+{
+	read_locked(store, owner, run_id, run);
+	idem_check_run_visible(run);
 }
 
 /*
@@ -261,23 +346,25 @@ count_attempt(IdemRunRow *run, int pos)
  * request.  Fills out.
  */
 static void
-run_step(IdemRequest *req, IdemStatement *stmt, Jsonb *result,
-		 const char *run_id, const char *step, const pg_uuid_t *token,
-		 const uint8 *fingerprint, IdemResult *out, volatile bool *executing)
+run_step(const IdemRunStore *store, IdemRequest *req, IdemStatement *stmt,
+		 Jsonb *result, const char *run_id, const char *step,
+		 const pg_uuid_t *token, const uint8 *fingerprint, IdemResult *out,
+		 volatile bool *executing)
 {
 	TimestampTz now = GetCurrentTransactionStartTimestamp();
-	TimestampTz never;
 	IdemRunRow	run;
 	IdemRecord	rec;
 	int			ordinal;
 	char	   *topic;
 	Jsonb	   *response;
 
+	read_locked(store, req->owner, run_id, &run);
 	/* before anything executes or replays: a queued run's holder only */
-	idem_lock_run_fenced(req->owner, run_id, token, "work on", &run);
+	idem_run_fence(&run, token, "work on");
+	idem_check_run_visible(&run);
 	ordinal = idem_run_step_ordinal(&run, step);
 
-	if (idem_find_record(stmt, req, fingerprint, now, &rec))
+	if (store->find_record(store, stmt, req, fingerprint, now, &rec))
 	{
 		int			pos = done_position(&run, step, ordinal);
 
@@ -307,7 +394,7 @@ run_step(IdemRequest *req, IdemStatement *stmt, Jsonb *result,
 					 errdetail("The record %s, which idem 1.1 counted as the step's result, was written by idem_execute() with a cached error; a step never records an error.",
 							   req->key),
 					 idem_errhint(ERRCODE_IDEM_KEY_REUSED, "Cancel the run and begin it again under another id.")));
-		count_attempt(&run, pos);
+		count_attempt(store, &run, pos);
 		idem_replay_record(req, &rec, out);
 		return;
 	}
@@ -317,11 +404,10 @@ run_step(IdemRequest *req, IdemStatement *stmt, Jsonb *result,
 		idem_run_check_room(&run);
 	topic = idem_current_topic(req->owner);
 	*executing = true;
-	response = stmt != NULL ? idem_execute_statement(stmt, req) : result;
+	response = stmt != NULL ? store->execute(store, stmt, req) : result;
 
-	TIMESTAMP_NOEND(never);
-	idem_insert_key(req->key, req->owner, fingerprint, response, now, never);
-	record_step(&run, step, now);
+	store->insert_key(store, req, fingerprint, response, now);
+	record_step(store, &run, step, now);
 	/*
 	 * The step's place among the run's completed steps orders its events:
 	 * the run's lock makes that the order in which the steps committed.
@@ -356,16 +442,17 @@ idem_step_key_request(const char *run_id, const char *step,
  * included) whether it succeeds or fails.
  */
 static void
-run_step_noted(IdemRequest *req, IdemStatement *stmt, Jsonb *result,
-			   const char *run_id, const char *step, const pg_uuid_t *token,
+run_step_noted(const IdemRunStore *store, IdemRequest *req,
+			   IdemStatement *stmt, Jsonb *result, const char *run_id,
+			   const char *step, const pg_uuid_t *token,
 			   const uint8 *fingerprint, IdemResult *out)
 {
 	volatile bool executing = false;
 
 	PG_TRY();
 	{
-		run_step(req, stmt, result, run_id, step, token, fingerprint, out,
-				 &executing);
+		run_step(store, req, stmt, result, run_id, step, token, fingerprint,
+				 out, &executing);
 	}
 	PG_CATCH();
 	{
@@ -376,13 +463,33 @@ run_step_noted(IdemRequest *req, IdemStatement *stmt, Jsonb *result,
 	idem_note_done(req, fingerprint, run_id, step, out->replayed);
 }
 
+/* The run id and step name at arguments first and first + 1, and their key. */
 static void
-step_request(FunctionCallInfo fcinfo, IdemRequest *req, char **run_id,
-			 char **step, const pg_uuid_t *token)
+step_request(FunctionCallInfo fcinfo, int first, IdemRequest *req,
+			 char **run_id, char **step, const pg_uuid_t *token)
 {
-	*run_id = idem_name_arg(fcinfo, 0, "run id");
-	*step = idem_name_arg(fcinfo, 1, "step name");
+	*run_id = idem_name_arg(fcinfo, first, "run id");
+	*step = idem_name_arg(fcinfo, first + 1, "step name");
 	idem_step_key_request(*run_id, *step, token, req);
+}
+
+/*
+ * idem_step_args
+ *		A statement step's request from arguments (run_id, step, sql
+ *		[, VARIADIC args]) starting at first, as idem_step() takes them, or
+ *		with text_args (run_id, step, sql, args text[]), as idem_call() does.
+ */
+void
+idem_step_args(FunctionCallInfo fcinfo, int first, const char *fname,
+			   const pg_uuid_t *token, bool text_args, IdemRequest *req,
+			   char **run_id, char **step)
+{
+	step_request(fcinfo, first, req, run_id, step, token);
+	req->sql = idem_sql_arg(fcinfo, first + 2, fname);
+	if (text_args)
+		idem_collect_text_args(fcinfo, first + STEP_FIXED_ARGS, req);
+	else
+		idem_collect_args(fcinfo, first + STEP_FIXED_ARGS, req);
 }
 
 /*
@@ -394,6 +501,18 @@ void
 idem_step_request(IdemRequest *req, const char *run_id, const char *step,
 				  const pg_uuid_t *token, IdemResult *result)
 {
+	idem_step_request_in(&idem_local_runs, req, run_id, step, token, result);
+}
+
+/*
+ * idem_step_request_in
+ *		idem_step_request() on the run and records that store keeps.
+ */
+void
+idem_step_request_in(const IdemRunStore *store, IdemRequest *req,
+					 const char *run_id, const char *step,
+					 const pg_uuid_t *token, IdemResult *result)
+{
 	IdemStatement *stmt;
 	uint8		fingerprint[IDEM_FINGERPRINT_LEN];
 
@@ -401,8 +520,8 @@ idem_step_request(IdemRequest *req, const char *run_id, const char *step,
 	PG_TRY();
 	{
 		idem_statement_fingerprint(stmt, req, fingerprint);
-		run_step_noted(req, stmt, NULL, run_id, step, token, fingerprint,
-					   result);
+		run_step_noted(store, req, stmt, NULL, run_id, step, token,
+					   fingerprint, result);
 	}
 	PG_FINALLY();
 	{
@@ -425,14 +544,8 @@ idem_step(PG_FUNCTION_ARGS)
 	const pg_uuid_t *token = idem_lease_token_setting();
 
 	idem_check_can_write("idem_step()");
-	step_request(fcinfo, &req, &run_id, &step, token);
-	if (PG_ARGISNULL(2))
-		ereport(ERROR,
-				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("statement passed to idem_step() must not be null"),
-				 idem_errhint(ERRCODE_NULL_VALUE_NOT_ALLOWED, NULL)));
-	req.sql = text_to_cstring(PG_GETARG_TEXT_PP(2));
-	idem_collect_args(fcinfo, STEP_FIXED_ARGS, &req);
+	idem_step_args(fcinfo, 0, "idem_step()", token, false, &req, &run_id,
+				   &step);
 	idem_step_request(&req, run_id, step, token, &result);
 	PG_RETURN_JSONB_P(result.response);
 }
@@ -451,8 +564,6 @@ idem_step_complete(PG_FUNCTION_ARGS)
 	IdemRequest req;
 	char	   *run_id;
 	char	   *step;
-	Jsonb	   *result;
-	uint8		fingerprint[IDEM_FINGERPRINT_LEN];
 	IdemResult	out;
 	const pg_uuid_t *token = PG_NARGS() > 3 ?
 		idem_lease_token_arg(fcinfo, 3, false) : NULL;
@@ -460,19 +571,48 @@ idem_step_complete(PG_FUNCTION_ARGS)
 	if (token == NULL)
 		token = idem_lease_token_setting();
 	idem_check_can_write("idem_step_complete()");
-	step_request(fcinfo, &req, &run_id, &step, token);
-	if (PG_ARGISNULL(2))
+	step_request(fcinfo, 0, &req, &run_id, &step, token);
+	idem_step_complete_in(&idem_local_runs, &req, run_id, step, token,
+						  idem_step_result_arg(fcinfo, 2, "idem_step_complete()"),
+						  &out);
+	PG_RETURN_JSONB_P(out.response);
+}
+
+/*
+ * idem_step_result_arg
+ *		The result of an external step passed as argument argno of fname.
+ */
+Jsonb *
+idem_step_result_arg(FunctionCallInfo fcinfo, int argno, const char *fname)
+{
+	Jsonb	   *result;
+
+	if (PG_ARGISNULL(argno))
 		ereport(ERROR,
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("result passed to idem_step_complete() must not be null"),
+				 errmsg("result passed to %s must not be null", fname),
 				 idem_errhint(ERRCODE_NULL_VALUE_NOT_ALLOWED, "Record an empty result as '{}'.")));
-	result = PG_GETARG_JSONB_P(2);
-	idem_check_response_size(result, "idem_step_complete() result");
+	result = PG_GETARG_JSONB_P(argno);
+	idem_check_response_size(result, psprintf("%s result", fname));
+	return result;
+}
+
+/*
+ * idem_step_complete_in
+ *		Record result as the outcome of step of run_id (req made by
+ *		idem_step_key_request()), on the run and records store keeps.
+ */
+void
+idem_step_complete_in(const IdemRunStore *store, IdemRequest *req,
+					  const char *run_id, const char *step,
+					  const pg_uuid_t *token, Jsonb *result, IdemResult *out)
+{
+	uint8		fingerprint[IDEM_FINGERPRINT_LEN];
 
 	idem_value_digest("idem_step_complete", JSONBOID, JsonbPGetDatum(result),
 					  fingerprint);
-	run_step_noted(&req, NULL, result, run_id, step, token, fingerprint, &out);
-	PG_RETURN_JSONB_P(out.response);
+	run_step_noted(store, req, NULL, result, run_id, step, token,
+				   fingerprint, out);
 }
 
 /*
@@ -640,9 +780,12 @@ same_interval(Interval *a, Interval *b)
 											IntervalPGetDatum(b)));
 }
 
-/* A run's fields on no queue: no lease, nothing due. */
-static void
-init_queue_fields(IdemRunRow *run)
+/*
+ * idem_run_init_unqueued
+ *		A run's fields on no queue: no lease, nothing due.
+ */
+void
+idem_run_init_unqueued(IdemRunRow *run)
 {
 	run->queue = NULL;
 	run->queue_state = NULL;
@@ -697,32 +840,12 @@ begin_differs(IdemRunRow *run, IdemRunRow *asked)
 Datum
 idem_run_begin(PG_FUNCTION_ARGS)
 {
-	char	   *run_id;
-	ArrayType  *steps = NULL;
-	Jsonb	   *input = NULL;
-	Oid			owner = idem_key_owner();
-	char	   *lockkey;
 	IdemRunRow	run;
 	IdemRunRow	asked;
 	IdemQueue	queue;
-	bool		created = false;
-	TupleDesc	tupdesc;
-	Datum		values[4];
-	bool		nulls[4] = {false, false, false, false};
-	char	   *next;
 
-	if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE)
-		elog(ERROR, "return type must be a row type");
 	idem_check_can_write("idem_run_begin()");
-	run_id = idem_name_arg(fcinfo, 0, "run id");
-	if (!PG_ARGISNULL(1))
-		steps = checked_steps(PG_GETARG_ARRAYTYPE_P(1), run_id);
-	if (!PG_ARGISNULL(2))
-	{
-		input = PG_GETARG_JSONB_P(2);
-		idem_check_response_size(input, "run input");
-	}
-	init_queue_fields(&asked);
+	idem_run_begin_args(fcinfo, 0, &asked);
 	if (PG_NARGS() > 7)
 	{
 		idem_queue_check_policy(fcinfo, 4, 5, 6, 7);
@@ -740,8 +863,6 @@ idem_run_begin(PG_FUNCTION_ARGS)
 		asked.backoff_cap = PG_ARGISNULL(6) ? NULL : PG_GETARG_INTERVAL_P(6);
 		asked.jitter = PG_ARGISNULL(7) ? NULL : text_to_cstring(PG_GETARG_TEXT_PP(7));
 	}
-	asked.steps = steps;
-	asked.input = input;
 	if (asked.queue != NULL)
 		idem_queue_check(asked.queue, GetUserId(), QUEUE_PRODUCE, &queue);
 	/*
@@ -749,30 +870,68 @@ idem_run_begin(PG_FUNCTION_ARGS)
 	 * declared steps only idem_run_complete() would, and it takes no lease
 	 * token, so the run would be claimed until its attempts ran out.
 	 */
-	if (asked.queue != NULL && steps == NULL)
+	if (asked.queue != NULL && asked.steps == NULL)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("a run on a queue needs declared steps"),
 				 errdetail("Run \"%s\" has no steps: its worker could never complete it.",
-						   run_id),
+						   asked.run_id),
 				 idem_errhint(ERRCODE_INVALID_PARAMETER_VALUE, "Pass the run's steps, or begin it on no queue and complete it with idem_run_complete().")));
 
-	lockkey = idem_run_lock_key(run_id);
-	idem_lock_key(owner, lockkey, strlen(lockkey), idem_wait);
-	if (idem_lookup_run(owner, run_id, &run))
+	PG_RETURN_DATUM(idem_run_begin_result(fcinfo, &run,
+										  idem_run_begin_in(&idem_local_runs,
+															idem_key_owner(),
+															&asked, &run)));
+}
+
+/*
+ * idem_run_begin_args
+ *		What idem_run_begin() asks for on no queue, from its arguments
+ *		(run_id, steps, input) starting at first, checked.
+ */
+void
+idem_run_begin_args(FunctionCallInfo fcinfo, int first, IdemRunRow *asked)
+{
+	idem_run_init_unqueued(asked);
+	asked->run_id = idem_name_arg(fcinfo, first, "run id");
+	asked->steps = NULL;
+	asked->input = NULL;
+	if (!PG_ARGISNULL(first + 1))
+		asked->steps = checked_steps(PG_GETARG_ARRAYTYPE_P(first + 1),
+									 asked->run_id);
+	if (!PG_ARGISNULL(first + 2))
+	{
+		asked->input = PG_GETARG_JSONB_P(first + 2);
+		idem_check_response_size(asked->input, "run input");
+	}
+}
+
+/*
+ * idem_run_begin_in
+ *		Begin the run asked for (by idem_run_begin_args(), and its queue)
+ *		as owner's in store, or find it begun with the same arguments;
+ *		another run under its id is ID422.  Fills run; true if it began it.
+ */
+bool
+idem_run_begin_in(const IdemRunStore *store, Oid owner, IdemRunRow *asked,
+				  IdemRunRow *run)
+{
+	const char *run_id = asked->run_id;
+
+	if (store->lock_and_read(store, owner, run_id, run))
 	{
 		const char *differs;
 
-		idem_check_run_visible(&run);
-		differs = begin_differs(&run, &asked);
+		idem_check_run_visible(run);
+		differs = begin_differs(run, asked);
 		if (differs != NULL)
 		{
 			IdemRequest req;
 
 			/* counted and audited as a key's mismatch is, under the run's lock key */
 			req.owner = owner;
-			req.key = lockkey;
-			req.keylen = strlen(lockkey);
+			req.key = idem_run_lock_key(run_id);
+			req.keylen = strlen(req.key);
 			req.nargs = 0;
 			idem_note_outcome(IDEM_OUTCOME_MISMATCH, &req, NULL, run_id, NULL,
 							  ERRCODE_IDEM_KEY_REUSED);
@@ -783,37 +942,48 @@ idem_run_begin(PG_FUNCTION_ARGS)
 					 errdetail("A run id names one run: its steps, input, queue and retry policy are fixed when it begins."),
 					 idem_errhint(ERRCODE_IDEM_KEY_REUSED, "Use a new run id for a new run.")));
 		}
+		return false;
 	}
-	else
+	*run = *asked;
+	run->owner = owner;
+	run->status = "running";
+	run->started_at = GetCurrentTransactionStartTimestamp();
+	run->finished = false;
+	run->finished_at = 0;
+	run->last_error = NULL;
+	run->done_steps = construct_empty_array(TEXTOID);
+	run->attempts = construct_empty_array(INT4OID);
+	if (run->queue != NULL)
 	{
-		run = asked;
-		run.owner = owner;
-		run.run_id = run_id;
-		run.status = "running";
-		run.started_at = GetCurrentTransactionStartTimestamp();
-		run.finished = false;
-		run.finished_at = 0;
-		run.last_error = NULL;
-		run.done_steps = construct_empty_array(TEXTOID);
-		run.attempts = construct_empty_array(INT4OID);
-		if (run.queue != NULL)
-		{
-			run.queue_state = "ready";
-			run.due_at = run.started_at;
-			idem_queue_wake(run.queue);
-		}
-		idem_insert_run(&run);
-		created = true;
+		run->queue_state = "ready";
+		run->due_at = run->started_at;
+		idem_queue_wake(run->queue);
 	}
+	store->insert_run(store, run);
+	return true;
+}
 
-	values[0] = CStringGetTextDatum(run.status);
-	next = idem_run_next_step(&run);
+/*
+ * idem_run_begin_result
+ *		idem_run_begin()'s row: (status, next_step, created, started_at).
+ */
+Datum
+idem_run_begin_result(FunctionCallInfo fcinfo, IdemRunRow *run, bool created)
+{
+	TupleDesc	tupdesc;
+	Datum		values[4];
+	bool		nulls[4] = {false, false, false, false};
+	char	   *next = idem_run_next_step(run);
+
+	if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE)
+		elog(ERROR, "return type must be a row type");
+	values[0] = CStringGetTextDatum(run->status);
 	nulls[1] = next == NULL;
 	values[1] = next ? CStringGetTextDatum(next) : (Datum) 0;
 	values[2] = BoolGetDatum(created);
-	values[3] = TimestampTzGetDatum(run.started_at);
-	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(BlessTupleDesc(tupdesc),
-													  values, nulls)));
+	values[3] = TimestampTzGetDatum(run->started_at);
+	return HeapTupleGetDatum(heap_form_tuple(BlessTupleDesc(tupdesc), values,
+											 nulls));
 }
 
 /*
@@ -841,19 +1011,36 @@ set_run_status(FunctionCallInfo fcinfo, const char *verb, int owner_argno)
 {
 	Oid			owner;
 	char	   *run_id;
-	IdemRunRow	run;
-	TimestampTz now = GetCurrentTransactionStartTimestamp();
-	const char *action = NULL;
 
 	idem_check_can_write(psprintf("idem_run_%s()", verb));
 	run_id = idem_name_arg(fcinfo, 0, "run id");
 	owner = owner_argno < 0 ? idem_key_owner() :
 		idem_run_owner_arg(fcinfo, owner_argno, verb);
-	idem_lock_run(owner, run_id, &run);
+	PG_RETURN_TEXT_P(cstring_to_text(idem_run_set_status_in(&idem_local_runs,
+															 fcinfo, verb,
+															 owner, run_id,
+															 1)));
+}
+
+/*
+ * idem_run_set_status_in
+ *		Fail, resume or complete (verb) owner's run run_id in store, failing
+ *		it with the reason in argument reason_arg; returns the new status.
+ */
+char *
+idem_run_set_status_in(const IdemRunStore *store, FunctionCallInfo fcinfo,
+					   const char *verb, Oid owner, const char *run_id,
+					   int reason_arg)
+{
+	IdemRunRow	run;
+	TimestampTz now = GetCurrentTransactionStartTimestamp();
+	const char *action = NULL;
+
+	idem_run_lock_in(store, owner, run_id, &run);
 
 	if (strcmp(verb, "fail") == 0)
 	{
-		if (PG_ARGISNULL(1))
+		if (PG_ARGISNULL(reason_arg))
 			ereport(ERROR,
 					(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
 					 errmsg("reason passed to idem_run_fail() must not be null"),
@@ -862,7 +1049,7 @@ set_run_status(FunctionCallInfo fcinfo, const char *verb, int owner_argno)
 		if (strcmp(run.status, "completed") == 0 ||
 			strcmp(run.status, "cancelled") == 0)
 			report_not_running(&run);
-		run.last_error = text_to_cstring(PG_GETARG_TEXT_PP(1));
+		run.last_error = text_to_cstring(PG_GETARG_TEXT_PP(reason_arg));
 		run.status = "failed";
 		run.finished = true;
 		run.finished_at = now;
@@ -908,10 +1095,10 @@ set_run_status(FunctionCallInfo fcinfo, const char *verb, int owner_argno)
 			leave_queue(&run, "completed", NULL);
 		}
 	}
-	idem_update_run(&run);
+	store->update_run(store, &run);
 	if (action != NULL)
 		idem_audit_run_action(owner, run_id, action);
-	PG_RETURN_TEXT_P(cstring_to_text(run.status));
+	return run.status;
 }
 
 /* idem_run_fail(run_id text, reason text, owner regrole) returns text */
@@ -955,27 +1142,39 @@ idem_run_status(PG_FUNCTION_ARGS)
 	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
 	IdemRunRow	run;
 	Datum		values[8];
-	bool		nulls[8] = {0};
-	char	   *next;
+	bool		nulls[8];
 
 	InitMaterializedSRF(fcinfo, 0);
 	read_run(fcinfo, &run);
-	next = idem_run_next_step(&run);
-	values[0] = CStringGetTextDatum(run.status);
-	nulls[1] = next == NULL;
-	values[1] = next ? CStringGetTextDatum(next) : (Datum) 0;
-	values[2] = Int32GetDatum(run_ndone(&run));
-	nulls[3] = run.steps == NULL;
-	values[3] = Int32GetDatum(run_nsteps(&run));
-	values[4] = TimestampTzGetDatum(run.started_at);
-	nulls[5] = !run.finished;
-	values[5] = TimestampTzGetDatum(run.finished_at);
-	nulls[6] = run.last_error == NULL;
-	values[6] = run.last_error ? CStringGetTextDatum(run.last_error) : (Datum) 0;
-	nulls[7] = run.input == NULL;
-	values[7] = JsonbPGetDatum(run.input);
+	idem_run_status_values(&run, values, nulls);
 	tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
 	return (Datum) 0;
+}
+
+/*
+ * idem_run_status_values
+ *		idem_run_status()'s row of run: (status, next_step, steps_done,
+ *		steps_total, started_at, finished_at, last_error, input).
+ */
+void
+idem_run_status_values(IdemRunRow *run, Datum *values, bool *nulls)
+{
+	char	   *next = idem_run_next_step(run);
+
+	memset(nulls, 0, 8 * sizeof(bool));
+	values[0] = CStringGetTextDatum(run->status);
+	nulls[1] = next == NULL;
+	values[1] = next ? CStringGetTextDatum(next) : (Datum) 0;
+	values[2] = Int32GetDatum(run_ndone(run));
+	nulls[3] = run->steps == NULL;
+	values[3] = Int32GetDatum(run_nsteps(run));
+	values[4] = TimestampTzGetDatum(run->started_at);
+	nulls[5] = !run->finished;
+	values[5] = TimestampTzGetDatum(run->finished_at);
+	nulls[6] = run->last_error == NULL;
+	values[6] = run->last_error ? CStringGetTextDatum(run->last_error) : (Datum) 0;
+	nulls[7] = run->input == NULL;
+	values[7] = JsonbPGetDatum(run->input);
 }
 
 /*
@@ -1094,13 +1293,11 @@ complete_leased_step(const char *run_id, const char *step,
 					 const pg_uuid_t *token, Jsonb *result)
 {
 	IdemRequest req;
-	uint8		fingerprint[IDEM_FINGERPRINT_LEN];
 	IdemResult	out;
 
 	idem_step_key_request(run_id, step, token, &req);
-	idem_value_digest("idem_step_complete", JSONBOID, JsonbPGetDatum(result),
-					  fingerprint);
-	run_step_noted(&req, NULL, result, run_id, step, token, fingerprint, &out);
+	idem_step_complete_in(&idem_local_runs, &req, run_id, step, token, result,
+						  &out);
 	return out.response;
 }
 

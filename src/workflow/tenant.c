@@ -13,12 +13,20 @@
  *		outbox event to that transaction, in idem.outbox of that node;
  *		idem_citus_call_with() takes idem_call()'s options as arguments,
  *		which Citus carries there as it does not the session's settings.
+ *		Tenant runs: idem_citus_run_begin(), idem_citus_step(),
+ *		idem_citus_step_with(), idem_citus_step_complete(),
+ *		idem_citus_run_status() and the run verbs (fail, resume, complete,
+ *		cancel) of the role's own runs, and idem_citus_run_purge() of
+ *		finished runs: run.c's runs and steps on a store (IdemRunStore)
+ *		that keeps the run in idem.citus_runs and its steps' records in
+ *		idem.citus_keys, on the tenant's shards.
  *
- * The table and the function are made here rather than by the extension's
- * script because their types come from the distributed table.  Declaring
- * the same colocation again changes nothing; another is refused while
- * idem.citus_keys holds records (they would stay on the old group's
- * shards).
+ * The tables and the functions are made here rather than by the
+ * extension's script because their types come from the distributed table.
+ * Declaring the same colocation again changes nothing but to add what a
+ * colocation declared before tenant runs lacks; another is refused while
+ * idem.citus_keys or idem.citus_runs holds records (they would stay on the
+ * old group's shards).
  *
  * The key record is read and written on the tenant's shard of
  * idem.citus_keys on this node, directly (as the table's owner: callers
@@ -76,6 +84,15 @@ PG_FUNCTION_INFO_V1(idem_citus_colocate);
 PG_FUNCTION_INFO_V1(idem_citus_call);
 PG_FUNCTION_INFO_V1(idem_citus_call_outbox);
 PG_FUNCTION_INFO_V1(idem_citus_call_with);
+PG_FUNCTION_INFO_V1(idem_citus_run_begin);
+PG_FUNCTION_INFO_V1(idem_citus_step);
+PG_FUNCTION_INFO_V1(idem_citus_step_with);
+PG_FUNCTION_INFO_V1(idem_citus_step_complete);
+PG_FUNCTION_INFO_V1(idem_citus_run_status);
+PG_FUNCTION_INFO_V1(idem_citus_run_fail);
+PG_FUNCTION_INFO_V1(idem_citus_run_resume);
+PG_FUNCTION_INFO_V1(idem_citus_run_complete);
+PG_FUNCTION_INFO_V1(idem_citus_run_cancel);
 
 static void
 run_sql(const char *sql, int nargs, Oid *types, Datum *values, int expect)
@@ -136,41 +153,201 @@ func_probin(Oid fn)
 	return probin;
 }
 
+/* Whether one of idem's tables is empty. */
 static bool
-citus_keys_empty(void)
+citus_table_empty(const char *table)
 {
-	run_sql("SELECT count(*) OPERATOR(pg_catalog.=) 0"
-			" FROM (SELECT 1 FROM idem.citus_keys LIMIT 1) k", 0, NULL, NULL,
-			SPI_OK_SELECT);
+	run_sql(psprintf("SELECT count(*) OPERATOR(pg_catalog.=) 0"
+					 " FROM (SELECT 1 FROM %s LIMIT 1) k", table),
+			0, NULL, NULL, SPI_OK_SELECT);
 	return DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0],
 									  SPI_tuptable->tupdesc, 1, &(bool){0}));
 }
 
+static Oid
+citus_runs_relid(void)
+{
+	return get_relname_relid("citus_runs", get_namespace_oid("idem", false));
+}
+
+/* What a tenant call returns, as idem_execute_ex() does. */
+#define CALL_RESULT "OUT response pg_catalog.jsonb, OUT replayed boolean," \
+	" OUT first_executed_at timestamptz"
+
 /*
  * The functions idem_citus_colocate() makes, after their tenant argument:
- * each is made with and without the statement's arguments, and Citus
- * delegates each by its tenant.
+ * a call is made with and without the statement's arguments, and Citus
+ * delegates each by its tenant.  Those of tenant runs are marked: a
+ * colocation declared before they existed gets them when it is declared
+ * again.
  */
 static const struct
 {
 	const char *name;
-	const char *params;
-	const char *args;			/* params' types, for DROP and regprocedure */
+	const char *params;			/* after the tenant, OUT parameters included */
+	const char *args;			/* the input parameters' types, for DROP and
+								 * regprocedure */
+	const char *returns;
 	const char *symbol;
+	bool		run;
 }			citus_calls[] = {
-	{"idem_citus_call", "key text, sql text", "text, text", "idem_citus_call"},
-	{"idem_citus_call", "key text, sql text, VARIADIC args \"any\"",
-	"text, text, \"any\"", "idem_citus_call"},
-	{"idem_citus_call_outbox", "outbox_topic text, key text, sql text",
-	"text, text, text", "idem_citus_call_outbox"},
+	{"idem_citus_call", "key text, sql text, " CALL_RESULT, "text, text",
+	"record", "idem_citus_call", false},
+	{"idem_citus_call", "key text, sql text, VARIADIC args \"any\", " CALL_RESULT,
+	"text, text, \"any\"", "record", "idem_citus_call", false},
+	{"idem_citus_call_outbox", "outbox_topic text, key text, sql text, " CALL_RESULT,
+	"text, text, text", "record", "idem_citus_call_outbox", false},
 	{"idem_citus_call_outbox",
-		"outbox_topic text, key text, sql text, VARIADIC args \"any\"",
-	"text, text, text, \"any\"", "idem_citus_call_outbox"},
+		"outbox_topic text, key text, sql text, VARIADIC args \"any\", " CALL_RESULT,
+	"text, text, text, \"any\"", "record", "idem_citus_call_outbox", false},
 	{"idem_citus_call_with",
 		"key text, sql text, args text[] DEFAULT '{}', outbox_topic text DEFAULT NULL,"
-		" ttl interval DEFAULT NULL, wait boolean DEFAULT NULL",
-	"text, text, text[], text, interval, boolean", "idem_citus_call_with"},
+		" ttl interval DEFAULT NULL, wait boolean DEFAULT NULL, " CALL_RESULT,
+	"text, text, text[], text, interval, boolean", "record",
+	"idem_citus_call_with", false},
+	{"idem_citus_run_begin",
+		"run_id text, steps text[] DEFAULT NULL, input pg_catalog.jsonb DEFAULT NULL,"
+		" OUT status text, OUT next_step text, OUT created boolean,"
+		" OUT started_at timestamptz",
+	"text, text[], pg_catalog.jsonb", "record", "idem_citus_run_begin", true},
+	{"idem_citus_step", "run_id text, step text, sql text, " CALL_RESULT,
+	"text, text, text", "record", "idem_citus_step", true},
+	{"idem_citus_step",
+		"run_id text, step text, sql text, VARIADIC args \"any\", " CALL_RESULT,
+	"text, text, text, \"any\"", "record", "idem_citus_step", true},
+	{"idem_citus_step_with",
+		"run_id text, step text, sql text, args text[] DEFAULT '{}',"
+		" outbox_topic text DEFAULT NULL, wait boolean DEFAULT NULL, " CALL_RESULT,
+	"text, text, text, text[], text, boolean", "record", "idem_citus_step_with",
+	true},
+	{"idem_citus_step_complete",
+		"run_id text, step text, result pg_catalog.jsonb, " CALL_RESULT,
+	"text, text, pg_catalog.jsonb", "record", "idem_citus_step_complete", true},
+	{"idem_citus_run_status",
+		"run_id text, OUT status text, OUT next_step text, OUT steps_done integer,"
+		" OUT steps_total integer, OUT started_at timestamptz,"
+		" OUT finished_at timestamptz, OUT last_error text,"
+		" OUT input pg_catalog.jsonb",
+	"text", "record", "idem_citus_run_status", true},
+	{"idem_citus_run_fail", "run_id text, reason text", "text, text", "text",
+	"idem_citus_run_fail", true},
+	{"idem_citus_run_resume", "run_id text", "text", "text",
+	"idem_citus_run_resume", true},
+	{"idem_citus_run_complete", "run_id text", "text", "text",
+	"idem_citus_run_complete", true},
+	{"idem_citus_run_cancel", "run_id text, reason text DEFAULT NULL",
+	"text, text", "text", "idem_citus_run_cancel", true},
 };
+
+/*
+ * Create idem.citus_keys (unless runs_only), idem.citus_runs and the
+ * functions (those of runs only, with runs_only), co-located with qtable
+ * and distributed by a tenant of type typname.
+ */
+static void
+create_tenant_objects(const char *nsp, const char *typname,
+					  const char *qtable, const char *probin, bool runs_only)
+{
+	StringInfoData sql;
+	Oid			types[1] = {TEXTOID};
+	Datum		values[1];
+
+	initStringInfo(&sql);
+	/* the tenant first: Citus wants it in the primary key */
+	if (!runs_only)
+		appendStringInfo(&sql,
+						 "CREATE TABLE idem.citus_keys ("
+						 " tenant %s NOT NULL,"
+						 " owner pg_catalog.regrole NOT NULL,"
+						 " key pg_catalog.text COLLATE \"C\" NOT NULL,"
+						 " fingerprint pg_catalog.bytea NOT NULL,"
+						 " fingerprint_version pg_catalog.int2 NOT NULL,"
+						 " response pg_catalog.jsonb NOT NULL,"
+						 " created_at pg_catalog.timestamptz NOT NULL,"
+						 " expires_at pg_catalog.timestamptz NOT NULL,"
+						 " CONSTRAINT citus_keys_pkey PRIMARY KEY (tenant, owner, key));"
+						 "REVOKE ALL ON idem.citus_keys FROM PUBLIC;",
+						 typname);
+	/* idem.runs' columns for a run on no queue */
+	appendStringInfo(&sql,
+					 "CREATE TABLE idem.citus_runs ("
+					 " tenant %s NOT NULL,"
+					 " owner pg_catalog.regrole NOT NULL,"
+					 " run_id pg_catalog.text COLLATE \"C\" NOT NULL,"
+					 " steps pg_catalog.text[] COLLATE \"C\","
+					 " input pg_catalog.jsonb,"
+					 " status pg_catalog.text NOT NULL,"
+					 " started_at pg_catalog.timestamptz NOT NULL,"
+					 " finished_at pg_catalog.timestamptz,"
+					 " last_error pg_catalog.text,"
+					 " done_steps pg_catalog.text[] COLLATE \"C\" NOT NULL,"
+					 " attempts pg_catalog.int4[] NOT NULL,"
+					 " CONSTRAINT citus_runs_pkey PRIMARY KEY (tenant, owner, run_id),"
+					 " CONSTRAINT citus_runs_status_check CHECK (status OPERATOR(pg_catalog.=)"
+					 " ANY ('{running,completed,failed,cancelled}'::pg_catalog.text[])));"
+					 "REVOKE ALL ON idem.citus_runs FROM PUBLIC;",
+					 typname);
+
+	/*
+	 * idem_run_purge() for tenant runs, an administrator's.  Each run's
+	 * record and its steps' are on its tenant's node, where no lock of the
+	 * run can be tried from here: the run's row is deleted only if it is
+	 * still finished once its row lock is had (a run resumed meanwhile
+	 * stays), and a verb that loses its run to the purge finds none
+	 * (ID404).  Multi-shard, so Citus commits it in two phases.
+	 */
+	appendStringInfo(&sql,
+					 "CREATE FUNCTION %s.idem_citus_run_purge(finished_before timestamptz)"
+					 " RETURNS bigint LANGUAGE plpgsql STRICT"
+					 " SET search_path = pg_catalog, pg_temp AS $purge$"
+					 " DECLARE r record; n bigint := 0; step_keys text[];"
+					 " BEGIN"
+					 "  FOR r IN DELETE FROM idem.citus_runs"
+					 "    WHERE status OPERATOR(pg_catalog.<>) 'running'"
+					 "      AND finished_at OPERATOR(pg_catalog.<) finished_before"
+					 "    RETURNING tenant, owner, run_id, done_steps LOOP"
+					 "   step_keys := ARRAY(SELECT %s.idem_step_key(r.run_id, s.step)"
+					 "     FROM pg_catalog.unnest(r.done_steps) AS s(step));"
+					 "   DELETE FROM idem.citus_keys k"
+					 "    WHERE k.tenant OPERATOR(pg_catalog.=) r.tenant"
+					 "      AND k.owner OPERATOR(pg_catalog.=) r.owner"
+					 "      AND k.key OPERATOR(pg_catalog.=) ANY (step_keys);"
+					 "   n := n + 1;"
+					 "  END LOOP;"
+					 "  RETURN n;"
+					 " END $purge$;"
+					 "REVOKE ALL ON FUNCTION %s.idem_citus_run_purge(timestamptz) FROM PUBLIC",
+					 nsp, nsp, nsp);
+	run_sql(sql.data, 0, NULL, NULL, SPI_OK_UTILITY);
+
+	values[0] = CStringGetTextDatum(qtable);
+	if (!runs_only)
+		run_sql("SELECT pg_catalog.create_distributed_table('idem.citus_keys', 'tenant',"
+				" colocate_with => $1)", 1, types, values, SPI_OK_SELECT);
+	run_sql("SELECT pg_catalog.create_distributed_table('idem.citus_runs', 'tenant',"
+			" colocate_with => $1)", 1, types, values, SPI_OK_SELECT);
+
+	/* the C functions serving this one serve the calls too */
+	for (int i = 0; i < lengthof(citus_calls); i++)
+	{
+		if (runs_only && !citus_calls[i].run)
+			continue;
+		resetStringInfo(&sql);
+		appendStringInfo(&sql,
+						 "CREATE FUNCTION %s.%s(tenant %s, %s) RETURNS %s"
+						 " AS %s, '%s' LANGUAGE C VOLATILE PARALLEL UNSAFE",
+						 nsp, citus_calls[i].name, typname,
+						 citus_calls[i].params, citus_calls[i].returns,
+						 probin, citus_calls[i].symbol);
+		run_sql(sql.data, 0, NULL, NULL, SPI_OK_UTILITY);
+		values[0] = CStringGetTextDatum(psprintf("%s.%s(%s, %s)", nsp,
+												 citus_calls[i].name, typname,
+												 citus_calls[i].args));
+		run_sql("SELECT pg_catalog.create_distributed_function($1::pg_catalog.regprocedure,"
+				" 'tenant', colocate_with => 'idem.citus_keys', force_delegation => true)",
+				1, types, values, SPI_OK_SELECT);
+	}
+}
 
 /*
  * idem_citus_colocate(distributed_table regclass) returns void
@@ -181,6 +358,7 @@ idem_citus_colocate(PG_FUNCTION_ARGS)
 	const char *fname = "idem_citus_colocate()";
 	Oid			table = PG_GETARG_OID(0);
 	Oid			keys_rel;
+	Oid			runs_rel;
 	Oid			type;
 	int32		colocation;
 	Oid			fn_nsp = get_func_namespace(fcinfo->flinfo->fn_oid);
@@ -188,8 +366,6 @@ idem_citus_colocate(PG_FUNCTION_ARGS)
 	char	   *typname;
 	char	   *qtable;
 	StringInfoData sql;
-	Oid			types[1];
-	Datum		values[1];
 	char	   *probin;
 	int			nestlevel;
 
@@ -219,7 +395,14 @@ idem_citus_colocate(PG_FUNCTION_ARGS)
 				 errdetail("idem's records follow a colocation group of tables distributed by a column."),
 				 idem_errhint(ERRCODE_IDEM_CITUS_MISMATCH, "Pass a table made with create_distributed_table(table, column).")));
 
+	nsp = quote_identifier(get_namespace_name(fn_nsp));
+	typname = format_type_be_qualified(type);
+	qtable = quote_qualified_identifier(get_namespace_name(get_rel_namespace(table)),
+										get_rel_name(table));
+	probin = quote_literal_cstr(func_probin(fcinfo->flinfo->fn_oid));
+
 	keys_rel = idem_citus_keys_relid();
+	runs_rel = citus_runs_relid();
 	if (OidIsValid(keys_rel))
 	{
 		Oid			keys_type;
@@ -228,23 +411,22 @@ idem_citus_colocate(PG_FUNCTION_ARGS)
 		if (distribution_of(keys_rel, &keys_type, &keys_colocation) &&
 			keys_colocation == colocation)
 		{
+			/* declared by a version without tenant runs: they follow too */
+			if (!OidIsValid(runs_rel))
+				create_tenant_objects(nsp, typname, qtable, probin, true);
 			SPI_finish();
 			AtEOXact_GUC(true, nestlevel);
 			PG_RETURN_VOID();
 		}
-		if (!citus_keys_empty())
+		if (!citus_table_empty("idem.citus_keys") ||
+			(OidIsValid(runs_rel) && !citus_table_empty("idem.citus_runs")))
 			ereport(ERROR,
 					(errcode(ERRCODE_IDEM_CITUS_MISMATCH),
 					 errmsg("idem's records already follow another colocation group"),
-					 errdetail("idem.citus_keys holds key records of the colocation it was declared with."),
-					 idem_errhint(ERRCODE_IDEM_CITUS_MISMATCH, "Keep the declared colocation, or purge idem.citus_keys first.")));
+					 errdetail("idem.citus_keys or idem.citus_runs holds records of the colocation it was declared with."),
+					 idem_errhint(ERRCODE_IDEM_CITUS_MISMATCH, "Keep the declared colocation, or empty idem.citus_keys and idem.citus_runs first.")));
 	}
 
-	nsp = quote_identifier(get_namespace_name(fn_nsp));
-	typname = format_type_be_qualified(type);
-	qtable = quote_qualified_identifier(get_namespace_name(get_rel_namespace(table)),
-										get_rel_name(table));
-	probin = quote_literal_cstr(func_probin(fcinfo->flinfo->fn_oid));
 	initStringInfo(&sql);
 	if (OidIsValid(keys_rel))
 	{
@@ -254,53 +436,12 @@ idem_citus_colocate(PG_FUNCTION_ARGS)
 			appendStringInfo(&sql, "DROP FUNCTION IF EXISTS %s.%s(%s, %s);",
 							 nsp, citus_calls[i].name, old_type,
 							 citus_calls[i].args);
-		appendStringInfoString(&sql, "DROP TABLE idem.citus_keys");
+		appendStringInfo(&sql, "DROP FUNCTION IF EXISTS %s.idem_citus_run_purge(timestamptz);"
+						 "DROP TABLE idem.citus_keys;"
+						 "DROP TABLE IF EXISTS idem.citus_runs", nsp);
 		run_sql(sql.data, 0, NULL, NULL, SPI_OK_UTILITY);
-		resetStringInfo(&sql);
 	}
-
-	/* the tenant first: Citus wants it in the primary key */
-	appendStringInfo(&sql,
-					 "CREATE TABLE idem.citus_keys ("
-					 " tenant %s NOT NULL,"
-					 " owner pg_catalog.regrole NOT NULL,"
-					 " key pg_catalog.text COLLATE \"C\" NOT NULL,"
-					 " fingerprint pg_catalog.bytea NOT NULL,"
-					 " fingerprint_version pg_catalog.int2 NOT NULL,"
-					 " response pg_catalog.jsonb NOT NULL,"
-					 " created_at pg_catalog.timestamptz NOT NULL,"
-					 " expires_at pg_catalog.timestamptz NOT NULL,"
-					 " CONSTRAINT citus_keys_pkey PRIMARY KEY (tenant, owner, key));"
-					 "REVOKE ALL ON idem.citus_keys FROM PUBLIC",
-					 typname);
-	run_sql(sql.data, 0, NULL, NULL, SPI_OK_UTILITY);
-
-	types[0] = TEXTOID;
-	values[0] = CStringGetTextDatum(qtable);
-	run_sql("SELECT pg_catalog.create_distributed_table('idem.citus_keys', 'tenant',"
-			" colocate_with => $1)", 1, types, values, SPI_OK_SELECT);
-
-	/* the C functions serving this one serve the calls too */
-	for (int i = 0; i < lengthof(citus_calls); i++)
-	{
-		resetStringInfo(&sql);
-		appendStringInfo(&sql,
-						 "CREATE FUNCTION %s.%s(tenant %s, %s,"
-						 " OUT response pg_catalog.jsonb, OUT replayed boolean,"
-						 " OUT first_executed_at timestamptz) RETURNS record"
-						 " AS %s, '%s' LANGUAGE C VOLATILE PARALLEL UNSAFE",
-						 nsp, citus_calls[i].name, typname,
-						 citus_calls[i].params, probin,
-						 citus_calls[i].symbol);
-		run_sql(sql.data, 0, NULL, NULL, SPI_OK_UTILITY);
-		types[0] = TEXTOID;
-		values[0] = CStringGetTextDatum(psprintf("%s.%s(%s, %s)", nsp,
-												 citus_calls[i].name, typname,
-												 citus_calls[i].args));
-		run_sql("SELECT pg_catalog.create_distributed_function($1::pg_catalog.regprocedure,"
-				" 'tenant', colocate_with => 'idem.citus_keys', force_delegation => true)",
-				1, types, values, SPI_OK_SELECT);
-	}
+	create_tenant_objects(nsp, typname, qtable, probin, false);
 
 	SPI_finish();
 	AtEOXact_GUC(true, nestlevel);
@@ -321,16 +462,19 @@ rel_owner(Oid relid)
 }
 
 /*
- * The statements on the tenant's shard of idem.citus_keys.  They name the
- * shard's relation on this node: Citus would plan them as distributed
- * queries and plan the local shard's query again on every call, most of a
- * call's cost.  The shard is safe to use directly once the call holds
- * Citus's shard metadata lock (what Citus's own writers take), which a
- * shard move waits for before it switches the shard to another node.
+ * The statements on the tenant's shards of idem.citus_keys and
+ * idem.citus_runs.  They name the shard's relation on this node: Citus
+ * would plan them as distributed queries and plan the local shard's query
+ * again on every call, most of a call's cost.  The shards are safe to use
+ * directly once the call holds Citus's shard metadata lock of the
+ * tenant's idem.citus_keys shard (what Citus's own writers take), which a
+ * move of the colocation group waits for before it switches the group's
+ * shards to another node.
  */
 typedef enum KeysSql
 {
 	KEYS_LOOKUP, KEYS_DELETE, KEYS_INSERT,
+	RUNS_LOOKUP, RUNS_INSERT, RUNS_UPDATE,
 	KEYS_SQL_COUNT
 } KeysSql;
 
@@ -434,6 +578,31 @@ keys_plan(KeysSql which, Oid relid, Oid tenant_type, int nargs, Oid *types)
 							 " fingerprint_version, response, created_at, expires_at)"
 							 " VALUES ($1, $2, $3, $4, $5, $6, $7, $8)", rel);
 			break;
+		case RUNS_LOOKUP:
+			appendStringInfo(&sql,
+							 "SELECT r.steps, r.input, r.status, r.started_at,"
+							 " r.finished_at, r.last_error, r.done_steps, r.attempts"
+							 " FROM %s r"
+							 " WHERE r.tenant OPERATOR(pg_catalog.=) $1"
+							 " AND r.owner OPERATOR(pg_catalog.=) $2"
+							 " AND r.run_id OPERATOR(pg_catalog.=) $3", rel);
+			break;
+		case RUNS_INSERT:
+			appendStringInfo(&sql,
+							 "INSERT INTO %s (tenant, owner, run_id, status,"
+							 " finished_at, last_error, done_steps, attempts, steps,"
+							 " input, started_at)"
+							 " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+							 rel);
+			break;
+		case RUNS_UPDATE:
+			appendStringInfo(&sql,
+							 "UPDATE %s r SET status = $4, finished_at = $5,"
+							 " last_error = $6, done_steps = $7, attempts = $8"
+							 " WHERE r.tenant OPERATOR(pg_catalog.=) $1"
+							 " AND r.owner OPERATOR(pg_catalog.=) $2"
+							 " AND r.run_id OPERATOR(pg_catalog.=) $3", rel);
+			break;
 		case KEYS_SQL_COUNT:
 			elog(ERROR, "unexpected statement");
 	}
@@ -449,16 +618,17 @@ keys_plan(KeysSql which, Oid relid, Oid tenant_type, int nargs, Oid *types)
 }
 
 /*
- * One statement on idem.citus_keys (relid: the shard's relation, or
- * InvalidOid for the statements on Citus's catalog), run as the table's
- * owner: callers have no rights on it.  Writes to a shard are Citus's to
- * make unless citus.enable_manual_changes_to_shards, set for them alone.
- * read_only false takes a new snapshot (READ COMMITTED): the lookup after
- * the key's lock sees a record committed while it waited.
+ * One statement on a shard of idem.citus_keys or idem.citus_runs (relid:
+ * the shard's relation), run as the tables' owner (idem_citus_colocate()
+ * made both): callers have no rights on them.  Writes to a shard are
+ * Citus's to make unless citus.enable_manual_changes_to_shards, set for
+ * them alone.  read_only false takes a new snapshot (READ COMMITTED): the
+ * lookup after the key's lock sees a record committed while it waited.
  */
 static void
 run_keys_sql(KeysSql which, Oid relid, Oid keys_owner, Oid tenant_type,
-			 int nargs, Oid *types, Datum *values, bool read_only)
+			 int nargs, Oid *types, Datum *values, const char *nulls,
+			 bool read_only)
 {
 	SPIPlanPtr	plan;
 	Oid			save_userid;
@@ -466,7 +636,7 @@ run_keys_sql(KeysSql which, Oid relid, Oid keys_owner, Oid tenant_type,
 	int			nestlevel = -1;
 	int			rc;
 
-	if (which == KEYS_INSERT || which == KEYS_DELETE)
+	if (which != KEYS_LOOKUP && which != RUNS_LOOKUP)
 	{
 		nestlevel = NewGUCNestLevel();
 		(void) set_config_option("citus.enable_manual_changes_to_shards", "on",
@@ -479,7 +649,7 @@ run_keys_sql(KeysSql which, Oid relid, Oid keys_owner, Oid tenant_type,
 	{
 		/* prepared as the owner too: callers may not even see the schema */
 		plan = keys_plan(which, relid, tenant_type, nargs, types);
-		rc = SPI_execute_plan(plan, values, NULL, read_only, 0);
+		rc = SPI_execute_plan(plan, values, nulls, read_only, 0);
 	}
 	PG_FINALLY();
 	{
@@ -688,7 +858,7 @@ lookup_tenant_key(Oid keys_owner, Oid tenant_type, Datum tenant,
 	values[1] = ObjectIdGetDatum(req->owner);
 	values[2] = PointerGetDatum(cstring_to_text_with_len(req->key, req->keylen));
 	run_keys_sql(KEYS_LOOKUP, shard->relid, keys_owner, tenant_type, 3, types,
-				 values, false);
+				 values, NULL, false);
 	if (SPI_processed == 0)
 		return false;
 	tup = SPI_tuptable->vals[0];
@@ -728,7 +898,7 @@ write_tenant_key(Oid keys_owner, Oid tenant_type, Datum tenant,
 	if (delete)
 	{
 		run_keys_sql(KEYS_DELETE, shard->relid, keys_owner, tenant_type, 3,
-					 types, values, false);
+					 types, values, NULL, false);
 		return;
 	}
 	values[3] = PointerGetDatum(cstring_to_text_with_len((const char *) fingerprint,
@@ -738,14 +908,15 @@ write_tenant_key(Oid keys_owner, Oid tenant_type, Datum tenant,
 	values[6] = TimestampTzGetDatum(now);
 	values[7] = TimestampTzGetDatum(expires);
 	run_keys_sql(KEYS_INSERT, shard->relid, keys_owner, tenant_type, 8, types,
-				 values, false);
+				 values, NULL, false);
 }
 
 /*
  * Run the business statement pinned to the tenant (idem_citus_pin_tenant()):
  * Citus's refusal of a statement that does not keep to the tenant's value
  * becomes IDC03, and the runner's refusal of one for which Citus opened a
- * transaction on another node (IDC02) says so in a tenant's terms.
+ * transaction on another node (IDC02) says so in a tenant's terms.  cached
+ * NULL: a step's statement, whose errors are never recorded.
  */
 static Jsonb *
 run_tenant_statement(const char *fname, IdemStatement *stmt,
@@ -756,7 +927,9 @@ run_tenant_statement(const char *fname, IdemStatement *stmt,
 
 	PG_TRY();
 	{
-		response = idem_execute_caching_errors(stmt, req, cached);
+		response = cached != NULL ?
+			idem_execute_caching_errors(stmt, req, cached) :
+			idem_execute_statement(stmt, req);
 	}
 	PG_CATCH();
 	{
@@ -790,11 +963,13 @@ run_tenant_statement(const char *fname, IdemStatement *stmt,
 }
 
 /*
- * The lock that serializes the calls of one (role, tenant, key): calls of
- * a tenant all run on the node of its shard.
+ * The lock that serializes the calls of one (role, tenant, key), and the
+ * steps of one (role, tenant, run) under the run's lock key: calls of a
+ * tenant all run on the node of its shard.
  */
 static void
-lock_tenant_key(Oid tenant_type, Datum tenant, IdemRequest *req)
+lock_tenant_key(Oid tenant_type, Datum tenant, Oid owner, const char *key,
+				int keylen)
 {
 	Oid			outfn;
 	bool		varlena;
@@ -806,8 +981,8 @@ lock_tenant_key(Oid tenant_type, Datum tenant, IdemRequest *req)
 	initStringInfo(&buf);
 	/* length-prefixed: no tenant and key pair spells another's */
 	appendStringInfo(&buf, "citus:%zu:%s:", strlen(out), out);
-	appendBinaryStringInfo(&buf, req->key, req->keylen);
-	idem_lock_key(req->owner, buf.data, buf.len, idem_wait);
+	appendBinaryStringInfo(&buf, key, keylen);
+	idem_lock_key(owner, buf.data, buf.len, idem_wait);
 	pfree(buf.data);
 	pfree(out);
 }
@@ -856,6 +1031,127 @@ tenant_request(FunctionCallInfo fcinfo, const char *fname,
 	return NULL;
 }
 
+/* A tenant's call on the node of its shard, once it is found there. */
+typedef struct TenantCall
+{
+	const char *fname;
+	Oid			keys_rel;
+	Oid			keys_owner;		/* of idem.citus_keys and idem.citus_runs */
+	Oid			tenant_type;
+	Datum		tenant;
+	TenantShard shard;			/* of idem.citus_keys */
+	Oid			runs_relid;		/* the tenant's shard of idem.citus_runs here */
+	MemoryContext callercxt;	/* outlives the call's SPI connection */
+} TenantCall;
+
+/* The tenant argument of a tenant call, checked against idem's colocation. */
+static void
+tenant_arg(FunctionCallInfo fcinfo, const char *fname, TenantCall *tc)
+{
+	tc->fname = fname;
+	tc->callercxt = CurrentMemoryContext;
+	tc->runs_relid = InvalidOid;
+	idem_citus_require(fname);
+	tc->keys_rel = idem_citus_keys_relid();
+	if (!OidIsValid(tc->keys_rel))
+		ereport(ERROR,
+				(errcode(ERRCODE_IDEM_CITUS_NOT_COLOCATED),
+				 errmsg("%s needs idem's colocation declared", fname),
+				 errdetail("idem.citus_keys does not exist."),
+				 idem_errhint(ERRCODE_IDEM_CITUS_NOT_COLOCATED, "An administrator declares it with idem_citus_colocate('<distributed table>').")));
+	tc->tenant_type = get_fn_expr_argtype(fcinfo->flinfo, 0);
+	if (tc->tenant_type != get_atttype(tc->keys_rel, 1))
+		ereport(ERROR,
+				(errcode(ERRCODE_IDEM_CITUS_MISMATCH),
+				 errmsg("tenant of type %s does not match idem's colocation",
+						format_type_be(tc->tenant_type)),
+				 errdetail("idem.citus_keys is distributed by a column of type %s.",
+						   format_type_be(get_atttype(tc->keys_rel, 1))),
+				 idem_errhint(ERRCODE_IDEM_CITUS_MISMATCH, "Pass the tenant as the distribution column's type.")));
+	if (PG_ARGISNULL(0))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("tenant passed to %s must not be null", fname),
+				 idem_errhint(ERRCODE_NULL_VALUE_NOT_ALLOWED, NULL)));
+	tc->tenant = PG_GETARG_DATUM(0);
+	tc->keys_owner = rel_owner(tc->keys_rel);
+}
+
+/*
+ * Connect to SPI (the caller finishes) and find the tenant's shard on this
+ * node, locked; with runs, its shard of idem.citus_runs too (co-located:
+ * on this node, and kept here by the same lock).
+ */
+static void
+tenant_here(TenantCall *tc, bool runs)
+{
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+	if (!tenant_shard_local(tc->keys_rel, tc->keys_owner, tc->tenant_type,
+							tc->tenant, &tc->shard))
+		ereport(ERROR,
+				(errcode(ERRCODE_IDEM_CITUS_NOT_LOCAL),
+				 errmsg("%s was not delegated to the node of the tenant's shard", tc->fname),
+				 errdetail("Citus delegates a statement that is a lone SELECT of the function or SELECT * FROM it, with constant arguments, not one with other output columns, a CTE, a subquery or INSERT ... SELECT."),
+				 idem_errhint(ERRCODE_IDEM_CITUS_NOT_LOCAL, "Send the call as a statement of its own.")));
+	if (idem_citus_in_distributed_transaction())
+		ereport(ERROR,
+				(errcode(ERRCODE_IDEM_CITUS_NOT_LOCAL),
+				 errmsg("%s cannot run in a distributed transaction", tc->fname),
+				 errdetail("This transaction already wrote through Citus to other nodes, which would commit apart from the key record."),
+				 idem_errhint(ERRCODE_IDEM_CITUS_NOT_LOCAL, "Send the call as a statement of its own.")));
+	if (runs)
+	{
+		Oid			runs_rel = citus_runs_relid();
+		int64		shardid;
+		char		relname[NAMEDATALEN];
+
+		if (!OidIsValid(runs_rel))
+			ereport(ERROR,
+					(errcode(ERRCODE_IDEM_CITUS_NOT_COLOCATED),
+					 errmsg("%s needs idem's colocation declared again", tc->fname),
+					 errdetail("idem.citus_runs does not exist: the colocation was declared by a version of idem without tenant runs."),
+					 idem_errhint(ERRCODE_IDEM_CITUS_NOT_COLOCATED, "An administrator declares the same colocation again with idem_citus_colocate('<distributed table>'); the key records stay.")));
+		if (tenant_shard_id(runs_rel, tc->keys_owner, tc->tenant_type,
+							tc->tenant, &shardid))
+		{
+			snprintf(relname, sizeof(relname), "citus_runs_" INT64_FORMAT,
+					 shardid);
+			tc->runs_relid = get_relname_relid(relname,
+											   get_namespace_oid("idem", false));
+		}
+		if (!OidIsValid(tc->runs_relid))
+			elog(ERROR, "the tenant's shard of idem.citus_runs is not on this node");
+	}
+}
+
+/*
+ * Lock req's key for the tenant and look its record up: true if a live
+ * record of this very request exists (rec filled in the caller's context),
+ * false if the key is free; ID422 for another request's record.
+ */
+static bool
+find_tenant_record(TenantCall *tc, IdemStatement *stmt, IdemRequest *req,
+				   const uint8 *fingerprint, TimestampTz now, IdemRecord *rec)
+{
+	bool		found;
+
+	idem_check_not_inflight(req);
+	lock_tenant_key(tc->tenant_type, tc->tenant, req->owner, req->key,
+					req->keylen);
+	found = lookup_tenant_key(tc->keys_owner, tc->tenant_type, tc->tenant,
+							  &tc->shard, req, rec, tc->callercxt);
+	if (found && rec->expires_at <= now)
+	{
+		write_tenant_key(tc->keys_owner, tc->tenant_type, tc->tenant,
+						 &tc->shard, req, true, NULL, NULL, 0, 0);
+		found = false;
+	}
+	if (found && !idem_record_matches(stmt, req, rec, fingerprint))
+		idem_report_key_reused(req, "The statement text, the settings that change its meaning, or the arguments differ from the request first recorded under this key for this tenant.");
+	return found;
+}
+
 /*
  * A tenant call: the key record and the business write in one local
  * transaction on the node of the tenant's shard.
@@ -865,84 +1161,26 @@ citus_call(FunctionCallInfo fcinfo, const char *fname, CitusCallShape shape,
 		   IdemRequest *req, IdemResult *result)
 {
 	char	   *topic;
-	Oid			keys_rel;
-	Oid			keys_owner;
-	Oid			tenant_type;
-	Datum		tenant;
-	TenantShard shard;
+	TenantCall	tc;
 	IdemStatement *stmt;
 	uint8		fingerprint[IDEM_FINGERPRINT_LEN];
 	TimestampTz now = GetCurrentTransactionStartTimestamp();
-	MemoryContext callercxt = CurrentMemoryContext;
 	volatile bool fingerprinted = false;
 	volatile bool executing = false;
 
-	idem_citus_require(fname);
-	keys_rel = idem_citus_keys_relid();
-	if (!OidIsValid(keys_rel))
-		ereport(ERROR,
-				(errcode(ERRCODE_IDEM_CITUS_NOT_COLOCATED),
-				 errmsg("%s needs idem's colocation declared", fname),
-				 errdetail("idem.citus_keys does not exist."),
-				 idem_errhint(ERRCODE_IDEM_CITUS_NOT_COLOCATED, "An administrator declares it with idem_citus_colocate('<distributed table>').")));
-	tenant_type = get_fn_expr_argtype(fcinfo->flinfo, 0);
-	if (tenant_type != get_atttype(keys_rel, 1))
-		ereport(ERROR,
-				(errcode(ERRCODE_IDEM_CITUS_MISMATCH),
-				 errmsg("tenant of type %s does not match idem's colocation",
-						format_type_be(tenant_type)),
-				 errdetail("idem.citus_keys is distributed by a column of type %s.",
-						   format_type_be(get_atttype(keys_rel, 1))),
-				 idem_errhint(ERRCODE_IDEM_CITUS_MISMATCH, "Pass the tenant as the distribution column's type.")));
-	if (PG_ARGISNULL(0))
-		ereport(ERROR,
-				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("tenant passed to %s must not be null", fname),
-				 idem_errhint(ERRCODE_NULL_VALUE_NOT_ALLOWED, NULL)));
-	tenant = PG_GETARG_DATUM(0);
-	keys_owner = rel_owner(keys_rel);
-
+	tenant_arg(fcinfo, fname, &tc);
 	topic = tenant_request(fcinfo, fname, shape, req);
-
-	if (SPI_connect() != SPI_OK_CONNECT)
-		elog(ERROR, "SPI_connect failed");
-	if (!tenant_shard_local(keys_rel, keys_owner, tenant_type, tenant, &shard))
-		ereport(ERROR,
-				(errcode(ERRCODE_IDEM_CITUS_NOT_LOCAL),
-				 errmsg("%s was not delegated to the node of the tenant's shard", fname),
-				 errdetail("Citus delegates a statement that is a lone SELECT idem_citus_call(...) or SELECT * FROM idem_citus_call(...) with constant arguments, not one with other output columns, a CTE, a subquery or INSERT ... SELECT."),
-				 idem_errhint(ERRCODE_IDEM_CITUS_NOT_LOCAL, "Send the call as a statement of its own.")));
-	if (idem_citus_in_distributed_transaction())
-		ereport(ERROR,
-				(errcode(ERRCODE_IDEM_CITUS_NOT_LOCAL),
-				 errmsg("%s cannot run in a distributed transaction", fname),
-				 errdetail("This transaction already wrote through Citus to other nodes, which would commit apart from the key record."),
-				 idem_errhint(ERRCODE_IDEM_CITUS_NOT_LOCAL, "Send the call as a statement of its own.")));
+	tenant_here(&tc, false);
 
 	stmt = idem_statement_acquire(req->sql, req->nargs, req->argtypes);
 	PG_TRY();
 	{
 		IdemRecord	rec;
-		bool		found;
 
 		idem_statement_fingerprint(stmt, req, fingerprint);
 		fingerprinted = true;
-		idem_check_not_inflight(req);
-		lock_tenant_key(tenant_type, tenant, req);
-		found = lookup_tenant_key(keys_owner, tenant_type, tenant, &shard,
-								  req, &rec, callercxt);
-		if (found && rec.expires_at <= now)
-		{
-			write_tenant_key(keys_owner, tenant_type, tenant, &shard, req,
-							 true, NULL, NULL, 0, 0);
-			found = false;
-		}
-		if (found)
-		{
-			if (!idem_record_matches(stmt, req, &rec, fingerprint))
-				idem_report_key_reused(req, "The statement text, the settings that change its meaning, or the arguments differ from the request first recorded under this key for this tenant.");
+		if (find_tenant_record(&tc, stmt, req, fingerprint, now, &rec))
 			idem_replay_record(req, &rec, result);
-		}
 		else
 		{
 			bool		cached;
@@ -954,12 +1192,13 @@ citus_call(FunctionCallInfo fcinfo, const char *fname, CitusCallShape shape,
 			else if (shape != CALL_OUTBOX)
 				topic = idem_current_topic(req->owner);
 			executing = true;
-			old = MemoryContextSwitchTo(callercxt);
-			idem_citus_pin_tenant(tenant_type, tenant, shard.colocation);
+			old = MemoryContextSwitchTo(tc.callercxt);
+			idem_citus_pin_tenant(tc.tenant_type, tc.tenant, tc.shard.colocation);
 			result->response = run_tenant_statement(fname, stmt, req, &cached);
 			MemoryContextSwitchTo(old);
-			write_tenant_key(keys_owner, tenant_type, tenant, &shard, req, false,
-							 fingerprint, result->response, now,
+			write_tenant_key(tc.keys_owner, tc.tenant_type, tc.tenant,
+							 &tc.shard, req, false, fingerprint,
+							 result->response, now,
 							 idem_new_record_expiry(req->owner, req->key, req->ttl));
 			/* a failed statement had no effect to announce */
 			if (topic != NULL && !cached)
@@ -1040,4 +1279,417 @@ idem_citus_call_with(PG_FUNCTION_ARGS)
 	citus_call(fcinfo, "idem_citus_call_with()", CALL_WITH, &req, &result);
 	AtEOXact_GUC(true, nestlevel);
 	PG_RETURN_DATUM(idem_result_datum(&result));
+}
+
+/*
+ * Tenant runs: run.c's sequencing, on a store that keeps the run in the
+ * tenant's shard of idem.citus_runs and its steps' records in the tenant's
+ * shard of idem.citus_keys, on the node where the call was delegated.  The
+ * step's business statement, its record and the run's progress commit in
+ * one local transaction there, and move with the tenant's shards.
+ */
+
+/* The run's parameters: (tenant, owner, run_id) */
+static void
+run_params(TenantCall *tc, Oid owner, const char *run_id, Oid *types,
+		   Datum *values)
+{
+	types[0] = tc->tenant_type;
+	types[1] = REGROLEOID;
+	types[2] = TEXTOID;
+	values[0] = tc->tenant;
+	values[1] = ObjectIdGetDatum(owner);
+	values[2] = CStringGetTextDatum(run_id);
+}
+
+/* The run's row, copied: read_only false sees what committed meanwhile. */
+static bool
+lookup_tenant_run(TenantCall *tc, Oid owner, const char *run_id,
+				  IdemRunRow *run, bool read_only)
+{
+	Oid			types[3];
+	Datum		values[3];
+	HeapTuple	tup;
+	TupleDesc	desc;
+	bool		isnull;
+	Datum		d;
+
+	run_params(tc, owner, run_id, types, values);
+	run_keys_sql(RUNS_LOOKUP, tc->runs_relid, tc->keys_owner, tc->tenant_type,
+				 3, types, values, NULL, read_only);
+	if (SPI_processed == 0)
+		return false;
+	tup = SPI_tuptable->vals[0];
+	desc = SPI_tuptable->tupdesc;
+	memset(run, 0, sizeof(*run));
+	idem_run_init_unqueued(run);
+	/* the statement's snapshot is the transaction's: it saw the row */
+	run->visible = true;
+	run->owner = owner;
+	run->run_id = pstrdup(run_id);
+	d = SPI_getbinval(tup, desc, 1, &isnull);
+	run->steps = isnull ? NULL : DatumGetArrayTypePCopy(d);
+	d = SPI_getbinval(tup, desc, 2, &isnull);
+	run->input = isnull ? NULL : DatumGetJsonbPCopy(d);
+	run->status = TextDatumGetCString(SPI_getbinval(tup, desc, 3, &isnull));
+	run->started_at = DatumGetTimestampTz(SPI_getbinval(tup, desc, 4, &isnull));
+	d = SPI_getbinval(tup, desc, 5, &isnull);
+	run->finished = !isnull;
+	run->finished_at = isnull ? 0 : DatumGetTimestampTz(d);
+	d = SPI_getbinval(tup, desc, 6, &isnull);
+	run->last_error = isnull ? NULL : TextDatumGetCString(d);
+	run->done_steps = DatumGetArrayTypePCopy(SPI_getbinval(tup, desc, 7, &isnull));
+	run->attempts = DatumGetArrayTypePCopy(SPI_getbinval(tup, desc, 8, &isnull));
+	return true;
+}
+
+/* Insert (RUNS_INSERT) or update (RUNS_UPDATE) the run's row. */
+static void
+write_tenant_run(TenantCall *tc, KeysSql which, IdemRunRow *run)
+{
+	Oid			types[11];
+	Datum		values[11];
+	char		nulls[11];
+	int			nargs = which == RUNS_INSERT ? 11 : 8;
+
+	memset(nulls, ' ', sizeof(nulls));
+	run_params(tc, run->owner, run->run_id, types, values);
+	types[3] = TEXTOID;
+	values[3] = CStringGetTextDatum(run->status);
+	types[4] = TIMESTAMPTZOID;
+	values[4] = TimestampTzGetDatum(run->finished_at);
+	nulls[4] = run->finished ? ' ' : 'n';
+	types[5] = TEXTOID;
+	values[5] = run->last_error ? CStringGetTextDatum(run->last_error) : (Datum) 0;
+	nulls[5] = run->last_error ? ' ' : 'n';
+	types[6] = TEXTARRAYOID;
+	values[6] = PointerGetDatum(run->done_steps);
+	types[7] = INT4ARRAYOID;
+	values[7] = PointerGetDatum(run->attempts);
+	types[8] = TEXTARRAYOID;
+	values[8] = PointerGetDatum(run->steps);
+	nulls[8] = run->steps ? ' ' : 'n';
+	types[9] = JSONBOID;
+	values[9] = PointerGetDatum(run->input);
+	nulls[9] = run->input ? ' ' : 'n';
+	types[10] = TIMESTAMPTZOID;
+	values[10] = TimestampTzGetDatum(run->started_at);
+	run_keys_sql(which, tc->runs_relid, tc->keys_owner, tc->tenant_type,
+				 nargs, types, values, nulls, false);
+	/* idem_citus_run_purge() deleted the finished run after it was read */
+	if (SPI_processed != 1 && which == RUNS_UPDATE)
+		idem_report_run_not_found(run->run_id);
+	if (SPI_processed != 1)
+		elog(ERROR, "run \"%s\" of idem.citus_runs was not written", run->run_id);
+}
+
+static bool
+tenant_lock_and_read(const IdemRunStore *store, Oid owner, const char *run_id,
+					 IdemRunRow *run)
+{
+	TenantCall *tc = store->arg;
+	char	   *lockkey = idem_run_lock_key(run_id);
+
+	lock_tenant_key(tc->tenant_type, tc->tenant, owner, lockkey,
+					strlen(lockkey));
+	return lookup_tenant_run(tc, owner, run_id, run, false);
+}
+
+static void
+tenant_insert_run(const IdemRunStore *store, IdemRunRow *run)
+{
+	write_tenant_run(store->arg, RUNS_INSERT, run);
+}
+
+static void
+tenant_update_run(const IdemRunStore *store, IdemRunRow *run)
+{
+	write_tenant_run(store->arg, RUNS_UPDATE, run);
+}
+
+static bool
+tenant_find_record(const IdemRunStore *store, IdemStatement *stmt,
+				   IdemRequest *req, const uint8 *fingerprint, TimestampTz now,
+				   IdemRecord *rec)
+{
+	return find_tenant_record(store->arg, stmt, req, fingerprint, now, rec);
+}
+
+static void
+tenant_insert_key(const IdemRunStore *store, IdemRequest *req,
+				  const uint8 *fingerprint, Jsonb *response, TimestampTz now)
+{
+	TenantCall *tc = store->arg;
+
+	write_tenant_key(tc->keys_owner, tc->tenant_type, tc->tenant, &tc->shard,
+					 req, false, fingerprint, response, now, DT_NOEND);
+}
+
+static Jsonb *
+tenant_execute(const IdemRunStore *store, IdemStatement *stmt,
+			   IdemRequest *req)
+{
+	TenantCall *tc = store->arg;
+
+	idem_citus_pin_tenant(tc->tenant_type, tc->tenant, tc->shard.colocation);
+	return run_tenant_statement(tc->fname, stmt, req, NULL);
+}
+
+static const IdemRunStore tenant_store = {
+	tenant_lock_and_read, tenant_insert_run, tenant_update_run,
+	tenant_find_record, tenant_insert_key, tenant_execute, NULL
+};
+
+/* The tenant's run store, for a call to a run function of the tenant. */
+static void
+tenant_run_store(FunctionCallInfo fcinfo, const char *fname, TenantCall *tc,
+				 IdemRunStore *store)
+{
+	*store = tenant_store;
+	store->arg = tc;
+	tenant_arg(fcinfo, fname, tc);
+	idem_check_can_write(fname);
+}
+
+/*
+ * idem_citus_run_begin(tenant <distribution type>, run_id text,
+ *		steps text[] DEFAULT NULL, input jsonb DEFAULT NULL)
+ *		returns (status text, next_step text, created boolean,
+ *		started_at timestamptz)
+ *
+ * idem_run_begin() for a tenant, on no queue: the run is the role's under
+ * (tenant, run_id), on the tenant's shard.
+ */
+Datum
+idem_citus_run_begin(PG_FUNCTION_ARGS)
+{
+	const char *fname = "idem_citus_run_begin()";
+	TenantCall	tc;
+	IdemRunStore store;
+	IdemRunRow	asked;
+	IdemRunRow	run;
+	bool		created;
+	Datum		result;
+	MemoryContext old;
+
+	tenant_run_store(fcinfo, fname, &tc, &store);
+	idem_run_begin_args(fcinfo, 1, &asked);
+	tenant_here(&tc, true);
+	created = idem_run_begin_in(&store, idem_key_owner(), &asked, &run);
+	old = MemoryContextSwitchTo(tc.callercxt);
+	result = idem_run_begin_result(fcinfo, &run, created);
+	MemoryContextSwitchTo(old);
+	SPI_finish();
+	PG_RETURN_DATUM(result);
+}
+
+/* A step's result, its response copied out of the call's SPI connection. */
+static Datum
+tenant_step_result(TenantCall *tc, IdemResult *result)
+{
+	MemoryContext old = MemoryContextSwitchTo(tc->callercxt);
+	Datum		d;
+
+	result->response = DatumGetJsonbPCopy(JsonbPGetDatum(result->response));
+	d = idem_result_datum(result);
+	MemoryContextSwitchTo(old);
+	SPI_finish();
+	return d;
+}
+
+/* idem_citus_step_with()'s options */
+enum
+{
+	STEP_WITH_OUTBOX_TOPIC = 5,
+	STEP_WITH_WAIT
+};
+
+/* A statement step of the tenant's run; with: idem_citus_step_with()'s. */
+static Datum
+tenant_step(FunctionCallInfo fcinfo, const char *fname, bool with)
+{
+	TenantCall	tc;
+	IdemRunStore store;
+	IdemRequest req;
+	IdemResult	result;
+	char	   *run_id;
+	char	   *step;
+	int			nestlevel = -1;
+	Datum		d;
+
+	tenant_run_store(fcinfo, fname, &tc, &store);
+	if (with)
+		nestlevel = idem_call_options(fcinfo, STEP_WITH_OUTBOX_TOPIC, -1,
+									  STEP_WITH_WAIT);
+	idem_step_args(fcinfo, 1, fname, NULL, with, &req, &run_id, &step);
+	tenant_here(&tc, true);
+	idem_step_request_in(&store, &req, run_id, step, NULL, &result);
+	d = tenant_step_result(&tc, &result);
+	if (nestlevel >= 0)
+		AtEOXact_GUC(true, nestlevel);
+	return d;
+}
+
+/*
+ * idem_citus_step(tenant <distribution type>, run_id text, step text,
+ *		sql text [, VARIADIC args "any"])
+ *		returns (response jsonb, replayed boolean, first_executed_at timestamptz)
+ *
+ * idem_step() for the tenant's run: the business statement (pinned to the
+ * tenant, as idem_citus_call()'s), the step's record in idem.citus_keys
+ * and the run's progress in one local transaction on the tenant's node.
+ */
+Datum
+idem_citus_step(PG_FUNCTION_ARGS)
+{
+	return tenant_step(fcinfo, "idem_citus_step()", false);
+}
+
+/*
+ * idem_citus_step_with(tenant <distribution type>, run_id text, step text,
+ *		sql text, args text[] DEFAULT '{}', outbox_topic text DEFAULT NULL,
+ *		wait boolean DEFAULT NULL)
+ *		returns (response jsonb, replayed boolean, first_executed_at timestamptz)
+ *
+ * idem_citus_step() as idem_call() takes a step: the arguments as text
+ * typed by the statement, and the options as arguments, which Citus
+ * carries to the shard's node (it does not carry the session's settings).
+ */
+Datum
+idem_citus_step_with(PG_FUNCTION_ARGS)
+{
+	return tenant_step(fcinfo, "idem_citus_step_with()", true);
+}
+
+/*
+ * idem_citus_step_complete(tenant <distribution type>, run_id text,
+ *		step text, result jsonb)
+ *		returns (response jsonb, replayed boolean, first_executed_at timestamptz)
+ *
+ * idem_step_complete() for the tenant's run.
+ */
+Datum
+idem_citus_step_complete(PG_FUNCTION_ARGS)
+{
+	const char *fname = "idem_citus_step_complete()";
+	TenantCall	tc;
+	IdemRunStore store;
+	IdemRequest req;
+	IdemResult	result;
+	char	   *run_id;
+	char	   *step;
+	Jsonb	   *done;
+
+	tenant_run_store(fcinfo, fname, &tc, &store);
+	run_id = idem_name_arg(fcinfo, 1, "run id");
+	step = idem_name_arg(fcinfo, 2, "step name");
+	idem_step_key_request(run_id, step, NULL, &req);
+	done = idem_step_result_arg(fcinfo, 3, fname);
+	tenant_here(&tc, true);
+	idem_step_complete_in(&store, &req, run_id, step, NULL, done, &result);
+	PG_RETURN_DATUM(tenant_step_result(&tc, &result));
+}
+
+/*
+ * idem_citus_run_status(tenant <distribution type>, run_id text)
+ *		returns (status, next_step, steps_done, steps_total, started_at,
+ *		finished_at, last_error, input)
+ *
+ * idem_run_status()'s row for the tenant's run; ID404 if the role has
+ * none under (tenant, run_id).
+ */
+Datum
+idem_citus_run_status(PG_FUNCTION_ARGS)
+{
+	const char *fname = "idem_citus_run_status()";
+	TenantCall	tc;
+	char	   *run_id;
+	IdemRunRow	run;
+	TupleDesc	tupdesc;
+	Datum		values[8];
+	bool		nulls[8];
+	Datum		result;
+	MemoryContext old;
+
+	tenant_arg(fcinfo, fname, &tc);
+	run_id = idem_name_arg(fcinfo, 1, "run id");
+	if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE)
+		elog(ERROR, "return type must be a row type");
+	tenant_here(&tc, true);
+	if (!lookup_tenant_run(&tc, idem_key_owner(), run_id, &run, true))
+		idem_report_run_not_found(run_id);
+	old = MemoryContextSwitchTo(tc.callercxt);
+	idem_run_status_values(&run, values, nulls);
+	result = HeapTupleGetDatum(heap_form_tuple(BlessTupleDesc(tupdesc),
+											   values, nulls));
+	MemoryContextSwitchTo(old);
+	SPI_finish();
+	PG_RETURN_DATUM(result);
+}
+
+/*
+ * A run verb on the role's run of the tenant (argument 1): fail, resume,
+ * complete or cancel, with the reason in argument 2 for fail and cancel.
+ * Returns the run's status.
+ */
+static Datum
+tenant_run_verb(FunctionCallInfo fcinfo, const char *verb)
+{
+	const char *fname = psprintf("idem_citus_run_%s()", verb);
+	TenantCall	tc;
+	IdemRunStore store;
+	char	   *run_id;
+	char	   *status;
+	Datum		result;
+	MemoryContext old;
+
+	tenant_run_store(fcinfo, fname, &tc, &store);
+	run_id = idem_name_arg(fcinfo, 1, "run id");
+	tenant_here(&tc, true);
+	if (strcmp(verb, "cancel") == 0)
+		status = idem_run_cancel_in(&store, idem_key_owner(), run_id,
+									PG_ARGISNULL(2) ? NULL :
+									text_to_cstring(PG_GETARG_TEXT_PP(2)));
+	else
+		status = idem_run_set_status_in(&store, fcinfo, verb, idem_key_owner(),
+										run_id, 2);
+	old = MemoryContextSwitchTo(tc.callercxt);
+	result = PointerGetDatum(cstring_to_text(status));
+	MemoryContextSwitchTo(old);
+	SPI_finish();
+	return result;
+}
+
+/*
+ * idem_citus_run_fail(tenant <distribution type>, run_id text, reason text)
+ *		returns text
+ */
+Datum
+idem_citus_run_fail(PG_FUNCTION_ARGS)
+{
+	return tenant_run_verb(fcinfo, "fail");
+}
+
+/* idem_citus_run_resume(tenant <distribution type>, run_id text) returns text */
+Datum
+idem_citus_run_resume(PG_FUNCTION_ARGS)
+{
+	return tenant_run_verb(fcinfo, "resume");
+}
+
+/* idem_citus_run_complete(tenant <distribution type>, run_id text) returns text */
+Datum
+idem_citus_run_complete(PG_FUNCTION_ARGS)
+{
+	return tenant_run_verb(fcinfo, "complete");
+}
+
+/*
+ * idem_citus_run_cancel(tenant <distribution type>, run_id text,
+ *		reason text DEFAULT NULL) returns text
+ */
+Datum
+idem_citus_run_cancel(PG_FUNCTION_ARGS)
+{
+	return tenant_run_verb(fcinfo, "cancel");
 }

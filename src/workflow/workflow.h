@@ -85,12 +85,71 @@ extern bool idem_run_signal_payload(Oid owner, const char *run_id,
 extern int	idem_call_options(FunctionCallInfo fcinfo, int topic_arg,
 							  int ttl_arg, int wait_arg);
 
-/* run.c: workflow steps, also for idem_call() */
+/*
+ * run.c: where a run and its steps' records are kept.  run.c's own store
+ * is idem.runs and idem.keys on this node; a tenant's runs under Citus are
+ * kept on the tenant's shard (tenant.c), with the same sequencing.
+ */
+typedef struct IdemRunStore IdemRunStore;
+struct IdemRunStore
+{
+	/* take the lock of owner's run run_id, and read it: false if none */
+	bool		(*lock_and_read) (const IdemRunStore *store, Oid owner,
+								  const char *run_id, IdemRunRow *run);
+	void		(*insert_run) (const IdemRunStore *store, IdemRunRow *run);
+	void		(*update_run) (const IdemRunStore *store, IdemRunRow *run);
+	/* idem_find_record() on the store's key records */
+	bool		(*find_record) (const IdemRunStore *store, IdemStatement *stmt,
+								IdemRequest *req, const uint8 *fingerprint,
+								TimestampTz now, IdemRecord *rec);
+	/* a step's record: it never expires */
+	void		(*insert_key) (const IdemRunStore *store, IdemRequest *req,
+							   const uint8 *fingerprint, Jsonb *response,
+							   TimestampTz now);
+	Jsonb	   *(*execute) (const IdemRunStore *store, IdemStatement *stmt,
+							IdemRequest *req);
+	void	   *arg;
+};
+
+/* run.c: workflow steps, also for idem_call() and tenant runs */
+extern const IdemRunStore idem_local_runs;
+extern void idem_run_lock_in(const IdemRunStore *store, Oid owner,
+							 const char *run_id, IdemRunRow *run);
+extern char *idem_run_set_status_in(const IdemRunStore *store,
+									FunctionCallInfo fcinfo, const char *verb,
+									Oid owner, const char *run_id,
+									int reason_arg);
 extern void idem_step_key_request(const char *run_id, const char *step,
 								  const pg_uuid_t *token, IdemRequest *req);
+extern void idem_step_args(FunctionCallInfo fcinfo, int first,
+						   const char *fname, const pg_uuid_t *token,
+						   bool text_args, IdemRequest *req, char **run_id,
+						   char **step);
 extern void idem_step_request(IdemRequest *req, const char *run_id,
 							  const char *step, const pg_uuid_t *token,
 							  IdemResult *result);
+extern void idem_step_request_in(const IdemRunStore *store, IdemRequest *req,
+								 const char *run_id, const char *step,
+								 const pg_uuid_t *token, IdemResult *result);
+extern Jsonb *idem_step_result_arg(FunctionCallInfo fcinfo, int argno,
+								   const char *fname);
+extern void idem_step_complete_in(const IdemRunStore *store, IdemRequest *req,
+								  const char *run_id, const char *step,
+								  const pg_uuid_t *token, Jsonb *result,
+								  IdemResult *out);
+extern void idem_run_init_unqueued(IdemRunRow *run);
+extern void idem_run_begin_args(FunctionCallInfo fcinfo, int first,
+								IdemRunRow *asked);
+extern bool idem_run_begin_in(const IdemRunStore *store, Oid owner,
+							  IdemRunRow *asked, IdemRunRow *run);
+extern Datum idem_run_begin_result(FunctionCallInfo fcinfo, IdemRunRow *run,
+								   bool created);
+extern void idem_run_status_values(IdemRunRow *run, Datum *values,
+								   bool *nulls);
 extern char *idem_run_next_step(IdemRunRow *run);
+
+/* control.c: operators' verbs */
+extern char *idem_run_cancel_in(const IdemRunStore *store, Oid owner,
+								const char *run_id, const char *reason);
 
 #endif							/* IDEM_WORKFLOW_H */

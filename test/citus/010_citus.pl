@@ -57,13 +57,32 @@
 #  - a run's step whose statement Citus would run on a worker is IDC02 and
 #    records nothing (through idem_step() and idem_call()), so is a dry run
 #    of such a statement; a step on a local table runs
+#  - tenant runs: idem.citus_runs is in payments' colocation group; a run
+#    of three steps entering through the coordinator and both workers,
+#    begun again (the same run, or ID422 with other steps or input), its
+#    steps retried through every entry node (replayed, one row each); its
+#    first step's row, record and the run's progress in one transaction on
+#    the shard's node; out of order (ID425), undeclared (ID400), unknown
+#    run (ID404), a failing statement, a step Citus did not delegate
+#    (IDC02) or writing another tenant (IDC03) write nothing; two tenants
+#    of one shard with one run id; the shard group moved between steps:
+#    completed steps replay through every entry node and the last runs on
+#    the new node, completing the run there; an external step's result;
+#    idem_citus_step_with()'s text arguments and its event on the shard's
+#    node; fail, resume, complete, cancel; three agents stepping one run at
+#    once through the three entry nodes: each step once; a role that is not
+#    a superuser has its own run under the same id and cannot read
+#    idem.citus_runs; idem_citus_run_purge() removes the finished runs of
+#    every shard with their steps' records, and keeps a running one
 #  - a role that is not a superuser calls through every entry node: its
 #    call executes once and replays elsewhere, its keys are its own (the
 #    same key of another role executes), its event needs its publish
 #    grant, and it cannot read idem.citus_keys
 #  - a text tenant (a database of its own): tenants and keys that spell
 #    each other's together, each executes once and replays through the
-#    workers
+#    workers; without idem.citus_runs (a colocation declared before tenant
+#    runs) a run function is IDC01, and declaring the colocation again adds
+#    the runs and keeps the keys
 #  - a shard split (the halves on both workers), citus_drain_node() and
 #    rebalance_table_shards(): after each, every key replays through every
 #    entry node, with no second row
@@ -941,6 +960,30 @@ for my $entry (@nodes)
 is($coord->safe_psql('tt', 'SELECT count(*) FROM accounts'), '3', 'one row per (tenant, key)');
 is($coord->safe_psql('tt', 'SELECT count(*) FROM idem.citus_keys'), '3', 'one key record each');
 
+# a colocation declared by a build without tenant runs: without
+# idem.citus_runs a run function is IDC01; declared again, the colocation
+# gets the table and the functions, and keeps its key records
+$coord->safe_psql('tt', 'DROP TABLE idem.citus_runs');
+{
+	my ($ret, $o, $e) = $w1->psql('tt',
+		"SELECT created FROM idem_citus_run_begin('acme'::text, 'run-1')",
+		extra_params => [ '-v', 'VERBOSITY=verbose' ]);
+	is(sqlstate_of($e), 'IDC01', 'a run function without idem.citus_runs: IDC01');
+	$coord->safe_psql('tt', q{
+DO $$DECLARE f regprocedure;
+BEGIN
+	FOR f IN SELECT oid::regprocedure FROM pg_proc WHERE proname ~ '^idem_citus_(run|step)' LOOP
+		EXECUTE 'DROP FUNCTION ' || f;
+	END LOOP;
+END$$});
+	$coord->safe_psql('tt', "SELECT idem_citus_colocate('accounts')");
+	($ret, $o, $e) = $w2->psql('tt',
+		"SELECT created FROM idem_citus_run_begin('acme'::text, 'run-1')");
+	is($o, 't', 'declared again, the colocation gets tenant runs') or diag($e);
+	is($coord->safe_psql('tt', 'SELECT count(*) FROM idem.citus_keys'), '3',
+		'... and keeps its key records');
+}
+
 # --- a shard split, draining a node and the rebalancer: the key records
 # go where their rows go, and every retry replays
 # the calls of [tenant, key] pairs, one statement each
@@ -1008,6 +1051,250 @@ SELECT string_agg(t::text, ',') FROM generate_series(701, 1000) t
 	is(rows("note LIKE 'reb-%' OR note LIKE 'split-%'"), 32 + scalar(@keys), '... and no row more');
 }
 
+# --- tenant runs: the run in idem.citus_runs and its steps' records in
+# idem.citus_keys, on the tenant's shard, in the step's local transaction
+is( $coord->safe_psql(
+		'postgres', q{
+SELECT count(DISTINCT colocationid) FROM pg_dist_partition
+ WHERE logicalrelid IN ('payments'::regclass, 'idem.citus_runs'::regclass)}),
+	'1',
+	"idem.citus_runs is in payments' colocation group");
+{
+	my $t = 501;
+	my $step = sub {
+		my ($node, $tenant, $run, $name, $note, $amount, $role) = @_;
+		my $sql = "SELECT replayed, response FROM idem_citus_step(${tenant}::bigint, '$run', '$name', $insert, ${tenant}::bigint, '$note', $amount)";
+		return $role ? call_as($node, $role, $sql) : call($node, $sql);
+	};
+	my $begin = "SELECT status, next_step, created FROM idem_citus_run_begin(${t}::bigint, 'order-9', ARRAY['pay', 'ship', 'mail'], '{\"order\": 9}')";
+	($out, $err) = call($coord, $begin);
+	is($out, 'running|pay|t', 'a tenant run begins through the coordinator') or diag($err);
+	for my $entry ($w1, $w2)
+	{
+		($out, $err) = call($entry, $begin);
+		is($out, 'running|pay|f', 'begun again through ' . $entry->name . ': the same run') or diag($err);
+	}
+	($out, $err) = call($w1,
+		"SELECT created FROM idem_citus_run_begin(${t}::bigint, 'order-9', ARRAY['pay', 'ship'], '{\"order\": 9}')");
+	is(sqlstate_of($err), 'ID422', 'the same run id with other steps: ID422');
+	($out, $err) = call($w2,
+		"SELECT created FROM idem_citus_run_begin(${t}::bigint, 'order-9', ARRAY['pay', 'ship', 'mail'], '{\"order\": 10}')");
+	is(sqlstate_of($err), 'ID422', '... with another input: ID422');
+
+	# bad input, through a worker: nothing written
+	($out, $err) = $step->($w1, $t, 'order-9', 'ship', 'order-9:ship', 1);
+	is(sqlstate_of($err), 'ID425', 'a step out of its declared order: ID425');
+	($out, $err) = $step->($w1, $t, 'order-9', 'refund', 'order-9:refund', 1);
+	is(sqlstate_of($err), 'ID400', 'a step the run did not declare: ID400');
+	($out, $err) = $step->($w2, $t, 'no-such-run', 'pay', 'no-such-run', 1);
+	is(sqlstate_of($err), 'ID404', 'a step of a run that does not exist: ID404');
+	($out, $err) = call($w2, "SELECT status FROM idem_citus_run_status(${t}::bigint, 'no-such-run')");
+	is(sqlstate_of($err), 'ID404', '... and its status: ID404');
+	($out, $err) = $step->($coord, $t, 'order-9', 'pay', 'order-9:pay', -1);
+	is(sqlstate_of($err), '23514', 'a step whose statement fails raises its error');
+	($out, $err) = call($coord,
+		"SELECT idem_citus_step(${t}::bigint, 'order-9', 'pay', $insert, ${t}::bigint, 'order-9:pay', 1), 1");
+	is(sqlstate_of($err), 'IDC02', 'a step Citus does not delegate: IDC02');
+	($out, $err) = call($coord,
+		"SELECT replayed FROM idem_citus_step(${t}::bigint, 'order-9', 'pay', $insert, ${far}::bigint, 'order-9:pay', 1)");
+	is(sqlstate_of($err), 'IDC03', "a step writing another tenant's shard: IDC03");
+	is(rows("note LIKE 'order-9:%'"), '0', '... none of them wrote a row');
+	is($coord->safe_psql('postgres',
+			"SELECT done_steps FROM idem.citus_runs WHERE tenant = $t AND run_id = 'order-9'"),
+		'{}', '... or moved the run on');
+
+	# the first step, from the coordinator: one local transaction there
+	($out, $err) = $step->($coord, $t, 'order-9', 'pay', 'order-9:pay', 11);
+	like($out, qr/^f\|/, 'step pay executes') or diag($err);
+	my $pay = (split /\|/, $out, 2)[1];
+	my ($node, $shard) = placement($t);
+	my ($keys_shard, $runs_shard) = split /\|/, $coord->safe_psql('postgres', qq{
+SELECT get_shard_id_for_distribution_column('idem.citus_keys', ${t}::bigint),
+	   get_shard_id_for_distribution_column('idem.citus_runs', ${t}::bigint)});
+	is( $node->safe_psql(
+			'postgres', qq{
+SET citus.override_table_visibility = off;
+SELECT count(DISTINCT x) FROM (
+	SELECT xmin::text FROM public.payments_$shard WHERE note = 'order-9:pay'
+	UNION ALL SELECT xmin::text FROM idem.citus_keys_$keys_shard
+	 WHERE tenant = $t AND key = idem_step_key('order-9', 'pay')
+	UNION ALL SELECT xmin::text FROM idem.citus_runs_$runs_shard
+	 WHERE tenant = $t AND run_id = 'order-9') s(x)}),
+		'1',
+		"the row, the step's record and the run's progress: one local transaction on the shard's node");
+	($out, $err) = $step->($w1, $t, 'order-9', 'ship', 'order-9:ship', 12);
+	like($out, qr/^f\|/, 'step ship executes through worker1') or diag($err);
+	my $ship = (split /\|/, $out, 2)[1];
+	for my $entry ($w1, $w2, $coord)
+	{
+		($out, $err) = $step->($entry, $t, 'order-9', 'pay', 'order-9:pay', 11);
+		is($out, "t|$pay", 'retry of pay through ' . $entry->name . ' replays') or diag($err);
+	}
+	($out, $err) = $step->($w2, $t, 'order-9', 'pay', 'order-9:pay', 99);
+	is(sqlstate_of($err), 'ID422', 'pay again with another amount: ID422');
+	is(rows("note = 'order-9:pay'"), '1', 'one row for pay');
+	is($coord->safe_psql('postgres',
+			"SELECT status, next_step, steps_done, steps_total, input FROM idem_citus_run_status(${t}::bigint, 'order-9')"),
+		'running|mail|2|3|{"order": 9}', 'status: running, mail next, 2 of 3 done');
+
+	# two tenants on one shard, the same run id: two runs
+	my $twin = $coord->safe_psql(
+		'postgres', qq{
+SELECT t FROM generate_series(502, 2000) t
+ WHERE get_shard_id_for_distribution_column('payments', t::bigint)
+	 = get_shard_id_for_distribution_column('payments', ${t}::bigint)
+ LIMIT 1});
+	($out, $err) = call($w2,
+		"SELECT status, next_step, created FROM idem_citus_run_begin(${twin}::bigint, 'order-9', ARRAY['pay'])");
+	is($out, 'running|pay|t', "tenant $twin on the same shard begins its own run order-9") or diag($err);
+	($out, $err) = $step->($w2, $twin, 'order-9', 'pay', 'order-9:pay', 7);
+	like($out, qr/^f\|.*"amount": 7/, "... its pay executes, not replaying tenant ${t}'s") or diag($err);
+	is($coord->safe_psql('postgres',
+			"SELECT status, steps_done FROM idem_citus_run_status(${twin}::bigint, 'order-9')"),
+		'completed|1', '... and completes its run alone');
+	is($coord->safe_psql('postgres',
+			"SELECT status, steps_done FROM idem_citus_run_status(${t}::bigint, 'order-9')"),
+		'running|2', "tenant ${t}'s run is unchanged");
+
+	# the shard group moves between steps: the run goes with it
+	my ($to) = grep { $_->port != $node->port && $_ != $coord } ($w1, $w2);
+	$coord->safe_psql('postgres',
+		"SELECT citus_move_shard_placement($shard, '127.0.0.1', " . $node->port
+		  . ", '127.0.0.1', " . $to->port . ", shard_transfer_mode => 'block_writes')");
+	is((placement($t))[0]->port, $to->port, "tenant ${t}'s shard moved to " . $to->name);
+	for my $entry ($coord, $w1, $w2)
+	{
+		($out, $err) = $step->($entry, $t, 'order-9', 'pay', 'order-9:pay', 11);
+		is($out, "t|$pay", 'after the move, pay through ' . $entry->name . ' replays') or diag($err);
+		($out, $err) = $step->($entry, $t, 'order-9', 'ship', 'order-9:ship', 12);
+		is($out, "t|$ship", '... and so does ship') or diag($err);
+	}
+	($out, $err) = $step->($w2, $t, 'order-9', 'mail', 'order-9:mail', 13);
+	like($out, qr/^f\|/, 'the last step executes on the new node') or diag($err);
+	is( $to->safe_psql(
+			'postgres', qq{
+SET citus.override_table_visibility = off;
+SELECT r.status, r.done_steps, r.xmin = p.xmin
+  FROM idem.citus_runs_$runs_shard r, public.payments_$shard p
+ WHERE r.tenant = $t AND r.run_id = 'order-9' AND p.note = 'order-9:mail'}),
+		'completed|{pay,ship,mail}|t',
+		'... which completes the run there, in the row\'s transaction');
+	is(rows("note LIKE 'order-9:%'"), '4', 'one row per executed step (and the twin\'s)');
+	($out, $err) = $step->($w1, $t, 'order-9', 'mail', 'order-9:mail', 13);
+	like($out, qr/^t\|/, 'a completed run\'s step replays') or diag($err);
+
+	# an external step's result, and a run without declared steps
+	($out, $err) = call($w1,
+		"SELECT created FROM idem_citus_run_begin(${t}::bigint, 'free-1')");
+	is($out, 't', 'a run without declared steps begins') or diag($err);
+	for my $entry ($w1, $coord)
+	{
+		($out, $err) = call($entry,
+			"SELECT replayed, response FROM idem_citus_step_complete(${t}::bigint, 'free-1', 'label', '{\"label\": \"LB-1\"}')");
+		is($out, ($entry == $w1 ? 'f' : 't') . '|{"label": "LB-1"}',
+			'an external step\'s result ' . ($entry == $w1 ? 'is recorded' : 'replays')) or diag($err);
+	}
+	($out, $err) = call($w2,
+		"SELECT replayed FROM idem_citus_step_complete(${t}::bigint, 'free-1', 'label', '{\"label\": \"LB-2\"}')");
+	is(sqlstate_of($err), 'ID422', '... another result for it: ID422');
+
+	($out, $err) = call($w2, "SELECT idem_citus_run_complete(${t}::bigint, 'free-1')");
+	is($out, 'completed', '... and it completes when the caller says so') or diag($err);
+
+	# the run verbs, through the workers
+	call($coord, "SELECT created FROM idem_citus_run_begin(${t}::bigint, 'order-10', ARRAY['pay'])");
+	($out, $err) = call($w1, "SELECT idem_citus_run_fail(${t}::bigint, 'order-10', 'card declined')");
+	is($out, 'failed', 'a tenant run fails') or diag($err);
+	($out, $err) = $step->($w2, $t, 'order-10', 'pay', 'order-10:pay', 1);
+	is(sqlstate_of($err), 'ID423', '... and refuses its steps: ID423');
+	($out, $err) = call($w2, "SELECT idem_citus_run_resume(${t}::bigint, 'order-10')");
+	is($out, 'running', '... until it is resumed') or diag($err);
+	($out, $err) = call($w1, "SELECT idem_citus_run_cancel(${t}::bigint, 'order-10')");
+	is($out, 'cancelled', 'a tenant run is cancelled') or diag($err);
+	($out, $err) = call($coord, "SELECT idem_citus_run_resume(${t}::bigint, 'order-10')");
+	is(sqlstate_of($err), 'ID423', '... for good: resuming it is ID423');
+	($out, $err) = call($coord,
+		"SELECT status, last_error FROM idem_citus_run_status(${t}::bigint, 'order-10')");
+	is($out, 'cancelled|cancelled', '... its status says so') or diag($err);
+	is(rows("note = 'order-10:pay'"), '0', '... and none of its steps ran');
+
+	# three agents run one run's steps at once, one through each entry node
+	call($coord, "SELECT created FROM idem_citus_run_begin(${t}::bigint, 'order-11', ARRAY['a', 'b', 'c'])");
+	{
+		my $seq = join('', map { "SELECT replayed FROM idem_citus_step(${t}::bigint, 'order-11', '$_', $insert, ${t}::bigint, 'order-11:$_', 1);\n" } qw(a b c));
+		my @agents = map {
+			my %io = (in => $seq, out => '', err => '');
+			$io{h} = IPC::Run::start([ 'psql', '-XAtq', '-d', $_->connstr('postgres') ],
+				'<', \$io{in}, '>', \$io{out}, '2>', \$io{err});
+			\%io;
+		} @nodes;
+		$_->{h}->finish for @agents;
+		my $all = join('', map { $_->{out} } @agents);
+		is(join('', map { $_->{err} } @agents), '', 'concurrent agents: no errors');
+		is(scalar(() = $all =~ /^f$/mg) . '/' . scalar(() = $all =~ /^t$/mg), '3/6',
+			'... each step executed once and replayed twice');
+	}
+	is(rows("note LIKE 'order-11:%'"), '3', '... one row per step');
+	is($coord->safe_psql('postgres',
+			"SELECT status, steps_done FROM idem_citus_run_status(${t}::bigint, 'order-11')"),
+		'completed|3', '... and the run completed');
+
+	# idem_citus_step_with(): text arguments, and the step's event on the
+	# shard's node (a session's setting would not reach it)
+	call($coord, "SELECT created FROM idem_citus_run_begin(${t}::bigint, 'order-12', ARRAY['notify'])");
+	($out, $err) = call($w1,
+		"SELECT replayed, response->'rows'->0->>'amount' FROM idem_citus_step_with(${t}::bigint, 'order-12', 'notify', $insert, ARRAY['$t', 'order-12:notify', '8'], outbox_topic => 'refunds')");
+	is($out, 'f|8', 'idem_citus_step_with(): text arguments typed by the statement') or diag($err);
+	($out, $err) = call($w2,
+		"SELECT replayed FROM idem_citus_step_with(${t}::bigint, 'order-12', 'notify', $insert, ARRAY['$t', 'order-12:notify', '8'])");
+	is($out, 't', '... its retry without the topic replays') or diag($err);
+	is((placement($t))[0]->safe_psql('postgres',
+			"SELECT count(*), min(topic), min(run_id), min(step) FROM idem.outbox WHERE key = idem_step_key('order-12', 'notify')"),
+		'1|refunds|order-12|notify', "... and its one event is on the shard's node, with its run and step");
+
+	# a role that is not a superuser: its own runs under the same ids
+	($out, $err) = call_as($w1, 'app',
+		"SELECT status, created FROM idem_citus_run_begin(${t}::bigint, 'order-9', ARRAY['pay'])");
+	is($out, 'running|t', "app's run order-9 of tenant $t is its own") or diag($err);
+	($out, $err) = $step->($coord, $t, 'order-9', 'pay', 'order-9:app', 5, 'app');
+	like($out, qr/^f\|/, "app's step executes through the coordinator") or diag($err);
+	my $app_pay = (split /\|/, $out, 2)[1];
+	($out, $err) = $step->($w2, $t, 'order-9', 'pay', 'order-9:app', 5, 'app');
+	is($out, "t|$app_pay", '... and replays through worker2') or diag($err);
+	($out, $err) = call_as($coord, 'app',
+		"SELECT status, steps_done FROM idem_citus_run_status(${t}::bigint, 'order-9')");
+	is($out, 'completed|1', "... completing app's run") or diag($err);
+	($out, $err) = call_as($coord, 'app', 'SELECT count(*) FROM idem.citus_runs');
+	is(sqlstate_of($err), '42501', 'app cannot read idem.citus_runs');
+	($out, $err) = call_as($w1, 'app2',
+		"SELECT status FROM idem_citus_run_status(${t}::bigint, 'free-1')");
+	is(sqlstate_of($err), 'ID404', "another role does not see the run: ID404");
+
+	# the purge of finished tenant runs, on every shard, from the coordinator
+	call($coord, "SELECT created FROM idem_citus_run_begin(${t}::bigint, 'order-13', ARRAY['a', 'b'])");
+	($out, $err) = $step->($w1, $t, 'order-13', 'a', 'order-13:a', 1);
+	like($out, qr/^f\|/, 'a run still running has a completed step') or diag($err);
+	my $finished = $coord->safe_psql('postgres',
+		"SELECT count(*) FROM idem.citus_runs WHERE status <> 'running'");
+	cmp_ok($finished, '>=', 7, "$finished finished runs, on several shards");
+	is($coord->safe_psql('postgres',
+			"SELECT has_function_privilege('public', 'idem_citus_run_purge(timestamptz)', 'EXECUTE')"),
+		'f', 'idem_citus_run_purge() is not granted to PUBLIC');
+	is($coord->safe_psql('postgres', "SELECT idem_citus_run_purge(now() - interval '1 day')"),
+		'0', 'a purge of runs finished before yesterday removes none');
+	is($coord->safe_psql('postgres', "SELECT idem_citus_run_purge(now() + interval '1 day')"),
+		$finished, 'a purge of runs finished before tomorrow removes each finished run');
+	is($coord->safe_psql('postgres',
+			"SELECT string_agg(run_id || ':' || status, ',' ORDER BY run_id) FROM idem.citus_runs"),
+		'order-13:running', '... and keeps the running one');
+	is($coord->safe_psql('postgres',
+			"SELECT string_agg(key, ',') FROM idem.citus_keys WHERE key LIKE 'idem.step:%'"),
+		$coord->safe_psql('postgres', "SELECT idem_step_key('order-13', 'a')"),
+		"... and its step's record, and none of the purged runs' steps");
+	($out, $err) = $step->($w2, $t, 'order-9', 'pay', 'order-9:pay', 11);
+	is(sqlstate_of($err), 'ID404', 'a step of a purged run: ID404');
+}
+
 # --- doc/citus.md's examples (its ```sql-citus blocks), verbatim, in a
 # database of their own
 {
@@ -1015,7 +1302,7 @@ SELECT string_agg(t::text, ',') FROM generate_series(701, 1000) t
 	my $doc = do { local $/; <$fh> };
 	close $fh;
 	my @blocks = $doc =~ /^```sql-citus\n(.*?)^```$/msg;
-	is(scalar(@blocks), 5, "doc/citus.md has five examples for this test");
+	is(scalar(@blocks), 6, "doc/citus.md has six examples for this test");
 	citus_database('docs');
 	my ($ret, $o, $e) = $coord->psql('docs', $blocks[0]);
 	is($e, '', 'doc: the setup runs') or diag($e);
@@ -1037,10 +1324,18 @@ SELECT nodeport FROM citus_shards
 	$node->safe_psql('docs', "SELECT idem_outbox_ack(event_id, lease_token) FROM idem.outbox WHERE key = 'refund-77'");
 	unlike($coord->safe_psql('docs', $blocks[3]), qr/\|[1-9]\d*$/m,
 		'... and none once it is acknowledged');
+	($ret, $o, $e) = $coord->psql('docs', $blocks[4]);
+	is($o, "running|charge|t\nf|{\"rows\": [{\"note\": \"fulfil-1234:charge\", \"amount\": 100}], \"command\": \"INSERT\", \"rowcount\": 1}\nf\ncompleted||2",
+		'doc: the run begins, both steps execute, the run completes') or diag($e);
+	($ret, $o, $e) = $w2->psql('docs', $blocks[4]);
+	is($o, "completed||f\nt|{\"rows\": [{\"note\": \"fulfil-1234:charge\", \"amount\": 100}], \"command\": \"INSERT\", \"rowcount\": 1}\nt\ncompleted||2",
+		'doc: run again through a worker, the run is found and its steps replay') or diag($e);
+	is($coord->safe_psql('docs', "SELECT count(*) FROM payments WHERE note LIKE 'fulfil-1234:%'"),
+		'2', '... one row per step');
 	$coord->safe_psql('docs', "SELECT create_distributed_table('idem.keys', 'key', colocate_with => 'none')");
 	($ret, $o, $e) = $coord->psql('docs', "SELECT idem_execute('doc-k', 'SELECT 1')");
 	like($e, qr/is a Citus table/, 'doc: idem.keys made a Citus table is refused');
-	($ret, $o, $e) = $coord->psql('docs', $blocks[4]);
+	($ret, $o, $e) = $coord->psql('docs', $blocks[5]);
 	is($ret, 0, 'doc: giving it back runs') or diag($e);
 	($ret, $o, $e) = $coord->psql('docs', "SELECT idem_execute('doc-k', 'SELECT 1')");
 	is($e, '', '... and calls work again') or diag($e);
