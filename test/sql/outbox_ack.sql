@@ -122,6 +122,43 @@ SELECT idem_outbox_ack(event_id, token) FROM ack_claimed WHERE key = 'ack:8';
 RESET ROLE;
 SELECT count(*) AS acks_left FROM idem.outbox WHERE topic = 'acks';
 
+-- one transaction that writes, claims and acknowledges, at every
+-- isolation level: the claim sees the event the transaction wrote, the
+-- ack the lease the transaction took, a second ack of it IDE04
+SET idem.outbox_topic = 'acks';
+BEGIN ISOLATION LEVEL READ COMMITTED;
+SELECT count(*) FROM idem.outbox WHERE topic = 'acks';	-- a snapshot before the write
+SELECT idem_execute('ack:rc', 'SELECT 1 AS i') ->> 'rowcount' AS written;
+CREATE TEMP TABLE ack_txn_claimed AS
+SELECT event_id, lease_token FROM idem_outbox_claim('acks', 10, '30 s');
+SELECT sum(idem_outbox_ack_batch(ARRAY[event_id], ARRAY[lease_token])) AS acked FROM ack_txn_claimed;
+SELECT count(*) AS left_after FROM idem.outbox WHERE key = 'ack:rc';
+DROP TABLE ack_txn_claimed;
+COMMIT;
+BEGIN ISOLATION LEVEL REPEATABLE READ;
+SELECT count(*) FROM idem.outbox WHERE topic = 'acks';	-- the snapshot, before the write
+SELECT idem_execute('ack:rr', 'SELECT 1 AS i') ->> 'rowcount' AS written;
+CREATE TEMP TABLE ack_txn_claimed AS
+SELECT event_id, lease_token FROM idem_outbox_claim('acks', 10, '30 s');
+SELECT count(*) AS claimed FROM ack_txn_claimed;
+SELECT idem_outbox_ack(event_id, lease_token) FROM ack_txn_claimed;
+SELECT count(*) AS left_after FROM idem.outbox WHERE key = 'ack:rr';
+\set VERBOSITY sqlstate
+SAVEPOINT again;
+SELECT idem_outbox_ack(event_id, lease_token) FROM ack_txn_claimed;
+ROLLBACK TO again;
+\set VERBOSITY default
+DROP TABLE ack_txn_claimed;
+COMMIT;
+BEGIN ISOLATION LEVEL SERIALIZABLE;
+SELECT count(*) FROM idem.outbox WHERE topic = 'acks';
+SELECT idem_execute('ack:sr', 'SELECT 1 AS i') ->> 'rowcount' AS written;
+SELECT count(*) AS claimed_and_acked
+  FROM idem_outbox_claim('acks', 10, '30 s') c, idem_outbox_ack(c.event_id, c.lease_token);
+SELECT count(*) AS left_after FROM idem.outbox WHERE key = 'ack:sr';
+COMMIT;
+RESET idem.outbox_topic;
+
 DROP VIEW ack_digest;
 DROP TABLE ack_claimed;
 REVOKE EXECUTE ON FUNCTION idem_outbox_claim(text, integer, interval, text, interval),
