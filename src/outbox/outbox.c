@@ -56,6 +56,7 @@
 #include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/datetime.h"
+#include "utils/datum.h"
 #include "utils/fmgroids.h"
 #include "utils/inval.h"
 #include "utils/json.h"
@@ -597,16 +598,6 @@ state_is(Datum state, const char *name)
 		memcmp(VARDATA_ANY(t), name, VARSIZE_ANY_EXHDR(t)) == 0;
 }
 
-static bool
-text_datums_equal(Datum a, Datum b)
-{
-	text	   *x = DatumGetTextPP(a);
-	text	   *y = DatumGetTextPP(b);
-
-	return VARSIZE_ANY_EXHDR(x) == VARSIZE_ANY_EXHDR(y) &&
-		memcmp(VARDATA_ANY(x), VARDATA_ANY(y), VARSIZE_ANY_EXHDR(x)) == 0;
-}
-
 /*
  * Whether a workflow run's event (its row in values) waits for an event of
  * the same run and topic that an earlier step wrote and that is pending or
@@ -643,8 +634,8 @@ held_back_by_run(Relation rel, Relation runidx, Snapshot snap,
 		held = (state_is(state, "pending") || state_is(state, "leased")) &&
 			DatumGetObjectId(slot_getattr(probe, Anum_outbox_owner, &isnull)) ==
 			DatumGetObjectId(values[Anum_outbox_owner - 1]) &&
-			text_datums_equal(slot_getattr(probe, Anum_outbox_topic, &isnull),
-							  values[Anum_outbox_topic - 1]);
+			datum_image_eq(slot_getattr(probe, Anum_outbox_topic, &isnull),
+						   values[Anum_outbox_topic - 1], false, -1);
 	}
 	index_endscan(scan);
 	return held;
@@ -749,7 +740,7 @@ claim_into(const char *topic, int32 max_events, int64 lease_us, Oid caller,
 		leased = state_is(values[Anum_outbox_state - 1], "leased");
 		if ((!leased && !state_is(values[Anum_outbox_state - 1], "pending")) ||
 			DatumGetTimestampTz(values[Anum_outbox_next_attempt_at - 1]) > now ||
-			!text_datums_equal(values[Anum_outbox_topic - 1], topictext))
+			!datum_image_eq(values[Anum_outbox_topic - 1], topictext, false, -1))
 		{
 			MemoryContextSwitchTo(oldcxt);
 			continue;
