@@ -121,7 +121,7 @@ biz_sql='INSERT INTO bench.payments (invoice, amount) VALUES ($1, $2) RETURNING 
 
 cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n1)
 machine="$(nproc) vCPU ($cpu), Linux $(uname -r), PostgreSQL $(su_sql -c 'SHOW server_version')"
-rev=$(git -C "$top" rev-parse --short HEAD 2>/dev/null || echo "?")
+rev=$(git -c safe.directory="$top" -C "$top" rev-parse --short HEAD 2>/dev/null || echo "?")
 git -C "$top" diff --quiet HEAD -- src 2>/dev/null || rev="$rev+uncommitted src changes"
 log "$machine; idem at $rev"
 

@@ -196,7 +196,7 @@ fsync=$(cd "$dir" && run pg_test_fsync -s 1 -f "$dir/fsync.test" 2>/dev/null |
 		awk '/^ *fdatasync/ { printf "%.0f", $2; exit }')
 machine="$ncpu vCPU ($cpu), $mem RAM, Linux $(uname -r), PostgreSQL $pgver, fdatasync ${fsync:-?} ops/s (pg_test_fsync)"
 log "$machine"
-rev=$(git -C "$top" rev-parse --short HEAD 2>/dev/null || echo "?")
+rev=$(git -c safe.directory="$top" -C "$top" rev-parse --short HEAD 2>/dev/null || echo "?")
 git -C "$top" diff --quiet HEAD -- src 2>/dev/null || rev="$rev+uncommitted src changes"
 sofile="$("$PG_CONFIG" --pkglibdir)/idem.so"
 version="idem: tree at $rev, $sofile built $(date -u -r "$sofile" '+%Y-%m-%d %H:%M UTC')"

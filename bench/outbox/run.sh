@@ -137,8 +137,8 @@ run psql -X -q -h "$dir" -p $port -U postgres -d postgres -c "CREATE DATABASE $d
 su_sql -f "$here/schema.sql" >/dev/null
 
 machine="$(nproc) vCPU ($(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n1)), PostgreSQL $(su_sql -c 'SHOW server_version')"
-rev=$(git -C "$top" rev-parse --short HEAD 2>/dev/null || echo "?")
-dirty=$(git -C "$top" status --porcelain -- src '*.sql' 2>/dev/null | grep -q . && echo "+changes" || true)
+rev=$(git -c safe.directory="$top" -C "$top" rev-parse --short HEAD 2>/dev/null || echo "?")
+dirty=$(git -c safe.directory="$top" -C "$top" status --porcelain -- src '*.sql' 2>/dev/null | grep -q . && echo "+changes" || true)
 log "$machine; idem at $rev$dirty; load average $(cut -d' ' -f1-3 /proc/loadavg)"
 
 queue_of() { case $1 in idem*) echo idem ;; *) echo "$1" ;; esac; }

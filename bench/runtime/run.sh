@@ -61,7 +61,7 @@ cp "$here"/*.sql "$dir/" && chown -R postgres: "$dir" 2>/dev/null || true
 res="$here/results"
 mkdir -p "$res"
 report="$res/latest.txt"
-machine="$(nproc) vCPU ($(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n1)), PostgreSQL $(sql -c 'SHOW server_version'), idem at $(git -C "$top" rev-parse --short HEAD 2>/dev/null || echo '?')"
+machine="$(nproc) vCPU ($(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n1)), PostgreSQL $(sql -c 'SHOW server_version'), idem at $(git -c safe.directory="$top" -C "$top" rev-parse --short HEAD 2>/dev/null || echo '?')"
 echo "# runs on queues, $(date -u +%FT%TZ); $machine; ${seconds}s per round, $rounds rounds; load average $(cut -d' ' -f1-3 /proc/loadavg)" | tee "$report"
 
 pgb() { run pgbench -n -M prepared -h "$dir" -p $port -U postgres "$@" $db 2>&1; }
