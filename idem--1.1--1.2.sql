@@ -136,6 +136,16 @@ CREATE TABLE idem.queues (
 		CHECK (jitter OPERATOR(pg_catalog.=) ANY ('{full,equal,none}'::pg_catalog.text[]))
 );
 SELECT pg_catalog.pg_extension_config_dump('idem.queues', '');
+-- Backends keep the queues they read until the registry changes, however
+-- it is written (idem.outbox_topics' trigger function is the same C
+-- function under its 1.1 name).
+CREATE FUNCTION @extschema@.idem_registry_changed() RETURNS trigger
+AS 'MODULE_PATHNAME', 'idem_registry_changed'
+LANGUAGE C;
+REVOKE ALL ON FUNCTION @extschema@.idem_registry_changed() FROM PUBLIC;
+CREATE TRIGGER queues_changed
+	AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON idem.queues
+	FOR EACH STATEMENT EXECUTE FUNCTION @extschema@.idem_registry_changed();
 
 -- A queued run's place in its queue, on its row, so that a step's fence
 -- check reads nothing the step does not read already.  queue_state is

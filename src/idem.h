@@ -203,6 +203,19 @@ extern int	idem_run_max_lease;
 #define Anum_outbox_topics_created_at	4
 #define Natts_outbox_topics				4
 
+/* Column numbers of idem.queues */
+#define Anum_queues_queue			1
+#define Anum_queues_producers		2
+#define Anum_queues_workers			3
+#define Anum_queues_signallers		4
+#define Anum_queues_concurrency		5
+#define Anum_queues_max_attempts	6
+#define Anum_queues_backoff_base	7
+#define Anum_queues_backoff_cap		8
+#define Anum_queues_jitter			9
+#define Anum_queues_created_at		10
+#define Natts_queues				10
+
 /*
  * A business statement as idem_execute() received it.  A key's identity is
  * (owner, key): the same text under two roles names two independent keys.

@@ -170,6 +170,12 @@ extern void idem_insert_key(const char *key, Oid owner,
 extern Oid	idem_catalog_outbox(void);
 extern Oid	idem_catalog_runs(void);
 extern Oid	idem_catalog_outbox_topics(Oid *pkey);
+extern Oid	idem_catalog_queues(Oid *pkey);
+extern Datum idem_registry_changed(PG_FUNCTION_ARGS);
+/* reads the row idem_registry_probe() found, in the slot */
+typedef void (*IdemRegistryReadFn) (TupleTableSlot *slot, void *arg);
+extern bool idem_registry_probe(Oid relid, Oid pkey, const char *name,
+								IdemRegistryReadFn read, void *arg);
 extern uint64 idem_catalog_secret(void);
 extern uint64 idem_catalog_generation(void);
 extern char *idem_extension_version(Oid extoid);
@@ -182,9 +188,8 @@ extern void idem_insert_run(IdemRunRow *row);
 extern void idem_update_run(IdemRunRow *row);
 /* offered a due run by idem_scan_due_runs(); false when it wants no more */
 typedef bool (*IdemDueRunFn) (Oid owner, const char *run_id, void *arg);
-extern void idem_scan_due_runs(const char *queue, TimestampTz now,
+extern bool idem_scan_due_runs(const char *queue, TimestampTz now,
 							   IdemDueRunFn take, void *arg);
-extern bool idem_queue_other_owner(const char *queue, Oid owner);
 extern void idem_insert_run_attempt(Oid owner, const char *run_id,
 									int32 claim, int32 attempt,
 									const char *step, const char *worker,

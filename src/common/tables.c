@@ -48,6 +48,7 @@
 #include "catalog/pg_namespace.h"
 #include "catalog/pg_operator.h"
 #include "commands/extension.h"
+#include "commands/trigger.h"
 #include "executor/executor.h"
 #include "jit/jit.h"
 #include "common/hashfn.h"
@@ -71,6 +72,8 @@
 
 #include "compat.h"
 #include "common/common.h"
+
+PG_FUNCTION_INFO_V1(idem_registry_changed);
 
 /* Column numbers of idem.keys */
 #define Anum_keys_key			1
@@ -136,6 +139,8 @@ typedef struct IdemCatalog
 	Oid			outbox_run;		/* (run_id), undelivered events of runs */
 	Oid			outbox_topics;
 	Oid			outbox_topics_pkey;
+	Oid			queues;
+	Oid			queues_pkey;
 	Oid			audit;
 	Oid			audit_at;
 	Oid			lock_seed_rel;
@@ -176,6 +181,14 @@ static const ColumnShape outbox_topics_shape[Natts_outbox_topics] = {
 	{"consumers", REGROLEARRAYOID}, {"created_at", TIMESTAMPTZOID}
 };
 static const int16 outbox_topics_pkey_columns[] = {Anum_outbox_topics_topic};
+static const ColumnShape queues_shape[Natts_queues] = {
+	{"queue", TEXTOID}, {"producers", REGROLEARRAYOID},
+	{"workers", REGROLEARRAYOID}, {"signallers", REGROLEARRAYOID},
+	{"concurrency", INT4OID, true}, {"max_attempts", INT4OID},
+	{"backoff_base", INTERVALOID}, {"backoff_cap", INTERVALOID},
+	{"jitter", TEXTOID}, {"created_at", TIMESTAMPTZOID}
+};
+static const int16 queues_pkey_columns[] = {Anum_queues_queue};
 static const int16 outbox_pkey_columns[] = {Anum_outbox_event_id};
 static const int16 outbox_due_columns[] = {Anum_outbox_topic, Anum_outbox_next_attempt_at};
 static const int16 outbox_run_columns[] = {Anum_outbox_run_id};
@@ -271,6 +284,7 @@ catalog_invalidate(Datum arg, Oid relid)
 		relid == catalog.outbox_due ||
 		relid == catalog.outbox_run || relid == catalog.outbox_topics ||
 		relid == catalog.outbox_topics_pkey || relid == catalog.lock_seed_rel ||
+		relid == catalog.queues || relid == catalog.queues_pkey ||
 		relid == catalog.runs || relid == catalog.runs_pkey ||
 		relid == catalog.runs_due || relid == catalog.runs_owner_due ||
 		relid == catalog.run_attempts || relid == catalog.run_attempts_pkey ||
@@ -604,6 +618,12 @@ catalog_resolve(void)
 											   outbox_topics_pkey_columns,
 											   lengthof(outbox_topics_pkey_columns),
 											   PRED_NONE);
+	catalog.queues = catalog_table("queues", nspid, extoid, queues_shape,
+								   Natts_queues);
+	catalog.queues_pkey = catalog_index("queues_pkey", nspid, catalog.queues,
+										BTREE_AM_OID, true, queues_pkey_columns,
+										lengthof(queues_pkey_columns),
+										PRED_NONE);
 	catalog.keys_pkey = catalog_index("keys_pkey", nspid, catalog.keys,
 									  BTREE_AM_OID, true,
 									  keys_pkey_columns,
@@ -1229,6 +1249,71 @@ idem_catalog_outbox_topics(Oid *pkey)
 }
 
 /*
+ * idem_catalog_queues
+ *		The OIDs of idem.queues and its primary key, checked.
+ */
+Oid
+idem_catalog_queues(Oid *pkey)
+{
+	catalog_resolve();
+	*pkey = catalog.queues_pkey;
+	return catalog.queues;
+}
+
+/*
+ * idem_registry_probe
+ *		Find name's row in a registry of idem's (idem.outbox_topics,
+ *		idem.queues: relid, probed through its primary key pkey on the
+ *		name), and if there is one, hand it to read() with arg; returns
+ *		whether there was.  SnapshotSelf, as the key records' lookups.
+ */
+bool
+idem_registry_probe(Oid relid, Oid pkey, const char *name,
+					IdemRegistryReadFn read, void *arg)
+{
+	Relation	rel = table_open(relid, AccessShareLock);
+	Relation	idx = index_open(pkey, AccessShareLock);
+	TupleTableSlot *slot = table_slot_create(rel, NULL);
+	IndexScanDesc scan;
+	ScanKeyData skey;
+	text	   *nametext = cstring_to_text(name);
+	bool		found;
+
+	ScanKeyInit(&skey, 1, BTEqualStrategyNumber, F_TEXTEQ,
+				PointerGetDatum(nametext));
+	scan = index_beginscan(rel, idx, SnapshotSelf, NULL, 1, 0);
+	index_rescan(scan, &skey, 1, NULL, 0);
+	found = index_getnext_slot(scan, ForwardScanDirection, slot);
+	if (found)
+		read(slot, arg);
+	index_endscan(scan);
+	close_probe(slot, idx, rel, nametext);
+	return found;
+}
+
+/*
+ * idem_registry_changed()
+ *		Statement trigger on idem's registries (idem.outbox_topics,
+ *		idem.queues): whatever wrote one (idem's functions, or a
+ *		superuser's own DML), its relcache entry is invalidated, which moves
+ *		idem_catalog_generation() on in every backend once the change
+ *		commits, and at once in the writing transaction.  Backends keep
+ *		what they read from a registry until then.
+ */
+Datum
+idem_registry_changed(PG_FUNCTION_ARGS)
+{
+	if (!CALLED_AS_TRIGGER(fcinfo))
+		ereport(ERROR,
+				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
+				 errmsg("%s() must be called as a trigger",
+						get_func_name(fcinfo->flinfo->fn_oid)),
+				 idem_errhint(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED, NULL)));
+	CacheInvalidateRelcache(((TriggerData *) fcinfo->context)->tg_relation);
+	return PointerGetDatum(NULL);
+}
+
+/*
  * Delete up to limit records that an index scan with skey finds.  A record
  * whose key is locked by a running call is skipped: that call owns it.
  *
@@ -1439,10 +1524,9 @@ idem_lookup_run(Oid owner, const char *run_id, IdemRunRow *row)
 }
 
 /*
- * Open a scan of one of the claim's partial indexes of idem.runs,
- * runs_due_idx or (by_owner) runs_owner_due_idx, whose first column is the
- * queue, with one key beyond the queue's; the caller ends it with
- * due_scan_end().
+ * Open a scan of a queue's entries in runs_owner_due_idx, the claim's
+ * partial index of unfinished queued runs (queue, owner, due_at); the
+ * caller ends it with due_scan_end().
  *
  * No plan: the index's own order is the claim's, so there is none that a
  * backend made while idem.runs was empty (a sequential scan and a sort)
@@ -1457,24 +1541,27 @@ typedef struct DueScan
 	IndexScanDesc scan;
 	TupleTableSlot *slot;
 	text	   *queue;
+	ScanKeyData skey;
 } DueScan;
 
 static void
-due_scan_begin(DueScan *ds, bool by_owner, const char *queue, ScanKey more)
+due_scan_rescan(DueScan *ds)
 {
-	ScanKeyData skey[2];
+	ScanKeyInit(&ds->skey, 1, BTEqualStrategyNumber, F_TEXTEQ,
+				PointerGetDatum(ds->queue));
+	index_rescan(ds->scan, &ds->skey, 1, NULL, 0);
+}
 
+static void
+due_scan_begin(DueScan *ds, const char *queue)
+{
 	catalog_resolve();
 	ds->queue = cstring_to_text(queue);
 	ds->rel = table_open(catalog.runs, AccessShareLock);
-	ds->idx = index_open(by_owner ? catalog.runs_owner_due : catalog.runs_due,
-						 AccessShareLock);
+	ds->idx = index_open(catalog.runs_owner_due, AccessShareLock);
 	ds->slot = table_slot_create(ds->rel, NULL);
-	ScanKeyInit(&skey[0], 1, BTEqualStrategyNumber, F_TEXTEQ,
-				PointerGetDatum(ds->queue));
-	skey[1] = *more;
-	ds->scan = index_beginscan(ds->rel, ds->idx, SnapshotSelf, NULL, 2, 0);
-	index_rescan(ds->scan, skey, 2, NULL, 0);
+	ds->scan = index_beginscan(ds->rel, ds->idx, SnapshotSelf, NULL, 1, 0);
+	due_scan_rescan(ds);
 }
 
 static void
@@ -1486,31 +1573,54 @@ due_scan_end(DueScan *ds)
 
 /*
  * idem_scan_due_runs
- *		Offer the unfinished runs of queue that are due by now to take(),
- *		oldest due first, until it returns false or none is left.
+ *		If the unfinished runs of queue are all one role's (or there are
+ *		none), offer those due by now to take(), oldest due first, until it
+ *		returns false or none is left, and return true; if they are several
+ *		roles', offer none and return false: the caller shares the claim
+ *		among the roles.
  *
- * take() may update the run it is offered (a lease moves due_at past now,
- * out of this scan's range).
+ * One scan of runs_owner_due_idx and one probe: the probe reads the
+ * highest owner of the queue's runs, and the scan, from the lowest owner
+ * on, finds that owner's runs in due order, so a queue of one role (the
+ * common case) pays next to nothing for the share among roles.  take()
+ * may update the run it is offered (a lease moves due_at past now, behind
+ * this scan).
  */
-void
+bool
 idem_scan_due_runs(const char *queue, TimestampTz now, IdemDueRunFn take,
 				   void *arg)
 {
 	DueScan		ds;
-	ScanKeyData skey;
+	Oid			highest;
+	bool		isnull;
+	bool		one_role = true;
 
-	ScanKeyInit(&skey, 2, BTLessEqualStrategyNumber, F_TIMESTAMPTZ_LE,
-				TimestampTzGetDatum(now));
-	due_scan_begin(&ds, false, queue, &skey);
+	due_scan_begin(&ds, queue);
+	if (!index_getnext_slot(ds.scan, BackwardScanDirection, ds.slot))
+	{
+		due_scan_end(&ds);
+		return true;
+	}
+	highest = DatumGetObjectId(slot_getattr(ds.slot, Anum_runs_owner, &isnull));
+	due_scan_rescan(&ds);
 	while (index_getnext_slot(ds.scan, ForwardScanDirection, ds.slot))
 	{
-		bool		isnull;
 		Oid			run_owner;
+		Datum		due;
 		char	   *run_id;
 		bool		more;
 
 		CHECK_FOR_INTERRUPTS();
 		run_owner = DatumGetObjectId(slot_getattr(ds.slot, Anum_runs_owner, &isnull));
+		if (run_owner != highest)
+		{
+			one_role = false;
+			break;
+		}
+		/* due_at sorts nulls (a wait for a signal alone) last */
+		due = slot_getattr(ds.slot, Anum_runs_due_at, &isnull);
+		if (isnull || DatumGetTimestampTz(due) > now)
+			break;
 		run_id = TextDatumGetCString(slot_getattr(ds.slot, Anum_runs_run_id, &isnull));
 		more = take(run_owner, run_id, arg);
 		pfree(run_id);
@@ -1518,41 +1628,7 @@ idem_scan_due_runs(const char *queue, TimestampTz now, IdemDueRunFn take,
 			break;
 	}
 	due_scan_end(&ds);
-}
-
-/*
- * Whether queue has an unfinished run of an owner on the given side of
- * owner: one probe of runs_owner_due_idx, from owner outwards.
- */
-static bool
-queue_owner_beyond(const char *queue, Oid owner, StrategyNumber side)
-{
-	DueScan		ds;
-	ScanKeyData skey;
-	bool		found;
-
-	ScanKeyInit(&skey, 2, side,
-				side == BTLessStrategyNumber ? F_OIDLT : F_OIDGT,
-				ObjectIdGetDatum(owner));
-	due_scan_begin(&ds, true, queue, &skey);
-	found = index_getnext_slot(ds.scan, side == BTLessStrategyNumber ?
-							   BackwardScanDirection : ForwardScanDirection,
-							   ds.slot);
-	due_scan_end(&ds);
-	return found;
-}
-
-/*
- * idem_queue_other_owner
- *		Whether queue has an unfinished run that is not owner's: two index
- *		probes that start next to owner's runs, so that a queue of one role
- *		(the common case) pays next to nothing for the share among roles.
- */
-bool
-idem_queue_other_owner(const char *queue, Oid owner)
-{
-	return queue_owner_beyond(queue, owner, BTLessStrategyNumber) ||
-		queue_owner_beyond(queue, owner, BTGreaterStrategyNumber);
+	return one_role;
 }
 
 static void

@@ -44,7 +44,6 @@
 #include "catalog/pg_authid.h"
 #include "catalog/pg_type.h"
 #include "commands/async.h"
-#include "commands/trigger.h"
 #include "executor/spi.h"
 #include "fmgr.h"
 #include "funcapi.h"
@@ -103,9 +102,9 @@ static const char *const privilege_names[] = {"publish", "consume"};
 
 /*
  * The last check of each privilege that passed, kept across transactions
- * until what it read may have changed: the registry (whose trigger,
- * idem_outbox_topics_changed(), invalidates the table's relcache entry,
- * which moves idem_catalog_generation() on) or any role's membership or
+ * until what it read may have changed: the registry (whose trigger
+ * invalidates the table's relcache entry, which moves
+ * idem_catalog_generation() on) or any role's membership or
  * attributes (syscache callbacks, as PostgreSQL's own role membership
  * cache has).  A producer's every call, and a consumer's every claim and
  * ack, then skip the registry lookup; a change is seen, as GRANT and
@@ -135,6 +134,28 @@ roles_changed(Datum arg, int cacheid, uint32 hashvalue)
  * ------------------------------------------------------------------------
  */
 
+/* A topic check in progress, for read_topic_row() */
+typedef struct TopicCheck
+{
+	Oid			role;
+	TopicPrivilege priv;
+	bool		allowed;
+} TopicCheck;
+
+static void
+read_topic_row(TupleTableSlot *slot, void *arg)
+{
+	TopicCheck *tc = arg;
+	bool		isnull;
+	Datum		roles;
+
+	roles = slot_getattr(slot, tc->priv == TOPIC_PUBLISH ?
+						 Anum_outbox_topics_publishers :
+						 Anum_outbox_topics_consumers, &isnull);
+	tc->allowed = superuser_arg(tc->role) ||
+		(!isnull && idem_role_in(tc->role, roles));
+}
+
 /*
  * Whether the topic is registered, and whether role may use it as asked.
  * A superuser may use every registered topic.
@@ -144,35 +165,10 @@ topic_allows(const char *topic, Oid role, TopicPrivilege priv, bool *exists)
 {
 	Oid			pkey;
 	Oid			relid = idem_catalog_outbox_topics(&pkey);
-	Relation	rel = table_open(relid, AccessShareLock);
-	Relation	idx = index_open(pkey, AccessShareLock);
-	TupleTableSlot *slot = table_slot_create(rel, NULL);
-	IndexScanDesc scan;
-	ScanKeyData skey;
-	text	   *topictext = cstring_to_text(topic);
-	bool		allowed = false;
+	TopicCheck	tc = {role, priv, false};
 
-	ScanKeyInit(&skey, 1, BTEqualStrategyNumber, F_TEXTEQ,
-				PointerGetDatum(topictext));
-	scan = index_beginscan(rel, idx, SnapshotSelf, NULL, 1, 0);
-	index_rescan(scan, &skey, 1, NULL, 0);
-	*exists = index_getnext_slot(scan, ForwardScanDirection, slot);
-	if (*exists)
-	{
-		bool		isnull;
-		Datum		roles;
-
-		roles = slot_getattr(slot, priv == TOPIC_PUBLISH ?
-							 Anum_outbox_topics_publishers :
-							 Anum_outbox_topics_consumers, &isnull);
-		allowed = superuser_arg(role) || (!isnull && idem_role_in(role, roles));
-	}
-	index_endscan(scan);
-	ExecDropSingleTupleTableSlot(slot);
-	index_close(idx, AccessShareLock);
-	table_close(rel, AccessShareLock);
-	pfree(topictext);
-	return allowed;
+	*exists = idem_registry_probe(relid, pkey, topic, read_topic_row, &tc);
+	return tc.allowed;
 }
 
 static void
@@ -226,20 +222,13 @@ check_topic(const char *topic, Oid role, TopicPrivilege priv)
 
 /*
  * idem_outbox_topics_changed()
- *		Statement trigger on idem.outbox_topics: whatever wrote the
- *		registry (idem's functions, or a superuser's own DML), every
- *		backend drops the topic checks it keeps once the change commits.
+ *		The 1.1 name of the registries' statement trigger, on
+ *		idem.outbox_topics (tables.c, idem_registry_changed()).
  */
 Datum
 idem_outbox_topics_changed(PG_FUNCTION_ARGS)
 {
-	if (!CALLED_AS_TRIGGER(fcinfo))
-		ereport(ERROR,
-				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
-				 errmsg("idem_outbox_topics_changed() must be called as a trigger"),
-				 idem_errhint(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED, NULL)));
-	CacheInvalidateRelcache(((TriggerData *) fcinfo->context)->tg_relation);
-	return PointerGetDatum(NULL);
+	return idem_registry_changed(fcinfo);
 }
 
 /*

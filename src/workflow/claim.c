@@ -322,27 +322,14 @@ typedef struct ClaimState
 	TupleDesc	tupdesc;
 	int32		want;
 	int32		leased;
-	bool		checked;		/* whether other roles have runs, asked */
-	bool		shared;			/* the queue has runs of several roles */
 } ClaimState;
 
-/*
- * Lease a due run the index scan offers; false once the claim has enough,
- * or if the first run offered shows that the queue's runs are not all one
- * role's, and must be shared among the roles.
- */
+/* Lease a due run the index scan offers; false once the claim has enough. */
 static bool
 take_due_run(Oid owner, const char *run_id, void *arg)
 {
 	ClaimState *cs = arg;
 
-	if (!cs->checked)
-	{
-		cs->checked = true;
-		cs->shared = idem_queue_other_owner(cs->q->queue, owner);
-		if (cs->shared)
-			return false;
-	}
 	if (lease_run(owner, run_id, cs->q, cs->lease_us, cs->caller, cs->worker,
 				  cs->store, cs->tupdesc))
 		cs->leased++;
@@ -356,9 +343,8 @@ take_due_run(Oid owner, const char *run_id, void *arg)
  * leases that hold goes first (then the one whose oldest due run is
  * oldest), one run each in turn, so that one role's backlog never holds
  * another role's runs back.  Within a role, oldest due first.  A queue
- * whose unfinished runs are all one role's (the first due run found says
- * whose, two probes of runs_owner_due_idx say no one else's) is claimed in
- * one scan of the due index, without a plan or a sort.
+ * whose unfinished runs are all one role's is claimed in one scan of its
+ * index, without a plan or a sort.
  */
 static int32
 claim_into(IdemQueue *q, int32 max_runs, int64 lease_us, Oid caller,
@@ -369,8 +355,7 @@ claim_into(IdemQueue *q, int32 max_runs, int64 lease_us, Oid caller,
 	char		nulls[4] = {' ', ' ', ' ', ' '};
 	TimestampTz now = GetCurrentTimestamp();
 	int32		want = idem_queue_room(q, max_runs, now);
-	ClaimState	cs = {q, lease_us, caller, worker, store, tupdesc, want, 0,
-	false, false};
+	ClaimState	cs = {q, lease_us, caller, worker, store, tupdesc, want, 0};
 	int32		leased = 0;
 	uint64		n = 0;
 	int			nestlevel;
@@ -382,8 +367,7 @@ claim_into(IdemQueue *q, int32 max_runs, int64 lease_us, Oid caller,
 	if (want == 0)
 		return 0;
 	/* one role, or none: its oldest due runs, straight off the index */
-	idem_scan_due_runs(q->queue, now, take_due_run, &cs);
-	if (!cs.shared)
+	if (idem_scan_due_runs(q->queue, now, take_due_run, &cs))
 		return cs.leased;
 	values[0] = CStringGetTextDatum(q->queue);
 	values[1] = TimestampTzGetDatum(now);

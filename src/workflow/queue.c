@@ -9,8 +9,8 @@
  * A queue is a row of idem.queues, administered like an outbox topic:
  * the functions are granted by an administrator, never to PUBLIC, and a
  * role may use a queue as its lists say (membership counts; superusers
- * may use every queue).  The row is read through SPI, as the tables'
- * owner, with every name schema-qualified.
+ * may use every queue).  The row is read by OID, as the key records are,
+ * and kept until idem.queues changes.
  *
  * Copyright (c) 2026, idem authors
  *
@@ -22,11 +22,14 @@
 #include "postgres.h"
 
 #include "catalog/pg_type.h"
+#include "executor/tuptable.h"
 #include "common/hashfn.h"
 #include "executor/spi.h"
 #include "miscadmin.h"
 #include "storage/lock.h"
 #include "utils/builtins.h"
+#include "utils/hsearch.h"
+#include "utils/memutils.h"
 #include "utils/timestamp.h"
 
 #include "compat.h"
@@ -43,13 +46,6 @@ PG_FUNCTION_INFO_V1(idem_queue_revoke);
 
 static const char *const privilege_names[] = {"produce", "work", "signal"};
 static const char *const list_names[] = {"producers", "workers", "signallers"};
-
-static IdemQuery q_read = {
-	"SELECT producers, workers, signallers, concurrency, max_attempts,"
-	"       backoff_base, backoff_cap, jitter"
-	"  FROM idem.queues WHERE queue OPERATOR(pg_catalog.=) $1",
-	1, {TEXTOID}
-};
 
 static IdemQuery q_insert = {
 	"INSERT INTO idem.queues (queue, producers, workers, signallers,"
@@ -95,46 +91,104 @@ report_no_queue(const char *queue)
 }
 
 /*
- * Read the queue into q; with role, also whether role may use it as priv
- * asks.  Returns false if there is no such queue.
+ * The queues this backend read, by name, kept across transactions until
+ * idem_catalog_generation() moves on: idem.queues' trigger invalidates the
+ * table's relcache entry on every change, which does that once the change
+ * commits (at once in its own transaction).  A claim, an enqueue and a
+ * step's failure then read no row; the role lists are kept, and checked
+ * at every use, so that a change of membership counts at once, as in
+ * PostgreSQL's own privilege checks.
+ */
+typedef struct QueueCacheEntry
+{
+	char		name[QUEUE_MAX_NAME_BYTES + 1]; /* the hash key */
+	IdemQueue	q;
+	ArrayType  *lists[3];		/* producers, workers, signallers */
+} QueueCacheEntry;
+
+static HTAB *queue_cache = NULL;
+static MemoryContext queue_cache_cxt = NULL;
+static uint64 queue_cache_generation = 0;
+
+/* Copy the row idem_registry_probe() found into a new cache entry, arg. */
+static void
+read_queue_row(TupleTableSlot *slot, void *arg)
+{
+	QueueCacheEntry *e = arg;
+	MemoryContext old = MemoryContextSwitchTo(queue_cache_cxt);
+	bool		isnull;
+	Datum		d;
+
+	for (int i = 0; i < 3; i++)
+		e->lists[i] = DatumGetArrayTypePCopy(slot_getattr(slot,
+														  Anum_queues_producers + i,
+														  &isnull));
+	e->q.queue = NULL;
+	d = slot_getattr(slot, Anum_queues_concurrency, &isnull);
+	e->q.concurrency = isnull ? 0 : DatumGetInt32(d);
+	e->q.max_attempts = DatumGetInt32(slot_getattr(slot, Anum_queues_max_attempts, &isnull));
+	e->q.backoff_base_us = idem_interval_usecs(DatumGetIntervalP(slot_getattr(slot, Anum_queues_backoff_base, &isnull)));
+	e->q.backoff_cap_us = idem_interval_usecs(DatumGetIntervalP(slot_getattr(slot, Anum_queues_backoff_cap, &isnull)));
+	e->q.jitter = idem_jitter_from_name(TextDatumGetCString(slot_getattr(slot, Anum_queues_jitter, &isnull)));
+	MemoryContextSwitchTo(old);
+}
+
+/*
+ * Read the queue into q (in the caller's memory context); with role, also
+ * whether role may use it as priv asks.  Returns false if there is no such
+ * queue.
  */
 static bool
 read_queue(const char *queue, Oid role, IdemQueuePrivilege priv,
 		   IdemQueue *q, bool *allowed)
 {
-	IdemOwnerSPI spi;
-	Datum		values[1];
-	char		nulls[1] = {' '};
-	HeapTuple	tup;
-	TupleDesc	desc;
-	bool		isnull;
-	Datum		d;
+	QueueCacheEntry *e;
+	QueueCacheEntry fresh;
+	uint64		generation;
+	Oid			relid;
+	Oid			pkey;
 
 	idem_check_name("run queue", queue, QUEUE_MAX_NAME_BYTES, NULL);
-	values[0] = CStringGetTextDatum(queue);
-	idem_owner_spi_begin(&spi, idem_catalog_runs());
-	idem_query_run(&q_read, values, nulls, 1);
-	if (SPI_processed == 0)
+	/* resolve first: a change that arrives during the read voids it */
+	relid = idem_catalog_queues(&pkey);
+	generation = idem_catalog_generation();
+	if (queue_cache == NULL || queue_cache_generation != generation)
 	{
-		idem_owner_spi_end(&spi);
-		return false;
+		HASHCTL		ctl;
+
+		if (queue_cache_cxt == NULL)
+			queue_cache_cxt = AllocSetContextCreate(CacheMemoryContext,
+													"idem queues",
+													ALLOCSET_SMALL_SIZES);
+		else
+			MemoryContextReset(queue_cache_cxt);
+		ctl.keysize = QUEUE_MAX_NAME_BYTES + 1;
+		ctl.entrysize = sizeof(QueueCacheEntry);
+		ctl.hcxt = queue_cache_cxt;
+		queue_cache = hash_create("idem queues", 16, &ctl,
+								  HASH_ELEM | HASH_STRINGS | HASH_CONTEXT);
+		queue_cache_generation = generation;
 	}
-	tup = SPI_tuptable->vals[0];
-	desc = SPI_tuptable->tupdesc;
+	e = hash_search(queue_cache, queue, HASH_FIND, NULL);
+	if (e == NULL)
+	{
+		if (!idem_registry_probe(relid, pkey, queue, read_queue_row, &fresh))
+			return false;
+		e = &fresh;
+		if (idem_catalog_generation() == generation)
+		{
+			e = hash_search(queue_cache, queue, HASH_ENTER, NULL);
+			memcpy(e->lists, fresh.lists, sizeof(fresh.lists));
+			e->q = fresh.q;
+		}
+	}
+	*q = e->q;
+	q->queue = pstrdup(queue);
 	if (allowed != NULL)
 		*allowed = superuser_arg(role) ||
-			idem_role_in(role, SPI_getbinval(tup, desc, 1 + priv, &isnull));
-	q->queue = MemoryContextStrdup(spi.callercxt, queue);
-	d = SPI_getbinval(tup, desc, 4, &isnull);
-	q->concurrency = isnull ? 0 : DatumGetInt32(d);
-	q->max_attempts = DatumGetInt32(SPI_getbinval(tup, desc, 5, &isnull));
-	q->backoff_base_us = idem_interval_usecs(DatumGetIntervalP(SPI_getbinval(tup, desc, 6, &isnull)));
-	q->backoff_cap_us = idem_interval_usecs(DatumGetIntervalP(SPI_getbinval(tup, desc, 7, &isnull)));
-	q->jitter = idem_jitter_from_name(TextDatumGetCString(SPI_getbinval(tup, desc, 8, &isnull)));
-	idem_owner_spi_end(&spi);
+			idem_role_in(role, PointerGetDatum(e->lists[priv]));
 	return true;
 }
-
 
 /* the leases that hold: on the claim's index, after now */
 static IdemQuery q_count_leased = {

@@ -113,6 +113,24 @@ CREATE TABLE idem.runs (LIKE idem.runs_moved INCLUDING ALL);
 SELECT * FROM idem_run_status('tam-run');
 ROLLBACK;
 
+-- the queue registry, which sessions keep what they read of: a look-alike,
+-- a changed type, its primary key replaced by an index on another column
+BEGIN;
+ALTER TABLE idem.queues RENAME TO queues_moved;
+CREATE TABLE idem.queues (LIKE idem.queues_moved INCLUDING ALL);
+SELECT * FROM idem_run_claim('tam-queue', 1, '30 s');
+ROLLBACK;
+\echo :LAST_ERROR_SQLSTATE
+BEGIN;
+ALTER TABLE idem.queues ALTER COLUMN concurrency TYPE bigint;
+SELECT * FROM idem_run_claim('tam-queue', 1, '30 s');
+ROLLBACK;
+BEGIN;
+ALTER TABLE idem.queues DROP CONSTRAINT queues_pkey;
+ALTER TABLE idem.queues ADD CONSTRAINT queues_pkey PRIMARY KEY (created_at);
+SELECT * FROM idem_run_claim('tam-queue', 1, '30 s');
+ROLLBACK;
+
 -- after every rollback the real tables serve again
 SELECT replayed FROM idem_execute_ex('tam:1', 'SELECT 1 AS one');
 SELECT count(*) AS tam_keys FROM idem.keys WHERE key LIKE 'tam:%';
