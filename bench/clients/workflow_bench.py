@@ -65,14 +65,21 @@ def make_workflow(queue):
     return wf
 
 
-def worker_proc(dsn, queue, stop, prefetch):
+def connect_kw(prepare):
+    """psycopg's default (statements prepared on the server after their
+    5th execution), or none prepared, as behind PgBouncer in transaction
+    mode; the same for both sides."""
+    return {} if prepare else {"prepare_threshold": None}
+
+
+def worker_proc(dsn, queue, stop, prefetch, prepare):
     kw = {} if prefetch is None else {"prefetch": prefetch}
-    idem.Worker(lambda: psycopg.connect(dsn, prepare_threshold=None), [make_workflow(queue)],
+    idem.Worker(lambda: psycopg.connect(dsn, **connect_kw(prepare)), [make_workflow(queue)],
                 concurrency=1, lease=30, poll=0.05, stop=stop, **kw).run()
 
 
-def hand_proc(dsn, counter, total, go, tag):
-    conn = psycopg.connect(dsn, prepare_threshold=None, autocommit=True)
+def hand_proc(dsn, counter, total, go, tag, prepare):
+    conn = psycopg.connect(dsn, autocommit=True, **connect_kw(prepare))
     go.wait()
     while True:
         with counter.get_lock():
@@ -93,11 +100,12 @@ def hand_proc(dsn, counter, total, go, tag):
     conn.close()
 
 
-def round_workflow(dsn, admin, n, procs, r, prefetch):
+def round_workflow(dsn, admin, n, procs, r, prefetch, prepare):
     queue = f"bench{r}"
     admin.execute("SELECT idem_queue_create(%s)", (queue,))
     stop = mp.Event()
-    ps = [mp.Process(target=worker_proc, args=(dsn, queue, stop, prefetch)) for _ in range(procs)]
+    ps = [mp.Process(target=worker_proc, args=(dsn, queue, stop, prefetch, prepare))
+          for _ in range(procs)]
     for p in ps:
         p.start()
     time.sleep(1.0)     # the workers are up and polling an empty queue
@@ -124,9 +132,10 @@ def round_workflow(dsn, admin, n, procs, r, prefetch):
     return n / elapsed
 
 
-def round_hand(dsn, n, procs, r):
+def round_hand(dsn, n, procs, r, prepare):
     counter, go = mp.Value("l", 0), mp.Event()
-    ps = [mp.Process(target=hand_proc, args=(dsn, counter, n, go, f"hand{r}")) for _ in range(procs)]
+    ps = [mp.Process(target=hand_proc, args=(dsn, counter, n, go, f"hand{r}", prepare))
+          for _ in range(procs)]
     for p in ps:
         p.start()
     time.sleep(1.0)
@@ -144,6 +153,9 @@ def main():
     ap.add_argument("--procs", type=int, default=4)
     ap.add_argument("--prefetch", type=int, default=None,
                     help="the workers' prefetch (default: the Worker's)")
+    ap.add_argument("--prepare", action="store_true",
+                    help="psycopg's default prepare_threshold on both sides"
+                         " (default: none prepared, as behind PgBouncer)")
     a = ap.parse_args()
     from clusters import Cluster
     cluster = Cluster()
@@ -160,13 +172,15 @@ def main():
         admin.execute("SELECT pg_reload_conf()")
         wf_rates, hand_rates = [], []
         for r in range(a.rounds):
-            hand_rates.append(round_hand(cluster.dsn(), a.runs, a.procs, r))
-            wf_rates.append(round_workflow(cluster.dsn(), admin, a.runs, a.procs, r, a.prefetch))
+            hand_rates.append(round_hand(cluster.dsn(), a.runs, a.procs, r, a.prepare))
+            wf_rates.append(round_workflow(cluster.dsn(), admin, a.runs, a.procs, r, a.prefetch,
+                                           a.prepare))
             print(f"round {r + 1}: hand {hand_rates[-1]:.0f} runs/s, workflow {wf_rates[-1]:.0f} runs/s"
                   f" ({wf_rates[-1] / hand_rates[-1]:.2f}x)", flush=True)
         h, w = statistics.median(hand_rates), statistics.median(wf_rates)
         print(f"median over {a.rounds} rounds of {a.runs} runs, {a.procs} processes each,"
-              f" synchronous_commit off: hand {h:.0f} runs/s, workflow {w:.0f} runs/s,"
+              f" synchronous_commit off, {'prepared' if a.prepare else 'unprepared'}"
+              f" statements: hand {h:.0f} runs/s, workflow {w:.0f} runs/s,"
               f" ratio {w / h:.2f}")
     finally:
         cluster.stop()
