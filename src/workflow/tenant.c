@@ -840,11 +840,15 @@ tenant_shard_local(Oid keys_rel, Oid keys_owner, Oid tenant_type,
 	return OidIsValid(shard->relid);
 }
 
-/* The tenant's key record of req, if any (rec filled in the caller's context). */
+/*
+ * The tenant's record of owner's key, if any (rec filled in the caller's
+ * context); read_only: as the caller's snapshot sees it, else as committed
+ * now.
+ */
 static bool
 lookup_tenant_key(Oid keys_owner, Oid tenant_type, Datum tenant,
-				  TenantShard *shard, IdemRequest *req, IdemRecord *rec,
-				  MemoryContext cxt)
+				  TenantShard *shard, Oid owner, const char *key, int keylen,
+				  IdemRecord *rec, MemoryContext cxt, bool read_only)
 {
 	Oid			types[3] = {tenant_type, REGROLEOID, TEXTOID};
 	Datum		values[3];
@@ -855,10 +859,10 @@ lookup_tenant_key(Oid keys_owner, Oid tenant_type, Datum tenant,
 	MemoryContext old;
 
 	values[0] = tenant;
-	values[1] = ObjectIdGetDatum(req->owner);
-	values[2] = PointerGetDatum(cstring_to_text_with_len(req->key, req->keylen));
+	values[1] = ObjectIdGetDatum(owner);
+	values[2] = PointerGetDatum(cstring_to_text_with_len(key, keylen));
 	run_keys_sql(KEYS_LOOKUP, shard->relid, keys_owner, tenant_type, 3, types,
-				 values, NULL, false);
+				 values, NULL, read_only);
 	if (SPI_processed == 0)
 		return false;
 	tup = SPI_tuptable->vals[0];
@@ -869,7 +873,7 @@ lookup_tenant_key(Oid keys_owner, Oid tenant_type, Datum tenant,
 		ereport(ERROR,
 				(errcode(ERRCODE_DATA_CORRUPTED),
 				 errmsg("key record \"%s\" in idem.citus_keys has a fingerprint of the wrong length",
-						req->key)));
+						key)));
 	memcpy(rec->fingerprint, VARDATA_ANY(fp), IDEM_FINGERPRINT_LEN);
 	rec->fpversion = DatumGetInt16(SPI_getbinval(tup, desc, 2, &isnull));
 	old = MemoryContextSwitchTo(cxt);
@@ -1140,7 +1144,8 @@ find_tenant_record(TenantCall *tc, IdemStatement *stmt, IdemRequest *req,
 	lock_tenant_key(tc->tenant_type, tc->tenant, req->owner, req->key,
 					req->keylen);
 	found = lookup_tenant_key(tc->keys_owner, tc->tenant_type, tc->tenant,
-							  &tc->shard, req, rec, tc->callercxt);
+							  &tc->shard, req->owner, req->key, req->keylen,
+							  rec, tc->callercxt, false);
 	if (found && rec->expires_at <= now)
 	{
 		write_tenant_key(tc->keys_owner, tc->tenant_type, tc->tenant,
@@ -1435,9 +1440,22 @@ tenant_execute(const IdemRunStore *store, IdemStatement *stmt,
 	return run_tenant_statement(tc->fname, stmt, req, NULL);
 }
 
+/* For the readers: the caller's snapshot, as the run's row was read. */
+static bool
+tenant_read_record(const IdemRunStore *store, Oid owner, const char *key,
+				   IdemRecord *rec)
+{
+	TenantCall *tc = store->arg;
+
+	return lookup_tenant_key(tc->keys_owner, tc->tenant_type, tc->tenant,
+							 &tc->shard, owner, key, strlen(key), rec,
+							 CurrentMemoryContext, true);
+}
+
 static const IdemRunStore tenant_store = {
 	tenant_lock_and_read, tenant_insert_run, tenant_update_run,
-	tenant_find_record, tenant_insert_key, tenant_execute, NULL
+	tenant_find_record, tenant_insert_key, tenant_execute,
+	tenant_read_record, NULL
 };
 
 /* The tenant's run store, for a call to a run function of the tenant. */
