@@ -14,19 +14,21 @@
  *		idem_citus_call_with() takes idem_call()'s options as arguments,
  *		which Citus carries there as it does not the session's settings.
  *		Tenant runs: idem_citus_run_begin(), idem_citus_step(),
- *		idem_citus_step_with(), idem_citus_step_complete(),
- *		idem_citus_run_status() and the run verbs (fail, resume, complete,
- *		cancel) of the role's own runs, and idem_citus_run_purge() of
- *		finished runs: run.c's runs and steps on a store (IdemRunStore)
+ *		idem_citus_step_with(), idem_citus_step_complete(), the readers
+ *		idem_citus_run_status() and idem_citus_run_steps() and the run verbs
+ *		(fail, resume, complete, cancel), of the role's own runs or, for an
+ *		administrator, another role's (owner), and idem_citus_run_purge()
+ *		of finished runs: run.c's runs and steps on a store (IdemRunStore)
  *		that keeps the run in idem.citus_runs and its steps' records in
  *		idem.citus_keys, on the tenant's shards.
  *
  * The tables and the functions are made here rather than by the
  * extension's script because their types come from the distributed table.
  * Declaring the same colocation again changes nothing but to add what a
- * colocation declared before tenant runs lacks; another is refused while
- * idem.citus_keys or idem.citus_runs holds records (they would stay on the
- * old group's shards).
+ * colocation declared by an older build lacks (tenant runs, a function, a
+ * parameter) and to bring idem_citus_run_purge() up to date; another is
+ * refused while idem.citus_keys or idem.citus_runs holds records (they
+ * would stay on the old group's shards).
  *
  * The key record is read and written on the tenant's shard of
  * idem.citus_keys on this node, directly (as the table's owner: callers
@@ -89,6 +91,7 @@ PG_FUNCTION_INFO_V1(idem_citus_step);
 PG_FUNCTION_INFO_V1(idem_citus_step_with);
 PG_FUNCTION_INFO_V1(idem_citus_step_complete);
 PG_FUNCTION_INFO_V1(idem_citus_run_status);
+PG_FUNCTION_INFO_V1(idem_citus_run_steps);
 PG_FUNCTION_INFO_V1(idem_citus_run_fail);
 PG_FUNCTION_INFO_V1(idem_citus_run_resume);
 PG_FUNCTION_INFO_V1(idem_citus_run_complete);
@@ -177,9 +180,10 @@ citus_runs_relid(void)
 /*
  * The functions idem_citus_colocate() makes, after their tenant argument:
  * a call is made with and without the statement's arguments, and Citus
- * delegates each by its tenant.  Those of tenant runs are marked: a
- * colocation declared before they existed gets them when it is declared
- * again.
+ * delegates each by its tenant.  A colocation declared before one of them
+ * existed, or had its present parameters, gets it when it is declared
+ * again; the one it had is dropped, or a call of the old shape would match
+ * both.
  */
 static const struct
 {
@@ -189,64 +193,111 @@ static const struct
 								 * regprocedure */
 	const char *returns;
 	const char *symbol;
-	bool		run;
+	const char *old_args;		/* the input parameters' types it had before,
+								 * or NULL */
 }			citus_calls[] = {
 	{"idem_citus_call", "key text, sql text, " CALL_RESULT, "text, text",
-	"record", "idem_citus_call", false},
+	"record", "idem_citus_call", NULL},
 	{"idem_citus_call", "key text, sql text, VARIADIC args \"any\", " CALL_RESULT,
-	"text, text, \"any\"", "record", "idem_citus_call", false},
+	"text, text, \"any\"", "record", "idem_citus_call", NULL},
 	{"idem_citus_call_outbox", "outbox_topic text, key text, sql text, " CALL_RESULT,
-	"text, text, text", "record", "idem_citus_call_outbox", false},
+	"text, text, text", "record", "idem_citus_call_outbox", NULL},
 	{"idem_citus_call_outbox",
 		"outbox_topic text, key text, sql text, VARIADIC args \"any\", " CALL_RESULT,
-	"text, text, text, \"any\"", "record", "idem_citus_call_outbox", false},
+	"text, text, text, \"any\"", "record", "idem_citus_call_outbox", NULL},
 	{"idem_citus_call_with",
 		"key text, sql text, args text[] DEFAULT '{}', outbox_topic text DEFAULT NULL,"
 		" ttl interval DEFAULT NULL, wait boolean DEFAULT NULL, " CALL_RESULT,
 	"text, text, text[], text, interval, boolean", "record",
-	"idem_citus_call_with", false},
+	"idem_citus_call_with", NULL},
 	{"idem_citus_run_begin",
 		"run_id text, steps text[] DEFAULT NULL, input pg_catalog.jsonb DEFAULT NULL,"
 		" OUT status text, OUT next_step text, OUT created boolean,"
 		" OUT started_at timestamptz",
-	"text, text[], pg_catalog.jsonb", "record", "idem_citus_run_begin", true},
+	"text, text[], pg_catalog.jsonb", "record", "idem_citus_run_begin", NULL},
 	{"idem_citus_step", "run_id text, step text, sql text, " CALL_RESULT,
-	"text, text, text", "record", "idem_citus_step", true},
+	"text, text, text", "record", "idem_citus_step", NULL},
 	{"idem_citus_step",
 		"run_id text, step text, sql text, VARIADIC args \"any\", " CALL_RESULT,
-	"text, text, text, \"any\"", "record", "idem_citus_step", true},
+	"text, text, text, \"any\"", "record", "idem_citus_step", NULL},
 	{"idem_citus_step_with",
 		"run_id text, step text, sql text, args text[] DEFAULT '{}',"
 		" outbox_topic text DEFAULT NULL, wait boolean DEFAULT NULL, " CALL_RESULT,
 	"text, text, text, text[], text, boolean", "record", "idem_citus_step_with",
-	true},
+	NULL},
 	{"idem_citus_step_complete",
 		"run_id text, step text, result pg_catalog.jsonb, " CALL_RESULT,
-	"text, text, pg_catalog.jsonb", "record", "idem_citus_step_complete", true},
+	"text, text, pg_catalog.jsonb", "record", "idem_citus_step_complete", NULL},
 	{"idem_citus_run_status",
-		"run_id text, OUT status text, OUT next_step text, OUT steps_done integer,"
-		" OUT steps_total integer, OUT started_at timestamptz,"
-		" OUT finished_at timestamptz, OUT last_error text,"
-		" OUT input pg_catalog.jsonb",
-	"text", "record", "idem_citus_run_status", true},
-	{"idem_citus_run_fail", "run_id text, reason text", "text, text", "text",
-	"idem_citus_run_fail", true},
-	{"idem_citus_run_resume", "run_id text", "text", "text",
-	"idem_citus_run_resume", true},
-	{"idem_citus_run_complete", "run_id text", "text", "text",
-	"idem_citus_run_complete", true},
-	{"idem_citus_run_cancel", "run_id text, reason text DEFAULT NULL",
-	"text, text", "text", "idem_citus_run_cancel", true},
+		"run_id text, owner pg_catalog.regrole DEFAULT NULL, OUT status text,"
+		" OUT next_step text, OUT steps_done integer, OUT steps_total integer,"
+		" OUT started_at timestamptz, OUT finished_at timestamptz,"
+		" OUT last_error text, OUT input pg_catalog.jsonb",
+	"text, pg_catalog.regrole", "record", "idem_citus_run_status", "text"},
+	{"idem_citus_run_steps",
+		"run_id text, owner pg_catalog.regrole DEFAULT NULL, OUT ordinal integer,"
+		" OUT step text, OUT state text, OUT response pg_catalog.jsonb,"
+		" OUT executed_at timestamptz, OUT attempts integer, OUT step_key text",
+	"text, pg_catalog.regrole", "SETOF record", "idem_citus_run_steps", NULL},
+	{"idem_citus_run_fail",
+		"run_id text, reason text, owner pg_catalog.regrole DEFAULT NULL",
+		"text, text, pg_catalog.regrole", "text", "idem_citus_run_fail",
+	"text, text"},
+	{"idem_citus_run_resume", "run_id text, owner pg_catalog.regrole DEFAULT NULL",
+		"text, pg_catalog.regrole", "text", "idem_citus_run_resume",
+	"text"},
+	{"idem_citus_run_complete",
+		"run_id text, owner pg_catalog.regrole DEFAULT NULL",
+		"text, pg_catalog.regrole", "text", "idem_citus_run_complete",
+	"text"},
+	{"idem_citus_run_cancel",
+		"run_id text, reason text DEFAULT NULL, owner pg_catalog.regrole DEFAULT NULL",
+		"text, text, pg_catalog.regrole", "text", "idem_citus_run_cancel",
+	"text, text"},
 };
 
+/* Whether a function of this signature exists. */
+static bool
+function_exists(const char *signature)
+{
+	Oid			types[1] = {TEXTOID};
+	Datum		values[1] = {CStringGetTextDatum(signature)};
+
+	run_sql("SELECT pg_catalog.to_regprocedure($1) IS NOT NULL",
+			1, types, values, SPI_OK_SELECT);
+	return DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0],
+									  SPI_tuptable->tupdesc, 1, &(bool){0}));
+}
+
+/* Drop every function of citus_calls for a tenant of type typname. */
+static void
+drop_tenant_functions(StringInfo sql, const char *nsp, const char *typname)
+{
+	for (int i = 0; i < lengthof(citus_calls); i++)
+	{
+		appendStringInfo(sql, "DROP FUNCTION IF EXISTS %s.%s(%s, %s);",
+						 nsp, citus_calls[i].name, typname,
+						 citus_calls[i].args);
+		if (citus_calls[i].old_args != NULL)
+			appendStringInfo(sql, "DROP FUNCTION IF EXISTS %s.%s(%s, %s);",
+							 nsp, citus_calls[i].name, typname,
+							 citus_calls[i].old_args);
+	}
+	appendStringInfo(sql, "DROP FUNCTION IF EXISTS %s.idem_citus_run_purge(timestamptz);",
+					 nsp);
+}
+
 /*
- * Create idem.citus_keys (unless runs_only), idem.citus_runs and the
- * functions (those of runs only, with runs_only), co-located with qtable
- * and distributed by a tenant of type typname.
+ * Create idem.citus_keys and idem.citus_runs, unless they exist
+ * (have_keys, have_runs), and the functions, co-located with qtable and
+ * distributed by a tenant of type typname.  With have_keys, the colocation
+ * is declared again: a function that exists as it is made here is kept
+ * (with what was set on it), another one is made.
  */
 static void
 create_tenant_objects(const char *nsp, const char *typname,
-					  const char *qtable, const char *probin, bool runs_only)
+					  const char *qtable, const char *probin, bool have_keys,
+					  bool have_runs)
 {
 	StringInfoData sql;
 	Oid			types[1] = {TEXTOID};
@@ -254,7 +305,7 @@ create_tenant_objects(const char *nsp, const char *typname,
 
 	initStringInfo(&sql);
 	/* the tenant first: Citus wants it in the primary key */
-	if (!runs_only)
+	if (!have_keys)
 		appendStringInfo(&sql,
 						 "CREATE TABLE idem.citus_keys ("
 						 " tenant %s NOT NULL,"
@@ -269,24 +320,25 @@ create_tenant_objects(const char *nsp, const char *typname,
 						 "REVOKE ALL ON idem.citus_keys FROM PUBLIC;",
 						 typname);
 	/* idem.runs' columns for a run on no queue */
-	appendStringInfo(&sql,
-					 "CREATE TABLE idem.citus_runs ("
-					 " tenant %s NOT NULL,"
-					 " owner pg_catalog.regrole NOT NULL,"
-					 " run_id pg_catalog.text COLLATE \"C\" NOT NULL,"
-					 " steps pg_catalog.text[] COLLATE \"C\","
-					 " input pg_catalog.jsonb,"
-					 " status pg_catalog.text NOT NULL,"
-					 " started_at pg_catalog.timestamptz NOT NULL,"
-					 " finished_at pg_catalog.timestamptz,"
-					 " last_error pg_catalog.text,"
-					 " done_steps pg_catalog.text[] COLLATE \"C\" NOT NULL,"
-					 " attempts pg_catalog.int4[] NOT NULL,"
-					 " CONSTRAINT citus_runs_pkey PRIMARY KEY (tenant, owner, run_id),"
-					 " CONSTRAINT citus_runs_status_check CHECK (status OPERATOR(pg_catalog.=)"
-					 " ANY ('{running,completed,failed,cancelled}'::pg_catalog.text[])));"
-					 "REVOKE ALL ON idem.citus_runs FROM PUBLIC;",
-					 typname);
+	if (!have_runs)
+		appendStringInfo(&sql,
+						 "CREATE TABLE idem.citus_runs ("
+						 " tenant %s NOT NULL,"
+						 " owner pg_catalog.regrole NOT NULL,"
+						 " run_id pg_catalog.text COLLATE \"C\" NOT NULL,"
+						 " steps pg_catalog.text[] COLLATE \"C\","
+						 " input pg_catalog.jsonb,"
+						 " status pg_catalog.text NOT NULL,"
+						 " started_at pg_catalog.timestamptz NOT NULL,"
+						 " finished_at pg_catalog.timestamptz,"
+						 " last_error pg_catalog.text,"
+						 " done_steps pg_catalog.text[] COLLATE \"C\" NOT NULL,"
+						 " attempts pg_catalog.int4[] NOT NULL,"
+						 " CONSTRAINT citus_runs_pkey PRIMARY KEY (tenant, owner, run_id),"
+						 " CONSTRAINT citus_runs_status_check CHECK (status OPERATOR(pg_catalog.=)"
+						 " ANY ('{running,completed,failed,cancelled}'::pg_catalog.text[])));"
+						 "REVOKE ALL ON idem.citus_runs FROM PUBLIC;",
+						 typname);
 
 	/*
 	 * idem_run_purge() for tenant runs, an administrator's.  Each run's
@@ -297,7 +349,7 @@ create_tenant_objects(const char *nsp, const char *typname,
 	 * (ID404).  Multi-shard, so Citus commits it in two phases.
 	 */
 	appendStringInfo(&sql,
-					 "CREATE FUNCTION %s.idem_citus_run_purge(finished_before timestamptz)"
+					 "CREATE OR REPLACE FUNCTION %s.idem_citus_run_purge(finished_before timestamptz)"
 					 " RETURNS bigint LANGUAGE plpgsql STRICT"
 					 " SET search_path = pg_catalog, pg_temp AS $purge$"
 					 " DECLARE r record; n bigint := 0; step_keys text[];"
@@ -321,18 +373,29 @@ create_tenant_objects(const char *nsp, const char *typname,
 	run_sql(sql.data, 0, NULL, NULL, SPI_OK_UTILITY);
 
 	values[0] = CStringGetTextDatum(qtable);
-	if (!runs_only)
+	if (!have_keys)
 		run_sql("SELECT pg_catalog.create_distributed_table('idem.citus_keys', 'tenant',"
 				" colocate_with => $1)", 1, types, values, SPI_OK_SELECT);
-	run_sql("SELECT pg_catalog.create_distributed_table('idem.citus_runs', 'tenant',"
-			" colocate_with => $1)", 1, types, values, SPI_OK_SELECT);
+	if (!have_runs)
+		run_sql("SELECT pg_catalog.create_distributed_table('idem.citus_runs', 'tenant',"
+				" colocate_with => $1)", 1, types, values, SPI_OK_SELECT);
 
 	/* the C functions serving this one serve the calls too */
 	for (int i = 0; i < lengthof(citus_calls); i++)
 	{
-		if (runs_only && !citus_calls[i].run)
+		char	   *signature = psprintf("%s.%s(%s, %s)", nsp,
+										 citus_calls[i].name, typname,
+										 citus_calls[i].args);
+		char	   *old_signature = NULL;
+
+		if (have_keys && function_exists(signature))
 			continue;
 		resetStringInfo(&sql);
+		if (have_keys && citus_calls[i].old_args != NULL)
+			old_signature = psprintf("%s.%s(%s, %s)", nsp, citus_calls[i].name,
+									 typname, citus_calls[i].old_args);
+		if (old_signature != NULL && function_exists(old_signature))
+			appendStringInfo(&sql, "DROP FUNCTION %s;", old_signature);
 		appendStringInfo(&sql,
 						 "CREATE FUNCTION %s.%s(tenant %s, %s) RETURNS %s"
 						 " AS %s, '%s' LANGUAGE C VOLATILE PARALLEL UNSAFE",
@@ -340,9 +403,7 @@ create_tenant_objects(const char *nsp, const char *typname,
 						 citus_calls[i].params, citus_calls[i].returns,
 						 probin, citus_calls[i].symbol);
 		run_sql(sql.data, 0, NULL, NULL, SPI_OK_UTILITY);
-		values[0] = CStringGetTextDatum(psprintf("%s.%s(%s, %s)", nsp,
-												 citus_calls[i].name, typname,
-												 citus_calls[i].args));
+		values[0] = CStringGetTextDatum(signature);
 		run_sql("SELECT pg_catalog.create_distributed_function($1::pg_catalog.regprocedure,"
 				" 'tenant', colocate_with => 'idem.citus_keys', force_delegation => true)",
 				1, types, values, SPI_OK_SELECT);
@@ -411,9 +472,9 @@ idem_citus_colocate(PG_FUNCTION_ARGS)
 		if (distribution_of(keys_rel, &keys_type, &keys_colocation) &&
 			keys_colocation == colocation)
 		{
-			/* declared by a version without tenant runs: they follow too */
-			if (!OidIsValid(runs_rel))
-				create_tenant_objects(nsp, typname, qtable, probin, true);
+			/* declared by an older build: what it lacks follows too */
+			create_tenant_objects(nsp, typname, qtable, probin, true,
+								  OidIsValid(runs_rel));
 			SPI_finish();
 			AtEOXact_GUC(true, nestlevel);
 			PG_RETURN_VOID();
@@ -432,16 +493,12 @@ idem_citus_colocate(PG_FUNCTION_ARGS)
 	{
 		char	   *old_type = format_type_be_qualified(get_atttype(keys_rel, 1));
 
-		for (int i = 0; i < lengthof(citus_calls); i++)
-			appendStringInfo(&sql, "DROP FUNCTION IF EXISTS %s.%s(%s, %s);",
-							 nsp, citus_calls[i].name, old_type,
-							 citus_calls[i].args);
-		appendStringInfo(&sql, "DROP FUNCTION IF EXISTS %s.idem_citus_run_purge(timestamptz);"
-						 "DROP TABLE idem.citus_keys;"
-						 "DROP TABLE IF EXISTS idem.citus_runs", nsp);
+		drop_tenant_functions(&sql, nsp, old_type);
+		appendStringInfoString(&sql, "DROP TABLE idem.citus_keys;"
+							   "DROP TABLE IF EXISTS idem.citus_runs");
 		run_sql(sql.data, 0, NULL, NULL, SPI_OK_UTILITY);
 	}
-	create_tenant_objects(nsp, typname, qtable, probin, false);
+	create_tenant_objects(nsp, typname, qtable, probin, false, false);
 
 	SPI_finish();
 	AtEOXact_GUC(true, nestlevel);
@@ -1609,7 +1666,22 @@ idem_citus_step_complete(PG_FUNCTION_ARGS)
 }
 
 /*
- * idem_citus_run_status(tenant <distribution type>, run_id text)
+ * Whose run a tenant run function names: argument argno (owner), by
+ * idem_run_owner_arg()'s rule, or the caller's key owner.  A function made
+ * by a colocation declared before the argument existed has fewer
+ * arguments, until the colocation is declared again.
+ */
+static Oid
+tenant_run_owner(FunctionCallInfo fcinfo, int argno, const char *what)
+{
+	if (PG_NARGS() <= argno)
+		return idem_key_owner();
+	return idem_run_owner_arg(fcinfo, argno, what);
+}
+
+/*
+ * idem_citus_run_status(tenant <distribution type>, run_id text,
+ *		owner regrole DEFAULT NULL)
  *		returns (status, next_step, steps_done, steps_total, started_at,
  *		finished_at, last_error, input)
  *
@@ -1622,6 +1694,7 @@ idem_citus_run_status(PG_FUNCTION_ARGS)
 	const char *fname = "idem_citus_run_status()";
 	TenantCall	tc;
 	char	   *run_id;
+	Oid			owner;
 	IdemRunRow	run;
 	TupleDesc	tupdesc;
 	Datum		values[8];
@@ -1631,10 +1704,11 @@ idem_citus_run_status(PG_FUNCTION_ARGS)
 
 	tenant_arg(fcinfo, fname, &tc);
 	run_id = idem_name_arg(fcinfo, 1, "run id");
+	owner = tenant_run_owner(fcinfo, 2, "read");
 	if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE)
 		elog(ERROR, "return type must be a row type");
 	tenant_here(&tc, true);
-	if (!lookup_tenant_run(&tc, idem_key_owner(), run_id, &run, true))
+	if (!lookup_tenant_run(&tc, owner, run_id, &run, true))
 		idem_report_run_not_found(run_id);
 	old = MemoryContextSwitchTo(tc.callercxt);
 	idem_run_status_values(&run, values, nulls);
@@ -1646,7 +1720,43 @@ idem_citus_run_status(PG_FUNCTION_ARGS)
 }
 
 /*
- * A run verb on the role's run of the tenant (argument 1): fail, resume,
+ * idem_citus_run_steps(tenant <distribution type>, run_id text,
+ *		owner regrole DEFAULT NULL)
+ *		returns setof (ordinal, step, state, response, executed_at,
+ *		attempts, step_key)
+ *
+ * idem_run_steps()'s rows for the tenant's run, its steps' records read
+ * on the tenant's shard as its row is; ID404 if the role has no run under
+ * (tenant, run_id).
+ */
+Datum
+idem_citus_run_steps(PG_FUNCTION_ARGS)
+{
+	const char *fname = "idem_citus_run_steps()";
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	TenantCall	tc;
+	IdemRunStore store;
+	char	   *run_id;
+	Oid			owner;
+	IdemRunRow	run;
+
+	tenant_arg(fcinfo, fname, &tc);
+	run_id = idem_name_arg(fcinfo, 1, "run id");
+	owner = tenant_run_owner(fcinfo, 2, "read");
+	InitMaterializedSRF(fcinfo, 0);
+	tenant_here(&tc, true);
+	if (!lookup_tenant_run(&tc, owner, run_id, &run, true))
+		idem_report_run_not_found(run_id);
+	store = tenant_store;
+	store.arg = &tc;
+	idem_run_steps_rows(&store, rsinfo, &run);
+	SPI_finish();
+	return (Datum) 0;
+}
+
+/*
+ * A run verb on the tenant's run (argument 1) of the role, or of the
+ * owner an administrator names (the last argument): fail, resume,
  * complete or cancel, with the reason in argument 2 for fail and cancel.
  * Returns the run's status.
  */
@@ -1654,23 +1764,25 @@ static Datum
 tenant_run_verb(FunctionCallInfo fcinfo, const char *verb)
 {
 	const char *fname = psprintf("idem_citus_run_%s()", verb);
+	bool		reasoned = strcmp(verb, "fail") == 0 || strcmp(verb, "cancel") == 0;
 	TenantCall	tc;
 	IdemRunStore store;
 	char	   *run_id;
+	Oid			owner;
 	char	   *status;
 	Datum		result;
 	MemoryContext old;
 
 	tenant_run_store(fcinfo, fname, &tc, &store);
 	run_id = idem_name_arg(fcinfo, 1, "run id");
+	owner = tenant_run_owner(fcinfo, reasoned ? 3 : 2, verb);
 	tenant_here(&tc, true);
 	if (strcmp(verb, "cancel") == 0)
-		status = idem_run_cancel_in(&store, idem_key_owner(), run_id,
+		status = idem_run_cancel_in(&store, owner, run_id,
 									PG_ARGISNULL(2) ? NULL :
 									text_to_cstring(PG_GETARG_TEXT_PP(2)));
 	else
-		status = idem_run_set_status_in(&store, fcinfo, verb, idem_key_owner(),
-										run_id, 2);
+		status = idem_run_set_status_in(&store, fcinfo, verb, owner, run_id, 2);
 	old = MemoryContextSwitchTo(tc.callercxt);
 	result = PointerGetDatum(cstring_to_text(status));
 	MemoryContextSwitchTo(old);
@@ -1679,8 +1791,8 @@ tenant_run_verb(FunctionCallInfo fcinfo, const char *verb)
 }
 
 /*
- * idem_citus_run_fail(tenant <distribution type>, run_id text, reason text)
- *		returns text
+ * idem_citus_run_fail(tenant <distribution type>, run_id text, reason text,
+ *		owner regrole DEFAULT NULL) returns text
  */
 Datum
 idem_citus_run_fail(PG_FUNCTION_ARGS)
@@ -1688,14 +1800,20 @@ idem_citus_run_fail(PG_FUNCTION_ARGS)
 	return tenant_run_verb(fcinfo, "fail");
 }
 
-/* idem_citus_run_resume(tenant <distribution type>, run_id text) returns text */
+/*
+ * idem_citus_run_resume(tenant <distribution type>, run_id text,
+ *		owner regrole DEFAULT NULL) returns text
+ */
 Datum
 idem_citus_run_resume(PG_FUNCTION_ARGS)
 {
 	return tenant_run_verb(fcinfo, "resume");
 }
 
-/* idem_citus_run_complete(tenant <distribution type>, run_id text) returns text */
+/*
+ * idem_citus_run_complete(tenant <distribution type>, run_id text,
+ *		owner regrole DEFAULT NULL) returns text
+ */
 Datum
 idem_citus_run_complete(PG_FUNCTION_ARGS)
 {
@@ -1704,7 +1822,7 @@ idem_citus_run_complete(PG_FUNCTION_ARGS)
 
 /*
  * idem_citus_run_cancel(tenant <distribution type>, run_id text,
- *		reason text DEFAULT NULL) returns text
+ *		reason text DEFAULT NULL, owner regrole DEFAULT NULL) returns text
  */
 Datum
 idem_citus_run_cancel(PG_FUNCTION_ARGS)
