@@ -341,28 +341,48 @@ create_tenant_objects(const char *nsp, const char *typname,
 						 typname);
 
 	/*
-	 * idem_run_purge() for tenant runs, an administrator's.  Each run's
-	 * record and its steps' are on its tenant's node, where no lock of the
-	 * run can be tried from here: the run's row is deleted only if it is
-	 * still finished once its row lock is had (a run resumed meanwhile
-	 * stays), and a verb that loses its run to the purge finds none
-	 * (ID404).  Multi-shard, so Citus commits it in two phases.
+	 * idem_run_purge() for tenant runs, an administrator's: the finished
+	 * runs, and every run of a role that was dropped (a new role could get
+	 * its OID, and its runs).  Each run's record and its steps' are on its
+	 * tenant's node, where no lock of the run can be tried from here: the
+	 * run's row is deleted only if it is still finished once its row lock
+	 * is had (a run resumed meanwhile stays), and a verb that loses its run
+	 * to the purge finds none (ID404).
+	 *
+	 * The owner's OID is the node's own, so whether its role exists is
+	 * asked there, of regrole's output: the role's name, always quoted if
+	 * it starts with a digit, or the bare OID once no role has it.  Citus
+	 * runs no stable function of a column in a DELETE, so the runs are
+	 * found by a SELECT and deleted one by one, each on its tenant's node.
+	 * A run and its steps' records are named by that OID, which the
+	 * coordinator would otherwise read back as a name, or as another role
+	 * of its own.  Several shards, so Citus commits it in two phases.
 	 */
 	appendStringInfo(&sql,
 					 "CREATE OR REPLACE FUNCTION %s.idem_citus_run_purge(finished_before timestamptz)"
 					 " RETURNS bigint LANGUAGE plpgsql STRICT"
 					 " SET search_path = pg_catalog, pg_temp AS $purge$"
-					 " DECLARE r record; n bigint := 0; step_keys text[];"
+					 " DECLARE c record; done text[]; step_keys text[]; n bigint := 0;"
 					 " BEGIN"
-					 "  FOR r IN DELETE FROM idem.citus_runs"
-					 "    WHERE status OPERATOR(pg_catalog.<>) 'running'"
-					 "      AND finished_at OPERATOR(pg_catalog.<) finished_before"
-					 "    RETURNING tenant, owner, run_id, done_steps LOOP"
-					 "   step_keys := ARRAY(SELECT %s.idem_step_key(r.run_id, s.step)"
-					 "     FROM pg_catalog.unnest(r.done_steps) AS s(step));"
+					 "  FOR c IN SELECT r.tenant, r.owner::pg_catalog.oid AS owner_oid, r.run_id,"
+					 "      r.owner::pg_catalog.text OPERATOR(pg_catalog.~) '^[0-9]+$' AS owner_gone"
+					 "    FROM idem.citus_runs r"
+					 "    WHERE (r.status OPERATOR(pg_catalog.<>) 'running'"
+					 "      AND r.finished_at OPERATOR(pg_catalog.<) finished_before)"
+					 "     OR r.owner::pg_catalog.text OPERATOR(pg_catalog.~) '^[0-9]+$' LOOP"
+					 "   DELETE FROM idem.citus_runs r"
+					 "    WHERE r.tenant OPERATOR(pg_catalog.=) c.tenant"
+					 "      AND r.owner::pg_catalog.oid OPERATOR(pg_catalog.=) c.owner_oid"
+					 "      AND r.run_id OPERATOR(pg_catalog.=) c.run_id"
+					 "      AND (c.owner_gone OR (r.status OPERATOR(pg_catalog.<>) 'running'"
+					 "        AND r.finished_at OPERATOR(pg_catalog.<) finished_before))"
+					 "    RETURNING r.done_steps INTO done;"
+					 "   CONTINUE WHEN NOT FOUND;"
+					 "   step_keys := ARRAY(SELECT %s.idem_step_key(c.run_id, s.step)"
+					 "     FROM pg_catalog.unnest(done) AS s(step));"
 					 "   DELETE FROM idem.citus_keys k"
-					 "    WHERE k.tenant OPERATOR(pg_catalog.=) r.tenant"
-					 "      AND k.owner OPERATOR(pg_catalog.=) r.owner"
+					 "    WHERE k.tenant OPERATOR(pg_catalog.=) c.tenant"
+					 "      AND k.owner::pg_catalog.oid OPERATOR(pg_catalog.=) c.owner_oid"
 					 "      AND k.key OPERATOR(pg_catalog.=) ANY (step_keys);"
 					 "   n := n + 1;"
 					 "  END LOOP;"

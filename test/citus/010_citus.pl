@@ -78,8 +78,9 @@
 #    member of idem_admin and a member of the owner read and act on
 #    another role's run, another role is refused (42501) and changes
 #    nothing, an unknown role is 42704; idem_citus_run_purge() removes the
-#    finished runs of every shard with their steps' records, and keeps a
-#    running one
+#    finished runs of every shard with their steps' records, and the run
+#    of a dropped role however it stands, and keeps a running one;
+#    idem_purge_all() does too once idem.run_retention is set
 #  - a role that is not a superuser calls through every entry node: its
 #    call executes once and replays elsewhere, its keys are its own (the
 #    same key of another role executes), its event needs its publish
@@ -99,7 +100,8 @@
 #    and a worker are IDC04; given back with Citus's drop functions, calls
 #    work again and a key recorded before replays
 #  - with idem preloaded on the coordinator, the purge worker removes the
-#    expired tenant records on every shard, and only those
+#    expired tenant records on every shard, and only those, and with
+#    idem.run_retention the finished tenant runs
 
 use strict;
 use warnings FATAL => 'all';
@@ -1412,6 +1414,20 @@ CREATE ROLE app_member LOGIN IN ROLE app;
 	($out, $err) = call($w1, "SELECT idem_citus_run_fail(${t}::bigint, 'order-14', 'x', owner => 'no_such_role')");
 	is(sqlstate_of($err), '42704', 'a verb with owner => a role that does not exist: 42704');
 
+	# a role that was dropped leaves runs behind: its running run, with a
+	# completed step, which the purge removes whatever its status
+	$coord->safe_psql('postgres', 'CREATE ROLE gone LOGIN');
+	($out, $err) = call_as($w2, 'gone',
+		"SELECT created FROM idem_citus_run_begin(${t}::bigint, 'order-16', ARRAY['label', 'ship'])");
+	is($out, 't', 'a role that will be dropped begins a run') or diag($err);
+	($out, $err) = call_as($w1, 'gone',
+		"SELECT replayed FROM idem_citus_step_complete(${t}::bigint, 'order-16', 'label', '{\"label\": \"LB-9\"}')");
+	is($out, 'f', '... and records a step') or diag($err);
+	$coord->safe_psql('postgres', 'DROP ROLE gone');
+	is($coord->safe_psql('postgres',
+			"SELECT status FROM idem.citus_runs WHERE run_id = 'order-16'"),
+		'running', '... its run stays behind, running');
+
 	# the purge of finished tenant runs, on every shard, from the coordinator
 	call($coord, "SELECT created FROM idem_citus_run_begin(${t}::bigint, 'order-13', ARRAY['a', 'b'])");
 	($out, $err) = $step->($w1, $t, 'order-13', 'a', 'order-13:a', 1);
@@ -1423,7 +1439,11 @@ CREATE ROLE app_member LOGIN IN ROLE app;
 			"SELECT has_function_privilege('public', 'idem_citus_run_purge(timestamptz)', 'EXECUTE')"),
 		'f', 'idem_citus_run_purge() is not granted to PUBLIC');
 	is($coord->safe_psql('postgres', "SELECT idem_citus_run_purge(now() - interval '1 day')"),
-		'0', 'a purge of runs finished before yesterday removes none');
+		'1', "a purge of runs finished before yesterday removes only the dropped role's run, running as it was");
+	is($coord->safe_psql('postgres', q{
+SELECT count(*) FROM idem.citus_runs WHERE run_id = 'order-16'
+UNION ALL SELECT count(*) FROM idem.citus_keys WHERE key = idem_step_key('order-16', 'label')}),
+		"0\n0", '... with its step\'s record');
 	is($coord->safe_psql('postgres', "SELECT idem_citus_run_purge(now() + interval '1 day')"),
 		$finished, 'a purge of runs finished before tomorrow removes each finished run');
 	is($coord->safe_psql('postgres',
@@ -1435,6 +1455,22 @@ CREATE ROLE app_member LOGIN IN ROLE app;
 		"... and its step's record, and none of the purged runs' steps");
 	($out, $err) = $step->($w2, $t, 'order-9', 'pay', 'order-9:pay', 11);
 	is(sqlstate_of($err), 'ID404', 'a step of a purged run: ID404');
+
+	# idem_purge_all() purges tenant runs too once idem.run_retention is set
+	for my $run ('order-18', 'order-19')
+	{
+		call($coord, "SELECT created FROM idem_citus_run_begin(${t}::bigint, '$run')");
+		call($coord, "SELECT idem_citus_run_cancel(${t}::bigint, '$run')");
+	}
+	$coord->safe_psql('postgres',
+		"UPDATE idem.citus_runs SET finished_at = now() - interval '2 days' WHERE tenant = $t AND run_id = 'order-18'");
+	my $runs_left = "SELECT string_agg(run_id || ':' || status, ',' ORDER BY run_id) FROM idem.citus_runs";
+	$coord->safe_psql('postgres', 'CALL idem_purge_all()');
+	is($coord->safe_psql('postgres', $runs_left), 'order-13:running,order-18:cancelled,order-19:cancelled',
+		'idem_purge_all() without idem.run_retention keeps finished tenant runs');
+	$coord->safe_psql('postgres', "SET idem.run_retention = '1d';\nCALL idem_purge_all();");
+	is($coord->safe_psql('postgres', $runs_left), 'order-13:running,order-19:cancelled',
+		'... with idem.run_retention = 1d it removes the one finished two days ago, not the younger');
 }
 
 # --- doc/citus.md's examples (its ```sql-citus blocks), verbatim, in a
@@ -1520,9 +1556,12 @@ $coord->safe_psql('postgres',
 $coord->safe_psql('postgres', "ALTER FUNCTION $fn RESET idem.ttl");
 my $live = $coord->safe_psql('postgres',
 	"SELECT count(*) FROM idem.citus_keys WHERE key <> 'k-worker'");
+my $live_steps = $coord->safe_psql('postgres',
+	"SELECT count(*) FROM idem.citus_keys WHERE key LIKE 'idem.step:%'");
 $coord->append_conf('postgresql.conf', qq(
 shared_preload_libraries = 'citus, idem'
 idem.purge_interval = 1
+idem.run_retention = 1
 ));
 $coord->restart;
 ok( $coord->poll_query_until('postgres',
@@ -1531,6 +1570,15 @@ ok( $coord->poll_query_until('postgres',
 is($coord->safe_psql('postgres',
 		"SELECT count(*) FROM idem.citus_keys WHERE key <> 'k-worker'"),
 	$live, '... and no other');
+ok( $coord->poll_query_until('postgres',
+		"SELECT count(*) = 0 FROM idem.citus_runs WHERE run_id = 'order-19'"),
+	"with idem.run_retention, it removes the finished tenant runs of every shard");
+is($coord->safe_psql('postgres',
+		"SELECT string_agg(run_id || ':' || status, ',') FROM idem.citus_runs"),
+	'order-13:running', '... and keeps the running one');
+is($coord->safe_psql('postgres',
+		"SELECT count(*) FROM idem.citus_keys WHERE key LIKE 'idem.step:%'"),
+	$live_steps, "... and its step's record");
 
 $_->stop for reverse @nodes;
 done_testing();
