@@ -608,6 +608,11 @@ END
 $$;
 REVOKE ALL ON FUNCTION @extschema@.idem_citus_purge() FROM PUBLIC;
 
+-- With idem.run_retention set, idem_purge_all() also removes the runs
+-- that finished longer ago, and those of dropped roles, with their steps'
+-- records; tenant runs too once idem_citus_colocate() made
+-- idem_citus_run_purge().  The setting shows its unit ('7d'), which is an
+-- interval's.
 CREATE OR REPLACE PROCEDURE @extschema@.idem_purge_all(batch_size integer DEFAULT NULL)
 LANGUAGE plpgsql
 AS $$
@@ -615,6 +620,9 @@ DECLARE
 	batch integer := COALESCE(batch_size,
 		pg_catalog.current_setting('idem.purge_batch_size', true)::integer,
 		10000);
+	retention interval := COALESCE(pg_catalog.current_setting(
+		'idem.run_retention', true), '0')::interval;
+	cutoff timestamptz := pg_catalog.now() OPERATOR(pg_catalog.-) retention;
 	n bigint;
 BEGIN
 	LOOP
@@ -634,6 +642,15 @@ BEGIN
 	END LOOP;
 	PERFORM @extschema@.idem_citus_purge();
 	COMMIT;
+	IF retention OPERATOR(pg_catalog.>) '0' THEN
+		PERFORM @extschema@.idem_run_purge(cutoff);
+		COMMIT;
+		IF pg_catalog.to_regprocedure(
+			'@extschema@.idem_citus_run_purge(timestamptz)') IS NOT NULL THEN
+			PERFORM @extschema@.idem_citus_run_purge(cutoff);
+			COMMIT;
+		END IF;
+	END IF;
 END
 $$;
 

@@ -430,6 +430,14 @@ _PG_init(void)
 							PGC_SUSET, GUC_UNIT_S,
 							NULL, NULL, NULL);
 
+	DefineCustomIntVariable("idem.run_retention",
+							"How long finished runs are kept; 0 keeps them until idem_run_purge() removes them.",
+							"Older finished runs, and the runs of dropped roles, are removed by the purge worker and by idem_purge_all(), tenant runs under Citus too.",
+							&idem_run_retention,
+							0, 0, INT_MAX,
+							PGC_SUSET, GUC_UNIT_S,
+							NULL, NULL, NULL);
+
 	DefineCustomIntVariable("idem.purge_interval",
 							"Time between two purge rounds of idem's background worker.",
 							NULL,

@@ -150,6 +150,7 @@ extern bool idem_outbox_notify;
 extern bool idem_outbox_keep_delivered;
 extern int	idem_audit_level;
 extern int	idem_audit_retention;
+extern int	idem_run_retention;
 extern int	idem_audit_queue_size;
 extern int	idem_purge_interval;
 extern int	idem_purge_batch_size;

@@ -42,6 +42,7 @@ int			idem_outbox_retention = 7 * 86400;
 bool		idem_outbox_logical_message = false;
 int			idem_audit_level = IDEM_AUDIT_OFF;
 int			idem_audit_retention = 0;
+int			idem_run_retention = 0;
 int			idem_audit_queue_size = 1024;
 int			idem_purge_interval = 60;
 int			idem_purge_batch_size = 10000;

@@ -31,7 +31,9 @@
  *
  * Nothing here ever deletes a live key: purging goes through
  * idem_purge_expired() (tables.c), which only takes expired records and
- * skips any key a running call holds.
+ * skips any key a running call holds.  A step's record never expires; it
+ * goes with its run, once the run finished longer ago than
+ * idem.run_retention, which is 0 (never) unless an administrator sets it.
  *
  * Copyright (c) 2026, idem authors
  *
@@ -51,6 +53,7 @@
 #include "access/stratnum.h"
 #include "catalog/pg_database.h"
 #include "catalog/pg_extension.h"
+#include "catalog/pg_type.h"
 #include "commands/extension.h"
 #include "executor/spi.h"
 #include "miscadmin.h"
@@ -343,19 +346,20 @@ purge_in_batches(const char *what, PurgeStep step)
 }
 
 /*
- * Expired tenant key records under Citus (idem.citus_keys), from the
- * coordinator only: idem_citus_purge() is one DELETE, which Citus runs on
- * every shard's node.  It is the SQL function rather than a call into the
- * tenant layer, which sits above this one.
+ * Call fn, one of the extension's SQL purge functions, with args, if it
+ * exists (idem_citus_colocate() makes those of tenant runs); returns its
+ * count.  The SQL function is called rather than the layer that made it,
+ * which sits above this one.
  */
 static int64
-purge_citus_keys(int batch_size)
+purge_function(const char *fn, const char *argtypes, const char *args)
 {
+	Oid			types[1] = {TEXTOID};
+	Datum		values[1];
+	char	   *nsp;
 	bool		isnull;
-	int64		n;
+	int64		n = 0;
 
-	if (!idem_citus_coordinator())
-		return 0;
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "SPI_connect failed");
 	if (SPI_execute("SELECT pg_catalog.quote_ident(n.nspname)"
@@ -364,15 +368,73 @@ purge_citus_keys(int batch_size)
 					" WHERE e.extname OPERATOR(pg_catalog.=) 'idem'", true, 1) != SPI_OK_SELECT ||
 		SPI_processed != 1)
 		elog(ERROR, "could not find the schema of extension \"idem\"");
-	if (SPI_execute(psprintf("SELECT %s.idem_citus_purge()",
-							 SPI_getvalue(SPI_tuptable->vals[0],
-										  SPI_tuptable->tupdesc, 1)),
-					false, 1) != SPI_OK_SELECT || SPI_processed != 1)
-		elog(ERROR, "idem_citus_purge() failed");
-	n = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
-									SPI_tuptable->tupdesc, 1, &isnull));
+	nsp = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1);
+	values[0] = CStringGetTextDatum(psprintf("%s.%s(%s)", nsp, fn, argtypes));
+	if (SPI_execute_with_args("SELECT pg_catalog.to_regprocedure($1) IS NOT NULL",
+							  1, types, values, NULL, true, 1) != SPI_OK_SELECT ||
+		SPI_processed != 1)
+		elog(ERROR, "could not look %s up", fn);
+	if (DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0],
+								   SPI_tuptable->tupdesc, 1, &isnull)))
+	{
+		if (SPI_execute(psprintf("SELECT %s.%s(%s)", nsp, fn, args),
+						false, 1) != SPI_OK_SELECT || SPI_processed != 1)
+			elog(ERROR, "%s() failed", fn);
+		n = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
+										SPI_tuptable->tupdesc, 1, &isnull));
+		if (isnull)
+			n = 0;
+	}
 	SPI_finish();
-	return isnull ? 0 : n;
+	return n;
+}
+
+/*
+ * Expired tenant key records under Citus (idem.citus_keys), from the
+ * coordinator only: idem_citus_purge() is one DELETE, which Citus runs on
+ * every shard's node.
+ */
+static int64
+purge_citus_keys(int batch_size)
+{
+	if (!idem_citus_coordinator())
+		return 0;
+	return purge_function("idem_citus_purge", "", "");
+}
+
+/* now() less idem.run_retention, as SQL: the runs that finished before it go. */
+static char *
+run_retention_cutoff(void)
+{
+	return psprintf("pg_catalog.now() OPERATOR(pg_catalog.-)"
+					" pg_catalog.make_interval(secs => %d)", idem_run_retention);
+}
+
+/*
+ * Runs finished longer than idem.run_retention ago, and those of dropped
+ * roles, with their steps' records, when a retention is set: one
+ * statement, idem_run_purge().
+ */
+static int64
+purge_runs(int batch_size)
+{
+	if (idem_run_retention <= 0)
+		return 0;
+	return purge_function("idem_run_purge", "timestamptz", run_retention_cutoff());
+}
+
+/*
+ * The same of tenant runs under Citus (idem.citus_runs), from the
+ * coordinator only, as the tenant key records: idem_citus_run_purge()
+ * deletes on every shard's node.
+ */
+static int64
+purge_citus_runs(int batch_size)
+{
+	if (idem_run_retention <= 0 || !idem_citus_coordinator())
+		return 0;
+	return purge_function("idem_citus_run_purge", "timestamptz",
+						  run_retention_cutoff());
 }
 
 /*
@@ -392,7 +454,11 @@ purge_cycle(void)
 		purge_in_batches("idem: purging delivered outbox events",
 						 idem_outbox_purge_delivered) &&
 		purge_in_batches("idem: purging expired Citus tenant keys",
-						 purge_citus_keys);
+						 purge_citus_keys) &&
+		purge_in_batches("idem: purging runs finished before idem.run_retention",
+						 purge_runs) &&
+		purge_in_batches("idem: purging Citus tenant runs finished before idem.run_retention",
+						 purge_citus_runs);
 }
 
 void

@@ -313,9 +313,17 @@ local_execute(const IdemRunStore *store, IdemStatement *stmt,
 	return idem_execute_statement(stmt, req);
 }
 
+static bool
+local_read_record(const IdemRunStore *store, Oid owner, const char *key,
+				  IdemRecord *rec)
+{
+	return idem_lookup_key(owner, key, rec) && rec->visible;
+}
+
 const IdemRunStore idem_local_runs = {
 	local_lock_and_read, local_insert_run, local_update_run,
-	local_find_record, local_insert_key, local_execute, NULL
+	local_find_record, local_insert_key, local_execute, local_read_record,
+	NULL
 };
 
 /* Lock and read owner's run in store: ID404 if none. */
@@ -1180,15 +1188,30 @@ idem_run_status_values(IdemRunRow *run, Datum *values, bool *nulls)
 /*
  * idem_run_steps(run_id text) returns table (ordinal, step, state,
  *		response, executed_at, attempts, step_key)
- *
- * The declared steps in order, completed or pending; for a run without
- * declared steps, its completed steps in the order they completed.
  */
 Datum
 idem_run_steps(PG_FUNCTION_ARGS)
 {
 	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
 	IdemRunRow	run;
+
+	InitMaterializedSRF(fcinfo, 0);
+	read_run(fcinfo, &run);
+	idem_run_steps_rows(&idem_local_runs, rsinfo, &run);
+	return (Datum) 0;
+}
+
+/*
+ * idem_run_steps_rows
+ *		idem_run_steps()'s rows of run, whose steps' records store keeps:
+ *		the declared steps in order, completed or pending; for a run
+ *		without declared steps, its completed steps in the order they
+ *		completed.
+ */
+void
+idem_run_steps_rows(const IdemRunStore *store, ReturnSetInfo *rsinfo,
+					IdemRunRow *run)
+{
 	Datum	   *names;
 	int			n;
 	int			ndone;
@@ -1197,13 +1220,11 @@ idem_run_steps(PG_FUNCTION_ARGS)
 	MemoryContext rowcxt;
 	MemoryContext oldcxt;
 
-	InitMaterializedSRF(fcinfo, 0);
-	read_run(fcinfo, &run);
-	deconstruct_array(run.steps ? run.steps : run.done_steps, TEXTOID, -1,
+	deconstruct_array(run->steps ? run->steps : run->done_steps, TEXTOID, -1,
 					  false, TYPALIGN_INT, &names, NULL, &n);
-	deconstruct_array(run.attempts, INT4OID, 4, true, TYPALIGN_INT,
+	deconstruct_array(run->attempts, INT4OID, 4, true, TYPALIGN_INT,
 					  &counts, NULL, &ncounts);
-	ndone = run_ndone(&run);
+	ndone = run_ndone(run);
 	rowcxt = AllocSetContextCreate(CurrentMemoryContext, "idem_run_steps row",
 								   ALLOCSET_SMALL_SIZES);
 
@@ -1222,16 +1243,16 @@ idem_run_steps(PG_FUNCTION_ARGS)
 		CHECK_FOR_INTERRUPTS();
 		oldcxt = MemoryContextSwitchTo(rowcxt);
 		name = TextDatumGetCString(names[i]);
-		key = idem_run_step_key(run.run_id, name);
-		found = pos > 0 && idem_lookup_key(run.owner, key, &rec) && rec.visible;
+		key = idem_run_step_key(run->run_id, name);
+		found = pos > 0 && store->read_record(store, run->owner, key, &rec);
 
 		values[0] = Int32GetDatum(i + 1);
 		values[1] = names[i];
 		if (pos > 0)
 			state = "completed";
-		else if (run.started_step != NULL && strcmp(run.started_step, name) == 0)
+		else if (run->started_step != NULL && strcmp(run->started_step, name) == 0)
 			state = "started";
-		else if (run.awaiting != NULL && strcmp(run.awaiting, name) == 0)
+		else if (run->awaiting != NULL && strcmp(run->awaiting, name) == 0)
 			state = "waiting";
 		else
 			state = "pending";
@@ -1246,14 +1267,13 @@ idem_run_steps(PG_FUNCTION_ARGS)
 		values[5] = Int32GetDatum(pos > 0 && pos <= ncounts ?
 								  DatumGetInt32(counts[pos - 1]) :
 								  strcmp(state, "started") == 0 ?
-								  run.started_count : 0);
+								  run->started_count : 0);
 		values[6] = CStringGetTextDatum(key);
 		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
 		MemoryContextSwitchTo(oldcxt);
 		MemoryContextReset(rowcxt);
 	}
 	MemoryContextDelete(rowcxt);
-	return (Datum) 0;
 }
 
 /*

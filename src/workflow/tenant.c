@@ -14,19 +14,21 @@
  *		idem_citus_call_with() takes idem_call()'s options as arguments,
  *		which Citus carries there as it does not the session's settings.
  *		Tenant runs: idem_citus_run_begin(), idem_citus_step(),
- *		idem_citus_step_with(), idem_citus_step_complete(),
- *		idem_citus_run_status() and the run verbs (fail, resume, complete,
- *		cancel) of the role's own runs, and idem_citus_run_purge() of
- *		finished runs: run.c's runs and steps on a store (IdemRunStore)
+ *		idem_citus_step_with(), idem_citus_step_complete(), the readers
+ *		idem_citus_run_status() and idem_citus_run_steps() and the run verbs
+ *		(fail, resume, complete, cancel), of the role's own runs or, for an
+ *		administrator, another role's (owner), and idem_citus_run_purge()
+ *		of finished runs: run.c's runs and steps on a store (IdemRunStore)
  *		that keeps the run in idem.citus_runs and its steps' records in
  *		idem.citus_keys, on the tenant's shards.
  *
  * The tables and the functions are made here rather than by the
  * extension's script because their types come from the distributed table.
  * Declaring the same colocation again changes nothing but to add what a
- * colocation declared before tenant runs lacks; another is refused while
- * idem.citus_keys or idem.citus_runs holds records (they would stay on the
- * old group's shards).
+ * colocation declared by an older build lacks (tenant runs, a function, a
+ * parameter) and to bring idem_citus_run_purge() up to date; another is
+ * refused while idem.citus_keys or idem.citus_runs holds records (they
+ * would stay on the old group's shards).
  *
  * The key record is read and written on the tenant's shard of
  * idem.citus_keys on this node, directly (as the table's owner: callers
@@ -89,6 +91,7 @@ PG_FUNCTION_INFO_V1(idem_citus_step);
 PG_FUNCTION_INFO_V1(idem_citus_step_with);
 PG_FUNCTION_INFO_V1(idem_citus_step_complete);
 PG_FUNCTION_INFO_V1(idem_citus_run_status);
+PG_FUNCTION_INFO_V1(idem_citus_run_steps);
 PG_FUNCTION_INFO_V1(idem_citus_run_fail);
 PG_FUNCTION_INFO_V1(idem_citus_run_resume);
 PG_FUNCTION_INFO_V1(idem_citus_run_complete);
@@ -177,9 +180,10 @@ citus_runs_relid(void)
 /*
  * The functions idem_citus_colocate() makes, after their tenant argument:
  * a call is made with and without the statement's arguments, and Citus
- * delegates each by its tenant.  Those of tenant runs are marked: a
- * colocation declared before they existed gets them when it is declared
- * again.
+ * delegates each by its tenant.  A colocation declared before one of them
+ * existed, or had its present parameters, gets it when it is declared
+ * again; the one it had is dropped, or a call of the old shape would match
+ * both.
  */
 static const struct
 {
@@ -189,64 +193,111 @@ static const struct
 								 * regprocedure */
 	const char *returns;
 	const char *symbol;
-	bool		run;
+	const char *old_args;		/* the input parameters' types it had before,
+								 * or NULL */
 }			citus_calls[] = {
 	{"idem_citus_call", "key text, sql text, " CALL_RESULT, "text, text",
-	"record", "idem_citus_call", false},
+	"record", "idem_citus_call", NULL},
 	{"idem_citus_call", "key text, sql text, VARIADIC args \"any\", " CALL_RESULT,
-	"text, text, \"any\"", "record", "idem_citus_call", false},
+	"text, text, \"any\"", "record", "idem_citus_call", NULL},
 	{"idem_citus_call_outbox", "outbox_topic text, key text, sql text, " CALL_RESULT,
-	"text, text, text", "record", "idem_citus_call_outbox", false},
+	"text, text, text", "record", "idem_citus_call_outbox", NULL},
 	{"idem_citus_call_outbox",
 		"outbox_topic text, key text, sql text, VARIADIC args \"any\", " CALL_RESULT,
-	"text, text, text, \"any\"", "record", "idem_citus_call_outbox", false},
+	"text, text, text, \"any\"", "record", "idem_citus_call_outbox", NULL},
 	{"idem_citus_call_with",
 		"key text, sql text, args text[] DEFAULT '{}', outbox_topic text DEFAULT NULL,"
 		" ttl interval DEFAULT NULL, wait boolean DEFAULT NULL, " CALL_RESULT,
 	"text, text, text[], text, interval, boolean", "record",
-	"idem_citus_call_with", false},
+	"idem_citus_call_with", NULL},
 	{"idem_citus_run_begin",
 		"run_id text, steps text[] DEFAULT NULL, input pg_catalog.jsonb DEFAULT NULL,"
 		" OUT status text, OUT next_step text, OUT created boolean,"
 		" OUT started_at timestamptz",
-	"text, text[], pg_catalog.jsonb", "record", "idem_citus_run_begin", true},
+	"text, text[], pg_catalog.jsonb", "record", "idem_citus_run_begin", NULL},
 	{"idem_citus_step", "run_id text, step text, sql text, " CALL_RESULT,
-	"text, text, text", "record", "idem_citus_step", true},
+	"text, text, text", "record", "idem_citus_step", NULL},
 	{"idem_citus_step",
 		"run_id text, step text, sql text, VARIADIC args \"any\", " CALL_RESULT,
-	"text, text, text, \"any\"", "record", "idem_citus_step", true},
+	"text, text, text, \"any\"", "record", "idem_citus_step", NULL},
 	{"idem_citus_step_with",
 		"run_id text, step text, sql text, args text[] DEFAULT '{}',"
 		" outbox_topic text DEFAULT NULL, wait boolean DEFAULT NULL, " CALL_RESULT,
 	"text, text, text, text[], text, boolean", "record", "idem_citus_step_with",
-	true},
+	NULL},
 	{"idem_citus_step_complete",
 		"run_id text, step text, result pg_catalog.jsonb, " CALL_RESULT,
-	"text, text, pg_catalog.jsonb", "record", "idem_citus_step_complete", true},
+	"text, text, pg_catalog.jsonb", "record", "idem_citus_step_complete", NULL},
 	{"idem_citus_run_status",
-		"run_id text, OUT status text, OUT next_step text, OUT steps_done integer,"
-		" OUT steps_total integer, OUT started_at timestamptz,"
-		" OUT finished_at timestamptz, OUT last_error text,"
-		" OUT input pg_catalog.jsonb",
-	"text", "record", "idem_citus_run_status", true},
-	{"idem_citus_run_fail", "run_id text, reason text", "text, text", "text",
-	"idem_citus_run_fail", true},
-	{"idem_citus_run_resume", "run_id text", "text", "text",
-	"idem_citus_run_resume", true},
-	{"idem_citus_run_complete", "run_id text", "text", "text",
-	"idem_citus_run_complete", true},
-	{"idem_citus_run_cancel", "run_id text, reason text DEFAULT NULL",
-	"text, text", "text", "idem_citus_run_cancel", true},
+		"run_id text, owner pg_catalog.regrole DEFAULT NULL, OUT status text,"
+		" OUT next_step text, OUT steps_done integer, OUT steps_total integer,"
+		" OUT started_at timestamptz, OUT finished_at timestamptz,"
+		" OUT last_error text, OUT input pg_catalog.jsonb",
+	"text, pg_catalog.regrole", "record", "idem_citus_run_status", "text"},
+	{"idem_citus_run_steps",
+		"run_id text, owner pg_catalog.regrole DEFAULT NULL, OUT ordinal integer,"
+		" OUT step text, OUT state text, OUT response pg_catalog.jsonb,"
+		" OUT executed_at timestamptz, OUT attempts integer, OUT step_key text",
+	"text, pg_catalog.regrole", "SETOF record", "idem_citus_run_steps", NULL},
+	{"idem_citus_run_fail",
+		"run_id text, reason text, owner pg_catalog.regrole DEFAULT NULL",
+		"text, text, pg_catalog.regrole", "text", "idem_citus_run_fail",
+	"text, text"},
+	{"idem_citus_run_resume", "run_id text, owner pg_catalog.regrole DEFAULT NULL",
+		"text, pg_catalog.regrole", "text", "idem_citus_run_resume",
+	"text"},
+	{"idem_citus_run_complete",
+		"run_id text, owner pg_catalog.regrole DEFAULT NULL",
+		"text, pg_catalog.regrole", "text", "idem_citus_run_complete",
+	"text"},
+	{"idem_citus_run_cancel",
+		"run_id text, reason text DEFAULT NULL, owner pg_catalog.regrole DEFAULT NULL",
+		"text, text, pg_catalog.regrole", "text", "idem_citus_run_cancel",
+	"text, text"},
 };
 
+/* Whether a function of this signature exists. */
+static bool
+function_exists(const char *signature)
+{
+	Oid			types[1] = {TEXTOID};
+	Datum		values[1] = {CStringGetTextDatum(signature)};
+
+	run_sql("SELECT pg_catalog.to_regprocedure($1) IS NOT NULL",
+			1, types, values, SPI_OK_SELECT);
+	return DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0],
+									  SPI_tuptable->tupdesc, 1, &(bool){0}));
+}
+
+/* Drop every function of citus_calls for a tenant of type typname. */
+static void
+drop_tenant_functions(StringInfo sql, const char *nsp, const char *typname)
+{
+	for (int i = 0; i < lengthof(citus_calls); i++)
+	{
+		appendStringInfo(sql, "DROP FUNCTION IF EXISTS %s.%s(%s, %s);",
+						 nsp, citus_calls[i].name, typname,
+						 citus_calls[i].args);
+		if (citus_calls[i].old_args != NULL)
+			appendStringInfo(sql, "DROP FUNCTION IF EXISTS %s.%s(%s, %s);",
+							 nsp, citus_calls[i].name, typname,
+							 citus_calls[i].old_args);
+	}
+	appendStringInfo(sql, "DROP FUNCTION IF EXISTS %s.idem_citus_run_purge(timestamptz);",
+					 nsp);
+}
+
 /*
- * Create idem.citus_keys (unless runs_only), idem.citus_runs and the
- * functions (those of runs only, with runs_only), co-located with qtable
- * and distributed by a tenant of type typname.
+ * Create idem.citus_keys and idem.citus_runs, unless they exist
+ * (have_keys, have_runs), and the functions, co-located with qtable and
+ * distributed by a tenant of type typname.  With have_keys, the colocation
+ * is declared again: a function that exists as it is made here is kept
+ * (with what was set on it), another one is made.
  */
 static void
 create_tenant_objects(const char *nsp, const char *typname,
-					  const char *qtable, const char *probin, bool runs_only)
+					  const char *qtable, const char *probin, bool have_keys,
+					  bool have_runs)
 {
 	StringInfoData sql;
 	Oid			types[1] = {TEXTOID};
@@ -254,7 +305,7 @@ create_tenant_objects(const char *nsp, const char *typname,
 
 	initStringInfo(&sql);
 	/* the tenant first: Citus wants it in the primary key */
-	if (!runs_only)
+	if (!have_keys)
 		appendStringInfo(&sql,
 						 "CREATE TABLE idem.citus_keys ("
 						 " tenant %s NOT NULL,"
@@ -269,48 +320,69 @@ create_tenant_objects(const char *nsp, const char *typname,
 						 "REVOKE ALL ON idem.citus_keys FROM PUBLIC;",
 						 typname);
 	/* idem.runs' columns for a run on no queue */
-	appendStringInfo(&sql,
-					 "CREATE TABLE idem.citus_runs ("
-					 " tenant %s NOT NULL,"
-					 " owner pg_catalog.regrole NOT NULL,"
-					 " run_id pg_catalog.text COLLATE \"C\" NOT NULL,"
-					 " steps pg_catalog.text[] COLLATE \"C\","
-					 " input pg_catalog.jsonb,"
-					 " status pg_catalog.text NOT NULL,"
-					 " started_at pg_catalog.timestamptz NOT NULL,"
-					 " finished_at pg_catalog.timestamptz,"
-					 " last_error pg_catalog.text,"
-					 " done_steps pg_catalog.text[] COLLATE \"C\" NOT NULL,"
-					 " attempts pg_catalog.int4[] NOT NULL,"
-					 " CONSTRAINT citus_runs_pkey PRIMARY KEY (tenant, owner, run_id),"
-					 " CONSTRAINT citus_runs_status_check CHECK (status OPERATOR(pg_catalog.=)"
-					 " ANY ('{running,completed,failed,cancelled}'::pg_catalog.text[])));"
-					 "REVOKE ALL ON idem.citus_runs FROM PUBLIC;",
-					 typname);
+	if (!have_runs)
+		appendStringInfo(&sql,
+						 "CREATE TABLE idem.citus_runs ("
+						 " tenant %s NOT NULL,"
+						 " owner pg_catalog.regrole NOT NULL,"
+						 " run_id pg_catalog.text COLLATE \"C\" NOT NULL,"
+						 " steps pg_catalog.text[] COLLATE \"C\","
+						 " input pg_catalog.jsonb,"
+						 " status pg_catalog.text NOT NULL,"
+						 " started_at pg_catalog.timestamptz NOT NULL,"
+						 " finished_at pg_catalog.timestamptz,"
+						 " last_error pg_catalog.text,"
+						 " done_steps pg_catalog.text[] COLLATE \"C\" NOT NULL,"
+						 " attempts pg_catalog.int4[] NOT NULL,"
+						 " CONSTRAINT citus_runs_pkey PRIMARY KEY (tenant, owner, run_id),"
+						 " CONSTRAINT citus_runs_status_check CHECK (status OPERATOR(pg_catalog.=)"
+						 " ANY ('{running,completed,failed,cancelled}'::pg_catalog.text[])));"
+						 "REVOKE ALL ON idem.citus_runs FROM PUBLIC;",
+						 typname);
 
 	/*
-	 * idem_run_purge() for tenant runs, an administrator's.  Each run's
-	 * record and its steps' are on its tenant's node, where no lock of the
-	 * run can be tried from here: the run's row is deleted only if it is
-	 * still finished once its row lock is had (a run resumed meanwhile
-	 * stays), and a verb that loses its run to the purge finds none
-	 * (ID404).  Multi-shard, so Citus commits it in two phases.
+	 * idem_run_purge() for tenant runs, an administrator's: the finished
+	 * runs, and every run of a role that was dropped (a new role could get
+	 * its OID, and its runs).  Each run's record and its steps' are on its
+	 * tenant's node, where no lock of the run can be tried from here: the
+	 * run's row is deleted only if it is still finished once its row lock
+	 * is had (a run resumed meanwhile stays), and a verb that loses its run
+	 * to the purge finds none (ID404).
+	 *
+	 * The owner's OID is the node's own, so whether its role exists is
+	 * asked there, of regrole's output: the role's name, always quoted if
+	 * it starts with a digit, or the bare OID once no role has it.  Citus
+	 * runs no stable function of a column in a DELETE, so the runs are
+	 * found by a SELECT and deleted one by one, each on its tenant's node.
+	 * A run and its steps' records are named by that OID, which the
+	 * coordinator would otherwise read back as a name, or as another role
+	 * of its own.  Several shards, so Citus commits it in two phases.
 	 */
 	appendStringInfo(&sql,
-					 "CREATE FUNCTION %s.idem_citus_run_purge(finished_before timestamptz)"
+					 "CREATE OR REPLACE FUNCTION %s.idem_citus_run_purge(finished_before timestamptz)"
 					 " RETURNS bigint LANGUAGE plpgsql STRICT"
 					 " SET search_path = pg_catalog, pg_temp AS $purge$"
-					 " DECLARE r record; n bigint := 0; step_keys text[];"
+					 " DECLARE c record; done text[]; step_keys text[]; n bigint := 0;"
 					 " BEGIN"
-					 "  FOR r IN DELETE FROM idem.citus_runs"
-					 "    WHERE status OPERATOR(pg_catalog.<>) 'running'"
-					 "      AND finished_at OPERATOR(pg_catalog.<) finished_before"
-					 "    RETURNING tenant, owner, run_id, done_steps LOOP"
-					 "   step_keys := ARRAY(SELECT %s.idem_step_key(r.run_id, s.step)"
-					 "     FROM pg_catalog.unnest(r.done_steps) AS s(step));"
+					 "  FOR c IN SELECT r.tenant, r.owner::pg_catalog.oid AS owner_oid, r.run_id,"
+					 "      r.owner::pg_catalog.text OPERATOR(pg_catalog.~) '^[0-9]+$' AS owner_gone"
+					 "    FROM idem.citus_runs r"
+					 "    WHERE (r.status OPERATOR(pg_catalog.<>) 'running'"
+					 "      AND r.finished_at OPERATOR(pg_catalog.<) finished_before)"
+					 "     OR r.owner::pg_catalog.text OPERATOR(pg_catalog.~) '^[0-9]+$' LOOP"
+					 "   DELETE FROM idem.citus_runs r"
+					 "    WHERE r.tenant OPERATOR(pg_catalog.=) c.tenant"
+					 "      AND r.owner::pg_catalog.oid OPERATOR(pg_catalog.=) c.owner_oid"
+					 "      AND r.run_id OPERATOR(pg_catalog.=) c.run_id"
+					 "      AND (c.owner_gone OR (r.status OPERATOR(pg_catalog.<>) 'running'"
+					 "        AND r.finished_at OPERATOR(pg_catalog.<) finished_before))"
+					 "    RETURNING r.done_steps INTO done;"
+					 "   CONTINUE WHEN NOT FOUND;"
+					 "   step_keys := ARRAY(SELECT %s.idem_step_key(c.run_id, s.step)"
+					 "     FROM pg_catalog.unnest(done) AS s(step));"
 					 "   DELETE FROM idem.citus_keys k"
-					 "    WHERE k.tenant OPERATOR(pg_catalog.=) r.tenant"
-					 "      AND k.owner OPERATOR(pg_catalog.=) r.owner"
+					 "    WHERE k.tenant OPERATOR(pg_catalog.=) c.tenant"
+					 "      AND k.owner::pg_catalog.oid OPERATOR(pg_catalog.=) c.owner_oid"
 					 "      AND k.key OPERATOR(pg_catalog.=) ANY (step_keys);"
 					 "   n := n + 1;"
 					 "  END LOOP;"
@@ -321,18 +393,29 @@ create_tenant_objects(const char *nsp, const char *typname,
 	run_sql(sql.data, 0, NULL, NULL, SPI_OK_UTILITY);
 
 	values[0] = CStringGetTextDatum(qtable);
-	if (!runs_only)
+	if (!have_keys)
 		run_sql("SELECT pg_catalog.create_distributed_table('idem.citus_keys', 'tenant',"
 				" colocate_with => $1)", 1, types, values, SPI_OK_SELECT);
-	run_sql("SELECT pg_catalog.create_distributed_table('idem.citus_runs', 'tenant',"
-			" colocate_with => $1)", 1, types, values, SPI_OK_SELECT);
+	if (!have_runs)
+		run_sql("SELECT pg_catalog.create_distributed_table('idem.citus_runs', 'tenant',"
+				" colocate_with => $1)", 1, types, values, SPI_OK_SELECT);
 
 	/* the C functions serving this one serve the calls too */
 	for (int i = 0; i < lengthof(citus_calls); i++)
 	{
-		if (runs_only && !citus_calls[i].run)
+		char	   *signature = psprintf("%s.%s(%s, %s)", nsp,
+										 citus_calls[i].name, typname,
+										 citus_calls[i].args);
+		char	   *old_signature = NULL;
+
+		if (have_keys && function_exists(signature))
 			continue;
 		resetStringInfo(&sql);
+		if (have_keys && citus_calls[i].old_args != NULL)
+			old_signature = psprintf("%s.%s(%s, %s)", nsp, citus_calls[i].name,
+									 typname, citus_calls[i].old_args);
+		if (old_signature != NULL && function_exists(old_signature))
+			appendStringInfo(&sql, "DROP FUNCTION %s;", old_signature);
 		appendStringInfo(&sql,
 						 "CREATE FUNCTION %s.%s(tenant %s, %s) RETURNS %s"
 						 " AS %s, '%s' LANGUAGE C VOLATILE PARALLEL UNSAFE",
@@ -340,9 +423,7 @@ create_tenant_objects(const char *nsp, const char *typname,
 						 citus_calls[i].params, citus_calls[i].returns,
 						 probin, citus_calls[i].symbol);
 		run_sql(sql.data, 0, NULL, NULL, SPI_OK_UTILITY);
-		values[0] = CStringGetTextDatum(psprintf("%s.%s(%s, %s)", nsp,
-												 citus_calls[i].name, typname,
-												 citus_calls[i].args));
+		values[0] = CStringGetTextDatum(signature);
 		run_sql("SELECT pg_catalog.create_distributed_function($1::pg_catalog.regprocedure,"
 				" 'tenant', colocate_with => 'idem.citus_keys', force_delegation => true)",
 				1, types, values, SPI_OK_SELECT);
@@ -411,9 +492,9 @@ idem_citus_colocate(PG_FUNCTION_ARGS)
 		if (distribution_of(keys_rel, &keys_type, &keys_colocation) &&
 			keys_colocation == colocation)
 		{
-			/* declared by a version without tenant runs: they follow too */
-			if (!OidIsValid(runs_rel))
-				create_tenant_objects(nsp, typname, qtable, probin, true);
+			/* declared by an older build: what it lacks follows too */
+			create_tenant_objects(nsp, typname, qtable, probin, true,
+								  OidIsValid(runs_rel));
 			SPI_finish();
 			AtEOXact_GUC(true, nestlevel);
 			PG_RETURN_VOID();
@@ -432,16 +513,12 @@ idem_citus_colocate(PG_FUNCTION_ARGS)
 	{
 		char	   *old_type = format_type_be_qualified(get_atttype(keys_rel, 1));
 
-		for (int i = 0; i < lengthof(citus_calls); i++)
-			appendStringInfo(&sql, "DROP FUNCTION IF EXISTS %s.%s(%s, %s);",
-							 nsp, citus_calls[i].name, old_type,
-							 citus_calls[i].args);
-		appendStringInfo(&sql, "DROP FUNCTION IF EXISTS %s.idem_citus_run_purge(timestamptz);"
-						 "DROP TABLE idem.citus_keys;"
-						 "DROP TABLE IF EXISTS idem.citus_runs", nsp);
+		drop_tenant_functions(&sql, nsp, old_type);
+		appendStringInfoString(&sql, "DROP TABLE idem.citus_keys;"
+							   "DROP TABLE IF EXISTS idem.citus_runs");
 		run_sql(sql.data, 0, NULL, NULL, SPI_OK_UTILITY);
 	}
-	create_tenant_objects(nsp, typname, qtable, probin, false);
+	create_tenant_objects(nsp, typname, qtable, probin, false, false);
 
 	SPI_finish();
 	AtEOXact_GUC(true, nestlevel);
@@ -840,11 +917,15 @@ tenant_shard_local(Oid keys_rel, Oid keys_owner, Oid tenant_type,
 	return OidIsValid(shard->relid);
 }
 
-/* The tenant's key record of req, if any (rec filled in the caller's context). */
+/*
+ * The tenant's record of owner's key, if any (rec filled in the caller's
+ * context); read_only: as the caller's snapshot sees it, else as committed
+ * now.
+ */
 static bool
 lookup_tenant_key(Oid keys_owner, Oid tenant_type, Datum tenant,
-				  TenantShard *shard, IdemRequest *req, IdemRecord *rec,
-				  MemoryContext cxt)
+				  TenantShard *shard, Oid owner, const char *key, int keylen,
+				  IdemRecord *rec, MemoryContext cxt, bool read_only)
 {
 	Oid			types[3] = {tenant_type, REGROLEOID, TEXTOID};
 	Datum		values[3];
@@ -855,10 +936,10 @@ lookup_tenant_key(Oid keys_owner, Oid tenant_type, Datum tenant,
 	MemoryContext old;
 
 	values[0] = tenant;
-	values[1] = ObjectIdGetDatum(req->owner);
-	values[2] = PointerGetDatum(cstring_to_text_with_len(req->key, req->keylen));
+	values[1] = ObjectIdGetDatum(owner);
+	values[2] = PointerGetDatum(cstring_to_text_with_len(key, keylen));
 	run_keys_sql(KEYS_LOOKUP, shard->relid, keys_owner, tenant_type, 3, types,
-				 values, NULL, false);
+				 values, NULL, read_only);
 	if (SPI_processed == 0)
 		return false;
 	tup = SPI_tuptable->vals[0];
@@ -869,7 +950,7 @@ lookup_tenant_key(Oid keys_owner, Oid tenant_type, Datum tenant,
 		ereport(ERROR,
 				(errcode(ERRCODE_DATA_CORRUPTED),
 				 errmsg("key record \"%s\" in idem.citus_keys has a fingerprint of the wrong length",
-						req->key)));
+						key)));
 	memcpy(rec->fingerprint, VARDATA_ANY(fp), IDEM_FINGERPRINT_LEN);
 	rec->fpversion = DatumGetInt16(SPI_getbinval(tup, desc, 2, &isnull));
 	old = MemoryContextSwitchTo(cxt);
@@ -1140,7 +1221,8 @@ find_tenant_record(TenantCall *tc, IdemStatement *stmt, IdemRequest *req,
 	lock_tenant_key(tc->tenant_type, tc->tenant, req->owner, req->key,
 					req->keylen);
 	found = lookup_tenant_key(tc->keys_owner, tc->tenant_type, tc->tenant,
-							  &tc->shard, req, rec, tc->callercxt);
+							  &tc->shard, req->owner, req->key, req->keylen,
+							  rec, tc->callercxt, false);
 	if (found && rec->expires_at <= now)
 	{
 		write_tenant_key(tc->keys_owner, tc->tenant_type, tc->tenant,
@@ -1435,9 +1517,22 @@ tenant_execute(const IdemRunStore *store, IdemStatement *stmt,
 	return run_tenant_statement(tc->fname, stmt, req, NULL);
 }
 
+/* For the readers: the caller's snapshot, as the run's row was read. */
+static bool
+tenant_read_record(const IdemRunStore *store, Oid owner, const char *key,
+				   IdemRecord *rec)
+{
+	TenantCall *tc = store->arg;
+
+	return lookup_tenant_key(tc->keys_owner, tc->tenant_type, tc->tenant,
+							 &tc->shard, owner, key, strlen(key), rec,
+							 CurrentMemoryContext, true);
+}
+
 static const IdemRunStore tenant_store = {
 	tenant_lock_and_read, tenant_insert_run, tenant_update_run,
-	tenant_find_record, tenant_insert_key, tenant_execute, NULL
+	tenant_find_record, tenant_insert_key, tenant_execute,
+	tenant_read_record, NULL
 };
 
 /* The tenant's run store, for a call to a run function of the tenant. */
@@ -1591,7 +1686,22 @@ idem_citus_step_complete(PG_FUNCTION_ARGS)
 }
 
 /*
- * idem_citus_run_status(tenant <distribution type>, run_id text)
+ * Whose run a tenant run function names: argument argno (owner), by
+ * idem_run_owner_arg()'s rule, or the caller's key owner.  A function made
+ * by a colocation declared before the argument existed has fewer
+ * arguments, until the colocation is declared again.
+ */
+static Oid
+tenant_run_owner(FunctionCallInfo fcinfo, int argno, const char *what)
+{
+	if (PG_NARGS() <= argno)
+		return idem_key_owner();
+	return idem_run_owner_arg(fcinfo, argno, what);
+}
+
+/*
+ * idem_citus_run_status(tenant <distribution type>, run_id text,
+ *		owner regrole DEFAULT NULL)
  *		returns (status, next_step, steps_done, steps_total, started_at,
  *		finished_at, last_error, input)
  *
@@ -1604,6 +1714,7 @@ idem_citus_run_status(PG_FUNCTION_ARGS)
 	const char *fname = "idem_citus_run_status()";
 	TenantCall	tc;
 	char	   *run_id;
+	Oid			owner;
 	IdemRunRow	run;
 	TupleDesc	tupdesc;
 	Datum		values[8];
@@ -1613,10 +1724,11 @@ idem_citus_run_status(PG_FUNCTION_ARGS)
 
 	tenant_arg(fcinfo, fname, &tc);
 	run_id = idem_name_arg(fcinfo, 1, "run id");
+	owner = tenant_run_owner(fcinfo, 2, "read");
 	if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE)
 		elog(ERROR, "return type must be a row type");
 	tenant_here(&tc, true);
-	if (!lookup_tenant_run(&tc, idem_key_owner(), run_id, &run, true))
+	if (!lookup_tenant_run(&tc, owner, run_id, &run, true))
 		idem_report_run_not_found(run_id);
 	old = MemoryContextSwitchTo(tc.callercxt);
 	idem_run_status_values(&run, values, nulls);
@@ -1628,7 +1740,43 @@ idem_citus_run_status(PG_FUNCTION_ARGS)
 }
 
 /*
- * A run verb on the role's run of the tenant (argument 1): fail, resume,
+ * idem_citus_run_steps(tenant <distribution type>, run_id text,
+ *		owner regrole DEFAULT NULL)
+ *		returns setof (ordinal, step, state, response, executed_at,
+ *		attempts, step_key)
+ *
+ * idem_run_steps()'s rows for the tenant's run, its steps' records read
+ * on the tenant's shard as its row is; ID404 if the role has no run under
+ * (tenant, run_id).
+ */
+Datum
+idem_citus_run_steps(PG_FUNCTION_ARGS)
+{
+	const char *fname = "idem_citus_run_steps()";
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	TenantCall	tc;
+	IdemRunStore store;
+	char	   *run_id;
+	Oid			owner;
+	IdemRunRow	run;
+
+	tenant_arg(fcinfo, fname, &tc);
+	run_id = idem_name_arg(fcinfo, 1, "run id");
+	owner = tenant_run_owner(fcinfo, 2, "read");
+	InitMaterializedSRF(fcinfo, 0);
+	tenant_here(&tc, true);
+	if (!lookup_tenant_run(&tc, owner, run_id, &run, true))
+		idem_report_run_not_found(run_id);
+	store = tenant_store;
+	store.arg = &tc;
+	idem_run_steps_rows(&store, rsinfo, &run);
+	SPI_finish();
+	return (Datum) 0;
+}
+
+/*
+ * A run verb on the tenant's run (argument 1) of the role, or of the
+ * owner an administrator names (the last argument): fail, resume,
  * complete or cancel, with the reason in argument 2 for fail and cancel.
  * Returns the run's status.
  */
@@ -1636,23 +1784,25 @@ static Datum
 tenant_run_verb(FunctionCallInfo fcinfo, const char *verb)
 {
 	const char *fname = psprintf("idem_citus_run_%s()", verb);
+	bool		reasoned = strcmp(verb, "fail") == 0 || strcmp(verb, "cancel") == 0;
 	TenantCall	tc;
 	IdemRunStore store;
 	char	   *run_id;
+	Oid			owner;
 	char	   *status;
 	Datum		result;
 	MemoryContext old;
 
 	tenant_run_store(fcinfo, fname, &tc, &store);
 	run_id = idem_name_arg(fcinfo, 1, "run id");
+	owner = tenant_run_owner(fcinfo, reasoned ? 3 : 2, verb);
 	tenant_here(&tc, true);
 	if (strcmp(verb, "cancel") == 0)
-		status = idem_run_cancel_in(&store, idem_key_owner(), run_id,
+		status = idem_run_cancel_in(&store, owner, run_id,
 									PG_ARGISNULL(2) ? NULL :
 									text_to_cstring(PG_GETARG_TEXT_PP(2)));
 	else
-		status = idem_run_set_status_in(&store, fcinfo, verb, idem_key_owner(),
-										run_id, 2);
+		status = idem_run_set_status_in(&store, fcinfo, verb, owner, run_id, 2);
 	old = MemoryContextSwitchTo(tc.callercxt);
 	result = PointerGetDatum(cstring_to_text(status));
 	MemoryContextSwitchTo(old);
@@ -1661,8 +1811,8 @@ tenant_run_verb(FunctionCallInfo fcinfo, const char *verb)
 }
 
 /*
- * idem_citus_run_fail(tenant <distribution type>, run_id text, reason text)
- *		returns text
+ * idem_citus_run_fail(tenant <distribution type>, run_id text, reason text,
+ *		owner regrole DEFAULT NULL) returns text
  */
 Datum
 idem_citus_run_fail(PG_FUNCTION_ARGS)
@@ -1670,14 +1820,20 @@ idem_citus_run_fail(PG_FUNCTION_ARGS)
 	return tenant_run_verb(fcinfo, "fail");
 }
 
-/* idem_citus_run_resume(tenant <distribution type>, run_id text) returns text */
+/*
+ * idem_citus_run_resume(tenant <distribution type>, run_id text,
+ *		owner regrole DEFAULT NULL) returns text
+ */
 Datum
 idem_citus_run_resume(PG_FUNCTION_ARGS)
 {
 	return tenant_run_verb(fcinfo, "resume");
 }
 
-/* idem_citus_run_complete(tenant <distribution type>, run_id text) returns text */
+/*
+ * idem_citus_run_complete(tenant <distribution type>, run_id text,
+ *		owner regrole DEFAULT NULL) returns text
+ */
 Datum
 idem_citus_run_complete(PG_FUNCTION_ARGS)
 {
@@ -1686,7 +1842,7 @@ idem_citus_run_complete(PG_FUNCTION_ARGS)
 
 /*
  * idem_citus_run_cancel(tenant <distribution type>, run_id text,
- *		reason text DEFAULT NULL) returns text
+ *		reason text DEFAULT NULL, owner regrole DEFAULT NULL) returns text
  */
 Datum
 idem_citus_run_cancel(PG_FUNCTION_ARGS)

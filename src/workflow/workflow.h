@@ -108,6 +108,9 @@ struct IdemRunStore
 							   TimestampTz now);
 	Jsonb	   *(*execute) (const IdemRunStore *store, IdemStatement *stmt,
 							IdemRequest *req);
+	/* a step's record as the caller's snapshot sees it, unlocked: false if none */
+	bool		(*read_record) (const IdemRunStore *store, Oid owner,
+								const char *key, IdemRecord *rec);
 	void	   *arg;
 };
 
@@ -146,6 +149,8 @@ extern Datum idem_run_begin_result(FunctionCallInfo fcinfo, IdemRunRow *run,
 								   bool created);
 extern void idem_run_status_values(IdemRunRow *run, Datum *values,
 								   bool *nulls);
+extern void idem_run_steps_rows(const IdemRunStore *store,
+								ReturnSetInfo *rsinfo, IdemRunRow *run);
 extern char *idem_run_next_step(IdemRunRow *run);
 
 /* control.c: operators' verbs */

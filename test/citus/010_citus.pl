@@ -72,8 +72,15 @@
 #    node; fail, resume, complete, cancel; three agents stepping one run at
 #    once through the three entry nodes: each step once; a role that is not
 #    a superuser has its own run under the same id and cannot read
-#    idem.citus_runs; idem_citus_run_purge() removes the finished runs of
-#    every shard with their steps' records, and keeps a running one
+#    idem.citus_runs; idem_citus_run_steps() gives idem_run_steps()'s rows
+#    and columns through every entry node (completed, pending, a run
+#    without declared steps; ID404, 22004); with owner => a superuser, a
+#    member of idem_admin and a member of the owner read and act on
+#    another role's run, another role is refused (42501) and changes
+#    nothing, an unknown role is 42704; idem_citus_run_purge() removes the
+#    finished runs of every shard with their steps' records, and the run
+#    of a dropped role however it stands, and keeps a running one;
+#    idem_purge_all() does too once idem.run_retention is set
 #  - a role that is not a superuser calls through every entry node: its
 #    call executes once and replays elsewhere, its keys are its own (the
 #    same key of another role executes), its event needs its publish
@@ -82,7 +89,9 @@
 #    each other's together, each executes once and replays through the
 #    workers; without idem.citus_runs (a colocation declared before tenant
 #    runs) a run function is IDC01, and declaring the colocation again adds
-#    the runs and keeps the keys
+#    the runs and keeps the keys; declared again, a colocation of an older
+#    build gets idem_citus_run_steps(), replaces the old shape of
+#    idem_citus_run_status() and keeps a setting on a function it had
 #  - a shard split (the halves on both workers), citus_drain_node() and
 #    rebalance_table_shards(): after each, every key replays through every
 #    entry node, with no second row
@@ -91,7 +100,8 @@
 #    and a worker are IDC04; given back with Citus's drop functions, calls
 #    work again and a key recorded before replays
 #  - with idem preloaded on the coordinator, the purge worker removes the
-#    expired tenant records on every shard, and only those
+#    expired tenant records on every shard, and only those, and with
+#    idem.run_retention the finished tenant runs
 
 use strict;
 use warnings FATAL => 'all';
@@ -982,6 +992,35 @@ END$$});
 	is($o, 't', 'declared again, the colocation gets tenant runs') or diag($e);
 	is($coord->safe_psql('tt', 'SELECT count(*) FROM idem.citus_keys'), '3',
 		'... and keeps its key records');
+
+	# declared by a build before idem_citus_run_steps() and owner =>: the
+	# colocation declared again gets the one and replaces the old shape of
+	# the other (a call of that shape would match both), and keeps what
+	# was set on a function it already has
+	$coord->safe_psql('tt', q{
+DROP FUNCTION idem_citus_run_steps(text, text, regrole);
+DROP FUNCTION idem_citus_run_status(text, text, regrole);
+CREATE FUNCTION idem_citus_run_status(tenant text, run_id text, OUT status text)
+RETURNS text LANGUAGE sql AS $$SELECT 'old shape'$$;
+SELECT create_distributed_function('idem_citus_run_status(text, text)', 'tenant',
+	colocate_with => 'idem.citus_keys', force_delegation => true);
+ALTER FUNCTION idem_citus_run_begin(text, text, text[], jsonb) SET idem.wait = off;
+});
+	($ret, $o, $e) = $w1->psql('tt', "SELECT status FROM idem_citus_run_status('acme'::text, 'run-1')");
+	is($o, 'old shape', 'a colocation of an older build has the old run status');
+	$coord->safe_psql('tt', "SELECT idem_citus_colocate('accounts')");
+	for my $entry ($w1, $w2)
+	{
+		($ret, $o, $e) = $entry->psql('tt',
+			"SELECT status FROM idem_citus_run_status('acme'::text, 'run-1')");
+		is($o, 'running', 'declared again, the run status of the old shape runs through ' . $entry->name) or diag($e);
+		($ret, $o, $e) = $entry->psql('tt',
+			"SELECT step FROM idem_citus_run_steps('acme'::text, 'run-1')");
+		is("$ret|$o", '0|', '... and idem_citus_run_steps() exists') or diag($e);
+	}
+	is($coord->safe_psql('tt',
+			"SELECT proconfig FROM pg_proc WHERE oid = 'idem_citus_run_begin(text, text, text[], jsonb)'::regprocedure"),
+		'{idem.wait=off}', '... and a function it had keeps its setting');
 }
 
 # --- a shard split, draining a node and the rebalancer: the key records
@@ -1270,6 +1309,125 @@ SELECT r.status, r.done_steps, r.xmin = p.xmin
 		"SELECT status FROM idem_citus_run_status(${t}::bigint, 'free-1')");
 	is(sqlstate_of($err), 'ID404', "another role does not see the run: ID404");
 
+	# idem_citus_run_steps(): idem_run_steps()'s rows, read on the tenant's
+	# shard, through every entry node
+	my $steps_of = "SELECT ordinal, step, state, response->'rows'->0->>'amount',"
+	  . " executed_at IS NOT NULL, attempts > 0, step_key = idem_step_key('order-9', step)"
+	  . " FROM idem_citus_run_steps(${t}::bigint, 'order-9')";
+	for my $entry (@nodes)
+	{
+		($out, $err) = call($entry, $steps_of);
+		is($out, "1|pay|completed|11|t|t|t\n2|ship|completed|12|t|t|t\n3|mail|completed|13|t|t|t",
+			'idem_citus_run_steps() through ' . $entry->name . ': each step, its response and key')
+		  or diag($err);
+	}
+	is( $coord->safe_psql('postgres', q{
+SELECT (SELECT string_agg(n || ' ' || format_type(t, NULL), ', ' ORDER BY i)
+		  FROM unnest(p.proargnames, p.proallargtypes, p.proargmodes) WITH ORDINALITY u(n, t, m, i)
+		 WHERE m IN ('o', 't'))
+	 = (SELECT string_agg(n || ' ' || format_type(t, NULL), ', ' ORDER BY i)
+		  FROM unnest(l.proargnames, l.proallargtypes, l.proargmodes) WITH ORDINALITY u(n, t, m, i)
+		 WHERE m IN ('o', 't'))
+  FROM pg_proc p, pg_proc l
+ WHERE p.oid = 'idem_citus_run_steps(bigint, text, regrole)'::regprocedure
+   AND l.oid = 'idem_run_steps(text)'::regprocedure}),
+		't', "... the columns of idem_run_steps()");
+	call($coord, "SELECT created FROM idem_citus_run_begin(${t}::bigint, 'order-17', ARRAY['a', 'b'])");
+	call($coord, "SELECT replayed FROM idem_citus_step_complete(${t}::bigint, 'order-17', 'a', '{}')");
+	($out, $err) = call($w1,
+		"SELECT ordinal, step, state, response, attempts FROM idem_citus_run_steps(${t}::bigint, 'order-17')");
+	is($out, "1|a|completed|{}|1\n2|b|pending||0", '... a pending step has no response') or diag($err);
+	call($coord, "SELECT idem_citus_run_cancel(${t}::bigint, 'order-17')");
+	($out, $err) = call($coord,
+		"SELECT step, state, response FROM idem_citus_run_steps(${t}::bigint, 'free-1')");
+	is($out, 'label|completed|{"label": "LB-1"}', '... a run without declared steps: its completed steps') or diag($err);
+	($out, $err) = call($w2, "SELECT step FROM idem_citus_run_steps(${t}::bigint, 'no-such-run')");
+	is(sqlstate_of($err), 'ID404', '... an unknown run: ID404');
+	($out, $err) = call($w2, "SELECT step FROM idem_citus_run_steps(${t}::bigint, NULL)");
+	is(sqlstate_of($err), '22004', '... a null run id: 22004');
+	($out, $err) = call_as($coord, 'app2', "SELECT step FROM idem_citus_run_steps(${t}::bigint, 'free-1')");
+	is(sqlstate_of($err), 'ID404', "... another role's run: ID404");
+
+	# owner =>: an administrator (a superuser, a member of idem_admin) or a
+	# member of the owner reads and acts on another role's run; any other
+	# role is refused (42501) and changes nothing
+	$coord->safe_psql('postgres', q{
+CREATE ROLE ops LOGIN;
+GRANT idem_admin TO ops;
+CREATE ROLE app_member LOGIN IN ROLE app;
+});
+	($out, $err) = call($w1,
+		"SELECT status, steps_done FROM idem_citus_run_status(${t}::bigint, 'order-9', owner => 'app')");
+	is($out, 'completed|1', "a superuser reads app's run with owner =>") or diag($err);
+	($out, $err) = call_as($w2, 'ops',
+		"SELECT step, response->'rows'->0->>'note' FROM idem_citus_run_steps(${t}::bigint, 'order-9', owner => 'app')");
+	is($out, 'pay|order-9:app', "... a member of idem_admin reads its steps") or diag($err);
+	($out, $err) = call_as($coord, 'app_member',
+		"SELECT status FROM idem_citus_run_status(${t}::bigint, 'order-9', 'app')");
+	is($out, 'completed', '... and so does a member of app') or diag($err);
+	($out, $err) = call_as($w1, 'app2',
+		"SELECT status FROM idem_citus_run_status(${t}::bigint, 'order-9', owner => 'app')");
+	is(sqlstate_of($err), '42501', 'another role reading it: 42501');
+	like($err, qr/permission denied to read runs of role "app"/, '... saying whose');
+	($out, $err) = call_as($w1, 'app2',
+		"SELECT step FROM idem_citus_run_steps(${t}::bigint, 'order-9', owner => 'app')");
+	is(sqlstate_of($err), '42501', '... or its steps: 42501');
+	($out, $err) = call($w1,
+		"SELECT status FROM idem_citus_run_status(${t}::bigint, 'order-9', owner => 'no_such_role')");
+	is(sqlstate_of($err), '42704', 'owner => a role that does not exist: 42704');
+	($out, $err) = call($w1,
+		"SELECT status FROM idem_citus_run_status(${t}::bigint, 'order-12', owner => 'app')");
+	is(sqlstate_of($err), 'ID404', "owner => a role without that run: ID404");
+	($out, $err) = call($w1,
+		"SELECT status FROM idem_citus_run_status(${t}::bigint, 'order-12', owner => NULL)");
+	is($out, 'completed', "owner => NULL: the caller's own run") or diag($err);
+
+	($out, $err) = call_as($coord, 'app',
+		"SELECT created FROM idem_citus_run_begin(${t}::bigint, 'order-14')");
+	is($out, 't', "app begins run order-14") or diag($err);
+	my $app_run = "SELECT status, last_error FROM idem_citus_run_status(${t}::bigint, 'order-14', owner => 'app')";
+	for my $verb (
+		"idem_citus_run_fail(${t}::bigint, 'order-14', 'stop', owner => 'app')",
+		"idem_citus_run_resume(${t}::bigint, 'order-14', owner => 'app')",
+		"idem_citus_run_complete(${t}::bigint, 'order-14', owner => 'app')",
+		"idem_citus_run_cancel(${t}::bigint, 'order-14', 'stop', owner => 'app')")
+	{
+		my ($name) = $verb =~ /^(\w+)/;
+		($out, $err) = call_as($w2, 'app2', "SELECT $verb");
+		is(sqlstate_of($err), '42501', "$name of app's run by another role: 42501");
+	}
+	is($coord->safe_psql('postgres', $app_run), 'running|',
+		'... none of them changed the run');
+	($out, $err) = call($w1, "SELECT idem_citus_run_fail(${t}::bigint, 'order-14', 'stopped by ops', owner => 'app')");
+	is($out, 'failed', "a superuser fails app's run") or diag($err);
+	is($coord->safe_psql('postgres', $app_run), 'failed|stopped by ops', '... app\'s run failed');
+	($out, $err) = call_as($w2, 'ops', "SELECT idem_citus_run_resume(${t}::bigint, 'order-14', owner => 'app')");
+	is($out, 'running', '... a member of idem_admin resumes it') or diag($err);
+	($out, $err) = call_as($coord, 'app_member', "SELECT idem_citus_run_complete(${t}::bigint, 'order-14', owner => 'app')");
+	is($out, 'completed', '... a member of app completes it') or diag($err);
+	($out, $err) = call_as($coord, 'app',
+		"SELECT created FROM idem_citus_run_begin(${t}::bigint, 'order-15')");
+	($out, $err) = call_as($w1, 'ops', "SELECT idem_citus_run_cancel(${t}::bigint, 'order-15', owner => 'app')");
+	is($out, 'cancelled', '... and cancels another') or diag($err);
+	($out, $err) = call_as($w1, 'app', "SELECT status FROM idem_citus_run_status(${t}::bigint, 'order-15')");
+	is($out, 'cancelled', "... as app sees it") or diag($err);
+	($out, $err) = call($w1, "SELECT idem_citus_run_fail(${t}::bigint, 'order-14', 'x', owner => 'no_such_role')");
+	is(sqlstate_of($err), '42704', 'a verb with owner => a role that does not exist: 42704');
+
+	# a role that was dropped leaves runs behind: its running run, with a
+	# completed step, which the purge removes whatever its status
+	$coord->safe_psql('postgres', 'CREATE ROLE gone LOGIN');
+	($out, $err) = call_as($w2, 'gone',
+		"SELECT created FROM idem_citus_run_begin(${t}::bigint, 'order-16', ARRAY['label', 'ship'])");
+	is($out, 't', 'a role that will be dropped begins a run') or diag($err);
+	($out, $err) = call_as($w1, 'gone',
+		"SELECT replayed FROM idem_citus_step_complete(${t}::bigint, 'order-16', 'label', '{\"label\": \"LB-9\"}')");
+	is($out, 'f', '... and records a step') or diag($err);
+	$coord->safe_psql('postgres', 'DROP ROLE gone');
+	is($coord->safe_psql('postgres',
+			"SELECT status FROM idem.citus_runs WHERE run_id = 'order-16'"),
+		'running', '... its run stays behind, running');
+
 	# the purge of finished tenant runs, on every shard, from the coordinator
 	call($coord, "SELECT created FROM idem_citus_run_begin(${t}::bigint, 'order-13', ARRAY['a', 'b'])");
 	($out, $err) = $step->($w1, $t, 'order-13', 'a', 'order-13:a', 1);
@@ -1281,7 +1439,11 @@ SELECT r.status, r.done_steps, r.xmin = p.xmin
 			"SELECT has_function_privilege('public', 'idem_citus_run_purge(timestamptz)', 'EXECUTE')"),
 		'f', 'idem_citus_run_purge() is not granted to PUBLIC');
 	is($coord->safe_psql('postgres', "SELECT idem_citus_run_purge(now() - interval '1 day')"),
-		'0', 'a purge of runs finished before yesterday removes none');
+		'1', "a purge of runs finished before yesterday removes only the dropped role's run, running as it was");
+	is($coord->safe_psql('postgres', q{
+SELECT count(*) FROM idem.citus_runs WHERE run_id = 'order-16'
+UNION ALL SELECT count(*) FROM idem.citus_keys WHERE key = idem_step_key('order-16', 'label')}),
+		"0\n0", '... with its step\'s record');
 	is($coord->safe_psql('postgres', "SELECT idem_citus_run_purge(now() + interval '1 day')"),
 		$finished, 'a purge of runs finished before tomorrow removes each finished run');
 	is($coord->safe_psql('postgres',
@@ -1293,6 +1455,22 @@ SELECT r.status, r.done_steps, r.xmin = p.xmin
 		"... and its step's record, and none of the purged runs' steps");
 	($out, $err) = $step->($w2, $t, 'order-9', 'pay', 'order-9:pay', 11);
 	is(sqlstate_of($err), 'ID404', 'a step of a purged run: ID404');
+
+	# idem_purge_all() purges tenant runs too once idem.run_retention is set
+	for my $run ('order-18', 'order-19')
+	{
+		call($coord, "SELECT created FROM idem_citus_run_begin(${t}::bigint, '$run')");
+		call($coord, "SELECT idem_citus_run_cancel(${t}::bigint, '$run')");
+	}
+	$coord->safe_psql('postgres',
+		"UPDATE idem.citus_runs SET finished_at = now() - interval '2 days' WHERE tenant = $t AND run_id = 'order-18'");
+	my $runs_left = "SELECT string_agg(run_id || ':' || status, ',' ORDER BY run_id) FROM idem.citus_runs";
+	$coord->safe_psql('postgres', 'CALL idem_purge_all()');
+	is($coord->safe_psql('postgres', $runs_left), 'order-13:running,order-18:cancelled,order-19:cancelled',
+		'idem_purge_all() without idem.run_retention keeps finished tenant runs');
+	$coord->safe_psql('postgres', "SET idem.run_retention = '1d';\nCALL idem_purge_all();");
+	is($coord->safe_psql('postgres', $runs_left), 'order-13:running,order-19:cancelled',
+		'... with idem.run_retention = 1d it removes the one finished two days ago, not the younger');
 }
 
 # --- doc/citus.md's examples (its ```sql-citus blocks), verbatim, in a
@@ -1325,10 +1503,10 @@ SELECT nodeport FROM citus_shards
 	unlike($coord->safe_psql('docs', $blocks[3]), qr/\|[1-9]\d*$/m,
 		'... and none once it is acknowledged');
 	($ret, $o, $e) = $coord->psql('docs', $blocks[4]);
-	is($o, "running|charge|t\nf|{\"rows\": [{\"note\": \"fulfil-1234:charge\", \"amount\": 100}], \"command\": \"INSERT\", \"rowcount\": 1}\nf\ncompleted||2",
-		'doc: the run begins, both steps execute, the run completes') or diag($e);
+	is($o, "running|charge|t\nf|{\"rows\": [{\"note\": \"fulfil-1234:charge\", \"amount\": 100}], \"command\": \"INSERT\", \"rowcount\": 1}\nf\ncompleted||2\ncharge|completed|100\nship|completed|1",
+		'doc: the run begins, both steps execute, the run completes, and its steps say so') or diag($e);
 	($ret, $o, $e) = $w2->psql('docs', $blocks[4]);
-	is($o, "completed||f\nt|{\"rows\": [{\"note\": \"fulfil-1234:charge\", \"amount\": 100}], \"command\": \"INSERT\", \"rowcount\": 1}\nt\ncompleted||2",
+	is($o, "completed||f\nt|{\"rows\": [{\"note\": \"fulfil-1234:charge\", \"amount\": 100}], \"command\": \"INSERT\", \"rowcount\": 1}\nt\ncompleted||2\ncharge|completed|100\nship|completed|1",
 		'doc: run again through a worker, the run is found and its steps replay') or diag($e);
 	is($coord->safe_psql('docs', "SELECT count(*) FROM payments WHERE note LIKE 'fulfil-1234:%'"),
 		'2', '... one row per step');
@@ -1378,9 +1556,12 @@ $coord->safe_psql('postgres',
 $coord->safe_psql('postgres', "ALTER FUNCTION $fn RESET idem.ttl");
 my $live = $coord->safe_psql('postgres',
 	"SELECT count(*) FROM idem.citus_keys WHERE key <> 'k-worker'");
+my $live_steps = $coord->safe_psql('postgres',
+	"SELECT count(*) FROM idem.citus_keys WHERE key LIKE 'idem.step:%'");
 $coord->append_conf('postgresql.conf', qq(
 shared_preload_libraries = 'citus, idem'
 idem.purge_interval = 1
+idem.run_retention = 1
 ));
 $coord->restart;
 ok( $coord->poll_query_until('postgres',
@@ -1389,6 +1570,15 @@ ok( $coord->poll_query_until('postgres',
 is($coord->safe_psql('postgres',
 		"SELECT count(*) FROM idem.citus_keys WHERE key <> 'k-worker'"),
 	$live, '... and no other');
+ok( $coord->poll_query_until('postgres',
+		"SELECT count(*) = 0 FROM idem.citus_runs WHERE run_id = 'order-19'"),
+	"with idem.run_retention, it removes the finished tenant runs of every shard");
+is($coord->safe_psql('postgres',
+		"SELECT string_agg(run_id || ':' || status, ',') FROM idem.citus_runs"),
+	'order-13:running', '... and keeps the running one');
+is($coord->safe_psql('postgres',
+		"SELECT count(*) FROM idem.citus_keys WHERE key LIKE 'idem.step:%'"),
+	$live_steps, "... and its step's record");
 
 $_->stop for reverse @nodes;
 done_testing();

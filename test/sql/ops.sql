@@ -178,6 +178,37 @@ CALL idem_purge_all();
 \echo :LAST_ERROR_SQLSTATE
 RESET ROLE;
 
+-- idem.run_retention: idem_purge_all() also removes the runs finished
+-- longer ago, and every run of a dropped role, with their steps' records;
+-- 0 (the default) keeps them all
+CREATE ROLE regress_idem_gone;
+SELECT status FROM idem_run_begin('ops-aged', steps => ARRAY['a']);
+SELECT idem_step('ops-aged', 'a', 'SELECT 1 AS one') ->> 'rowcount' AS rowcount;
+SELECT status FROM idem_run_begin('ops-young', steps => ARRAY['a']);
+SELECT idem_step('ops-young', 'a', 'SELECT 1 AS one') ->> 'rowcount' AS rowcount;
+SELECT status FROM idem_run_begin('ops-running', steps => ARRAY['a']);
+SET ROLE regress_idem_gone;
+SELECT status FROM idem_run_begin('ops-orphan');
+RESET ROLE;
+DROP ROLE regress_idem_gone;
+UPDATE idem.runs SET finished_at = finished_at - interval '2 days' WHERE run_id = 'ops-aged';
+CALL idem_purge_all();
+SELECT run_id, status FROM idem.runs WHERE run_id LIKE 'ops-%' ORDER BY run_id;
+SET idem.run_retention = '1d';
+CALL idem_purge_all();
+SELECT run_id, status FROM idem.runs WHERE run_id LIKE 'ops-%' ORDER BY run_id;
+SELECT count(*) AS aged_step_records FROM idem.keys WHERE key = idem_step_key('ops-aged', 'a');
+SELECT count(*) AS young_step_records FROM idem.keys WHERE key = idem_step_key('ops-young', 'a');
+SET idem.run_retention = -1;
+\echo :LAST_ERROR_SQLSTATE
+SET ROLE regress_idem_payer;
+SET idem.run_retention = '1d';
+\echo :LAST_ERROR_SQLSTATE
+RESET ROLE;
+RESET idem.run_retention;
+DELETE FROM idem.runs WHERE run_id LIKE 'ops-%';
+DELETE FROM idem.keys WHERE key LIKE 'idem.step:ops-%';
+
 -- the audit table is checked like idem's others: 55000 on another shape
 BEGIN;
 SET LOCAL idem.audit = 'executions';

@@ -9,7 +9,8 @@
 #    idem_stats_reset() zeroes them.
 # 2. The launcher is in pg_stat_activity as "idem launcher"; its purge
 #    worker removes expired keys in batches and never a live key, and shows
-#    up as "idem purge worker" while it works.
+#    up as "idem purge worker" while it works; with idem.run_retention it
+#    removes the runs finished before it and those of dropped roles.
 # 3. The audit queue under concurrency: 16 clients provoking mismatches,
 #    in-progress rejections, conflicts (a business statement failing with
 #    40001) and business errors with idem.audit = all; the entries the
@@ -277,6 +278,46 @@ is($node->safe_psql('postgres', "SELECT key FROM idem.outbox WHERE key LIKE 'age
 ok(stats('postgres', 'purged_audit_entries') - $purged_before >= 300,
 	'purged audit entries are counted');
 $node->safe_psql('postgres', "ALTER DATABASE postgres RESET idem.audit_retention");
+
+# runs finished longer ago than idem.run_retention go with their steps'
+# records, and so does every run of a dropped role; a running run and a
+# younger finished one stay, and nothing goes while it is 0
+$node->safe_psql('postgres', q{
+SELECT idem_run_begin('aged-run', steps => ARRAY['a']);
+SELECT idem_step('aged-run', 'a', 'SELECT 1 AS one');
+SELECT idem_run_begin('young-run', steps => ARRAY['a']);
+SELECT idem_step('young-run', 'a', 'SELECT 1 AS one');
+SELECT idem_run_begin('running-run', steps => ARRAY['a']);
+UPDATE idem.runs SET finished_at = now() - interval '2 days' WHERE run_id = 'aged-run';
+CREATE ROLE regress_run_gone;
+SET ROLE regress_run_gone;
+SELECT idem_run_begin('gone-run');
+RESET ROLE;
+DROP ROLE regress_run_gone;
+});
+# two cycles: the first one's run purge came after its key purge
+for (1 .. 2)
+{
+	$node->safe_psql('postgres', sprintf($expired, 1));
+	$node->poll_query_until('postgres',
+		"SELECT count(*) = 0 FROM idem.keys WHERE key LIKE 'old-%'")
+	  or die 'the worker did not run a cycle';
+}
+is($node->safe_psql('postgres', "SELECT count(*) FROM idem.runs WHERE run_id LIKE '%-run'"),
+	'4', 'without idem.run_retention the worker removes no run');
+$node->safe_psql('postgres', "ALTER DATABASE postgres SET idem.run_retention = '1d'");
+$node->poll_query_until('postgres',
+	"SELECT count(*) = 0 FROM idem.runs WHERE run_id IN ('aged-run', 'gone-run')")
+  or die 'the worker did not purge the old runs';
+is($node->safe_psql('postgres',
+		"SELECT string_agg(run_id, ',' ORDER BY run_id) FROM idem.runs WHERE run_id LIKE '%-run'"),
+	'running-run,young-run',
+	'with idem.run_retention the worker removes the run finished before it and the dropped role\'s, not the others');
+is($node->safe_psql('postgres', q{
+SELECT count(*) FILTER (WHERE key = idem_step_key('aged-run', 'a')) || ','
+	|| count(*) FILTER (WHERE key = idem_step_key('young-run', 'a')) FROM idem.keys}),
+	'0,1', "... with its step's record");
+$node->safe_psql('postgres', "ALTER DATABASE postgres RESET idem.run_retention");
 
 ########################################################################
 # 3. The audit queue under concurrency.
