@@ -48,6 +48,7 @@ designs="idem lean pgmq idem_keep"
 profile=0
 sustained=0
 rate=200
+naptime=""
 port=5496
 install=1
 
@@ -63,6 +64,7 @@ usage: $0 [options]
   --profile        also count instructions per event under callgrind
   --sustained S    also run idem and the lean queue side by side for S seconds
   --rate R         producer calls per second in the sustained run (default $rate)
+  --naptime T      the cluster's autovacuum_naptime (default PostgreSQL's, 1min)
   --sustained-backlog N  pending events each design starts the sustained run with
                    (default 12000 per second of the run: more than its consumers deliver;
                    a quiet 2-core machine delivers about 6,500 events/s per design)
@@ -82,6 +84,7 @@ while [ $# -gt 0 ]; do
 		--profile) profile=1 ;;
 		--sustained) sustained=$2; shift ;;
 		--rate) rate=$2; shift ;;
+		--naptime) naptime=$2; shift ;;
 		--sustained-backlog) sustained_backlog=$2; shift ;;
 		--port) port=$2; shift ;;
 		--no-install) install=0 ;;
@@ -130,6 +133,7 @@ checkpoint_timeout = 30min
 synchronous_commit = off
 shared_preload_libraries = 'idem'
 CONF
+[ -z "$naptime" ] || echo "autovacuum_naptime = '$naptime'" >>"$dir/data/postgresql.conf"
 start_server() { run pg_ctl -D "$dir/data" -l "$dir/server.log" -w start >/dev/null; }
 start_server
 su_sql() { run psql -X -q -At -v ON_ERROR_STOP=1 -h "$dir" -p $port -U postgres -d $db "$@"; }
@@ -360,7 +364,7 @@ if [ "$sustained" -gt 0 ]; then
 		echo "Outbox delivery, sustained, $(date -u '+%Y-%m-%d %H:%M UTC'), idem at $rev$dirty"
 		echo "$machine"
 		echo "idem and the lean queue at the same time for ${sustained}s: $consumers consumers each (batches of $batch),"
-		echo "a producer each at $rate calls/s, idem_outbox_purge() every second, autovacuum on; backlog $sbacklog each"
+		echo "a producer each at $rate calls/s, idem_outbox_purge() every second, autovacuum on (naptime ${naptime:-1min}); backlog $sbacklog each"
 		echo
 		declare -A first=() last=()
 		for d in idem lean; do
