@@ -225,6 +225,7 @@ extern void idem_delete_outbox_row(Relation rel, ItemPointer tid);
 extern void idem_update_outbox_row(Relation rel, ItemPointer otid,
 								   HeapTuple tuple);
 extern void idem_query_install(void);
+extern bool idem_function_exists(const char *signature);
 extern int	idem_query_run(IdemQuery *q, Datum *values, const char *nulls,
 						   long limit);
 extern int	idem_query_run_latest(IdemQuery *q, Datum *values,

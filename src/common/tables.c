@@ -1541,15 +1541,17 @@ typedef struct DueScan
 	IndexScanDesc scan;
 	TupleTableSlot *slot;
 	text	   *queue;
-	ScanKeyData skey;
 } DueScan;
 
+/* (Re)start the scan at the head of the queue's entries. */
 static void
 due_scan_rescan(DueScan *ds)
 {
-	ScanKeyInit(&ds->skey, 1, BTEqualStrategyNumber, F_TEXTEQ,
+	ScanKeyData skey;
+
+	ScanKeyInit(&skey, 1, BTEqualStrategyNumber, F_TEXTEQ,
 				PointerGetDatum(ds->queue));
-	index_rescan(ds->scan, &ds->skey, 1, NULL, 0);
+	index_rescan(ds->scan, &skey, 1, NULL, 0);
 }
 
 static void
@@ -2024,6 +2026,27 @@ query_run(IdemQuery *q, Datum *values, const char *nulls, long limit,
 	if (rc < 0)
 		elog(ERROR, "SPI_execute_plan failed: %s", SPI_result_code_string(rc));
 	return rc;
+}
+
+/*
+ * idem_function_exists
+ *		Whether a function of signature ("schema.name(types)") exists, as
+ *		to_regprocedure() says; inside the caller's SPI connection, seeing
+ *		what the caller's transaction did so far.
+ */
+bool
+idem_function_exists(const char *signature)
+{
+	Oid			types[1] = {TEXTOID};
+	Datum		values[1] = {CStringGetTextDatum(signature)};
+	bool		isnull;
+
+	if (SPI_execute_with_args("SELECT pg_catalog.to_regprocedure($1) IS NOT NULL",
+							  1, types, values, NULL, false, 1) != SPI_OK_SELECT ||
+		SPI_processed != 1)
+		elog(ERROR, "could not look up function %s", signature);
+	return DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0],
+									  SPI_tuptable->tupdesc, 1, &isnull));
 }
 
 int

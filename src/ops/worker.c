@@ -53,7 +53,6 @@
 #include "access/stratnum.h"
 #include "catalog/pg_database.h"
 #include "catalog/pg_extension.h"
-#include "catalog/pg_type.h"
 #include "commands/extension.h"
 #include "executor/spi.h"
 #include "miscadmin.h"
@@ -354,8 +353,6 @@ purge_in_batches(const char *what, PurgeStep step)
 static int64
 purge_function(const char *fn, const char *argtypes, const char *args)
 {
-	Oid			types[1] = {TEXTOID};
-	Datum		values[1];
 	char	   *nsp;
 	bool		isnull;
 	int64		n = 0;
@@ -369,13 +366,7 @@ purge_function(const char *fn, const char *argtypes, const char *args)
 		SPI_processed != 1)
 		elog(ERROR, "could not find the schema of extension \"idem\"");
 	nsp = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1);
-	values[0] = CStringGetTextDatum(psprintf("%s.%s(%s)", nsp, fn, argtypes));
-	if (SPI_execute_with_args("SELECT pg_catalog.to_regprocedure($1) IS NOT NULL",
-							  1, types, values, NULL, true, 1) != SPI_OK_SELECT ||
-		SPI_processed != 1)
-		elog(ERROR, "could not look %s up", fn);
-	if (DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0],
-								   SPI_tuptable->tupdesc, 1, &isnull)))
+	if (idem_function_exists(psprintf("%s.%s(%s)", nsp, fn, argtypes)))
 	{
 		if (SPI_execute(psprintf("SELECT %s.%s(%s)", nsp, fn, args),
 						false, 1) != SPI_OK_SELECT || SPI_processed != 1)

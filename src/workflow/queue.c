@@ -22,9 +22,9 @@
 #include "postgres.h"
 
 #include "catalog/pg_type.h"
-#include "executor/tuptable.h"
 #include "common/hashfn.h"
 #include "executor/spi.h"
+#include "executor/tuptable.h"
 #include "miscadmin.h"
 #include "storage/lock.h"
 #include "utils/builtins.h"

@@ -256,19 +256,6 @@ static const struct
 	"text, text"},
 };
 
-/* Whether a function of this signature exists. */
-static bool
-function_exists(const char *signature)
-{
-	Oid			types[1] = {TEXTOID};
-	Datum		values[1] = {CStringGetTextDatum(signature)};
-
-	run_sql("SELECT pg_catalog.to_regprocedure($1) IS NOT NULL",
-			1, types, values, SPI_OK_SELECT);
-	return DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0],
-									  SPI_tuptable->tupdesc, 1, &(bool){0}));
-}
-
 /* Drop every function of citus_calls for a tenant of type typname. */
 static void
 drop_tenant_functions(StringInfo sql, const char *nsp, const char *typname)
@@ -408,13 +395,13 @@ create_tenant_objects(const char *nsp, const char *typname,
 										 citus_calls[i].args);
 		char	   *old_signature = NULL;
 
-		if (have_keys && function_exists(signature))
+		if (have_keys && idem_function_exists(signature))
 			continue;
 		resetStringInfo(&sql);
 		if (have_keys && citus_calls[i].old_args != NULL)
 			old_signature = psprintf("%s.%s(%s, %s)", nsp, citus_calls[i].name,
 									 typname, citus_calls[i].old_args);
-		if (old_signature != NULL && function_exists(old_signature))
+		if (old_signature != NULL && idem_function_exists(old_signature))
 			appendStringInfo(&sql, "DROP FUNCTION %s;", old_signature);
 		appendStringInfo(&sql,
 						 "CREATE FUNCTION %s.%s(tenant %s, %s) RETURNS %s"
