@@ -206,6 +206,7 @@ ALTER INDEX idem.outbox_due_idx SET (deduplicate_items = off);
 -- head of the due index until VACUUM removes them.  The default trigger,
 -- a fifth of the table, lets millions pile up under a large backlog before
 -- the first autovacuum; a hundredth keeps the head of the index clean.
+ALTER TABLE idem.runs SET (fillfactor = 80);
 ALTER TABLE idem.outbox SET (autovacuum_vacuum_scale_factor = 0.01,
 							 autovacuum_vacuum_threshold = 10000);
 

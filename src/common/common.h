@@ -184,10 +184,13 @@ extern bool idem_restamp_key(Oid owner, const char *key,
 							 TimestampTz expires_at);
 extern int64 idem_purge_expired(int batch_size);
 extern bool idem_lookup_run(Oid owner, const char *run_id, IdemRunRow *row);
+extern bool idem_lookup_run_at(Oid owner, const char *run_id, ItemPointer tid,
+							   IdemRunRow *row);
 extern void idem_insert_run(IdemRunRow *row);
 extern void idem_update_run(IdemRunRow *row);
 /* offered a due run by idem_scan_due_runs(); false when it wants no more */
-typedef bool (*IdemDueRunFn) (Oid owner, const char *run_id, void *arg);
+typedef bool (*IdemDueRunFn) (Oid owner, const char *run_id, ItemPointer tid,
+							  void *arg);
 extern bool idem_scan_due_runs(const char *queue, TimestampTz now,
 							   IdemDueRunFn take, void *arg);
 extern void idem_insert_run_attempt(Oid owner, const char *run_id,

@@ -42,6 +42,7 @@
 #include "catalog/indexing.h"
 #include "catalog/index.h"
 #include "catalog/pg_am.h"
+#include "catalog/pg_collation.h"
 #include "catalog/pg_type.h"
 #include "catalog/namespace.h"
 #include "catalog/pg_extension.h"
@@ -808,8 +809,35 @@ typedef struct RowProbe
 	bool		should_free;
 } RowProbe;
 
+/*
+ * Whether the row version at tid, read with SnapshotSelf, is the run
+ * (owner, name): the version a scan found, unless a transaction that held
+ * the run's lock updated it since (then it is dead to SnapshotSelf) or
+ * VACUUM gave its place to another row.
+ */
 static bool
-probe_row_begin(RowProbe *p, bool runs, Oid owner, const char *name)
+probe_run_at(RowProbe *p, ItemPointer tid, Oid owner)
+{
+	bool		isnull;
+	Datum		d;
+
+	if (!table_tuple_fetch_row_version(p->rel, tid, SnapshotSelf, p->slot))
+		return false;
+	d = slot_getattr(p->slot, Anum_runs_owner, &isnull);
+	if (isnull || DatumGetObjectId(d) != owner)
+		return false;
+	d = slot_getattr(p->slot, Anum_runs_run_id, &isnull);
+	return !isnull && DatumGetBool(DirectFunctionCall2Coll(texteq, C_COLLATION_OID,
+														   d, PointerGetDatum(p->name)));
+}
+
+/*
+ * Find the row (owner, name) of idem.runs (runs) or idem.keys; a run at
+ * tid, if given, is read there before it is looked up in the index.
+ */
+static bool
+probe_row_begin(RowProbe *p, bool runs, Oid owner, const char *name,
+				ItemPointer tid)
 {
 	catalog_resolve();
 	p->xact_snapshot = IsolationUsesXactSnapshot() ? GetTransactionSnapshot() : NULL;
@@ -819,7 +847,8 @@ probe_row_begin(RowProbe *p, bool runs, Oid owner, const char *name)
 	p->slot = table_slot_create(p->rel, NULL);
 	p->name = cstring_to_text(name);
 	p->tuple = NULL;
-	if (!probe_key(p->rel, p->idx, p->slot, owner, p->name))
+	if (!(runs && tid != NULL && probe_run_at(p, tid, owner)) &&
+		!probe_key(p->rel, p->idx, p->slot, owner, p->name))
 		return false;
 	p->tuple = ExecFetchSlotHeapTuple(p->slot, false, &p->should_free);
 	return true;
@@ -863,7 +892,7 @@ bool
 idem_lookup_key(Oid owner, const char *key, IdemRecord *rec)
 {
 	RowProbe	p;
-	bool		found = probe_row_begin(&p, false, owner, key);
+	bool		found = probe_row_begin(&p, false, owner, key, NULL);
 
 	if (found)
 	{
@@ -1461,8 +1490,21 @@ idem_purge_expired(int batch_size)
 bool
 idem_lookup_run(Oid owner, const char *run_id, IdemRunRow *row)
 {
+	return idem_lookup_run_at(owner, run_id, NULL, row);
+}
+
+/*
+ * idem_lookup_run_at
+ *		idem_lookup_run(), for a caller that found the run in an index scan
+ *		at tid before it took the run's lock: the version there is read
+ *		without a second index lookup if it is still the latest.
+ */
+bool
+idem_lookup_run_at(Oid owner, const char *run_id, ItemPointer tid,
+				   IdemRunRow *row)
+{
 	RowProbe	p;
-	bool		found = probe_row_begin(&p, true, owner, run_id);
+	bool		found = probe_row_begin(&p, true, owner, run_id, tid);
 
 	if (found)
 	{
@@ -1524,9 +1566,8 @@ idem_lookup_run(Oid owner, const char *run_id, IdemRunRow *row)
 }
 
 /*
- * Open a scan of a queue's entries in runs_owner_due_idx, the claim's
- * partial index of unfinished queued runs (queue, owner, due_at); the
- * caller ends it with due_scan_end().
+ * A scan of a queue's entries in runs_owner_due_idx, the claim's partial
+ * index of unfinished queued runs (queue, owner, due_at).
  *
  * No plan: the index's own order is the claim's, so there is none that a
  * backend made while idem.runs was empty (a sequential scan and a sort)
@@ -1536,41 +1577,39 @@ idem_lookup_run(Oid owner, const char *run_id, IdemRunRow *row)
  */
 typedef struct DueScan
 {
-	Relation	rel;
-	Relation	idx;
 	IndexScanDesc scan;
 	TupleTableSlot *slot;
 	text	   *queue;
 } DueScan;
 
-/* (Re)start the scan at the head of the queue's entries. */
+/*
+ * Start a scan at the head of the queue's entries or, with above_owner
+ * valid, at those of the roles after it, in rel through idx, which the
+ * caller opened and closes after due_scan_end().
+ */
 static void
-due_scan_rescan(DueScan *ds)
+due_scan_begin(DueScan *ds, const char *queue, Relation rel, Relation idx,
+			   Oid above_owner)
 {
-	ScanKeyData skey;
+	ScanKeyData skey[2];
+	int			nkeys = OidIsValid(above_owner) ? 2 : 1;
 
-	ScanKeyInit(&skey, 1, BTEqualStrategyNumber, F_TEXTEQ,
-				PointerGetDatum(ds->queue));
-	index_rescan(ds->scan, &skey, 1, NULL, 0);
-}
-
-static void
-due_scan_begin(DueScan *ds, const char *queue)
-{
-	catalog_resolve();
 	ds->queue = cstring_to_text(queue);
-	ds->rel = table_open(catalog.runs, AccessShareLock);
-	ds->idx = index_open(catalog.runs_owner_due, AccessShareLock);
-	ds->slot = table_slot_create(ds->rel, NULL);
-	ds->scan = index_beginscan(ds->rel, ds->idx, SnapshotSelf, NULL, 1, 0);
-	due_scan_rescan(ds);
+	ds->slot = table_slot_create(rel, NULL);
+	ds->scan = index_beginscan(rel, idx, SnapshotSelf, NULL, nkeys, 0);
+	ScanKeyInit(&skey[0], 1, BTEqualStrategyNumber, F_TEXTEQ,
+				PointerGetDatum(ds->queue));
+	ScanKeyInit(&skey[1], 2, BTGreaterStrategyNumber, F_OIDGT,
+				ObjectIdGetDatum(above_owner));
+	index_rescan(ds->scan, skey, nkeys, NULL, 0);
 }
 
 static void
 due_scan_end(DueScan *ds)
 {
 	index_endscan(ds->scan);
-	close_probe(ds->slot, ds->idx, ds->rel, ds->queue);
+	ExecDropSingleTupleTableSlot(ds->slot);
+	pfree(ds->queue);
 }
 
 /*
@@ -1581,55 +1620,67 @@ due_scan_end(DueScan *ds)
  *		roles', offer none and return false: the caller shares the claim
  *		among the roles.
  *
- * One scan of runs_owner_due_idx and one probe: the probe reads the
- * highest owner of the queue's runs, and the scan, from the lowest owner
- * on, finds that owner's runs in due order, so a queue of one role (the
- * common case) pays next to nothing for the share among roles.  take()
- * may update the run it is offered (a lease moves due_at past now, behind
- * this scan).
+ * One scan of runs_owner_due_idx and one probe: the scan, from the lowest
+ * owner on, finds that owner's runs in due order, and the probe, keyed
+ * past that owner, descends straight to where another role's runs would
+ * be, so a queue of one role (the common case) pays next to nothing for
+ * the share among roles (a probe of the queue's last entries would read
+ * their whole leaf page, the dead leases of finished runs included).
+ * take() may update the run it is offered (a lease moves due_at past now,
+ * behind this scan).
  */
 bool
 idem_scan_due_runs(const char *queue, TimestampTz now, IdemDueRunFn take,
 				   void *arg)
 {
+	Relation	rel;
+	Relation	idx;
 	DueScan		ds;
-	Oid			highest;
+	Oid			lowest;
 	bool		isnull;
 	bool		one_role = true;
 
-	due_scan_begin(&ds, queue);
-	if (!index_getnext_slot(ds.scan, BackwardScanDirection, ds.slot))
+	catalog_resolve();
+	rel = table_open(catalog.runs, AccessShareLock);
+	idx = index_open(catalog.runs_owner_due, AccessShareLock);
+	due_scan_begin(&ds, queue, rel, idx, InvalidOid);
+	if (index_getnext_slot(ds.scan, ForwardScanDirection, ds.slot))
 	{
-		due_scan_end(&ds);
-		return true;
+		DueScan		others;
+
+		lowest = DatumGetObjectId(slot_getattr(ds.slot, Anum_runs_owner, &isnull));
+		due_scan_begin(&others, queue, rel, idx, lowest);
+		one_role = !index_getnext_slot(others.scan, ForwardScanDirection,
+									   others.slot);
+		due_scan_end(&others);
 	}
-	highest = DatumGetObjectId(slot_getattr(ds.slot, Anum_runs_owner, &isnull));
-	due_scan_rescan(&ds);
-	while (index_getnext_slot(ds.scan, ForwardScanDirection, ds.slot))
+	else
+		lowest = InvalidOid;	/* no run */
+
+	while (one_role && OidIsValid(lowest))
 	{
-		Oid			run_owner;
 		Datum		due;
 		char	   *run_id;
 		bool		more;
 
 		CHECK_FOR_INTERRUPTS();
-		run_owner = DatumGetObjectId(slot_getattr(ds.slot, Anum_runs_owner, &isnull));
-		if (run_owner != highest)
-		{
-			one_role = false;
+		/* another role's run, enqueued since the probe: the next claim's */
+		if (DatumGetObjectId(slot_getattr(ds.slot, Anum_runs_owner, &isnull)) != lowest)
 			break;
-		}
 		/* due_at sorts nulls (a wait for a signal alone) last */
 		due = slot_getattr(ds.slot, Anum_runs_due_at, &isnull);
 		if (isnull || DatumGetTimestampTz(due) > now)
 			break;
 		run_id = TextDatumGetCString(slot_getattr(ds.slot, Anum_runs_run_id, &isnull));
-		more = take(run_owner, run_id, arg);
+		more = take(lowest, run_id, &ds.slot->tts_tid, arg);
 		pfree(run_id);
-		if (!more)
+		if (!more ||
+			!index_getnext_slot(ds.scan, ForwardScanDirection, ds.slot))
 			break;
 	}
 	due_scan_end(&ds);
+	index_close(idx, AccessShareLock);
+	table_close(rel, AccessShareLock);
 	return one_role;
 }
 

@@ -170,13 +170,14 @@ fail_at_claim(IdemRunRow *run, Oid owner, TimestampTz now, const char *error)
 }
 
 /*
- * Lease one due run found by the scan, if it still is due once its lock is
- * taken; put it into store.  Returns whether it was leased.
+ * Lease one due run found by the scan (at tid, if known), if it still is
+ * due once its lock is taken; put it into store.  Returns whether it was
+ * leased.
  */
 static bool
-lease_run(Oid owner, const char *run_id, IdemQueue *q, int64 lease_us,
-		  Oid caller, const char *worker, Tuplestorestate *store,
-		  TupleDesc tupdesc)
+lease_run(Oid owner, const char *run_id, ItemPointer tid, IdemQueue *q,
+		  int64 lease_us, Oid caller, const char *worker,
+		  Tuplestorestate *store, TupleDesc tupdesc)
 {
 	char	   *lockkey = idem_run_lock_key(run_id);
 	TimestampTz now = GetCurrentTimestamp();
@@ -190,7 +191,7 @@ lease_run(Oid owner, const char *run_id, IdemQueue *q, int64 lease_us,
 	/* a run whose step or verb is running now is the next claim's */
 	if (!idem_try_lock_key(owner, lockkey, strlen(lockkey)))
 		return false;
-	if (!idem_lookup_run(owner, run_id, &run) ||
+	if (!idem_lookup_run_at(owner, run_id, tid, &run) ||
 		run.queue == NULL || strcmp(run.queue, q->queue) != 0 ||
 		run.queue_state == NULL || strcmp(run.status, "running") != 0 ||
 		TIMESTAMP_IS_NOEND(run.due_at) || run.due_at > now)
@@ -326,11 +327,11 @@ typedef struct ClaimState
 
 /* Lease a due run the index scan offers; false once the claim has enough. */
 static bool
-take_due_run(Oid owner, const char *run_id, void *arg)
+take_due_run(Oid owner, const char *run_id, ItemPointer tid, void *arg)
 {
 	ClaimState *cs = arg;
 
-	if (lease_run(owner, run_id, cs->q, cs->lease_us, cs->caller, cs->worker,
+	if (lease_run(owner, run_id, tid, cs->q, cs->lease_us, cs->caller, cs->worker,
 				  cs->store, cs->tupdesc))
 		cs->leased++;
 	return cs->leased < cs->want;
@@ -439,7 +440,7 @@ claim_into(IdemQueue *q, int32 max_runs, int64 lease_us, Oid caller,
 	for (uint64 i = 0; i < n && leased < want; i++)
 	{
 		CHECK_FOR_INTERRUPTS();
-		if (lease_run(owners[i], run_ids[i], q, lease_us, caller, worker,
+		if (lease_run(owners[i], run_ids[i], NULL, q, lease_us, caller, worker,
 					  store, tupdesc))
 			leased++;
 	}
