@@ -147,14 +147,14 @@ report_not_running(IdemRunRow *run)
 
 /* A completed step must never run again, even if its record is gone. */
 static void
-report_lost_record(IdemRunRow *run, const char *step)
+report_lost_record(const IdemRunStore *store, IdemRunRow *run, const char *step)
 {
 	ereport(ERROR,
 			(errcode(ERRCODE_DATA_CORRUPTED),
 			 errmsg("step \"%s\" of run \"%s\" is counted as completed but has no record",
 					step, run->run_id),
-			 errdetail("The key record %s was removed from idem.keys.",
-					   idem_run_step_key(run->run_id, step)),
+			 errdetail("The key record %s was removed from %s.",
+					   idem_run_step_key(run->run_id, step), store->keys_table),
 			 idem_errhint(ERRCODE_DATA_CORRUPTED, NULL)));
 }
 
@@ -163,7 +163,8 @@ report_lost_record(IdemRunRow *run, const char *step)
  * and when it declared its steps, every earlier one must have completed.
  */
 static void
-check_step_may_run(IdemRunRow *run, const char *step, int ordinal)
+check_step_may_run(const IdemRunStore *store, IdemRunRow *run,
+				   const char *step, int ordinal)
 {
 	int			ndone = run_ndone(run);
 
@@ -172,7 +173,7 @@ check_step_may_run(IdemRunRow *run, const char *step, int ordinal)
 	if (ordinal == 0)
 	{
 		if (idem_run_name_position(run->done_steps, step) > 0)
-			report_lost_record(run, step);
+			report_lost_record(store, run, step);
 		check_step_count(ndone + 1, run->run_id);
 		return;
 	}
@@ -185,7 +186,7 @@ check_step_may_run(IdemRunRow *run, const char *step, int ordinal)
 						   ordinal, ndone + 1, declared_step(run, ndone + 1)),
 				 idem_errhint(ERRCODE_IDEM_STEP_OUT_OF_SEQUENCE, "Run the steps in the order idem_run_begin() declared them; idem_run_status() names the next one.")));
 	if (ordinal <= ndone)
-		report_lost_record(run, step);
+		report_lost_record(store, run, step);
 }
 
 /*
@@ -323,7 +324,7 @@ local_read_record(const IdemRunStore *store, Oid owner, const char *key,
 const IdemRunStore idem_local_runs = {
 	local_lock_and_read, local_insert_run, local_update_run,
 	local_find_record, local_insert_key, local_execute, local_read_record,
-	NULL
+	"idem.keys", NULL
 };
 
 /* Lock and read owner's run in store: ID404 if none. */
@@ -407,7 +408,7 @@ run_step(const IdemRunStore *store, IdemRequest *req, IdemStatement *stmt,
 		return;
 	}
 
-	check_step_may_run(&run, step, ordinal);
+	check_step_may_run(store, &run, step, ordinal);
 	if (stmt != NULL)
 		idem_run_check_room(&run);
 	topic = idem_current_topic(req->owner);
@@ -1303,7 +1304,7 @@ recorded_result(IdemRunRow *run, const char *step, int ordinal)
 		return NULL;
 	if (!idem_lookup_key(run->owner, idem_run_step_key(run->run_id, step), &rec) ||
 		!rec.visible)
-		report_lost_record(run, step);
+		report_lost_record(&idem_local_runs, run, step);
 	return rec.response;
 }
 
@@ -1359,7 +1360,7 @@ idem_step_start(PG_FUNCTION_ARGS)
 	}
 	else
 	{
-		check_step_may_run(&run, step, ordinal);
+		check_step_may_run(&idem_local_runs, &run, step, ordinal);
 		if (run.started_step != NULL && strcmp(run.started_step, step) == 0)
 			run.started_count++;
 		else
@@ -1425,7 +1426,7 @@ idem_step_fail(PG_FUNCTION_ARGS)
 				 errmsg("step \"%s\" of run \"%s\" has completed", step, run_id),
 				 errdetail("A completed step cannot fail; its result replays."),
 				 idem_errhint(ERRCODE_IDEM_STEP_OUT_OF_SEQUENCE, NULL)));
-	check_step_may_run(&run, step, ordinal);
+	check_step_may_run(&idem_local_runs, &run, step, ordinal);
 
 	idem_queue_read(run.queue, &q);
 	max_attempts = run.max_attempts > 0 ? run.max_attempts : q.max_attempts;
@@ -1539,7 +1540,7 @@ idem_run_await(PG_FUNCTION_ARGS)
 		PG_RETURN_DATUM(await_result(fcinfo, is_json_null(done) ?
 									 "timed_out" : "signalled",
 									 is_json_null(done) ? NULL : done));
-	check_step_may_run(&run, event, ordinal);
+	check_step_may_run(&idem_local_runs, &run, event, ordinal);
 
 	if (idem_run_signal_payload(run.owner, run_id, event, &payload))
 		PG_RETURN_DATUM(await_result(fcinfo, "signalled",

@@ -1519,7 +1519,7 @@ tenant_read_record(const IdemRunStore *store, Oid owner, const char *key,
 static const IdemRunStore tenant_store = {
 	tenant_lock_and_read, tenant_insert_run, tenant_update_run,
 	tenant_find_record, tenant_insert_key, tenant_execute,
-	tenant_read_record, NULL
+	tenant_read_record, "idem.citus_keys", NULL
 };
 
 /* The tenant's run store, for a call to a run function of the tenant. */

@@ -111,6 +111,7 @@ struct IdemRunStore
 	/* a step's record as the caller's snapshot sees it, unlocked: false if none */
 	bool		(*read_record) (const IdemRunStore *store, Oid owner,
 								const char *key, IdemRecord *rec);
+	const char *keys_table;		/* where the steps' records are, for errors */
 	void	   *arg;
 };
 

@@ -1176,6 +1176,23 @@ SELECT count(DISTINCT x) FROM (
 			"SELECT status, next_step, steps_done, steps_total, input FROM idem_citus_run_status(${t}::bigint, 'order-9')"),
 		'running|mail|2|3|{"order": 9}', 'status: running, mail next, 2 of 3 done');
 
+	# a completed step whose record was removed by hand never runs again
+	# (XX001), and the error names the table the record was in
+	($out, $err) = call($w1,
+		"SELECT created FROM idem_citus_run_begin(${t}::bigint, 'order-lost', ARRAY['pay', 'ship'])");
+	is($out, 't', 'run order-lost begins') or diag($err);
+	($out, $err) = $step->($w2, $t, 'order-lost', 'pay', 'order-lost:pay', 1);
+	like($out, qr/^f\|/, 'its step pay executes') or diag($err);
+	$coord->safe_psql('postgres',
+		"DELETE FROM idem.citus_keys WHERE tenant = $t AND key = idem_step_key('order-lost', 'pay')");
+	($out, $err) = $step->($coord, $t, 'order-lost', 'pay', 'order-lost:pay', 1);
+	is(sqlstate_of($err), 'XX001', 'pay again after its record was deleted: XX001');
+	like($err, qr/DETAIL:\s+The key record idem\.step:order-lost:pay was removed from idem\.citus_keys\./,
+		'... whose detail names idem.citus_keys');
+	is(rows("note = 'order-lost:pay'"), '1', '... and pay did not run again');
+	($out, $err) = call($w2, "SELECT idem_citus_run_cancel(${t}::bigint, 'order-lost')");
+	is($out, 'cancelled', 'run order-lost is cancelled') or diag($err);
+
 	# two tenants on one shard, the same run id: two runs
 	my $twin = $coord->safe_psql(
 		'postgres', qq{
