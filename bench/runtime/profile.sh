@@ -9,7 +9,8 @@
 #
 #   bench/runtime/profile.sh [--no-install] [PROC ...]
 #
-# PROC: cpu_leased (default), cpu_plain_step, cpu_plain_call.  Needs
+# PROC: cpu_leased (default), cpu_leased4 (claims of four runs),
+# cpu_plain_step, cpu_plain_call.  Needs
 # valgrind.
 #
 set -euo pipefail
@@ -21,8 +22,8 @@ procs=()
 while [ $# -gt 0 ]; do
 	case "$1" in
 		--no-install) install=0 ;;
-		cpu_leased|cpu_plain_step|cpu_plain_call) procs+=("$1") ;;
-		*) echo "usage: $0 [--no-install] [cpu_leased|cpu_plain_step|cpu_plain_call ...]" >&2; exit 2 ;;
+		cpu_leased|cpu_leased4|cpu_plain_step|cpu_plain_call) procs+=("$1") ;;
+		*) echo "usage: $0 [--no-install] [cpu_leased|cpu_leased4|cpu_plain_step|cpu_plain_call ...]" >&2; exit 2 ;;
 	esac
 	shift
 done

@@ -54,6 +54,34 @@ BEGIN
 	END LOOP;
 END $$;
 
+-- The same with a worker's batched claim: one claim of up to four runs,
+-- then each run's four steps, for the share of a claim's fixed cost (its
+-- transaction, its scan) in a leased run.
+CREATE PROCEDURE cpu_leased4(n integer) LANGUAGE plpgsql AS $$
+DECLARE
+	ids text[];
+	tokens uuid[];
+	todo integer := n;
+	sql constant text := 'INSERT INTO effects (run_id, step) VALUES ($1, $2)';
+BEGIN
+	WHILE todo > 0 LOOP
+		SELECT array_agg(c.run_id), array_agg(c.lease_token) INTO ids, tokens
+		  FROM idem_run_claim('bench', least(todo, 4), '60 s', 'w') c;
+		COMMIT;
+		FOR j IN 1..cardinality(ids) LOOP
+			PERFORM idem_call(NULL, sql, ARRAY[ids[j], 's1'], run_id => ids[j], step => 's1', lease_token => tokens[j]);
+			COMMIT;
+			PERFORM idem_call(NULL, sql, ARRAY[ids[j], 's2'], run_id => ids[j], step => 's2', lease_token => tokens[j]);
+			COMMIT;
+			PERFORM idem_call(NULL, sql, ARRAY[ids[j], 's3'], run_id => ids[j], step => 's3', lease_token => tokens[j]);
+			COMMIT;
+			PERFORM idem_call(NULL, sql, ARRAY[ids[j], 's4'], run_id => ids[j], step => 's4', lease_token => tokens[j]);
+			COMMIT;
+		END LOOP;
+		todo := todo - cardinality(ids);
+	END LOOP;
+END $$;
+
 CREATE PROCEDURE cpu_plain_step(n integer) LANGUAGE plpgsql AS $$
 DECLARE
 	id text;
