@@ -230,7 +230,7 @@ lease_run(Oid owner, const char *run_id, IdemQueue *q, int64 lease_us,
 	run.lease_holder = (char *) worker;
 	run.claims++;
 	idem_update_run(&run);
-	idem_run_token_owner_note(&run.lease_token, run.run_id, owner);
+	idem_run_token_owner_note(&run.lease_token, run.run_id, owner, run.queue);
 	next = idem_run_next_step(&run);
 	idem_run_attempt_begin(&run, next, now);
 	idem_stats_count_for(MyDatabaseId, owner, IDEM_STAT_RUNS_CLAIMED, 1);

@@ -385,8 +385,59 @@ SELECT ordinality, run_id, owner FROM idem_run_claim('rlfair3', max_runs => 5) W
 SELECT count(*) FROM idem_run_claim('rlfair3', max_runs => 5);
 RESET ROLE;
 
+-- the work grant is checked at every call with a token, not only at the
+-- claim (as a consumer's at every ack): a worker whose grant was revoked
+-- while it holds a lease executes nothing (42501); a role that may not
+-- work the run's queue learns nothing of the run from a token it does not
+-- hold, not its state nor its holder (ID404, as for a run no one began)
+SELECT idem_queue_create('rlgrant', producers => '{regress_rl_app}',
+	workers => '{regress_rl_agent}');
+SET ROLE regress_rl_app;
+SELECT created FROM idem_run_begin('g-1', steps => ARRAY['s1','s2'], queue => 'rlgrant');
+RESET ROLE;
+SET ROLE regress_rl_agent;
+SELECT lease_token AS tok_g1 FROM idem_run_claim('rlgrant', worker => 'wg') \gset
+RESET ROLE;
+SELECT idem_queue_revoke('rlgrant', 'regress_rl_agent', 'work');
+SELECT * FROM rl_digest \gset before_
+SET ROLE regress_rl_agent;
+\set VERBOSITY terse
+SELECT * FROM idem_call(NULL, 'INSERT INTO rl_refunds VALUES (''g'', 1)',
+	run_id => 'g-1', step => 's1', lease_token => :'tok_g1');
+\echo :LAST_ERROR_SQLSTATE
+SET idem.lease_token = :'tok_g1';
+SELECT idem_step('g-1', 's1', 'INSERT INTO rl_refunds VALUES (''g'', 1)');
+RESET idem.lease_token;
+SELECT idem_run_extend('g-1', :'tok_g1', '1 min');
+SELECT * FROM idem_step_start('g-1', 's1', :'tok_g1');
+SELECT idem_step_complete('g-1', 's1', '{}', :'tok_g1');
+SELECT idem_step_fail('g-1', 's1', :'tok_g1', 'x');
+SELECT * FROM idem_run_await('g-1', 's1', :'tok_g1');
+SELECT idem_run_sleep('g-1', :'tok_g1', now() + interval '1 h');
+SELECT idem_run_release('g-1', :'tok_g1');
+-- another token: as if no run had the id, the same as for an id no one began
+SELECT idem_run_extend('g-1', gen_random_uuid(), '1 min');
+\echo :LAST_ERROR_SQLSTATE
+SELECT idem_run_extend('g-none', gen_random_uuid(), '1 min');
+RESET ROLE;
+SET ROLE regress_rl_other;
+SELECT * FROM idem_call(NULL, 'SELECT 1', run_id => 'g-1', step => 's1',
+	lease_token => gen_random_uuid());
+SELECT * FROM idem_call(NULL, 'SELECT 1', run_id => 'g-1', step => 's1',
+	lease_token => :'tok_g1');
+\echo :LAST_ERROR_SQLSTATE
+\set VERBOSITY default
+RESET ROLE;
+SELECT (SELECT digest FROM rl_digest) = :'before_digest' AS unchanged;
+-- granted again: the lease still holds, and the worker goes on
+SELECT idem_queue_grant('rlgrant', 'regress_rl_agent', 'work');
+SET ROLE regress_rl_agent;
+SELECT response, replayed FROM idem_call(NULL, 'SELECT 1 AS one', run_id => 'g-1',
+	step => 's1', lease_token => :'tok_g1');
+RESET ROLE;
+
 -- cleanup
-DELETE FROM idem.runs WHERE queue IN ('rl', 'rl1', 'rlfair', 'rlfair2', 'rlfair3');
+DELETE FROM idem.runs WHERE queue IN ('rl', 'rl1', 'rlfair', 'rlfair2', 'rlfair3', 'rlgrant');
 DELETE FROM idem.keys WHERE owner = 'regress_rl_other'::regrole;
 DELETE FROM idem.keys WHERE owner = 'regress_rl_app'::regrole;
 DELETE FROM idem.queues;
