@@ -199,8 +199,7 @@ lease_run(Oid owner, const char *run_id, IdemQueue *q, int64 lease_us,
 	if (strcmp(run.queue_state, "leased") == 0)
 	{
 		/* the holder's lease ran out: its attempt failed */
-		idem_run_end_lease(&run, "lease_expired", "lease expired", now);
-		idem_stats_count_for(MyDatabaseId, owner, IDEM_STAT_RUN_LEASE_EXPIRIES, 1);
+		idem_run_end_lease_expired(&run, now);
 		max_attempts = run.max_attempts > 0 ? run.max_attempts : q->max_attempts;
 		if (run.attempt >= max_attempts)
 		{

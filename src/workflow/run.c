@@ -995,15 +995,16 @@ idem_run_begin_result(FunctionCallInfo fcinfo, IdemRunRow *run, bool created)
 }
 
 /*
- * A queued run that finishes leaves its queue: its lease, if one holds it,
- * ends with outcome, and it is due no more.
+ * A queued run that an operator's verb finishes leaves its queue: its
+ * lease, if one holds it, ends with outcome (lease_expired if it ran out),
+ * and it is due no more.
  */
 static void
 leave_queue(IdemRunRow *run, const char *outcome, const char *error)
 {
 	if (run->queue == NULL)
 		return;
-	idem_run_end_lease(run, outcome, error, GetCurrentTimestamp());
+	idem_run_end_lease_for(run, outcome, error, GetCurrentTimestamp());
 	run->queue_state = NULL;
 	run->due_at = DT_NOEND;
 }

@@ -484,6 +484,37 @@ idem_run_end_lease(IdemRunRow *run, const char *outcome, const char *error,
 }
 
 /*
+ * idem_run_end_lease_expired
+ *		End the run's lease that ran out: its attempt died (the worker
+ *		stopped, or was killed), counted as an expired lease.
+ */
+void
+idem_run_end_lease_expired(IdemRunRow *run, TimestampTz now)
+{
+	idem_run_end_lease(run, "lease_expired", "lease expired", now);
+	idem_stats_count_for(MyDatabaseId, run->owner,
+						 IDEM_STAT_RUN_LEASE_EXPIRIES, 1);
+}
+
+/*
+ * idem_run_end_lease_for
+ *		End the run's lease for an operator's verb (cancel, fail, complete)
+ *		with outcome: a lease that ran out ends as lease_expired instead,
+ *		as the claim that took the run over would end it.  The holder did
+ *		not stop for the verb; it was gone.
+ */
+void
+idem_run_end_lease_for(IdemRunRow *run, const char *outcome,
+					   const char *error, TimestampTz now)
+{
+	if (run->queue_state != NULL && strcmp(run->queue_state, "leased") == 0 &&
+		run->due_at <= now)
+		idem_run_end_lease_expired(run, now);
+	else
+		idem_run_end_lease(run, outcome, error, now);
+}
+
+/*
  * idem_run_is_admin
  *		Superusers and members of idem_admin act on every role's runs.
  */

@@ -77,6 +77,9 @@ extern void idem_run_fence(IdemRunRow *run, const pg_uuid_t *token,
 extern void idem_run_check_room(IdemRunRow *run);
 extern void idem_run_end_lease(IdemRunRow *run, const char *outcome,
 							   const char *error, TimestampTz now);
+extern void idem_run_end_lease_expired(IdemRunRow *run, TimestampTz now);
+extern void idem_run_end_lease_for(IdemRunRow *run, const char *outcome,
+								   const char *error, TimestampTz now);
 extern void idem_run_attempt_begin(IdemRunRow *run, const char *step,
 								   TimestampTz now);
 extern bool idem_run_is_admin(Oid role);

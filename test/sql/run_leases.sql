@@ -436,8 +436,33 @@ SELECT response, replayed FROM idem_call(NULL, 'SELECT 1 AS one', run_id => 'g-1
 	step => 's1', lease_token => :'tok_g1');
 RESET ROLE;
 
+-- an operator who cancels or fails a run whose holder's lease ran out (a
+-- dead worker's, as idem_runs shows it: ready) ends that attempt as
+-- lease_expired, as a claim that took the run over would: the attempt
+-- died, it was not cancelled; a lease that holds ends as the verb says
+SELECT idem_queue_create('rlop', producers => '{regress_rl_app}',
+	workers => '{regress_rl_agent}');
+SET ROLE regress_rl_app;
+SELECT count(*) FROM (SELECT idem_run_begin('op-' || g, steps => ARRAY['s'], queue => 'rlop')
+	FROM generate_series(1, 4) g) s;
+RESET ROLE;
+SET ROLE regress_rl_agent;
+SELECT count(*) FROM idem_run_claim('rlop', max_runs => 2, lease => '1 ms', worker => 'dead');
+SELECT pg_sleep(0.01);
+SELECT count(*) FROM idem_run_claim('rlop', max_runs => 2, lease => '1 h', worker => 'alive');
+RESET ROLE;
+SELECT run_id, state, holder FROM idem_runs WHERE queue = 'rlop' ORDER BY run_id;
+SET ROLE regress_rl_app;
+SELECT idem_run_cancel('op-1', 'stalled');
+SELECT idem_run_fail('op-2', 'stalled');
+SELECT idem_run_cancel('op-3', 'not needed');
+SELECT idem_run_fail('op-4', 'not needed');
+RESET ROLE;
+SELECT run_id, claim, worker, outcome, error FROM idem_run_attempts
+ WHERE run_id LIKE 'op-%' ORDER BY run_id, claim;
+
 -- cleanup
-DELETE FROM idem.runs WHERE queue IN ('rl', 'rl1', 'rlfair', 'rlfair2', 'rlfair3', 'rlgrant');
+DELETE FROM idem.runs WHERE queue IN ('rl', 'rl1', 'rlfair', 'rlfair2', 'rlfair3', 'rlgrant', 'rlop');
 DELETE FROM idem.keys WHERE owner = 'regress_rl_other'::regrole;
 DELETE FROM idem.keys WHERE owner = 'regress_rl_app'::regrole;
 DELETE FROM idem.queues;
