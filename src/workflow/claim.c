@@ -40,6 +40,7 @@
 #include "utils/builtins.h"
 #include "utils/guc.h"
 #include "utils/jsonb.h"
+#include "utils/resowner.h"
 #include "utils/timestamp.h"
 #include "utils/tuplestore.h"
 #include "utils/wait_event.h"
@@ -155,10 +156,14 @@ results_so_far(IdemRunRow *run)
 	return JsonbValueToJsonb(res);
 }
 
+/* Runs the current pass of a claim failed: what it changed but leases. */
+static int	claim_failed_runs = 0;
+
 /* A run the claim fails instead of leasing it, off its queue for good. */
 static void
 fail_at_claim(IdemRunRow *run, Oid owner, TimestampTz now, const char *error)
 {
+	claim_failed_runs++;
 	run->status = "failed";
 	run->finished = true;
 	run->finished_at = now;
@@ -535,16 +540,49 @@ idem_run_claim(PG_FUNCTION_ARGS)
 		long		left;
 		MemoryContext oldcxt;
 		int32		leased;
+		bool		may_wait = wait_ms > 0;
+		MemoryContext callercxt = CurrentMemoryContext;
+		ResourceOwner oldowner = CurrentResourceOwner;
 
 		idem_wakeup_note_claim(channel);
+		/*
+		 * A pass of a claim that may wait is a subtransaction: one that
+		 * leased nothing and changed nothing is rolled back before the wait,
+		 * which lets go of the rows it locked (FOR UPDATE SKIP LOCKED) and
+		 * of the runs whose lock it took and then did not lease.  Kept, a
+		 * due run that a step or an operator's verb is working on (a lease
+		 * that ran out, its holder still at work) would stay locked by the
+		 * claim, and the step's write of the run would wait for the claim's
+		 * wait to end.
+		 */
+		if (may_wait)
+		{
+			BeginInternalSubTransaction(NULL);
+			MemoryContextSwitchTo(callercxt);
+		}
+		claim_failed_runs = 0;
 		oldcxt = MemoryContextSwitchTo(scancxt);
 		leased = claim_into(&q, max_runs, lease_us, caller, worker,
 							rsinfo->setResult, rsinfo->setDesc);
 		MemoryContextSwitchTo(oldcxt);
+		if (may_wait)
+		{
+			if (leased > 0 || claim_failed_runs > 0)
+				ReleaseCurrentSubTransaction();
+			else
+				RollbackAndReleaseCurrentSubTransaction();
+			MemoryContextSwitchTo(callercxt);
+			CurrentResourceOwner = oldowner;
+		}
 		MemoryContextReset(scancxt);
 		if (leased > 0)
 			break;
-		idem_queue_room_release(&q);
+		/* the rollback let go of the cap lock too */
+		if (!may_wait || claim_failed_runs > 0)
+			idem_queue_room_release(&q);
+		/* the runs it failed are written: commit them rather than wait */
+		if (claim_failed_runs > 0)
+			break;
 		now = GetCurrentTimestamp();
 		if (now >= deadline)
 			break;
