@@ -562,8 +562,33 @@ idem_run_claim(PG_FUNCTION_ARGS)
 		}
 		claim_failed_runs = 0;
 		oldcxt = MemoryContextSwitchTo(scancxt);
-		leased = claim_into(&q, max_runs, lease_us, caller, worker,
-							rsinfo->setResult, rsinfo->setDesc);
+		PG_TRY();
+		{
+			leased = claim_into(&q, max_runs, lease_us, caller, worker,
+								rsinfo->setResult, rsinfo->setDesc);
+		}
+		PG_CATCH();
+		{
+			/*
+			 * The pass's own subtransaction ends with it: a caller that
+			 * catches the error (a PL/pgSQL exception block) rolls back its
+			 * own, the innermost one to it.
+			 */
+			if (may_wait)
+			{
+				ErrorData  *edata;
+
+				MemoryContextSwitchTo(callercxt);
+				edata = CopyErrorData();
+				FlushErrorState();
+				RollbackAndReleaseCurrentSubTransaction();
+				MemoryContextSwitchTo(callercxt);
+				CurrentResourceOwner = oldowner;
+				ReThrowError(edata);
+			}
+			PG_RE_THROW();
+		}
+		PG_END_TRY();
 		MemoryContextSwitchTo(oldcxt);
 		if (may_wait)
 		{
