@@ -411,6 +411,14 @@ run_step(const IdemRunStore *store, IdemRequest *req, IdemStatement *stmt,
 	if (stmt != NULL)
 		idem_run_check_room(&run);
 	topic = idem_current_topic(req->owner);
+	/*
+	 * A worker's step of another role's run writes the owner's event with
+	 * the worker's privileges, as its statement runs: the worker must be
+	 * a publisher too, or a queue's work grant would let it write events
+	 * consumers take for the owner's.
+	 */
+	if (topic != NULL && token != NULL && req->owner != GetUserId())
+		idem_outbox_check_publish(topic, GetUserId());
 	*executing = true;
 	response = stmt != NULL ? store->execute(store, stmt, req) : result;
 

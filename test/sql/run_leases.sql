@@ -461,8 +461,42 @@ RESET ROLE;
 SELECT run_id, claim, worker, outcome, error FROM idem_run_attempts
  WHERE run_id LIKE 'op-%' ORDER BY run_id, claim;
 
+-- a worker's step publishes its outbox event as the run's owner (the
+-- event's owner), with the worker's privileges as its statement runs: the
+-- worker must be among the topic's publishers too, or any worker could
+-- write events that consumers take for the owner's (42501, nothing written)
+SELECT idem_outbox_create_topic('rl_payments', publishers => '{regress_rl_app}');
+SELECT idem_queue_create('rlpub', producers => '{regress_rl_app}',
+	workers => '{regress_rl_agent}');
+SET ROLE regress_rl_app;
+SELECT created FROM idem_run_begin('pub-1', steps => ARRAY['pay', 'label'], queue => 'rlpub');
+RESET ROLE;
+SET ROLE regress_rl_agent;
+SELECT lease_token AS tok_pub FROM idem_run_claim('rlpub', worker => 'wp') \gset
+RESET ROLE;
+SELECT * FROM rl_digest \gset before_
+SET ROLE regress_rl_agent;
+SET idem.outbox_topic = 'rl_payments';
+SELECT * FROM idem_call(NULL, 'INSERT INTO rl_refunds VALUES (''pub'', 1)',
+	run_id => 'pub-1', step => 'pay', lease_token => :'tok_pub');
+SELECT idem_step_complete('pub-1', 'pay', '{"paid": true}', :'tok_pub');
+RESET idem.outbox_topic;
+RESET ROLE;
+SELECT (SELECT digest FROM rl_digest) = :'before_digest' AS unchanged,
+	   (SELECT count(*) FROM idem.outbox WHERE topic = 'rl_payments') AS events;
+-- granted publish, the worker's step writes the owner's event
+SELECT idem_outbox_grant('rl_payments', 'regress_rl_agent', 'publish');
+SET ROLE regress_rl_agent;
+SELECT response FROM idem_call(NULL, 'INSERT INTO rl_refunds VALUES (''pub'', 1)',
+	run_id => 'pub-1', step => 'pay', lease_token => :'tok_pub',
+	outbox_topic => 'rl_payments');
+RESET ROLE;
+SELECT topic, owner, run_id, step FROM idem.outbox WHERE topic = 'rl_payments';
+
 -- cleanup
-DELETE FROM idem.runs WHERE queue IN ('rl', 'rl1', 'rlfair', 'rlfair2', 'rlfair3', 'rlgrant', 'rlop');
+DELETE FROM idem.outbox WHERE topic = 'rl_payments';
+DELETE FROM idem.outbox_topics WHERE topic = 'rl_payments';
+DELETE FROM idem.runs WHERE queue IN ('rl', 'rl1', 'rlfair', 'rlfair2', 'rlfair3', 'rlgrant', 'rlop', 'rlpub');
 DELETE FROM idem.keys WHERE owner = 'regress_rl_other'::regrole;
 DELETE FROM idem.keys WHERE owner = 'regress_rl_app'::regrole;
 DELETE FROM idem.queues;
