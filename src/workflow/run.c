@@ -349,6 +349,28 @@ idem_run_lock_in(const IdemRunStore *store, Oid owner, const char *run_id,
 }
 
 /*
+ * After a step's statement ran: it must not have changed its own run (a
+ * run function called from inside it: the holder's heartbeat or release,
+ * a cancel, a claim), whose row the step is about to write from what it
+ * read before.  ID508, as a call under its own key is.
+ */
+static void
+check_run_unchanged(IdemRunRow *run, const char *step)
+{
+	IdemRunRow	now;
+
+	if (idem_lookup_run(run->owner, run->run_id, &now) &&
+		ItemPointerEquals(&now.tid, &run->tid))
+		return;
+	ereport(ERROR,
+			(errcode(ERRCODE_IDEM_NESTED_KEY),
+			 errmsg("the statement of step \"%s\" of run \"%s\" changed its run",
+					step, run->run_id),
+			 errdetail("A run function called from inside a step's statement changed the run (a heartbeat, a release, a cancel, a claim) while the step was running."),
+			 idem_errhint(ERRCODE_IDEM_NESTED_KEY, "Call the run's functions before or after its step, not from the step's statement.")));
+}
+
+/*
  * One step of a run, as a statement (stmt) or as a result recorded from
  * outside (result).  req->key is the step's key; fingerprint identifies the
  * request.  Fills out.
@@ -421,6 +443,8 @@ run_step(const IdemRunStore *store, IdemRequest *req, IdemStatement *stmt,
 		idem_outbox_check_publish(topic, GetUserId());
 	*executing = true;
 	response = stmt != NULL ? store->execute(store, stmt, req) : result;
+	if (stmt != NULL && store == &idem_local_runs)
+		check_run_unchanged(&run, step);
 
 	store->insert_key(store, req, fingerprint, response, now);
 	record_step(store, &run, step, now);

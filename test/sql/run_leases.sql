@@ -493,10 +493,38 @@ SELECT response FROM idem_call(NULL, 'INSERT INTO rl_refunds VALUES (''pub'', 1)
 RESET ROLE;
 SELECT topic, owner, run_id, step FROM idem.outbox WHERE topic = 'rl_payments';
 
+-- a step's statement that changes its own run (here its holder's
+-- heartbeat, release or the owner's cancel, called from inside the
+-- statement) is refused with ID508, as a call under its own key is, and
+-- nothing changes: the step's record of the run would overwrite the change
+SELECT idem_queue_create('rlnest', producers => '{regress_rl_app}',
+	workers => '{regress_rl_agent}');
+SET ROLE regress_rl_app;
+SELECT created FROM idem_run_begin('nest-1', steps => ARRAY['a', 'b'], queue => 'rlnest');
+RESET ROLE;
+SET ROLE regress_rl_agent;
+SELECT lease_token AS tok_nest FROM idem_run_claim('rlnest', worker => 'wn') \gset
+RESET ROLE;
+SELECT * FROM rl_digest \gset before_
+SET ROLE regress_rl_agent;
+SELECT * FROM idem_call(NULL, 'SELECT idem_run_extend(''nest-1'', $1::uuid, ''1 h'') IS NOT NULL AS x',
+	ARRAY[:'tok_nest'], run_id => 'nest-1', step => 'a', lease_token => :'tok_nest');
+SELECT * FROM idem_call(NULL, 'SELECT idem_run_release(''nest-1'', $1::uuid) IS NULL AS x',
+	ARRAY[:'tok_nest'], run_id => 'nest-1', step => 'a', lease_token => :'tok_nest');
+RESET ROLE;
+-- the owner works its run's step itself, as a worker of the queue
+SELECT idem_queue_grant('rlnest', 'regress_rl_app', 'work');
+SET ROLE regress_rl_app;
+SELECT * FROM idem_call(NULL, 'SELECT idem_run_cancel(''nest-1'') AS x',
+	run_id => 'nest-1', step => 'a', lease_token => :'tok_nest');
+RESET ROLE;
+SELECT (SELECT digest FROM rl_digest) = :'before_digest' AS unchanged;
+SELECT status, state, holder FROM idem_runs WHERE run_id = 'nest-1';
+
 -- cleanup
 DELETE FROM idem.outbox WHERE topic = 'rl_payments';
 DELETE FROM idem.outbox_topics WHERE topic = 'rl_payments';
-DELETE FROM idem.runs WHERE queue IN ('rl', 'rl1', 'rlfair', 'rlfair2', 'rlfair3', 'rlgrant', 'rlop', 'rlpub');
+DELETE FROM idem.runs WHERE queue IN ('rl', 'rl1', 'rlfair', 'rlfair2', 'rlfair3', 'rlgrant', 'rlop', 'rlpub', 'rlnest');
 DELETE FROM idem.keys WHERE owner = 'regress_rl_other'::regrole;
 DELETE FROM idem.keys WHERE owner = 'regress_rl_app'::regrole;
 DELETE FROM idem.queues;
