@@ -186,6 +186,7 @@ extern int64 idem_purge_expired(int batch_size);
 extern bool idem_lookup_run(Oid owner, const char *run_id, IdemRunRow *row);
 extern void idem_insert_run(IdemRunRow *row);
 extern void idem_update_run(IdemRunRow *row);
+extern uint64 idem_run_writes;
 /* offered a due run by idem_scan_due_runs(); false when it wants no more */
 typedef bool (*IdemDueRunFn) (Oid owner, const char *run_id, void *arg);
 extern bool idem_scan_due_runs(const char *queue, TimestampTz now,

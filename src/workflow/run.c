@@ -349,7 +349,8 @@ idem_run_lock_in(const IdemRunStore *store, Oid owner, const char *run_id,
 }
 
 /*
- * After a step's statement ran: it must not have changed its own run (a
+ * After a step's statement that wrote a run's row (its own, or another
+ * run's step nested in it): it must not have changed its own run (a
  * run function called from inside it: the holder's heartbeat or release,
  * a cancel, a claim), whose row the step is about to write from what it
  * read before.  ID508, as a call under its own key is.
@@ -387,6 +388,7 @@ run_step(const IdemRunStore *store, IdemRequest *req, IdemStatement *stmt,
 	int			ordinal;
 	char	   *topic;
 	Jsonb	   *response;
+	uint64		writes;
 
 	read_locked(store, req->owner, run_id, &run);
 	/* before anything executes or replays: a queued run's holder only */
@@ -442,8 +444,9 @@ run_step(const IdemRunStore *store, IdemRequest *req, IdemStatement *stmt,
 	if (topic != NULL && token != NULL && req->owner != GetUserId())
 		idem_outbox_check_publish(topic, GetUserId());
 	*executing = true;
+	writes = idem_run_writes;
 	response = stmt != NULL ? store->execute(store, stmt, req) : result;
-	if (stmt != NULL && store == &idem_local_runs)
+	if (idem_run_writes != writes && store == &idem_local_runs)
 		check_run_unchanged(&run, step);
 
 	store->insert_key(store, req, fingerprint, response, now);
