@@ -188,6 +188,7 @@ extern bool idem_lookup_run_at(Oid owner, const char *run_id, ItemPointer tid,
 							   IdemRunRow *row);
 extern void idem_insert_run(IdemRunRow *row);
 extern void idem_update_run(IdemRunRow *row);
+extern uint64 idem_run_writes;
 /* offered a due run by idem_scan_due_runs(); false when it wants no more */
 typedef bool (*IdemDueRunFn) (Oid owner, const char *run_id, ItemPointer tid,
 							  void *arg);

@@ -1754,6 +1754,9 @@ idem_insert_run(IdemRunRow *row)
 	insert_row(WRITE_RUNS, catalog.runs, values, nulls);
 }
 
+/* How many runs' rows this backend wrote: a step sees whether its statement wrote one. */
+uint64		idem_run_writes = 0;
+
 /*
  * idem_update_run
  *		Write the run's new status and progress in place of the version
@@ -1775,6 +1778,7 @@ idem_update_run(IdemRunRow *row)
 	run_values(row, values, nulls);
 	tuple = heap_form_tuple(RelationGetDescr(rel), values, nulls);
 	update_row(WRITE_RUNS, rel, &row->tid, tuple);
+	idem_run_writes++;
 	row->tid = tuple->t_self;
 	heap_freetuple(tuple);
 	table_close(rel, RowExclusiveLock);

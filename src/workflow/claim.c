@@ -40,6 +40,7 @@
 #include "utils/builtins.h"
 #include "utils/guc.h"
 #include "utils/jsonb.h"
+#include "utils/resowner.h"
 #include "utils/timestamp.h"
 #include "utils/tuplestore.h"
 #include "utils/wait_event.h"
@@ -155,10 +156,14 @@ results_so_far(IdemRunRow *run)
 	return JsonbValueToJsonb(res);
 }
 
+/* Runs the current pass of a claim failed: what it changed but leases. */
+static int	claim_failed_runs = 0;
+
 /* A run the claim fails instead of leasing it, off its queue for good. */
 static void
 fail_at_claim(IdemRunRow *run, Oid owner, TimestampTz now, const char *error)
 {
+	claim_failed_runs++;
 	run->status = "failed";
 	run->finished = true;
 	run->finished_at = now;
@@ -200,8 +205,7 @@ lease_run(Oid owner, const char *run_id, ItemPointer tid, IdemQueue *q,
 	if (strcmp(run.queue_state, "leased") == 0)
 	{
 		/* the holder's lease ran out: its attempt failed */
-		idem_run_end_lease(&run, "lease_expired", "lease expired", now);
-		idem_stats_count_for(MyDatabaseId, owner, IDEM_STAT_RUN_LEASE_EXPIRIES, 1);
+		idem_run_end_lease_expired(&run, now);
 		max_attempts = run.max_attempts > 0 ? run.max_attempts : q->max_attempts;
 		if (run.attempt >= max_attempts)
 		{
@@ -231,7 +235,7 @@ lease_run(Oid owner, const char *run_id, ItemPointer tid, IdemQueue *q,
 	run.lease_holder = (char *) worker;
 	run.claims++;
 	idem_update_run(&run);
-	idem_run_token_owner_note(&run.lease_token, run.run_id, owner);
+	idem_run_token_owner_note(&run.lease_token, run.run_id, owner, run.queue);
 	next = idem_run_next_step(&run);
 	idem_run_attempt_begin(&run, next, now);
 	idem_stats_count_for(MyDatabaseId, owner, IDEM_STAT_RUNS_CLAIMED, 1);
@@ -537,16 +541,74 @@ idem_run_claim(PG_FUNCTION_ARGS)
 		long		left;
 		MemoryContext oldcxt;
 		int32		leased;
+		bool		may_wait = wait_ms > 0;
+		MemoryContext callercxt = CurrentMemoryContext;
+		ResourceOwner oldowner = CurrentResourceOwner;
 
 		idem_wakeup_note_claim(channel);
+		/*
+		 * A pass of a claim that may wait is a subtransaction: one that
+		 * leased nothing and changed nothing is rolled back before the wait,
+		 * which lets go of the rows it locked (FOR UPDATE SKIP LOCKED) and
+		 * of the runs whose lock it took and then did not lease.  Kept, a
+		 * due run that a step or an operator's verb is working on (a lease
+		 * that ran out, its holder still at work) would stay locked by the
+		 * claim, and the step's write of the run would wait for the claim's
+		 * wait to end.
+		 */
+		if (may_wait)
+		{
+			BeginInternalSubTransaction(NULL);
+			MemoryContextSwitchTo(callercxt);
+		}
+		claim_failed_runs = 0;
 		oldcxt = MemoryContextSwitchTo(scancxt);
-		leased = claim_into(&q, max_runs, lease_us, caller, worker,
-							rsinfo->setResult, rsinfo->setDesc);
+		PG_TRY();
+		{
+			leased = claim_into(&q, max_runs, lease_us, caller, worker,
+								rsinfo->setResult, rsinfo->setDesc);
+		}
+		PG_CATCH();
+		{
+			/*
+			 * The pass's own subtransaction ends with it: a caller that
+			 * catches the error (a PL/pgSQL exception block) rolls back its
+			 * own, the innermost one to it.
+			 */
+			if (may_wait)
+			{
+				ErrorData  *edata;
+
+				MemoryContextSwitchTo(callercxt);
+				edata = CopyErrorData();
+				FlushErrorState();
+				RollbackAndReleaseCurrentSubTransaction();
+				MemoryContextSwitchTo(callercxt);
+				CurrentResourceOwner = oldowner;
+				ReThrowError(edata);
+			}
+			PG_RE_THROW();
+		}
+		PG_END_TRY();
 		MemoryContextSwitchTo(oldcxt);
+		if (may_wait)
+		{
+			if (leased > 0 || claim_failed_runs > 0)
+				ReleaseCurrentSubTransaction();
+			else
+				RollbackAndReleaseCurrentSubTransaction();
+			MemoryContextSwitchTo(callercxt);
+			CurrentResourceOwner = oldowner;
+		}
 		MemoryContextReset(scancxt);
 		if (leased > 0)
 			break;
-		idem_queue_room_release(&q);
+		/* the rollback let go of the cap lock too */
+		if (!may_wait || claim_failed_runs > 0)
+			idem_queue_room_release(&q);
+		/* the runs it failed are written: commit them rather than wait */
+		if (claim_failed_runs > 0)
+			break;
 		now = GetCurrentTimestamp();
 		if (now >= deadline)
 			break;

@@ -81,7 +81,7 @@ idem_run_cancel_in(const IdemRunStore *store, Oid owner, const char *run_id,
 	run.last_error = reason != NULL ? pstrdup(reason) : "cancelled";
 	if (run.queue != NULL)
 	{
-		idem_run_end_lease(&run, "cancelled", run.last_error, now);
+		idem_run_end_lease_for(&run, "cancelled", run.last_error, now);
 		run.queue_state = NULL;
 		run.due_at = DT_NOEND;
 	}

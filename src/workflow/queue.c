@@ -39,8 +39,6 @@ PG_FUNCTION_INFO_V1(idem_queue_create);
 PG_FUNCTION_INFO_V1(idem_queue_grant);
 PG_FUNCTION_INFO_V1(idem_queue_revoke);
 
-/* Longest queue name, in bytes (like a topic). */
-#define QUEUE_MAX_NAME_BYTES	255
 /* Most attempts of a step a policy may allow. */
 #define QUEUE_MAX_ATTEMPTS		1000
 
@@ -289,6 +287,20 @@ idem_queue_allows(const char *queue, Oid role, IdemQueuePrivilege priv,
 	if (!read_queue(queue, role, priv, q, &allowed))
 		report_no_queue(queue);
 	return allowed;
+}
+
+/*
+ * idem_queue_may
+ *		Whether role may use queue as priv asks; false if there is no such
+ *		queue (a run's queue a superuser deleted).
+ */
+bool
+idem_queue_may(const char *queue, Oid role, IdemQueuePrivilege priv)
+{
+	IdemQueue	q;
+	bool		allowed;
+
+	return read_queue(queue, role, priv, &q, &allowed) && allowed;
 }
 
 /*

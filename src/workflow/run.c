@@ -350,6 +350,29 @@ idem_run_lock_in(const IdemRunStore *store, Oid owner, const char *run_id,
 }
 
 /*
+ * After a step's statement that wrote a run's row (its own, or another
+ * run's step nested in it): it must not have changed its own run (a
+ * run function called from inside it: the holder's heartbeat or release,
+ * a cancel, a claim), whose row the step is about to write from what it
+ * read before.  ID508, as a call under its own key is.
+ */
+static void
+check_run_unchanged(IdemRunRow *run, const char *step)
+{
+	IdemRunRow	now;
+
+	if (idem_lookup_run(run->owner, run->run_id, &now) &&
+		ItemPointerEquals(&now.tid, &run->tid))
+		return;
+	ereport(ERROR,
+			(errcode(ERRCODE_IDEM_NESTED_KEY),
+			 errmsg("the statement of step \"%s\" of run \"%s\" changed its run",
+					step, run->run_id),
+			 errdetail("A run function called from inside a step's statement changed the run (a heartbeat, a release, a cancel, a claim) while the step was running."),
+			 idem_errhint(ERRCODE_IDEM_NESTED_KEY, "Call the run's functions before or after its step, not from the step's statement.")));
+}
+
+/*
  * One step of a run, as a statement (stmt) or as a result recorded from
  * outside (result).  req->key is the step's key; fingerprint identifies the
  * request.  Fills out.
@@ -366,6 +389,7 @@ run_step(const IdemRunStore *store, IdemRequest *req, IdemStatement *stmt,
 	int			ordinal;
 	char	   *topic;
 	Jsonb	   *response;
+	uint64		writes;
 
 	read_locked(store, req->owner, run_id, &run);
 	/* before anything executes or replays: a queued run's holder only */
@@ -412,8 +436,19 @@ run_step(const IdemRunStore *store, IdemRequest *req, IdemStatement *stmt,
 	if (stmt != NULL)
 		idem_run_check_room(&run);
 	topic = idem_current_topic(req->owner);
+	/*
+	 * A worker's step of another role's run writes the owner's event with
+	 * the worker's privileges, as its statement runs: the worker must be
+	 * a publisher too, or a queue's work grant would let it write events
+	 * consumers take for the owner's.
+	 */
+	if (topic != NULL && token != NULL && req->owner != GetUserId())
+		idem_outbox_check_publish(topic, GetUserId());
 	*executing = true;
+	writes = idem_run_writes;
 	response = stmt != NULL ? store->execute(store, stmt, req) : result;
+	if (idem_run_writes != writes && store == &idem_local_runs)
+		check_run_unchanged(&run, step);
 
 	store->insert_key(store, req, fingerprint, response, now);
 	record_step(store, &run, step, now);
@@ -996,15 +1031,16 @@ idem_run_begin_result(FunctionCallInfo fcinfo, IdemRunRow *run, bool created)
 }
 
 /*
- * A queued run that finishes leaves its queue: its lease, if one holds it,
- * ends with outcome, and it is due no more.
+ * A queued run that an operator's verb finishes leaves its queue: its
+ * lease, if one holds it, ends with outcome (lease_expired if it ran out),
+ * and it is due no more.
  */
 static void
 leave_queue(IdemRunRow *run, const char *outcome, const char *error)
 {
 	if (run->queue == NULL)
 		return;
-	idem_run_end_lease(run, outcome, error, GetCurrentTimestamp());
+	idem_run_end_lease_for(run, outcome, error, GetCurrentTimestamp());
 	run->queue_state = NULL;
 	run->due_at = DT_NOEND;
 }

@@ -38,20 +38,21 @@
 /* A worker's run: by id among queued runs, with whether the token holds it. */
 static IdemQuery q_queued_by_id = {
 	"SELECT owner, lease_token OPERATOR(pg_catalog.=) $2, queue_state, status,"
-	"       lease_holder"
+	"       lease_holder, queue"
 	"  FROM idem.runs"
 	" WHERE run_id OPERATOR(pg_catalog.=) $1 AND queue IS NOT NULL",
 	2, {TEXTOID, UUIDOID}
 };
 
 /*
- * The owners of the runs whose tokens this backend saw last (claimed, or
- * looked up): a worker's steps name the run by id and token, and a token
- * belongs to one run forever, so the owner a step would look up again is
- * known.  A stale entry is harmless: the fence compares the token with the
- * run's row under its lock.  An entry serves only the run it was noted
- * for: a token presented with another run's id is looked up, and answered
- * as any backend answers it.
+ * The owners and queues of the runs whose tokens this backend saw last
+ * (claimed, or looked up): a worker's steps name the run by id and token,
+ * and a token belongs to one run forever, so the owner a step would look
+ * up again is known.  A stale entry is harmless: the fence compares the
+ * token with the run's row under its lock.  An entry serves only the run
+ * it was noted for: a token presented with another run's id is looked up,
+ * and answered as any backend answers it.  The queue is kept for the work
+ * grant, which every call checks again.
  */
 #define TOKEN_CACHE_SIZE	16
 static struct
@@ -59,32 +60,39 @@ static struct
 	pg_uuid_t	token;
 	Oid			owner;
 	char		run_id[IDEM_MAX_KEY_BYTES + 1];
+	char		queue[QUEUE_MAX_NAME_BYTES + 1];
 } token_cache[TOKEN_CACHE_SIZE];
 static int	token_cache_next = 0;
 
 /*
  * idem_run_token_owner_note
- *		Remember that token leases a run of owner.
+ *		Remember that token leases a run of owner on queue.
  */
 void
 idem_run_token_owner_note(const pg_uuid_t *token, const char *run_id,
-						  Oid owner)
+						  Oid owner, const char *queue)
 {
 	token_cache[token_cache_next].token = *token;
 	token_cache[token_cache_next].owner = owner;
 	strlcpy(token_cache[token_cache_next].run_id, run_id,
 			sizeof(token_cache[token_cache_next].run_id));
+	strlcpy(token_cache[token_cache_next].queue, queue,
+			sizeof(token_cache[token_cache_next].queue));
 	token_cache_next = (token_cache_next + 1) % TOKEN_CACHE_SIZE;
 }
 
 static Oid
-token_owner_cached(const pg_uuid_t *token, const char *run_id)
+token_owner_cached(const pg_uuid_t *token, const char *run_id,
+				   const char **queue)
 {
 	for (int i = 0; i < TOKEN_CACHE_SIZE; i++)
 		if (OidIsValid(token_cache[i].owner) &&
 			memcmp(token_cache[i].token.data, token->data, UUID_LEN) == 0 &&
 			strcmp(token_cache[i].run_id, run_id) == 0)
+		{
+			*queue = token_cache[i].queue;
 			return token_cache[i].owner;
+		}
 	return InvalidOid;
 }
 
@@ -246,12 +254,35 @@ idem_lease_token_setting(void)
 	return parse_token(idem_lease_token);
 }
 
+/* A queued run with the id a worker named, whose lease the token is not. */
+typedef struct OtherRun
+{
+	char	   *queue;
+	char	   *state;
+	char	   *holder;
+	bool		leased;
+} OtherRun;
+
+static void
+report_no_queued_run(const char *run_id)
+{
+	ereport(ERROR,
+			(errcode(ERRCODE_IDEM_RUN_NOT_FOUND),
+			 errmsg("run \"%s\" does not exist", run_id),
+			 errdetail("No run with this id is on a queue the current role works."),
+			 idem_errhint(ERRCODE_IDEM_RUN_NOT_FOUND, "Pass the run_id idem_run_claim() returned.")));
+}
+
 /*
  * idem_leased_run_owner
  *		The owner of the queued run run_id that token leases: a worker
- *		works other roles' runs, and names them by id and token.  Raises
- *		ID404 if no queued run has the id, ID412 if the token holds none of
- *		them (saying why for the first).
+ *		works other roles' runs, and names them by id and token.  The
+ *		caller must be among the workers of the run's queue at every call,
+ *		not only at the claim (42501), as a consumer at every ack: a revoke
+ *		stops a worker that holds a lease.  Raises ID404 if no run with the
+ *		id is on a queue the caller works (whether another queue has one is
+ *		not the caller's to know), ID412 if the token holds none of them
+ *		(saying why for the first).
  */
 Oid
 idem_leased_run_owner(const char *run_id, const pg_uuid_t *token)
@@ -259,56 +290,67 @@ idem_leased_run_owner(const char *run_id, const pg_uuid_t *token)
 	IdemOwnerSPI spi;
 	Datum		values[2];
 	char		nulls[2] = {' ', ' '};
+	Oid			caller = GetUserId();
 	Oid			owner = InvalidOid;
-	bool		any = false;
-	bool		leased = false;
-	char	   *state = NULL;
-	char	   *holder = NULL;
+	const char *queue = NULL;
+	OtherRun   *others = NULL;
+	int			nothers = 0;
+	IdemQueue	q;
 
-	owner = token_owner_cached(token, run_id);
+	owner = token_owner_cached(token, run_id, &queue);
 	if (OidIsValid(owner))
+	{
+		idem_queue_check(queue, caller, QUEUE_WORK, &q);
 		return owner;
+	}
 	values[0] = CStringGetTextDatum(run_id);
 	values[1] = UUIDPGetDatum(token);
 	idem_owner_spi_begin(&spi, idem_catalog_runs());
 	idem_query_run(&q_queued_by_id, values, nulls, 0);
+	if (SPI_processed > 0)
+		others = MemoryContextAlloc(spi.callercxt,
+									sizeof(OtherRun) * SPI_processed);
 	for (uint64 i = 0; i < SPI_processed && !OidIsValid(owner); i++)
 	{
 		HeapTuple	tup = SPI_tuptable->vals[i];
 		TupleDesc	desc = SPI_tuptable->tupdesc;
 		bool		isnull;
 		bool		matches = DatumGetBool(SPI_getbinval(tup, desc, 2, &isnull)) && !isnull;
+		MemoryContext oldcxt = MemoryContextSwitchTo(spi.callercxt);
 
 		if (matches)
-			owner = DatumGetObjectId(SPI_getbinval(tup, desc, 1, &isnull));
-		else if (!any)
 		{
-			char	   *qs = SPI_getvalue(tup, desc, 3);
-			MemoryContext oldcxt = MemoryContextSwitchTo(spi.callercxt);
-
-			any = true;
-			leased = qs != NULL && strcmp(qs, "leased") == 0;
-			state = pstrdup(qs != NULL ? qs : SPI_getvalue(tup, desc, 4));
-			holder = SPI_getvalue(tup, desc, 5);
-			holder = holder ? pstrdup(holder) : NULL;
-			MemoryContextSwitchTo(oldcxt);
+			owner = DatumGetObjectId(SPI_getbinval(tup, desc, 1, &isnull));
+			queue = pstrdup(SPI_getvalue(tup, desc, 6));
 		}
+		else
+		{
+			OtherRun   *o = &others[nothers++];
+			char	   *qs = SPI_getvalue(tup, desc, 3);
+			char	   *holder = SPI_getvalue(tup, desc, 5);
+
+			o->queue = pstrdup(SPI_getvalue(tup, desc, 6));
+			o->leased = qs != NULL && strcmp(qs, "leased") == 0;
+			o->state = pstrdup(qs != NULL ? qs : SPI_getvalue(tup, desc, 4));
+			o->holder = holder ? pstrdup(holder) : NULL;
+		}
+		MemoryContextSwitchTo(oldcxt);
 	}
 	idem_owner_spi_end(&spi);
 	if (OidIsValid(owner))
 	{
-		idem_run_token_owner_note(token, run_id, owner);
+		idem_queue_check(queue, caller, QUEUE_WORK, &q);
+		idem_run_token_owner_note(token, run_id, owner, queue);
 		return owner;
 	}
-	if (!any)
-		ereport(ERROR,
-				(errcode(ERRCODE_IDEM_RUN_NOT_FOUND),
-				 errmsg("run \"%s\" does not exist", run_id),
-				 errdetail("No run with this id is on a queue."),
-				 idem_errhint(ERRCODE_IDEM_RUN_NOT_FOUND, "Pass the run_id idem_run_claim() returned.")));
-	idem_lease_lost(idem_lease_fence(leased, false), "run",
-					"run", psprintf("\"%s\"", run_id), state, "work on",
-					leased ? holder : NULL, "runs it");
+	for (int i = 0; i < nothers; i++)
+		if (idem_queue_may(others[i].queue, caller, QUEUE_WORK))
+			idem_lease_lost(idem_lease_fence(others[i].leased, false), "run",
+							"run", psprintf("\"%s\"", run_id),
+							others[i].state, "work on",
+							others[i].leased ? others[i].holder : NULL,
+							"runs it");
+	report_no_queued_run(run_id);
 	return InvalidOid;			/* keep compiler quiet */
 }
 
@@ -439,6 +481,37 @@ idem_run_end_lease(IdemRunRow *run, const char *outcome, const char *error,
 	run->has_token = false;
 	run->leased_by = InvalidOid;
 	run->lease_holder = NULL;
+}
+
+/*
+ * idem_run_end_lease_expired
+ *		End the run's lease that ran out: its attempt died (the worker
+ *		stopped, or was killed), counted as an expired lease.
+ */
+void
+idem_run_end_lease_expired(IdemRunRow *run, TimestampTz now)
+{
+	idem_run_end_lease(run, "lease_expired", "lease expired", now);
+	idem_stats_count_for(MyDatabaseId, run->owner,
+						 IDEM_STAT_RUN_LEASE_EXPIRIES, 1);
+}
+
+/*
+ * idem_run_end_lease_for
+ *		End the run's lease for an operator's verb (cancel, fail, complete)
+ *		with outcome: a lease that ran out ends as lease_expired instead,
+ *		as the claim that took the run over would end it.  The holder did
+ *		not stop for the verb; it was gone.
+ */
+void
+idem_run_end_lease_for(IdemRunRow *run, const char *outcome,
+					   const char *error, TimestampTz now)
+{
+	if (run->queue_state != NULL && strcmp(run->queue_state, "leased") == 0 &&
+		run->due_at <= now)
+		idem_run_end_lease_expired(run, now);
+	else
+		idem_run_end_lease(run, outcome, error, now);
 }
 
 /*

@@ -17,6 +17,9 @@
 #include "request/request.h"
 
 /* queue.c: run queues, their grants and retry policy */
+/* Longest queue name, in bytes (like a topic). */
+#define QUEUE_MAX_NAME_BYTES	255
+
 typedef enum IdemQueuePrivilege
 {
 	QUEUE_PRODUCE,
@@ -39,6 +42,8 @@ extern int32 idem_queue_room(IdemQueue *q, int32 want, TimestampTz now);
 extern void idem_queue_room_release(IdemQueue *q);
 extern bool idem_queue_allows(const char *queue, Oid role,
 							  IdemQueuePrivilege priv, IdemQueue *q);
+extern bool idem_queue_may(const char *queue, Oid role,
+						   IdemQueuePrivilege priv);
 extern void idem_queue_check(const char *queue, Oid role,
 							 IdemQueuePrivilege priv, IdemQueue *q);
 extern void idem_queue_wake(const char *queue);
@@ -59,7 +64,8 @@ extern const pg_uuid_t *idem_lease_token_arg(FunctionCallInfo fcinfo,
 											 int argno, bool required);
 extern const pg_uuid_t *idem_lease_token_setting(void);
 extern void idem_run_token_owner_note(const pg_uuid_t *token,
-									  const char *run_id, Oid owner);
+									  const char *run_id, Oid owner,
+									  const char *queue);
 extern Oid	idem_leased_run_owner(const char *run_id, const pg_uuid_t *token);
 extern void idem_lock_run_fenced(Oid owner, const char *run_id,
 								 const pg_uuid_t *token, const char *verb,
@@ -71,6 +77,9 @@ extern void idem_run_fence(IdemRunRow *run, const pg_uuid_t *token,
 extern void idem_run_check_room(IdemRunRow *run);
 extern void idem_run_end_lease(IdemRunRow *run, const char *outcome,
 							   const char *error, TimestampTz now);
+extern void idem_run_end_lease_expired(IdemRunRow *run, TimestampTz now);
+extern void idem_run_end_lease_for(IdemRunRow *run, const char *outcome,
+								   const char *error, TimestampTz now);
 extern void idem_run_attempt_begin(IdemRunRow *run, const char *step,
 								   TimestampTz now);
 extern bool idem_run_is_admin(Oid role);

@@ -385,8 +385,146 @@ SELECT ordinality, run_id, owner FROM idem_run_claim('rlfair3', max_runs => 5) W
 SELECT count(*) FROM idem_run_claim('rlfair3', max_runs => 5);
 RESET ROLE;
 
+-- the work grant is checked at every call with a token, not only at the
+-- claim (as a consumer's at every ack): a worker whose grant was revoked
+-- while it holds a lease executes nothing (42501); a role that may not
+-- work the run's queue learns nothing of the run from a token it does not
+-- hold, not its state nor its holder (ID404, as for a run no one began)
+SELECT idem_queue_create('rlgrant', producers => '{regress_rl_app}',
+	workers => '{regress_rl_agent}');
+SET ROLE regress_rl_app;
+SELECT created FROM idem_run_begin('g-1', steps => ARRAY['s1','s2'], queue => 'rlgrant');
+RESET ROLE;
+SET ROLE regress_rl_agent;
+SELECT lease_token AS tok_g1 FROM idem_run_claim('rlgrant', worker => 'wg') \gset
+RESET ROLE;
+SELECT idem_queue_revoke('rlgrant', 'regress_rl_agent', 'work');
+SELECT * FROM rl_digest \gset before_
+SET ROLE regress_rl_agent;
+\set VERBOSITY terse
+SELECT * FROM idem_call(NULL, 'INSERT INTO rl_refunds VALUES (''g'', 1)',
+	run_id => 'g-1', step => 's1', lease_token => :'tok_g1');
+\echo :LAST_ERROR_SQLSTATE
+SET idem.lease_token = :'tok_g1';
+SELECT idem_step('g-1', 's1', 'INSERT INTO rl_refunds VALUES (''g'', 1)');
+RESET idem.lease_token;
+SELECT idem_run_extend('g-1', :'tok_g1', '1 min');
+SELECT * FROM idem_step_start('g-1', 's1', :'tok_g1');
+SELECT idem_step_complete('g-1', 's1', '{}', :'tok_g1');
+SELECT idem_step_fail('g-1', 's1', :'tok_g1', 'x');
+SELECT * FROM idem_run_await('g-1', 's1', :'tok_g1');
+SELECT idem_run_sleep('g-1', :'tok_g1', now() + interval '1 h');
+SELECT idem_run_release('g-1', :'tok_g1');
+-- another token: as if no run had the id, the same as for an id no one began
+SELECT idem_run_extend('g-1', gen_random_uuid(), '1 min');
+\echo :LAST_ERROR_SQLSTATE
+SELECT idem_run_extend('g-none', gen_random_uuid(), '1 min');
+RESET ROLE;
+SET ROLE regress_rl_other;
+SELECT * FROM idem_call(NULL, 'SELECT 1', run_id => 'g-1', step => 's1',
+	lease_token => gen_random_uuid());
+SELECT * FROM idem_call(NULL, 'SELECT 1', run_id => 'g-1', step => 's1',
+	lease_token => :'tok_g1');
+\echo :LAST_ERROR_SQLSTATE
+\set VERBOSITY default
+RESET ROLE;
+SELECT (SELECT digest FROM rl_digest) = :'before_digest' AS unchanged;
+-- granted again: the lease still holds, and the worker goes on
+SELECT idem_queue_grant('rlgrant', 'regress_rl_agent', 'work');
+SET ROLE regress_rl_agent;
+SELECT response, replayed FROM idem_call(NULL, 'SELECT 1 AS one', run_id => 'g-1',
+	step => 's1', lease_token => :'tok_g1');
+RESET ROLE;
+
+-- an operator who cancels or fails a run whose holder's lease ran out (a
+-- dead worker's, as idem_runs shows it: ready) ends that attempt as
+-- lease_expired, as a claim that took the run over would: the attempt
+-- died, it was not cancelled; a lease that holds ends as the verb says
+SELECT idem_queue_create('rlop', producers => '{regress_rl_app}',
+	workers => '{regress_rl_agent}');
+SET ROLE regress_rl_app;
+SELECT count(*) FROM (SELECT idem_run_begin('op-' || g, steps => ARRAY['s'], queue => 'rlop')
+	FROM generate_series(1, 4) g) s;
+RESET ROLE;
+SET ROLE regress_rl_agent;
+SELECT count(*) FROM idem_run_claim('rlop', max_runs => 2, lease => '1 ms', worker => 'dead');
+SELECT pg_sleep(0.01);
+SELECT count(*) FROM idem_run_claim('rlop', max_runs => 2, lease => '1 h', worker => 'alive');
+RESET ROLE;
+SELECT run_id, state, holder FROM idem_runs WHERE queue = 'rlop' ORDER BY run_id;
+SET ROLE regress_rl_app;
+SELECT idem_run_cancel('op-1', 'stalled');
+SELECT idem_run_fail('op-2', 'stalled');
+SELECT idem_run_cancel('op-3', 'not needed');
+SELECT idem_run_fail('op-4', 'not needed');
+RESET ROLE;
+SELECT run_id, claim, worker, outcome, error FROM idem_run_attempts
+ WHERE run_id LIKE 'op-%' ORDER BY run_id, claim;
+
+-- a worker's step publishes its outbox event as the run's owner (the
+-- event's owner), with the worker's privileges as its statement runs: the
+-- worker must be among the topic's publishers too, or any worker could
+-- write events that consumers take for the owner's (42501, nothing written)
+SELECT idem_outbox_create_topic('rl_payments', publishers => '{regress_rl_app}');
+SELECT idem_queue_create('rlpub', producers => '{regress_rl_app}',
+	workers => '{regress_rl_agent}');
+SET ROLE regress_rl_app;
+SELECT created FROM idem_run_begin('pub-1', steps => ARRAY['pay', 'label'], queue => 'rlpub');
+RESET ROLE;
+SET ROLE regress_rl_agent;
+SELECT lease_token AS tok_pub FROM idem_run_claim('rlpub', worker => 'wp') \gset
+RESET ROLE;
+SELECT * FROM rl_digest \gset before_
+SET ROLE regress_rl_agent;
+SET idem.outbox_topic = 'rl_payments';
+SELECT * FROM idem_call(NULL, 'INSERT INTO rl_refunds VALUES (''pub'', 1)',
+	run_id => 'pub-1', step => 'pay', lease_token => :'tok_pub');
+SELECT idem_step_complete('pub-1', 'pay', '{"paid": true}', :'tok_pub');
+RESET idem.outbox_topic;
+RESET ROLE;
+SELECT (SELECT digest FROM rl_digest) = :'before_digest' AS unchanged,
+	   (SELECT count(*) FROM idem.outbox WHERE topic = 'rl_payments') AS events;
+-- granted publish, the worker's step writes the owner's event
+SELECT idem_outbox_grant('rl_payments', 'regress_rl_agent', 'publish');
+SET ROLE regress_rl_agent;
+SELECT response FROM idem_call(NULL, 'INSERT INTO rl_refunds VALUES (''pub'', 1)',
+	run_id => 'pub-1', step => 'pay', lease_token => :'tok_pub',
+	outbox_topic => 'rl_payments');
+RESET ROLE;
+SELECT topic, owner, run_id, step FROM idem.outbox WHERE topic = 'rl_payments';
+
+-- a step's statement that changes its own run (here its holder's
+-- heartbeat, release or the owner's cancel, called from inside the
+-- statement) is refused with ID508, as a call under its own key is, and
+-- nothing changes: the step's record of the run would overwrite the change
+SELECT idem_queue_create('rlnest', producers => '{regress_rl_app}',
+	workers => '{regress_rl_agent}');
+SET ROLE regress_rl_app;
+SELECT created FROM idem_run_begin('nest-1', steps => ARRAY['a', 'b'], queue => 'rlnest');
+RESET ROLE;
+SET ROLE regress_rl_agent;
+SELECT lease_token AS tok_nest FROM idem_run_claim('rlnest', worker => 'wn') \gset
+RESET ROLE;
+SELECT * FROM rl_digest \gset before_
+SET ROLE regress_rl_agent;
+SELECT * FROM idem_call(NULL, 'SELECT idem_run_extend(''nest-1'', $1::uuid, ''1 h'') IS NOT NULL AS x',
+	ARRAY[:'tok_nest'], run_id => 'nest-1', step => 'a', lease_token => :'tok_nest');
+SELECT * FROM idem_call(NULL, 'SELECT idem_run_release(''nest-1'', $1::uuid) IS NULL AS x',
+	ARRAY[:'tok_nest'], run_id => 'nest-1', step => 'a', lease_token => :'tok_nest');
+RESET ROLE;
+-- the owner works its run's step itself, as a worker of the queue
+SELECT idem_queue_grant('rlnest', 'regress_rl_app', 'work');
+SET ROLE regress_rl_app;
+SELECT * FROM idem_call(NULL, 'SELECT idem_run_cancel(''nest-1'') AS x',
+	run_id => 'nest-1', step => 'a', lease_token => :'tok_nest');
+RESET ROLE;
+SELECT (SELECT digest FROM rl_digest) = :'before_digest' AS unchanged;
+SELECT status, state, holder FROM idem_runs WHERE run_id = 'nest-1';
+
 -- cleanup
-DELETE FROM idem.runs WHERE queue IN ('rl', 'rl1', 'rlfair', 'rlfair2', 'rlfair3');
+DELETE FROM idem.outbox WHERE topic = 'rl_payments';
+DELETE FROM idem.outbox_topics WHERE topic = 'rl_payments';
+DELETE FROM idem.runs WHERE queue IN ('rl', 'rl1', 'rlfair', 'rlfair2', 'rlfair3', 'rlgrant', 'rlop', 'rlpub', 'rlnest');
 DELETE FROM idem.keys WHERE owner = 'regress_rl_other'::regrole;
 DELETE FROM idem.keys WHERE owner = 'regress_rl_app'::regrole;
 DELETE FROM idem.queues;

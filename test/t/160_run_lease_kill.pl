@@ -192,5 +192,19 @@ is( $node->safe_psql('postgres',
 		  . "FROM idem_stats WHERE datname = 'postgres'"),
 	'2 1 1 1', 'idem_stats counts claims, retries, signals and failed runs');
 
+# an operator who cancels a run whose worker died (its lease ran out, no
+# claim took it over) ends a lease that expired: counted as one
+$node->safe_psql(
+	'postgres', q{
+SELECT idem_stats_reset();
+SELECT status FROM idem_run_begin('st-3', steps => ARRAY['s'], queue => 'twice');
+SELECT count(*) FROM idem_run_claim('twice', 1, '1 ms', 'dead');
+SELECT pg_sleep(0.01);
+SELECT idem_run_cancel('st-3', 'stalled');
+});
+is( $node->safe_psql('postgres',
+		"SELECT run_lease_expiries FROM idem_stats WHERE datname = 'postgres'"),
+	'1', 'idem_stats counts the expired lease of a run an operator cancelled');
+
 $node->stop;
 done_testing();
