@@ -156,7 +156,7 @@ results_so_far(IdemRunRow *run)
 	return JsonbValueToJsonb(res);
 }
 
-/* Runs the current pass of a claim failed: what it changed but leases. */
+/* Runs the current pass of a claim failed: a change even when it leased nothing. */
 static int	claim_failed_runs = 0;
 
 /* A run the claim fails instead of leasing it, off its queue for good. */

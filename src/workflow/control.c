@@ -73,6 +73,9 @@ idem_run_cancel_in(const IdemRunStore *store, Oid owner, const char *run_id,
 	IdemRunRow	run;
 	TimestampTz now = GetCurrentTimestamp();
 
+	/* the run's last error and its attempt's, as a failed step's error */
+	if (reason != NULL)
+		idem_check_error_text("reason", reason);
 	idem_run_lock_in(store, owner, run_id, &run);
 	if (strcmp(run.status, "cancelled") == 0)
 		return run.status;

@@ -1095,6 +1095,8 @@ idem_run_set_status_in(const IdemRunStore *store, FunctionCallInfo fcinfo,
 			strcmp(run.status, "cancelled") == 0)
 			report_not_running(&run);
 		run.last_error = text_to_cstring(PG_GETARG_TEXT_PP(reason_arg));
+		/* the run's last error and its attempt's, as a failed step's error */
+		idem_check_error_text("reason", run.last_error);
 		run.status = "failed";
 		run.finished = true;
 		run.finished_at = now;

@@ -521,6 +521,19 @@ RESET ROLE;
 SELECT (SELECT digest FROM rl_digest) = :'before_digest' AS unchanged;
 SELECT status, state, holder FROM idem_runs WHERE run_id = 'nest-1';
 
+-- an operator's reason is the run's last error and its attempt's error, as
+-- a failed step's error is: at most 64 kB (22001), and nothing changes
+SELECT * FROM rl_digest \gset before_
+SET ROLE regress_rl_app;
+SELECT idem_run_cancel('nest-1', repeat('x', 65537));
+SELECT idem_run_fail('nest-1', repeat('x', 65537));
+RESET ROLE;
+SELECT (SELECT digest FROM rl_digest) = :'before_digest' AS unchanged;
+SET ROLE regress_rl_app;
+SELECT idem_run_cancel('nest-1', repeat('x', 65536));
+RESET ROLE;
+SELECT status, length(last_error) FROM idem_runs WHERE run_id = 'nest-1';
+
 -- cleanup
 DELETE FROM idem.outbox WHERE topic = 'rl_payments';
 DELETE FROM idem.outbox_topics WHERE topic = 'rl_payments';
