@@ -530,11 +530,10 @@ rel_owner(Oid relid)
  * The statements on the tenant's shards of idem.citus_runs (the key
  * records in idem.citus_keys are read and written directly, without the
  * executor: common/tables.c's idem_lookup_tenant_key() and
- * idem_insert_tenant_key()).  They name the shard's relation on this
- * node: Citus
- * would plan them as distributed queries and plan the local shard's query
- * again on every call, most of a call's cost.  The shards are safe to use
- * directly once the call holds Citus's shard metadata lock of the
+ * idem_insert_tenant_key()).  They name the shard's relation on this node:
+ * Citus would plan them as distributed queries and plan the local shard's
+ * query again on every call, most of a call's cost.  The shards are safe
+ * to use directly once the call holds Citus's shard metadata lock of the
  * tenant's idem.citus_keys shard (what Citus's own writers take), which a
  * move of the colocation group waits for before it switches the group's
  * shards to another node.
