@@ -108,7 +108,10 @@ else
 fi
 # The staged tree holds absolute paths below PG_CONFIG's directories; copy
 # files only, so that no existing directory takes the staging tree's modes.
-(cd "$stage" && find . ! -type d ! -name .complete -print0 | xargs -0 cp -P --parents -t /)
+# Each file replaces the installed one rather than being written over it: a
+# server of this PostgreSQL that has citus.so mapped would crash on a
+# library truncated under it.
+(cd "$stage" && find . ! -type d ! -name .complete -print0 | xargs -0 cp -P --parents --remove-destination -t /)
 t1=$(date +%s)
 say "Citus installed ($(( t1 - t0 ))s)"
 [ $build_only = 0 ] || exit 0

@@ -15,13 +15,18 @@
 # tenant of 1000 per transaction, fresh keys:
 #   plain    INSERT INTO payments ... RETURNING: Citus routes it to the
 #            shard's node (the baseline)
-#   wrapper  SELECT pay(tenant, key, amount): a SQL function calling
+#   delegated SELECT ins(tenant, key, amount): a PL/pgSQL function that
+#            only runs the INSERT, delegated as the wrapper is (what Citus's
+#            delegation of a function costs, idem or not)
+#   wrapper  SELECT pay(tenant, key, amount): a PL/pgSQL function calling
 #            idem_execute(), delegated by create_distributed_function(...,
 #            force_delegation => true) (the hand-written shape, keyed per
 #            node, not per tenant, and lost on a shard move)
 #   citus    SELECT * FROM idem_citus_call(tenant, key, sql, args...)
 # Rounds interleave the workloads; the summary gives each one's median TPS
-# and its ratio to plain's.  Results go to bench/citus/results/latest.txt.
+# and its ratios to plain's and to the wrapper's, then each round's ratios
+# and the load average after it.  Results go to
+# bench/citus/results/latest.txt.
 set -euo pipefail
 
 top=$(cd "$(dirname "$0")/../.." && pwd)
@@ -90,12 +95,28 @@ END
 $$;
 SELECT create_distributed_function('pay(bigint, text, int)', 'tenant',
 	colocate_with => 'payments', force_delegation => true);
+CREATE FUNCTION ins(tenant bigint, key text, amount int) RETURNS jsonb
+LANGUAGE plpgsql AS $$
+DECLARE r record;
+BEGIN
+	INSERT INTO payments AS p VALUES (tenant, key, amount)
+		RETURNING p.tenant_id, p.note, p.amount INTO r;
+	RETURN to_jsonb(r);
+END
+$$;
+SELECT create_distributed_function('ins(bigint, text, int)', 'tenant',
+	colocate_with => 'payments', force_delegation => true);
 EOF
 
 cat >"$work/plain.sql" <<'EOF'
 \set t random(1, 1000)
 \set k random(1, 1000000000000)
 INSERT INTO payments VALUES (:t, 'p' || :k, 1) RETURNING tenant_id, note, amount;
+EOF
+cat >"$work/delegated.sql" <<'EOF'
+\set t random(1, 1000)
+\set k random(1, 1000000000000)
+SELECT ins(:t, 'd' || :k, 1);
 EOF
 cat >"$work/wrapper.sql" <<'EOF'
 \set t random(1, 1000)
@@ -110,20 +131,21 @@ EOF
 chown postgres: "$work"/*.sql 2>/dev/null || true
 
 # each workload once, to check it really runs its shape (and to warm up)
-for w in plain wrapper citus; do
+for w in plain delegated wrapper citus; do
 	as_pg "$bindir/pgbench" -n -M prepared -c 1 -t 20 -f "$work/$w.sql" -h 127.0.0.1 -p "$port" postgres >/dev/null
 done
 [ "$(psql_c -c "SELECT count(*) FROM idem.citus_keys")" = 20 ] || { echo "citus workload recorded no keys" >&2; exit 1; }
 
 declare -A tps
 for r in $(seq 1 "$rounds"); do
-	for w in plain wrapper citus; do
+	for w in plain delegated wrapper citus; do
 		out=$(as_pg "$bindir/pgbench" -n -M prepared -c "$clients" -j 2 -T "$seconds" \
 			-f "$work/$w.sql" -h 127.0.0.1 -p "$port" postgres)
 		t=$(echo "$out" | sed -n 's/^tps = \([0-9.]*\).*/\1/p')
 		echo "round $r $w: $t tps"
 		tps[$w]="${tps[$w]:-} $t"
 	done
+	loads="${loads:-} $(cut -d' ' -f1 /proc/loadavg)"
 done
 
 median() { tr ' ' '\n' | grep . | sort -g | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
@@ -132,8 +154,18 @@ mkdir -p "$top/bench/citus/results"
 	echo "idem on Citus, $(date -u +%FT%TZ), $("$PG_CONFIG" --version), Citus $(psql_c -c "SELECT extversion FROM pg_extension WHERE extname='citus'")"
 	echo "coordinator + 2 workers on loopback, $clients clients, $rounds rounds x ${seconds}s, synchronous_commit=off, $(nproc) cores (shared)"
 	p=$(echo "${tps[plain]}" | median)
-	for w in plain wrapper citus; do
+	wr=$(echo "${tps[wrapper]}" | median)
+	for w in plain delegated wrapper citus; do
 		m=$(echo "${tps[$w]}" | median)
-		printf '%-8s median %8.1f tps  (%s)  ratio to plain %.2f\n' "$w" "$m" "$(echo ${tps[$w]})" "$(echo "$m / $p" | bc -l)"
+		printf '%-9s median %8.1f tps  (%s)  ratio to plain %.2f, to wrapper %.2f\n' "$w" "$m" \
+			"$(echo ${tps[$w]})" "$(echo "$m / $p" | bc -l)" "$(echo "$m / $wr" | bc -l)"
+	done
+	nth() { echo "${tps[$1]}" | awk -v n="$2" '{print $n}'; }
+	for r in $(seq 1 "$rounds"); do
+		printf 'round %d: citus/plain %.2f, citus/wrapper %.2f, delegated/plain %.2f, load %s\n' "$r" \
+			"$(echo "$(nth citus $r) / $(nth plain $r)" | bc -l)" \
+			"$(echo "$(nth citus $r) / $(nth wrapper $r)" | bc -l)" \
+			"$(echo "$(nth delegated $r) / $(nth plain $r)" | bc -l)" \
+			"$(echo $loads | awk -v n="$r" '{print $n}')"
 	done
 } | tee "$top/bench/citus/results/latest.txt"

@@ -167,6 +167,15 @@ extern void idem_delete_key(IdemRecord *rec);
 extern void idem_insert_key(const char *key, Oid owner,
 							const uint8 *fingerprint, Jsonb *response,
 							TimestampTz created_at, TimestampTz expires_at);
+extern bool idem_lookup_tenant_key(Oid relid, Datum tenant, Oid owner,
+								   const char *key, int keylen,
+								   bool as_of_snapshot, IdemRecord *rec);
+extern void idem_delete_tenant_key(Oid relid, IdemRecord *rec);
+extern void idem_insert_tenant_key(Oid relid, Datum tenant, Oid owner,
+								   const char *key, int keylen,
+								   const uint8 *fingerprint, Jsonb *response,
+								   TimestampTz created_at,
+								   TimestampTz expires_at);
 extern Oid	idem_catalog_outbox(void);
 extern Oid	idem_catalog_runs(void);
 extern Oid	idem_catalog_outbox_topics(Oid *pkey);

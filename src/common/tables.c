@@ -276,9 +276,13 @@ static uint64 catalog_generation = 1;
  * operation (at any lock acquisition), which must keep using the OIDs it
  * resolved.  The next catalog_resolve() looks them up again.
  */
+static void shard_writers_invalidate(Oid relid);
+
 static void
 catalog_invalidate(Datum arg, Oid relid)
 {
+	/* one callback for both: a backend has few relcache callback slots */
+	shard_writers_invalidate(relid);
 	if (relid == InvalidOid || relid == catalog.keys ||
 		relid == catalog.keys_pkey || relid == catalog.keys_expires ||
 		relid == catalog.outbox || relid == catalog.outbox_pkey ||
@@ -1028,6 +1032,23 @@ build_writer(TableWriter *tw, Relation rel)
 	tw->relid = RelationGetRelid(rel);
 }
 
+/* tuple into tw's slot, checked against rel's CHECK constraints */
+static void
+check_row(TableWriter *tw, Relation rel, HeapTuple tuple)
+{
+	ExecStoreHeapTuple(tuple, tw->slot, false);
+	tw->econtext->ecxt_scantuple = tw->slot;
+	for (int i = 0; i < tw->nchecks; i++)
+	{
+		if (!ExecCheck(tw->checks[i], tw->econtext))
+			ereport(ERROR,
+					(errcode(ERRCODE_CHECK_VIOLATION),
+					 errmsg("new row for relation \"%s\" violates check constraint \"%s\"",
+							RelationGetRelationName(rel), tw->checknames[i]),
+					 errtableconstraint(rel, tw->checknames[i])));
+	}
+}
+
 /*
  * The writer of rel, with tuple in its slot, checked against the table's
  * CHECK constraints like an INSERT or UPDATE would be.  Callers do not
@@ -1041,17 +1062,7 @@ writer_for_row(int which, Relation rel, HeapTuple tuple)
 	if (tw->relid != RelationGetRelid(rel) ||
 		tw->generation != catalog_generation)
 		build_writer(tw, rel);
-	ExecStoreHeapTuple(tuple, tw->slot, false);
-	tw->econtext->ecxt_scantuple = tw->slot;
-	for (int i = 0; i < tw->nchecks; i++)
-	{
-		if (!ExecCheck(tw->checks[i], tw->econtext))
-			ereport(ERROR,
-					(errcode(ERRCODE_CHECK_VIOLATION),
-					 errmsg("new row for relation \"%s\" violates check constraint \"%s\"",
-							RelationGetRelationName(rel), tw->checknames[i]),
-					 errtableconstraint(rel, tw->checknames[i])));
-	}
+	check_row(tw, rel, tuple);
 	return tw;
 }
 
@@ -1099,6 +1110,21 @@ writer_done(TableWriter *tw)
 }
 
 /*
+ * Insert tuple, checked already and in tw's slot, into rel (opened by the
+ * caller, closed here) and its indexes, and make it visible.
+ */
+static void
+store_row(TableWriter *tw, Relation rel, HeapTuple tuple)
+{
+	simple_heap_insert(rel, tuple);
+	index_row(tw, rel, tuple, false);
+	writer_done(tw);
+	heap_freetuple(tuple);
+	table_close(rel, NoLock);
+	CommandCounterIncrement();
+}
+
+/*
  * Insert a row into one of idem's tables and its indexes, then make it
  * visible to the rest of this transaction: later calls and nested ones
  * must see it.
@@ -1115,14 +1141,8 @@ insert_row(int which, Oid relid, Datum *values, bool *nulls)
 {
 	Relation	rel = table_open(relid, RowExclusiveLock);
 	HeapTuple	tuple = heap_form_tuple(RelationGetDescr(rel), values, nulls);
-	TableWriter *tw = writer_for_row(which, rel, tuple);
 
-	simple_heap_insert(rel, tuple);
-	index_row(tw, rel, tuple, false);
-	writer_done(tw);
-	heap_freetuple(tuple);
-	table_close(rel, NoLock);
-	CommandCounterIncrement();
+	store_row(writer_for_row(which, rel, tuple), rel, tuple);
 }
 
 /*
@@ -1170,6 +1190,290 @@ idem_insert_key(const char *key, Oid owner, const uint8 *fingerprint,
 	values[Anum_keys_fpversion - 1] = Int16GetDatum(IDEM_FINGERPRINT_VERSION);
 
 	insert_row(WRITE_KEYS, catalog.keys, values, nulls);
+}
+
+/*
+ * Tenant key records: rows of a tenant's shard of idem.citus_keys on this
+ * node, (tenant, owner, key, fingerprint, fingerprint_version, response,
+ * created_at, expires_at) with primary key (tenant, owner, key).  The
+ * caller (workflow/tenant.c) found the shard here and holds the lock that
+ * keeps it here.  Reached directly, as idem.keys is, for the same reasons:
+ * through SPI each probe and write went through the executor, as the
+ * table's owner and (for a write) under a GUC nest level that let it
+ * change a shard.  What writing a shard needs is kept per shard relation,
+ * until Citus or DDL invalidates that relation.
+ */
+typedef struct ShardWriter
+{
+	Oid			relid;			/* hash key */
+	uint64		invalidations;	/* of the shard's relation, counted */
+	uint64		probe_built;	/* invalidations when the probe was built */
+	uint64		writer_built;	/* ... and the writer (tw) */
+	Oid			pkey;			/* the shard's primary key index */
+	RegProcedure tenant_eq;		/* its first column's equality */
+	Oid			tenant_collation;
+	Oid			key_collation;
+	TableWriter tw;
+} ShardWriter;
+
+/* most shards' writers kept before all are dropped and built again */
+#define MAX_SHARD_WRITERS 256
+
+static HTAB *shard_writers = NULL;
+
+static const ColumnShape tenant_keys_shape[] = {
+	{"tenant", InvalidOid}, {"owner", REGROLEOID}, {"key", TEXTOID},
+	{"fingerprint", BYTEAOID}, {"fingerprint_version", INT2OID},
+	{"response", JSONBOID}, {"created_at", TIMESTAMPTZOID},
+	{"expires_at", TIMESTAMPTZOID}
+};
+
+#define Natts_tenant_keys lengthof(tenant_keys_shape)
+
+/* catalog_invalidate()'s, which catalog_resolve() registers */
+static void
+shard_writers_invalidate(Oid relid)
+{
+	ShardWriter *sw;
+
+	if (shard_writers == NULL)
+		return;
+	if (OidIsValid(relid))
+	{
+		sw = hash_search(shard_writers, &relid, HASH_FIND, NULL);
+		if (sw != NULL)
+			sw->invalidations++;
+	}
+	else
+	{
+		HASH_SEQ_STATUS status;
+
+		hash_seq_init(&status, shard_writers);
+		while ((sw = hash_seq_search(&status)) != NULL)
+			sw->invalidations++;
+	}
+}
+
+static void
+shard_damaged(Relation rel)
+{
+	catalog_damaged(RelationGetRelationName(rel),
+					"A shard of idem.citus_keys must have the columns and the primary key (tenant, owner, key) that idem_citus_colocate() made.");
+}
+
+/* The shard's shape checked, its primary key and the tenant's equality. */
+static void
+build_shard_probe(ShardWriter *sw, Relation rel)
+{
+	uint64		invalidations = sw->invalidations;
+	TupleDesc	desc = RelationGetDescr(rel);
+	Relation	idx;
+	Oid			eqop;
+
+	if (desc->natts != Natts_tenant_keys)
+		shard_damaged(rel);
+	for (int i = 0; i < Natts_tenant_keys; i++)
+	{
+		Form_pg_attribute att = TupleDescAttr(desc, i);
+
+		if (att->attisdropped ||
+			strcmp(NameStr(att->attname), tenant_keys_shape[i].name) != 0 ||
+			(OidIsValid(tenant_keys_shape[i].type) &&
+			 att->atttypid != tenant_keys_shape[i].type))
+			shard_damaged(rel);
+	}
+	/* the index list sets rd_pkindex */
+	list_free(RelationGetIndexList(rel));
+	sw->pkey = rel->rd_pkindex;
+	if (!OidIsValid(sw->pkey))
+		shard_damaged(rel);
+	idx = index_open(sw->pkey, AccessShareLock);
+	if (idx->rd_index->indnkeyatts != 3 ||
+		idx->rd_index->indkey.values[0] != 1 ||
+		idx->rd_index->indkey.values[1] != 2 ||
+		idx->rd_index->indkey.values[2] != 3 ||
+		idx->rd_rel->relam != BTREE_AM_OID)
+		shard_damaged(rel);
+	eqop = get_opfamily_member(idx->rd_opfamily[0], idx->rd_opcintype[0],
+							   idx->rd_opcintype[0], BTEqualStrategyNumber);
+	if (!OidIsValid(eqop))
+		elog(ERROR, "no equality operator for the tenant of \"%s\"",
+			 RelationGetRelationName(rel));
+	sw->tenant_eq = get_opcode(eqop);
+	sw->tenant_collation = idx->rd_indcollation[0];
+	sw->key_collation = idx->rd_indcollation[2];
+	index_close(idx, AccessShareLock);
+	sw->probe_built = invalidations;
+}
+
+/*
+ * What reading rel, a tenant's shard of idem.citus_keys, needs; with
+ * write, what writing it needs too.  Each part counts as built for the
+ * invalidations of rel counted before it was built: one that arrives
+ * meanwhile, or an error, makes the next call build it again.
+ */
+static ShardWriter *
+shard_writer(Relation rel, bool write)
+{
+	Oid			relid = RelationGetRelid(rel);
+	ShardWriter *sw;
+	bool		found;
+
+	catalog_resolve();
+	if (shard_writers != NULL &&
+		hash_get_num_entries(shard_writers) >= MAX_SHARD_WRITERS &&
+		hash_search(shard_writers, &relid, HASH_FIND, NULL) == NULL)
+	{
+		HASH_SEQ_STATUS status;
+
+		hash_seq_init(&status, shard_writers);
+		while ((sw = hash_seq_search(&status)) != NULL)
+			if (sw->tw.cxt != NULL)
+				MemoryContextDelete(sw->tw.cxt);
+		hash_destroy(shard_writers);
+		shard_writers = NULL;
+	}
+	if (shard_writers == NULL)
+	{
+		HASHCTL		ctl;
+
+		ctl.keysize = sizeof(Oid);
+		ctl.entrysize = sizeof(ShardWriter);
+		ctl.hcxt = TopMemoryContext;
+		shard_writers = hash_create("idem tenant shard writers", 16, &ctl,
+									HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
+	}
+	sw = hash_search(shard_writers, &relid, HASH_ENTER, &found);
+	if (!found)
+	{
+		memset(&sw->tw, 0, sizeof(sw->tw));
+		sw->invalidations = 1;
+		sw->probe_built = 0;
+		sw->writer_built = 0;
+	}
+	if (sw->probe_built != sw->invalidations)
+		build_shard_probe(sw, rel);
+	if (write && sw->writer_built != sw->invalidations)
+	{
+		uint64		invalidations = sw->invalidations;
+
+		build_writer(&sw->tw, rel);
+		sw->writer_built = invalidations;
+	}
+	return sw;
+}
+
+/*
+ * idem_lookup_tenant_key
+ *		Find the record of (tenant, owner, key) in the shard relation relid:
+ *		as idem_lookup_key() finds one in idem.keys (the caller holds the
+ *		key's lock), or with as_of_snapshot as the active snapshot sees it
+ *		(a reader's), like a query of the table would.
+ */
+bool
+idem_lookup_tenant_key(Oid relid, Datum tenant, Oid owner, const char *key,
+					   int keylen, bool as_of_snapshot, IdemRecord *rec)
+{
+	Relation	rel = table_open(relid, AccessShareLock);
+	ShardWriter *sw = shard_writer(rel, false);
+	Relation	idx = index_open(sw->pkey, AccessShareLock);
+	TupleTableSlot *slot = table_slot_create(rel, NULL);
+	text	   *keytext = cstring_to_text_with_len(key, keylen);
+	Snapshot	xact_snapshot = !as_of_snapshot && IsolationUsesXactSnapshot() ?
+		GetTransactionSnapshot() : NULL;
+	ScanKeyData skey[3];
+	IndexScanDesc scan;
+	bool		found;
+
+	ScanKeyEntryInitialize(&skey[0], 0, 1, BTEqualStrategyNumber, InvalidOid,
+						   sw->tenant_collation, sw->tenant_eq, tenant);
+	ScanKeyInit(&skey[1], 2, BTEqualStrategyNumber, F_OIDEQ,
+				ObjectIdGetDatum(owner));
+	ScanKeyEntryInitialize(&skey[2], 0, 3, BTEqualStrategyNumber, InvalidOid,
+						   sw->key_collation, F_TEXTEQ,
+						   PointerGetDatum(keytext));
+	scan = index_beginscan(rel, idx,
+						   as_of_snapshot ? GetActiveSnapshot() : SnapshotSelf,
+						   NULL, 3, 0);
+	index_rescan(scan, skey, 3, NULL, 0);
+	found = index_getnext_slot(scan, ForwardScanDirection, slot);
+	index_endscan(scan);
+	if (found)
+	{
+		bool		should_free;
+		HeapTuple	tuple = ExecFetchSlotHeapTuple(slot, false, &should_free);
+		bool		isnull;
+		bytea	   *fp;
+
+		memset(rec, 0, sizeof(*rec));
+		rec->tid = tuple->t_self;
+		rec->xmin = HeapTupleHeaderGetXmin(tuple->t_data);
+		fp = DatumGetByteaPP(slot_getattr(slot, 4, &isnull));
+		if (VARSIZE_ANY_EXHDR(fp) != IDEM_FINGERPRINT_LEN)
+			ereport(ERROR,
+					(errcode(ERRCODE_DATA_CORRUPTED),
+					 errmsg("key record \"%s\" in idem.citus_keys has a fingerprint of the wrong length",
+							key)));
+		memcpy(rec->fingerprint, VARDATA_ANY(fp), IDEM_FINGERPRINT_LEN);
+		rec->fpversion = DatumGetInt16(slot_getattr(slot, 5, &isnull));
+		rec->response = DatumGetJsonbPCopy(slot_getattr(slot, 6, &isnull));
+		rec->created_at = DatumGetTimestampTz(slot_getattr(slot, 7, &isnull));
+		rec->expires_at = DatumGetTimestampTz(slot_getattr(slot, 8, &isnull));
+		rec->visible = as_of_snapshot ||
+			visible_to_xact(rel, slot, rec->xmin, xact_snapshot);
+		if (should_free)
+			heap_freetuple(tuple);
+	}
+	close_probe(slot, idx, rel, keytext);
+	return found;
+}
+
+/*
+ * idem_delete_tenant_key
+ *		Remove an expired record that idem_lookup_tenant_key() found in
+ *		the shard relation relid.
+ */
+void
+idem_delete_tenant_key(Oid relid, IdemRecord *rec)
+{
+	Relation	rel = table_open(relid, RowExclusiveLock);
+
+	delete_row(rel, &rec->tid);
+	table_close(rel, RowExclusiveLock);
+	CommandCounterIncrement();
+}
+
+/*
+ * idem_insert_tenant_key
+ *		Write the record of (tenant, owner, key) into the shard relation
+ *		relid, as insert_row() writes idem's own tables.  Caller holds the
+ *		key's lock.
+ */
+void
+idem_insert_tenant_key(Oid relid, Datum tenant, Oid owner, const char *key,
+					   int keylen, const uint8 *fingerprint, Jsonb *response,
+					   TimestampTz created_at, TimestampTz expires_at)
+{
+	Relation	rel = table_open(relid, RowExclusiveLock);
+	ShardWriter *sw = shard_writer(rel, true);
+	Datum		values[Natts_tenant_keys];
+	bool		nulls[Natts_tenant_keys] = {0};
+	bytea	   *fp = palloc(VARHDRSZ + IDEM_FINGERPRINT_LEN);
+	HeapTuple	tuple;
+
+	SET_VARSIZE(fp, VARHDRSZ + IDEM_FINGERPRINT_LEN);
+	memcpy(VARDATA(fp), fingerprint, IDEM_FINGERPRINT_LEN);
+	values[0] = tenant;
+	values[1] = ObjectIdGetDatum(owner);
+	values[2] = PointerGetDatum(cstring_to_text_with_len(key, keylen));
+	values[3] = PointerGetDatum(fp);
+	values[4] = Int16GetDatum(IDEM_FINGERPRINT_VERSION);
+	values[5] = JsonbPGetDatum(response);
+	values[6] = TimestampTzGetDatum(created_at);
+	values[7] = TimestampTzGetDatum(expires_at);
+	tuple = heap_form_tuple(RelationGetDescr(rel), values, nulls);
+	check_row(&sw->tw, rel, tuple);
+	store_row(&sw->tw, rel, tuple);
 }
 
 /*

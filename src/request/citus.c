@@ -63,15 +63,30 @@ typedef struct CitusAllowedValue
 static CitusAllowedValue *citus_allowed_value = NULL;
 static int *citus_executor_level = NULL;
 
+static bool citus_loaded(void);
+
+/* Citus's CitusHasBeenLoaded(), once looked up */
+static bool (*citus_has_been_loaded) (void) = NULL;
+
 /*
  * idem_citus_present
  *		Whether Citus is installed in this database (and so loaded: it
  *		refuses CREATE EXTENSION unless preloaded).
+ *
+ * Where Citus's library is loaded, Citus's own answer, which it keeps
+ * until an invalidation (CREATE, ALTER or DROP EXTENSION citus) and so
+ * costs no scan of pg_extension per call; it is also false while the
+ * extension's script runs, when Citus's catalog is not complete yet.
  */
 bool
 idem_citus_present(void)
 {
-	return OidIsValid(get_extension_oid("citus", true));
+	if (!citus_loaded())
+		return OidIsValid(get_extension_oid("citus", true));
+	if (citus_has_been_loaded == NULL)
+		citus_has_been_loaded = (bool (*) (void))
+			load_external_function("citus", "CitusHasBeenLoaded", true, NULL);
+	return citus_has_been_loaded();
 }
 
 /*

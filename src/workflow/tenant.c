@@ -31,8 +31,9 @@
  * would stay on the old group's shards).
  *
  * The key record is read and written on the tenant's shard of
- * idem.citus_keys on this node, directly (as the table's owner: callers
- * have no rights on it) once Citus's shard metadata lock is held, which
+ * idem.citus_keys on this node, directly (an index probe and a heap
+ * insert, as idem.keys is: callers have no rights on the table, and no
+ * executor runs for it) once Citus's shard metadata lock is held, which
  * keeps a shard move from switching the shard to another node until the
  * call commits.  So it commits with the business write in one local
  * transaction and moves with the tenant's shard (citus_move_shard_placement,
@@ -526,18 +527,19 @@ rel_owner(Oid relid)
 }
 
 /*
- * The statements on the tenant's shards of idem.citus_keys and
- * idem.citus_runs.  They name the shard's relation on this node: Citus
- * would plan them as distributed queries and plan the local shard's query
- * again on every call, most of a call's cost.  The shards are safe to use
- * directly once the call holds Citus's shard metadata lock of the
+ * The statements on the tenant's shards of idem.citus_runs (the key
+ * records in idem.citus_keys are read and written directly, without the
+ * executor: common/tables.c's idem_lookup_tenant_key() and
+ * idem_insert_tenant_key()).  They name the shard's relation on this node:
+ * Citus would plan them as distributed queries and plan the local shard's
+ * query again on every call, most of a call's cost.  The shards are safe
+ * to use directly once the call holds Citus's shard metadata lock of the
  * tenant's idem.citus_keys shard (what Citus's own writers take), which a
  * move of the colocation group waits for before it switches the group's
  * shards to another node.
  */
 typedef enum KeysSql
 {
-	KEYS_LOOKUP, KEYS_DELETE, KEYS_INSERT,
 	RUNS_LOOKUP, RUNS_INSERT, RUNS_UPDATE,
 	KEYS_SQL_COUNT
 } KeysSql;
@@ -621,27 +623,6 @@ keys_plan(KeysSql which, Oid relid, Oid tenant_type, int nargs, Oid *types)
 	initStringInfo(&sql);
 	switch (which)
 	{
-		case KEYS_LOOKUP:
-			appendStringInfo(&sql,
-							 "SELECT k.fingerprint, k.fingerprint_version, k.response,"
-							 " k.created_at, k.expires_at FROM %s k"
-							 " WHERE k.tenant OPERATOR(pg_catalog.=) $1"
-							 " AND k.owner OPERATOR(pg_catalog.=) $2"
-							 " AND k.key OPERATOR(pg_catalog.=) $3", rel);
-			break;
-		case KEYS_DELETE:
-			appendStringInfo(&sql,
-							 "DELETE FROM %s k"
-							 " WHERE k.tenant OPERATOR(pg_catalog.=) $1"
-							 " AND k.owner OPERATOR(pg_catalog.=) $2"
-							 " AND k.key OPERATOR(pg_catalog.=) $3", rel);
-			break;
-		case KEYS_INSERT:
-			appendStringInfo(&sql,
-							 "INSERT INTO %s (tenant, owner, key, fingerprint,"
-							 " fingerprint_version, response, created_at, expires_at)"
-							 " VALUES ($1, $2, $3, $4, $5, $6, $7, $8)", rel);
-			break;
 		case RUNS_LOOKUP:
 			appendStringInfo(&sql,
 							 "SELECT r.steps, r.input, r.status, r.started_at,"
@@ -700,7 +681,7 @@ run_keys_sql(KeysSql which, Oid relid, Oid keys_owner, Oid tenant_type,
 	int			nestlevel = -1;
 	int			rc;
 
-	if (which != KEYS_LOOKUP && which != RUNS_LOOKUP)
+	if (which != RUNS_LOOKUP)
 	{
 		nestlevel = NewGUCNestLevel();
 		(void) set_config_option("citus.enable_manual_changes_to_shards", "on",
@@ -906,77 +887,31 @@ tenant_shard_local(Oid keys_rel, Oid keys_owner, Oid tenant_type,
 
 /*
  * The tenant's record of owner's key, if any (rec filled in the caller's
- * context); read_only: as the caller's snapshot sees it, else as committed
- * now.
+ * context); read_only: as the caller's snapshot sees it (the run readers),
+ * else as committed now, with rec->visible saying whether a REPEATABLE
+ * READ snapshot sees it (the calls and steps, which hold the key's lock).
  */
 static bool
-lookup_tenant_key(Oid keys_owner, Oid tenant_type, Datum tenant,
-				  TenantShard *shard, Oid owner, const char *key, int keylen,
-				  IdemRecord *rec, MemoryContext cxt, bool read_only)
+lookup_tenant_key(TenantShard *shard, Datum tenant, Oid owner,
+				  const char *key, int keylen, IdemRecord *rec,
+				  MemoryContext cxt, bool read_only)
 {
-	Oid			types[3] = {tenant_type, REGROLEOID, TEXTOID};
-	Datum		values[3];
-	HeapTuple	tup;
-	TupleDesc	desc;
-	bool		isnull;
-	bytea	   *fp;
-	MemoryContext old;
+	MemoryContext old = MemoryContextSwitchTo(cxt);
+	bool		found = idem_lookup_tenant_key(shard->relid, tenant, owner, key,
+											   keylen, read_only, rec);
 
-	values[0] = tenant;
-	values[1] = ObjectIdGetDatum(owner);
-	values[2] = PointerGetDatum(cstring_to_text_with_len(key, keylen));
-	run_keys_sql(KEYS_LOOKUP, shard->relid, keys_owner, tenant_type, 3, types,
-				 values, NULL, read_only);
-	if (SPI_processed == 0)
-		return false;
-	tup = SPI_tuptable->vals[0];
-	desc = SPI_tuptable->tupdesc;
-	memset(rec, 0, sizeof(*rec));
-	fp = DatumGetByteaPP(SPI_getbinval(tup, desc, 1, &isnull));
-	if (VARSIZE_ANY_EXHDR(fp) != IDEM_FINGERPRINT_LEN)
-		ereport(ERROR,
-				(errcode(ERRCODE_DATA_CORRUPTED),
-				 errmsg("key record \"%s\" in idem.citus_keys has a fingerprint of the wrong length",
-						key)));
-	memcpy(rec->fingerprint, VARDATA_ANY(fp), IDEM_FINGERPRINT_LEN);
-	rec->fpversion = DatumGetInt16(SPI_getbinval(tup, desc, 2, &isnull));
-	old = MemoryContextSwitchTo(cxt);
-	rec->response = DatumGetJsonbPCopy(SPI_getbinval(tup, desc, 3, &isnull));
 	MemoryContextSwitchTo(old);
-	rec->created_at = DatumGetTimestampTz(SPI_getbinval(tup, desc, 4, &isnull));
-	rec->expires_at = DatumGetTimestampTz(SPI_getbinval(tup, desc, 5, &isnull));
-	/* the statement's snapshot is the transaction's: it saw the row */
-	rec->visible = true;
-	return true;
+	return found;
 }
 
+/* The tenant's record of req's key, on the tenant's shard here. */
 static void
-write_tenant_key(Oid keys_owner, Oid tenant_type, Datum tenant,
-				 TenantShard *shard, IdemRequest *req, bool delete,
+write_tenant_key(Datum tenant, TenantShard *shard, IdemRequest *req,
 				 const uint8 *fingerprint, Jsonb *response, TimestampTz now,
 				 TimestampTz expires)
 {
-	Oid			types[8] = {tenant_type, REGROLEOID, TEXTOID, BYTEAOID,
-	INT2OID, JSONBOID, TIMESTAMPTZOID, TIMESTAMPTZOID};
-	Datum		values[8];
-
-	values[0] = tenant;
-	values[1] = ObjectIdGetDatum(req->owner);
-	values[2] = PointerGetDatum(cstring_to_text_with_len(req->key, req->keylen));
-	if (delete)
-	{
-		run_keys_sql(KEYS_DELETE, shard->relid, keys_owner, tenant_type, 3,
-					 types, values, NULL, false);
-		return;
-	}
-	values[3] = PointerGetDatum(cstring_to_text_with_len((const char *) fingerprint,
-														 IDEM_FINGERPRINT_LEN));
-	values[4] = Int16GetDatum(IDEM_FINGERPRINT_VERSION);
-	values[5] = JsonbPGetDatum(response);
-	values[6] = TimestampTzGetDatum(now);
-	values[7] = TimestampTzGetDatum(expires);
-	run_keys_sql(KEYS_INSERT, shard->relid, keys_owner, tenant_type, 8, types,
-				 values, NULL, false);
+	idem_insert_tenant_key(shard->relid, tenant, req->owner, req->key,
+						   req->keylen, fingerprint, response, now, expires);
 }
 
 /*
@@ -1207,13 +1142,13 @@ find_tenant_record(TenantCall *tc, IdemStatement *stmt, IdemRequest *req,
 	idem_check_not_inflight(req);
 	lock_tenant_key(tc->tenant_type, tc->tenant, req->owner, req->key,
 					req->keylen);
-	found = lookup_tenant_key(tc->keys_owner, tc->tenant_type, tc->tenant,
-							  &tc->shard, req->owner, req->key, req->keylen,
-							  rec, tc->callercxt, false);
+	found = lookup_tenant_key(&tc->shard, tc->tenant, req->owner, req->key,
+							  req->keylen, rec, tc->callercxt, false);
+	if (found)
+		idem_check_visible(req, rec);
 	if (found && rec->expires_at <= now)
 	{
-		write_tenant_key(tc->keys_owner, tc->tenant_type, tc->tenant,
-						 &tc->shard, req, true, NULL, NULL, 0, 0);
+		idem_delete_tenant_key(tc->shard.relid, rec);
 		found = false;
 	}
 	if (found && !idem_record_matches(stmt, req, rec, fingerprint))
@@ -1265,8 +1200,7 @@ citus_call(FunctionCallInfo fcinfo, const char *fname, CitusCallShape shape,
 			idem_citus_pin_tenant(tc.tenant_type, tc.tenant, tc.shard.colocation);
 			result->response = run_tenant_statement(fname, stmt, req, &cached);
 			MemoryContextSwitchTo(old);
-			write_tenant_key(tc.keys_owner, tc.tenant_type, tc.tenant,
-							 &tc.shard, req, false, fingerprint,
+			write_tenant_key(tc.tenant, &tc.shard, req, fingerprint,
 							 result->response, now,
 							 idem_new_record_expiry(req->owner, req->key, req->ttl));
 			/* a failed statement had no effect to announce */
@@ -1490,8 +1424,8 @@ tenant_insert_key(const IdemRunStore *store, IdemRequest *req,
 {
 	TenantCall *tc = store->arg;
 
-	write_tenant_key(tc->keys_owner, tc->tenant_type, tc->tenant, &tc->shard,
-					 req, false, fingerprint, response, now, DT_NOEND);
+	write_tenant_key(tc->tenant, &tc->shard, req, fingerprint, response, now,
+					 DT_NOEND);
 }
 
 static Jsonb *
@@ -1511,9 +1445,8 @@ tenant_read_record(const IdemRunStore *store, Oid owner, const char *key,
 {
 	TenantCall *tc = store->arg;
 
-	return lookup_tenant_key(tc->keys_owner, tc->tenant_type, tc->tenant,
-							 &tc->shard, owner, key, strlen(key), rec,
-							 CurrentMemoryContext, true);
+	return lookup_tenant_key(&tc->shard, tc->tenant, owner, key, strlen(key),
+							 rec, CurrentMemoryContext, true);
 }
 
 static const IdemRunStore tenant_store = {

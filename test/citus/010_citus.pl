@@ -39,7 +39,11 @@
 #    (tenant, key) has exactly one row and one key record
 #  - idem.ttl set on idem_citus_call (ALTER FUNCTION) holds on the shard's
 #    node; idem_citus_purge() removes expired tenant records on every
-#    shard, and only those
+#    shard, and only those; a call whose key's record has expired runs
+#    again and leaves one record, on either worker
+#  - a call in a REPEATABLE READ transaction whose key was recorded after
+#    its snapshot fails with 40001 before its statement runs, and writes
+#    nothing
 #  - idem_citus_call_outbox() writes its event to idem.outbox on the node
 #    of the tenant's shard, in the business row's transaction; a replay, a
 #    failing statement, an unregistered topic and a stray statement write
@@ -603,6 +607,62 @@ is($coord->safe_psql('postgres',
 		'SELECT count(*) FROM idem.citus_keys WHERE tenant NOT BETWEEN 201 AND 216'),
 	$kept, '... and no record that has not expired');
 $coord->safe_psql('postgres', 'CALL idem_purge_all()');
+
+# an expired record is replaced by the next call of its key, which runs
+# the statement again: two tenants, one on each worker
+my @exp_tenants = (231);
+my $exp_port = (placement(231))[0]->port;
+for my $t (232 .. 260)
+{
+	next if (placement($t))[0]->port == $exp_port;
+	push @exp_tenants, $t;
+	last;
+}
+is(scalar(@exp_tenants), 2, 'a tenant on each worker');
+my $exp_in = join(', ', @exp_tenants);
+$coord->safe_psql('postgres', "ALTER FUNCTION $fn SET idem.ttl = '1s'");
+my $exp_call = join('', map { "SELECT replayed FROM idem_citus_call(${_}::bigint, 'k-exp2', 'INSERT INTO payments VALUES (\$1, \$2, \$3) RETURNING tenant_id, note', ${_}::bigint, 'k-exp2', 1);\n" } @exp_tenants);
+is($coord->safe_psql('postgres', $exp_call), "f\nf", 'two calls with a ttl of 1 s');
+$coord->safe_psql('postgres', "ALTER FUNCTION $fn RESET idem.ttl");
+sleep(3);
+is($coord->safe_psql('postgres', $exp_call), "f\nf",
+	'after their records expired, the same calls run again');
+is($coord->safe_psql('postgres', $exp_call), "t\nt", '... and then replay');
+is($coord->safe_psql('postgres',
+		qq{SELECT count(*), count(*) FILTER (WHERE expires_at - created_at > interval '1 minute')
+		    FROM idem.citus_keys WHERE tenant IN ($exp_in) AND key = 'k-exp2'}),
+	'2|2', '... with one record each, of the default ttl');
+is($coord->safe_psql('postgres',
+		qq{SELECT count(*) FROM payments WHERE tenant_id IN ($exp_in) AND note = 'k-exp2'}),
+	'4', '... and two rows each');
+
+# a REPEATABLE READ call whose key another call recorded after the
+# snapshot was taken: 40001, as idem_execute() would, before the
+# statement runs (not a unique violation after it)
+{
+	my ($rr_node) = placement(233);
+	my $rr_call = "SELECT replayed FROM idem_citus_call(233::bigint, 'k-rr', 'INSERT INTO payments VALUES (\$1, \$2, \$3) RETURNING tenant_id, note', 233::bigint, 'k-rr', 1)";
+	my ($in, $out, $err) = ('', '', '');
+	my $h = IPC::Run::start(
+		[
+			'psql', '-XAtq', '-v', 'VERBOSITY=verbose', '-d',
+			$rr_node->connstr('postgres'), '-c',
+			"BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) >= 0 FROM pg_class;"
+			  . " SELECT pg_sleep(4); $rr_call; COMMIT;"
+		],
+		'<', \$in, '>', \$out, '2>', \$err);
+	$rr_node->poll_query_until('postgres',
+		"SELECT count(*) > 0 FROM pg_stat_activity WHERE state = 'active' AND query LIKE '%pg_sleep(4)%' AND pid <> pg_backend_pid()"
+	) or die 'the REPEATABLE READ session did not start';
+	is($coord->safe_psql('postgres', $rr_call), 'f',
+		'a call records its key while a REPEATABLE READ transaction waits');
+	$h->finish;
+	is(sqlstate_of($err), '40001',
+		'... the same call in that transaction, on the shard\'s node: 40001')
+	  or diag($err);
+	is(rows("tenant_id = 233 AND note = 'k-rr'"), '1',
+		'... and its statement did not run');
+}
 
 # --- outbox events: written with the call, in its transaction, to
 # idem.outbox on the node of the tenant's shard; each node's consumers
