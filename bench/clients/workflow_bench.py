@@ -18,6 +18,11 @@ Interleaved rounds; reports runs/s per round, the median, and the ratio
 workflow/hand.  Usage (as the cluster user, idem installed in $PG_CONFIG):
   python3 workflow_bench.py [--runs 300] [--rounds 3] [--procs 4] [--prefetch N] [--cpu]
 
+--compare-client DIR adds a third side to each round: the workflow run by
+the Python helpers of another tree (DIR/clients/python, e.g. a checkout of
+an earlier commit) against this tree's server, so that two clients are
+measured interleaved in one session.
+
 --cpu also reports, per round, the CPU time per run of the client
 processes (the workers, or the hand-written processes: their rusage once
 joined) and of the server (the postmaster's reaped children and its live
@@ -48,8 +53,8 @@ def label_call(key):
     return {"label_id": "LBL-" + key[-12:]}
 
 
-def make_workflow(queue):
-    wf = idem.Workflow(queue, steps=STEPS)
+def make_workflow(queue, mod=idem):
+    wf = mod.Workflow(queue, steps=STEPS)
 
     @wf.step("check")
     def check(ctx):
@@ -79,10 +84,23 @@ def connect_kw(prepare):
     return {} if prepare else {"prepare_threshold": None}
 
 
-def worker_proc(dsn, queue, stop, prefetch, prepare):
+def client_module(client_dir):
+    """idem_client from client_dir/clients/python (None: this tree's), in
+    a worker process of its own."""
+    if client_dir is None:
+        return idem
+    for m in ("idem_client", "idem_workflow"):
+        sys.modules.pop(m, None)
+    sys.path.insert(0, os.path.join(client_dir, "clients", "python"))
+    import idem_client
+    return idem_client
+
+
+def worker_proc(dsn, queue, stop, prefetch, prepare, client_dir=None):
     kw = {} if prefetch is None else {"prefetch": prefetch}
-    idem.Worker(lambda: psycopg.connect(dsn, **connect_kw(prepare)), [make_workflow(queue)],
-                concurrency=1, lease=30, poll=0.05, stop=stop, **kw).run()
+    mod = client_module(client_dir)
+    mod.Worker(lambda: psycopg.connect(dsn, **connect_kw(prepare)), [make_workflow(queue, mod)],
+               concurrency=1, lease=30, poll=0.05, stop=stop, **kw).run()
 
 
 def hand_proc(dsn, counter, total, go, tag, prepare):
@@ -160,13 +178,13 @@ class Cpu:
         return tuple((b - a) / n for a, b in zip(self.t0, t1))
 
 
-def round_workflow(dsn, admin, n, procs, r, prefetch, prepare, cpu=None):
-    queue = f"bench{r}"
+def round_workflow(dsn, admin, n, procs, r, prefetch, prepare, cpu=None, client_dir=None):
+    queue = f"bench{r}" if client_dir is None else f"benchcmp{r}"
     admin.execute("SELECT idem_queue_create(%s)", (queue,))
     if cpu:
         cpu.start()
     stop = mp.Event()
-    ps = [mp.Process(target=worker_proc, args=(dsn, queue, stop, prefetch, prepare))
+    ps = [mp.Process(target=worker_proc, args=(dsn, queue, stop, prefetch, prepare, client_dir))
           for _ in range(procs)]
     for p in ps:
         p.start()
@@ -220,6 +238,8 @@ def main():
     ap.add_argument("--prepare", action="store_true",
                     help="psycopg's default prepare_threshold on both sides"
                          " (default: none prepared, as behind PgBouncer)")
+    ap.add_argument("--compare-client", metavar="DIR",
+                    help="also run the workflow with the Python helpers of the tree DIR")
     ap.add_argument("--cpu", action="store_true",
                     help="report CPU time per run, client and server, and commits per run")
     a = ap.parse_args()
@@ -239,7 +259,7 @@ def main():
                                       payload jsonb NOT NULL, created_at timestamptz DEFAULT now());""")
         admin.execute("SELECT pg_reload_conf()")
         cpu = Cpu(cluster, admin) if a.cpu else None
-        wf_rates, hand_rates = [], []
+        wf_rates, hand_rates, cmp_rates = [], [], []
         for r in range(a.rounds):
             rate, hcpu = round_hand(cluster.dsn(), a.runs, a.procs, r, a.prepare, cpu)
             hand_rates.append(rate)
@@ -248,8 +268,19 @@ def main():
             wf_rates.append(rate)
             print(f"round {r + 1}: hand {hand_rates[-1]:.0f} runs/s, workflow {wf_rates[-1]:.0f} runs/s"
                   f" ({wf_rates[-1] / hand_rates[-1]:.2f}x)", flush=True)
+            sides = [("hand", hcpu), ("workflow", wcpu)]
+            if a.compare_client:
+                calls = cpu and cpu.calls
+                rate, ccpu = round_workflow(cluster.dsn(), admin, a.runs, a.procs, r, a.prefetch,
+                                            a.prepare, cpu, a.compare_client)
+                cmp_rates.append(rate)
+                print(f"  compared: workflow {rate:.0f} runs/s ({rate / hand_rates[-1]:.2f}x)"
+                      f" with the helpers of {a.compare_client}", flush=True)
+                sides.append(("compared", ccpu))
+                if cpu:
+                    cpu.calls = calls
             if cpu:
-                for side, (c, s, x) in (("hand", hcpu), ("workflow", wcpu)):
+                for side, (c, s, x) in sides:
                     print(f"  {side:8} CPU per run: client {c * 1e6:.0f} us, server {s * 1e6:.0f} us;"
                           f" {x:.2f} commits per run", flush=True)
                 print("  workflow calls per run: " + ", ".join(f"{f} {c:.2f}" for f, c
@@ -259,6 +290,10 @@ def main():
               f" synchronous_commit off, {'prepared' if a.prepare else 'unprepared'}"
               f" statements: hand {h:.0f} runs/s, workflow {w:.0f} runs/s,"
               f" ratio {w / h:.2f}")
+        if cmp_rates:
+            print(f"compared: workflow {statistics.median(cmp_rates):.0f} runs/s, ratio"
+                  f" {statistics.median([c / h for c, h in zip(cmp_rates, hand_rates)]):.2f}"
+                  f" (median of the rounds' ratios)")
     finally:
         cluster.stop()
 
