@@ -301,7 +301,8 @@ def _array_literal(values):
 
 def _call(conn, key, run_id, step_name, sql, args, outbox_topic, ttl, wait, lease_token=None,
           fold=None):
-    """idem_call; fold: a workflow worker's complete_step, complete_result
+    """idem_call on conn, or on the cursor conn (a workflow worker's, kept
+    for its connection); fold: a worker's complete_step, complete_result
     (JSON text) and start_step, those not None.  Returns the Result, and
     with a start_step the started step's (key, attempt)."""
     options = {"outbox_topic": outbox_topic, "ttl": _ttl(ttl), "wait": _wait(wait),
@@ -311,9 +312,12 @@ def _call(conn, key, run_id, step_name, sql, args, outbox_topic, ttl, wait, leas
     present = tuple(o for o in _OPTIONS if options.get(o) is not None)
     params = [key, sql, _array_literal(args)] + [options[o] for o in present]
     try:
-        with conn.cursor() as cur:
-            cur.execute(_call_sql(present), params)
-            out = cur.fetchone()
+        if isinstance(conn, psycopg.Cursor):
+            out = conn.execute(_call_sql(present), params).fetchone()
+        else:
+            with conn.cursor() as cur:
+                cur.execute(_call_sql(present), params)
+                out = cur.fetchone()
     except psycopg.Error as e:
         err = _translate(e)
         if err is e:

@@ -68,6 +68,7 @@ import signal
 import socket
 import threading
 import time
+import weakref
 from typing import Any, Callable, Dict, List, NamedTuple, Optional
 
 import psycopg
@@ -87,6 +88,18 @@ _CLAIM = ("SELECT run_id, input::text, steps, next_step, attempt, lease_token::t
 _STOP_STATES = ("ID412", "ID423", "ID404")
 # a run claimed ahead of a free executor should start within this (s)
 _AHEAD_WAIT = 0.1
+
+# One cursor per worker connection, for every statement the worker sends:
+# a new cursor per statement (what conn.execute makes) starts its type
+# adaptation afresh, a sizeable share of psycopg's cost per statement.
+_cursors: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _cursor(conn: psycopg.Connection) -> psycopg.Cursor:
+    cur = _cursors.get(conn)
+    if cur is None or cur.closed:
+        cur = _cursors[conn] = conn.cursor()
+    return cur
 
 
 class Started(NamedTuple):
@@ -228,7 +241,7 @@ class Context:
         if self._response is not None:
             raise RuntimeError(f"step {self.step!r} already executed its statement: a database"
                                " step is one statement (a CTE or a function can do more)")
-        r = _idem._call(self.conn, None, self.run_id, self.step, sql, args,
+        r = _idem._call(_cursor(self.conn), None, self.run_id, self.step, sql, args,
                         self._spec.outbox_topic, None, None, self.lease_token, self._fold)
         if self._fold and "start_step" in self._fold:
             r, self._started = r
@@ -362,13 +375,9 @@ class Worker:
         down = 0
         queues = list(self.by_queue)
         while not self.stop.is_set():
-            # one claim for several runs costs the server and the worker
-            # about what one run costs: claim when `ahead` runs can be taken
-            # at once, or when no claimed run is left for a free executor
             with self._lock:
-                ahead = self._ahead()
-                free = self.concurrency + ahead - len(self._active)
-                if free < max(ahead, 1) and (free <= 0 or self._work):
+                free = self._claimable()
+                if free is None:
                     self._room.wait(0.2)
                     continue
             got = 0
@@ -381,7 +390,7 @@ class Worker:
                         break
                     # only the last queue's claim waits (in the server) for due runs
                     wait = f"{self.poll} seconds" if i == len(queues) - 1 and not got else None
-                    rows = conn.execute(_CLAIM, (q, free - got, f"{self.lease} seconds",
+                    rows = _cursor(conn).execute(_CLAIM, (q, free - got, f"{self.lease} seconds",
                                                  self.name, wait)).fetchall()
                     for r in rows:
                         self._hand_over(_Claimed(self.by_queue[q], r[0], _loads(r[1]), r[2], r[3],
@@ -398,6 +407,17 @@ class Worker:
                              str(e).strip())
                 self.stop.wait(min(2.0, 0.05 * 2 ** min(down, 6)))
         self._close(conn)
+
+    def _claimable(self) -> Optional[int]:
+        """How many runs a claim would take now, or None when it should wait
+        (under self._lock).  One claim for several runs costs the server and
+        the worker about what one run costs: claim when `ahead` runs can be
+        taken at once, or when no claimed run is left for a free executor."""
+        ahead = self._ahead()
+        free = self.concurrency + ahead - len(self._active)
+        if free < max(ahead, 1) and (free <= 0 or self._work):
+            return None
+        return free
 
     def _ahead(self) -> int:
         """Runs to claim beyond the free executors (under self._lock): up to
@@ -436,7 +456,10 @@ class Worker:
                     self._active.pop(c.run_id, None)
                     t = self._run_time
                     self._run_time = took if t is None else 0.8 * t + 0.2 * took
-                    self._room.notify()
+                    # the claim loop wakes only when it has a claim to make:
+                    # a thread switch per run ended is a cost of its own
+                    if self._claimable() is not None:
+                        self._room.notify()
         self._close(conn)
 
     def _heartbeat(self):
@@ -562,7 +585,7 @@ class Worker:
         if started is not None and started[0] == spec.name and started[2] is not None:
             key, n = started[1], started[2]
         else:
-            key, n, completed, result = conn.execute(
+            key, n, completed, result = _cursor(conn).execute(
                 "SELECT step_key, attempt, completed, result::text"
                 " FROM idem_step_start(%s, %s, %s::uuid)",
                 (c.run_id, spec.name, c.token)).fetchone()
@@ -590,7 +613,8 @@ class Worker:
         if text is None:
             text = _idem.dumps({} if value is None else value)
         try:
-            conn.execute("SELECT idem_step_complete(%s, %s, %s::jsonb, lease_token => %s::uuid)",
+            _cursor(conn).execute("SELECT idem_step_complete(%s, %s, %s::jsonb,"
+                                  " lease_token => %s::uuid)",
                          (c.run_id, name, text, c.token))
         except psycopg.Error as e:
             raise _translated(e)
