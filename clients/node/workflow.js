@@ -344,12 +344,17 @@ class Worker {
       if (p.pending) [fold.completeStep, fold.completeResult] = p.pending;
       if (next && next.external) fold.startStep = next.name;
       ctx.fold = fold;
-      const value = await def.fn(ctx);
-      if (ctx.response) {
-        p.pending = null;
-        if (ctx.started) p.started = { step: fold.startStep, ...ctx.started };
-        return ctx.response;
+      let value;
+      try {
+        value = await def.fn(ctx);
+      } finally {
+        // the call committed the neighbours' records too, even if fn threw after it
+        if (ctx.response) {
+          p.pending = null;
+          if (ctx.started) p.started = { step: fold.startStep, ...ctx.started };
+        }
       }
+      if (ctx.response) return ctx.response;
       await this.#flush(client, c, p);
       return this.#complete(client, c, def.name, value);
     }

@@ -571,11 +571,16 @@ class Worker:
                 fold["start_step"] = nxt.name
             ctx = Context(c.run_id, spec.name, c.input, results, attempt, c.token, conn,
                           self.name, spec, fold=fold or None)
-            value = spec.fn(ctx)
+            try:
+                value = spec.fn(ctx)
+            finally:
+                if ctx._response is not None:
+                    # the call committed the neighbours' records too, even
+                    # if the function raised after it
+                    p.pending = None
+                    if ctx._started is not None:
+                        p.started = (fold["start_step"],) + tuple(ctx._started)
             if ctx._response is not None:
-                p.pending = None
-                if ctx._started is not None:
-                    p.started = (fold["start_step"],) + tuple(ctx._started)
                 return ctx._response
             # a step that wrote nothing: its return value is its result
             self._flush(conn, c, p)

@@ -64,6 +64,16 @@ async function checkExactlyOnce(q, n, car) {
   assert.equal(Number((await one("SELECT count(*) AS n FROM idem_run_attempts WHERE run_id LIKE $1 || ':%' AND outcome IS NULL", [q])).n), 0);
 }
 
+// connect, with the text of every query the client sends appended to sent
+function countingConnect(connect, sent) {
+  return async () => {
+    const cl = await connect();
+    const query = cl.query.bind(cl);
+    cl.query = (text, ...rest) => { if (typeof text === 'string') sent.push(text); return query(text, ...rest); };
+    return cl;
+  };
+}
+
 for (const target of ['direct', 'pgbouncer']) {
   describe(target, () => {
     const connect = async () => { const c = new pg.Client(env.targets[target]); await c.connect(); return c; };
@@ -149,12 +159,7 @@ for (const target of ['direct', 'pgbouncer']) {
       await wf.start(c, run, { input: { sku: q } });
       await c.end();
       const sent = [];
-      const counting = async () => {
-        const cl = await connect();
-        const query = cl.query.bind(cl);
-        cl.query = (text, ...rest) => { if (typeof text === 'string') sent.push(text); return query(text, ...rest); };
-        return cl;
-      };
+      const counting = countingConnect(connect, sent);
       const ac = new AbortController();
       const w = new idem.Worker(counting, [wf], { concurrency: 1, lease: 5, poll: 0.1, signal: ac.signal, log: { warn() {}, error() {} } }).run();
       await until(async () => (await one('SELECT status FROM idem_runs WHERE run_id = $1', [run])).status === 'completed', 20, 'the completed run');
@@ -177,6 +182,32 @@ for (const target of ['direct', 'pgbouncer']) {
       assert.equal(mine.filter((t) => t.includes('idem_step_start')).length, 0);
       assert.equal(mine.filter((t) => t.includes('idem_step_complete')).length, 2);
       assert.equal(mine.filter((t) => t.includes('idem_call')).length, 3);
+    });
+
+    it('a step that throws after its call does not record its neighbour again', async () => {
+      const q = await freshQueue();
+      const wf = new idem.Workflow(q, { steps: ['label', 'refund'] });
+      wf.external('label', async () => ({ label_id: 'LBL-1' }))
+        .step('refund', async (ctx) => {
+          await ctx.execute('INSERT INTO wf_refunds (run_id, amount, label_id) VALUES ($1, 25, $2)',
+            [ctx.runId, ctx.results.label.label_id]);
+          throw new Error('after the call');
+        });
+      const run = `${q}:late`;
+      const c = await connect();
+      await wf.start(c, run, { input: {} });
+      await c.end();
+      const sent = [];
+      const counting = countingConnect(connect, sent);
+      const ac = new AbortController();
+      const w = new idem.Worker(counting, [wf], { concurrency: 1, lease: 5, poll: 0.1, signal: ac.signal, log: { warn() {}, error() {}, info() {} } }).run();
+      await until(async () => (await one('SELECT status FROM idem_runs WHERE run_id = $1', [run])).status === 'completed', 20, 'the completed run');
+      await new Promise((r) => setTimeout(r, 300));
+      ac.abort();
+      await w;
+      assert.equal(sent.filter((t) => t.includes('idem_step_complete')).length, 0);
+      const steps = (await env.admin.query('SELECT step, attempts FROM idem_run_steps($1)', [run])).rows;
+      assert.deepEqual(steps.map((s) => [s.step, s.attempts]), [['label', 1], ['refund', 1]]);
     });
 
     it('a taken-over run stops its holder: fenced, nothing executed, no next step', async () => {

@@ -65,6 +65,21 @@ class Running:
         return self.result
 
 
+def counting(connect, statements):
+    """connect, with every statement sent through a cursor of the
+    connection appended to statements (the worker's all are)."""
+    class Counting(psycopg.Cursor):
+        def execute(self, query, params=None, **kw):
+            statements.append(query)
+            return super().execute(query, params, **kw)
+
+    def _connect():
+        c = connect()
+        c.cursor_factory = Counting
+        return c
+    return _connect
+
+
 def statuses(admin, queue):
     return dict(admin.execute("SELECT status, count(*) FROM idem_runs WHERE queue = %s"
                               " GROUP BY status", (queue,)).fetchall())
@@ -256,17 +271,7 @@ def test_external_steps_ride_on_the_database_steps_calls(connect, admin, queue):
     run = f"{queue}:fold"
     wf.start(conn, run, input=queue)
     statements = []
-
-    class Counting(psycopg.Cursor):
-        def execute(self, query, params=None, **kw):
-            statements.append(query)
-            return super().execute(query, params, **kw)
-
-    def counting():
-        c = connect()
-        c.cursor_factory = Counting
-        return c
-    w = Running(counting, [wf], concurrency=1, lease=5, poll=0.1)
+    w = Running(counting(connect, statements), [wf], concurrency=1, lease=5, poll=0.1)
     until(lambda: statuses(admin, queue) == {"completed": 1}, 20, "the completed run")
     w.finish()
     assert seen["started"] == ("label", 1)
@@ -295,6 +300,36 @@ def test_external_steps_ride_on_the_database_steps_calls(connect, admin, queue):
     assert len(calls) == 3
     assert "start_step" in calls[0] and "complete_step" in calls[1]
     assert "complete_step" not in calls[2]
+
+
+def test_a_step_that_raises_after_its_call_does_not_record_its_neighbour_again(
+        connect, admin, queue):
+    """The refund's call carried the label's result and committed; the
+    refund's function then raises: the label's result is not sent again
+    (it would count a replay as another attempt of the label)."""
+    wf = idem.Workflow(queue, steps=["label", "refund"])
+
+    @wf.external("label")
+    def label(ctx):
+        return {"label_id": "LBL-1"}
+
+    @wf.step("refund")
+    def refund(ctx):
+        ctx.execute("INSERT INTO wf_refunds (run_id, amount, label_id) VALUES ($1, 25, $2)",
+                    ctx.run_id, ctx.results["label"]["label_id"])
+        raise ValueError("after the call")
+    conn = connect()
+    conn.autocommit = True
+    run = f"{queue}:late"
+    wf.start(conn, run, input={})
+    statements = []
+    w = Running(counting(connect, statements), [wf], concurrency=1, lease=5, poll=0.1)
+    until(lambda: statuses(admin, queue) == {"completed": 1}, 20, "the completed run")
+    time.sleep(0.3)
+    w.finish()
+    assert not any("idem_step_complete" in q for q in statements)
+    attempts = dict(admin.execute("SELECT step, attempts FROM idem_run_steps(%s)", (run,)).fetchall())
+    assert attempts == {"label": 1, "refund": 1}
 
 
 def test_a_slow_step_keeps_its_lease(connect, admin, queue):
