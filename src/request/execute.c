@@ -569,8 +569,7 @@ idem_result_values(IdemResult *result, Datum *values, bool *nulls)
 /*
  * idem_result_datum
  *		A call's result as the record (response jsonb, replayed boolean,
- *		first_executed_at timestamptz) that idem_execute_ex() returns, and
- *		idem_call() under a definition from before 1.2.
+ *		first_executed_at timestamptz) that idem_execute_ex() returns.
  *
  * The row type is built and blessed once per backend: get_call_result_type()
  * would rebuild it from pg_proc's OUT parameters on every call, a large

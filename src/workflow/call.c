@@ -150,7 +150,8 @@ call_result(IdemResult *result, const char *run_id, const char *started,
 /*
  * Whether argument argno is NULL or not passed: a definition of idem_call()
  * from before an update (1.1 has no lease_token, no complete_step...) calls
- * this library with fewer arguments.
+ * this library with fewer arguments, and is refused only once the call
+ * reaches idem's tables, after its arguments are read.
  */
 static bool
 arg_absent(FunctionCallInfo fcinfo, int argno)
@@ -280,8 +281,5 @@ idem_call(PG_FUNCTION_ARGS)
 		started_attempt = idem_step_start_leased(run_id, start_step, token,
 												 &done);
 	}
-	/* a definition from before 1.2 has the three columns of 1.1 */
-	if (PG_NARGS() <= CALL_START_STEP)
-		PG_RETURN_DATUM(idem_result_datum(&result));
 	PG_RETURN_DATUM(call_result(&result, run_id, start_step, started_attempt));
 }
