@@ -313,16 +313,20 @@ RETURNS void
 AS 'MODULE_PATHNAME', 'idem_run_release'
 LANGUAGE C VOLATILE PARALLEL UNSAFE;
 
--- idem_call with the lease token a queued run's steps need.
+-- idem_call with the lease token a queued run's steps need, and the
+-- bookkeeping of the external steps around a worker's step (the completion
+-- of the one before, the start of the one after) in the step's transaction.
 DROP FUNCTION @extschema@.idem_call(text, text, text[], text, interval,
 	boolean, text, text);
 CREATE FUNCTION @extschema@.idem_call(key text, sql text,
 	args text[] DEFAULT '{}'::pg_catalog.text[],
 	outbox_topic text DEFAULT NULL, ttl interval DEFAULT NULL,
 	wait boolean DEFAULT NULL, run_id text DEFAULT NULL, step text DEFAULT NULL,
-	lease_token uuid DEFAULT NULL,
+	lease_token uuid DEFAULT NULL, complete_step text DEFAULT NULL,
+	complete_result pg_catalog.jsonb DEFAULT NULL, start_step text DEFAULT NULL,
 	OUT response pg_catalog.jsonb, OUT replayed boolean,
-	OUT first_executed_at timestamptz)
+	OUT first_executed_at timestamptz, OUT started_key text,
+	OUT started_attempt integer)
 RETURNS record
 AS 'MODULE_PATHNAME', 'idem_call'
 LANGUAGE C VOLATILE PARALLEL UNSAFE;

@@ -25,12 +25,19 @@ export interface Result {
   rowcount: number;
   replayed: boolean;
   firstExecutedAt: Date;
+  /** with startStep: the started step's key, and its attempt (null: it had completed) */
+  started?: { key: string; attempt: number | null };
 }
 
 export interface CallOptions {
   outboxTopic?: string | null;
   /** a queued run's step: the claim's lease token */
   leaseToken?: string | null;
+  /** a step's call also records this external step's result (JSON text) first */
+  completeStep?: string | null;
+  completeResult?: string | null;
+  /** a step's call also starts this external step (idem_step_start) last */
+  startStep?: string | null;
   /** seconds, or an interval string ('2 hours') */
   ttl?: number | string | null;
   wait?: boolean | null;

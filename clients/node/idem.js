@@ -122,9 +122,11 @@ function translate(err) {
   return cls ? new cls(err.message, { detail: err.detail, hint: err.hint, cause: err }) : err;
 }
 
-const CALL = 'SELECT response::text AS response, replayed, first_executed_at FROM idem_call(' +
+const CALL = 'SELECT response::text AS response, replayed, first_executed_at, started_key,' +
+  ' started_attempt FROM idem_call(' +
   'key => $1, sql => $2, args => $3::text[], outbox_topic => $4, ttl => $5::interval,' +
-  ' wait => $6::boolean, run_id => $7, step => $8, lease_token => $9::uuid)';
+  ' wait => $6::boolean, run_id => $7, step => $8, lease_token => $9::uuid,' +
+  ' complete_step => $10, complete_result => $11::jsonb, start_step => $12)';
 
 async function call(client, key, runId, stepName, sql, args, opts) {
   const ttl = typeof opts.ttl === 'number' ? `${opts.ttl} seconds` : opts.ttl;
@@ -132,15 +134,19 @@ async function call(client, key, runId, stepName, sql, args, opts) {
   let res;
   try {
     res = await client.query(CALL, [key, sql, args.map(toArg), opts.outboxTopic ?? null,
-      ttl ?? null, wait, runId, stepName, opts.leaseToken ?? null]);
+      ttl ?? null, wait, runId, stepName, opts.leaseToken ?? null, opts.completeStep ?? null,
+      opts.completeResult ?? null, opts.startStep ?? null]);
   } catch (e) {
     throw translate(e);
   }
   const row = res.rows[0];
   const response = parseExact(row.response);
   if (response.error && !response.command) throw new CachedError(response.error, row.replayed);
-  return { rows: response.rows, rowcount: response.rowcount, replayed: row.replayed,
+  const out = { rows: response.rows, rowcount: response.rowcount, replayed: row.replayed,
     firstExecutedAt: row.first_executed_at };
+  // a worker's start_step: the started step's key and attempt (null: it had completed)
+  if (opts.startStep) out.started = { key: row.started_key, attempt: row.started_attempt };
+  return out;
 }
 
 // Run sql once for key in the client's current transaction.

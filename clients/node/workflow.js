@@ -16,7 +16,11 @@
 // together); a step that writes nothing records its return value.  An
 // external step is idem_step_start (the attempt committed before the call),
 // the function (ctx.key is the provider's idempotency key), then
-// idem_step_complete.  A step that throws fails with idem_step_fail
+// idem_step_complete; next to a database step, both ride on its idem_call
+// (start_step: the start of the external step after it, committed with it,
+// still before the call; complete_step/complete_result: the result of the
+// external step before it, committed with it, or alone before a failure of
+// its statement is recorded).  A step that throws fails with idem_step_fail
 // (RetryAfter: no earlier than its seconds; anything else: its message, the
 // runtime's backoff; the run fails after its last attempt).  LeaseLost
 // (ID412) or a run no longer running (ID423) ends the work on that run.
@@ -114,7 +118,9 @@ class Context {
     if (this.def.external) throw new Error(`step ${this.step} is external: it does not execute SQL`);
     if (this.response) throw new Error(`step ${this.step} already executed its statement`);
     const r = await lib().step(this.client, this.runId, this.step, sql, args,
-      { outboxTopic: this.def.outboxTopic, leaseToken: this.leaseToken });
+      { outboxTopic: this.def.outboxTopic, leaseToken: this.leaseToken, ...this.fold });
+    this.started = r.started || null;
+    delete r.started;
     this.response = { rows: r.rows, rowcount: r.rowcount };
     return r;
   }
@@ -296,14 +302,17 @@ class Worker {
     const results = { ...c.results };
     let attempt = c.attempt;
     const start = c.steps.indexOf(c.nextStep);
+    // held between two steps: an external step's result recorded with the
+    // next step's call (pending), the external step the last call started
+    const p = { pending: null, started: null };
     for (const name of c.steps.slice(start < 0 ? c.steps.length : start)) {
       if (this.#lost(c.runId)) { this.stats.lost++; return client; }
-      if (this.stopped) return this.#release(client, c);
+      if (this.stopped) return this.#release(client, c, p);
       const def = c.wf.defs.get(name);
       try {
         if (!client) client = await this.#open();
         if (!def) throw new Error(`workflow ${c.wf.name} has no function for step ${name}`);
-        results[name] = await this.#step(client, c, def, results, attempt);
+        results[name] = await this.#step(client, c, def, results, attempt, p);
         this.stats.steps++;
         attempt = 1; // a completed step starts the count again
       } catch (e) {
@@ -311,40 +320,83 @@ class Worker {
         if (Worker.#broken(e)) {
           // whether the step committed is the database's to say: hand the run back
           if (client) client.end().catch(() => {});
-          return this.#release(null, c);
+          return this.#release(null, c, p);
         }
-        return this.#fail(client, c, name, e);
+        return this.#fail(client, c, name, e, p);
       }
     }
     this.stats.completed++;
     return client;
   }
 
-  async #step(client, c, def, results, attempt) {
+  static #next(c, name) {
+    const i = c.steps.indexOf(name) + 1;
+    return i < c.steps.length ? c.wf.defs.get(c.steps[i]) : undefined;
+  }
+
+  async #step(client, c, def, results, attempt, p) {
     const ctx = new Context({ runId: c.runId, step: def.name, input: c.input, results, attempt,
-      leaseToken: c.token, client, worker: this.name, def, key: null });
+      leaseToken: c.token, client, worker: this.name, def, key: null, fold: null });
+    const next = Worker.#next(c, def.name);
     if (!def.external) {
-      const value = await def.fn(ctx);
+      // the previous external step's result and the next one's start ride on this step's call
+      const fold = {};
+      if (p.pending) [fold.completeStep, fold.completeResult] = p.pending;
+      if (next && next.external) fold.startStep = next.name;
+      ctx.fold = fold;
+      let value;
+      try {
+        value = await def.fn(ctx);
+      } finally {
+        // the call committed the neighbours' records too, even if fn threw after it
+        if (ctx.response) {
+          p.pending = null;
+          if (ctx.started) p.started = { step: fold.startStep, ...ctx.started };
+        }
+      }
       if (ctx.response) return ctx.response;
+      await this.#flush(client, c, p);
       return this.#complete(client, c, def.name, value);
     }
-    const r = await client.query('SELECT step_key, attempt, completed, result::text AS result' +
-      ' FROM idem_step_start($1, $2, $3::uuid)', [c.runId, def.name, c.token]);
-    const row = r.rows[0];
-    if (row.completed) return lib().parseExact(row.result);
-    ctx.key = row.step_key;
-    ctx.attempt = row.attempt;
+    await this.#flush(client, c, p);
+    const started = p.started;
+    p.started = null;
+    if (started && started.step === def.name && started.attempt !== null) {
+      ctx.key = started.key;
+      ctx.attempt = started.attempt;
+    } else {
+      const r = await client.query('SELECT step_key, attempt, completed, result::text AS result' +
+        ' FROM idem_step_start($1, $2, $3::uuid)', [c.runId, def.name, c.token]);
+      const row = r.rows[0];
+      if (row.completed) return lib().parseExact(row.result);
+      ctx.key = row.step_key;
+      ctx.attempt = row.attempt;
+    }
     const value = await def.fn(ctx);
+    if (next && !next.external) {
+      // recorded with the next step (or before whatever comes instead)
+      const text = lib().toArg(value === undefined || value === null ? {} : value);
+      p.pending = [def.name, text];
+      return lib().parseExact(text);
+    }
     return this.#complete(client, c, def.name, value);
   }
 
-  async #complete(client, c, name, value) {
-    const text = lib().toArg(value === undefined || value === null ? {} : value);
+  // Record the external step's result held for the next step's call.
+  async #flush(client, c, p) {
+    if (!p || !p.pending) return;
+    const [name, text] = p.pending;
+    p.pending = null;
+    await this.#complete(client, c, name, undefined, text);
+  }
+
+  async #complete(client, c, name, value, text) {
+    if (text === undefined) text = lib().toArg(value === undefined || value === null ? {} : value);
     await client.query('SELECT idem_step_complete($1, $2, $3::jsonb, lease_token => $4::uuid)', [c.runId, name, text, c.token]);
     return lib().parseExact(text);
   }
 
-  async #fail(client, c, name, err) {
+  async #fail(client, c, name, err, p) {
     const RetryAfter = lib().RetryAfter;
     const text = err instanceof RetryAfter ? err.message
       : err instanceof Error ? `${err.name}: ${err.message}` : String(err);
@@ -352,6 +404,8 @@ class Worker {
     this.stats.failedSteps++;
     try {
       if (!client) client = await this.#open();
+      // the external step before it completed, whatever this one did
+      await this.#flush(client, c, p);
       const r = after === null
         ? await client.query('SELECT idem_step_fail($1, $2, $3::uuid, $4) AS due',
           [c.runId, name, c.token, text.slice(0, 2000)])
@@ -368,9 +422,10 @@ class Worker {
     return client;
   }
 
-  async #release(client, c) {
+  async #release(client, c, p) {
     try {
       if (!client) client = await this.#open();
+      await this.#flush(client, c, p);
       await client.query('SELECT idem_run_release($1, $2::uuid)', [c.runId, c.token]);
       this.stats.released++;
     } catch (e) {

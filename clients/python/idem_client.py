@@ -263,21 +263,26 @@ def _translate(exc: psycopg.Error) -> Exception:
 # response, joined by U+001F, which JSON text cannot contain unescaped.
 _SEP = "\x1f"
 _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
-_OPTIONS = ("outbox_topic", "ttl", "wait", "run_id", "step", "lease_token")
+_OPTIONS = ("outbox_topic", "ttl", "wait", "run_id", "step", "lease_token", "complete_step",
+            "complete_result", "start_step")
 _OPTION_SQL = {"outbox_topic": "outbox_topic => %s", "ttl": "ttl => %s::interval",
                "wait": "wait => %s::boolean", "run_id": "run_id => %s", "step": "step => %s",
-               "lease_token": "lease_token => %s::uuid"}
+               "lease_token": "lease_token => %s::uuid", "complete_step": "complete_step => %s",
+               "complete_result": "complete_result => %s::jsonb", "start_step": "start_step => %s"}
 _calls: dict = {}
 
 
 def _call_sql(present):
-    """The statement for the options present (a tuple of names), cached."""
+    """The statement for the options present (a tuple of names), cached;
+    with start_step, the started step's key and attempt as two more
+    columns (a key may hold any character, U+001F too)."""
     text = _calls.get(present)
     if text is None:
         text = _calls[present] = (
             "SELECT concat_ws(chr(31), replayed::text,"
             " (extract(epoch FROM first_executed_at) * 1000000)::int8::text, response::text)"
-            " FROM idem_call(%s, %s, %s::text[]"
+            + (", started_key, started_attempt" if "start_step" in present else "")
+            + " FROM idem_call(%s, %s, %s::text[]"
             + "".join(", " + _OPTION_SQL[o] for o in present) + ")")
     return text
 
@@ -294,26 +299,39 @@ def _array_literal(values):
     return "{" + ",".join(out) + "}"
 
 
-def _call(conn, key, run_id, step_name, sql, args, outbox_topic, ttl, wait, lease_token=None):
+def _call(conn, key, run_id, step_name, sql, args, outbox_topic, ttl, wait, lease_token=None,
+          fold=None):
+    """idem_call on conn, or on the cursor conn (a workflow worker's, kept
+    for its connection); fold: a worker's complete_step, complete_result
+    (JSON text) and start_step, those not None.  Returns the Result, and
+    with a start_step the started step's (key, attempt)."""
     options = {"outbox_topic": outbox_topic, "ttl": _ttl(ttl), "wait": _wait(wait),
                "run_id": run_id, "step": step_name, "lease_token": lease_token}
-    present = tuple(o for o in _OPTIONS if options[o] is not None)
+    if fold:
+        options.update(fold)
+    present = tuple(o for o in _OPTIONS if options.get(o) is not None)
     params = [key, sql, _array_literal(args)] + [options[o] for o in present]
     try:
-        with conn.cursor() as cur:
-            cur.execute(_call_sql(present), params)
-            row = cur.fetchone()[0]
+        if isinstance(conn, psycopg.Cursor):
+            out = conn.execute(_call_sql(present), params).fetchone()
+        else:
+            with conn.cursor() as cur:
+                cur.execute(_call_sql(present), params)
+                out = cur.fetchone()
     except psycopg.Error as e:
         err = _translate(e)
         if err is e:
             raise
         raise err from e
-    replayed, micros, text = row.split(_SEP, 2)
+    replayed, micros, text = out[0].split(_SEP, 2)
     first = _EPOCH + datetime.timedelta(microseconds=int(micros))
     response = loads(text)
     if "error" in response and "command" not in response:
         raise CachedError(response["error"], replayed == "true")
-    return Result(response["rows"], response["rowcount"], replayed == "true", first)
+    result = Result(response["rows"], response["rowcount"], replayed == "true", first)
+    if fold and fold.get("start_step") is not None:
+        return result, (out[1], out[2])
+    return result
 
 
 def execute(conn: psycopg.Connection, key: str, sql: str, *args,

@@ -34,6 +34,14 @@ point, is replaced by any other after its lease.
   ``ctx.key`` as the provider's idempotency key, then idem_step_complete
   with its return value.  A resumed step gets the same key and the next
   ``ctx.attempt``.
+- Next to a database step, those two ride on its idem_call: the start of an
+  external step that follows it (start_step: committed with the step, so
+  still before the call), and the result of an external step before it
+  (complete_step, complete_result: committed with the step, or, if the
+  step's statement fails, alone before the failure is recorded).  A worker
+  killed in between leaves the external step started and not completed:
+  its retry calls out again under the same key, as after any crash between
+  the call and its completion.
 - A step that raises fails with idem_step_fail: ``RetryAfter(s)`` no
   earlier than s seconds, any other exception with its type and message,
   after the runtime's backoff; after the run's last attempt the run is
@@ -60,6 +68,7 @@ import signal
 import socket
 import threading
 import time
+import weakref
 from typing import Any, Callable, Dict, List, NamedTuple, Optional
 
 import psycopg
@@ -79,6 +88,18 @@ _CLAIM = ("SELECT run_id, input::text, steps, next_step, attempt, lease_token::t
 _STOP_STATES = ("ID412", "ID423", "ID404")
 # a run claimed ahead of a free executor should start within this (s)
 _AHEAD_WAIT = 0.1
+
+# One cursor per worker connection, for every statement the worker sends:
+# a new cursor per statement (what conn.execute makes) starts its type
+# adaptation afresh, a sizeable share of psycopg's cost per statement.
+_cursors: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _cursor(conn: psycopg.Connection) -> psycopg.Cursor:
+    cur = _cursors.get(conn)
+    if cur is None or cur.closed:
+        cur = _cursors[conn] = conn.cursor()
+    return cur
 
 
 class Started(NamedTuple):
@@ -186,7 +207,8 @@ class Context:
     key), ``run_id``, ``step``, ``worker``; ``execute`` for a database
     step's one statement; ``conn``, an autocommit connection for reads."""
 
-    def __init__(self, run_id, step, input, results, attempt, token, conn, worker, spec, key=None):
+    def __init__(self, run_id, step, input, results, attempt, token, conn, worker, spec, key=None,
+                 fold=None):
         self.run_id = run_id
         self.step = step
         self.input = input
@@ -198,6 +220,10 @@ class Context:
         self._spec = spec
         self._key = key
         self._response = None
+        # the worker's bookkeeping that rides on execute's idem_call, and
+        # the step it started
+        self._fold = fold
+        self._started = None
 
     @property
     def key(self) -> str:
@@ -215,10 +241,26 @@ class Context:
         if self._response is not None:
             raise RuntimeError(f"step {self.step!r} already executed its statement: a database"
                                " step is one statement (a CTE or a function can do more)")
-        r = _idem._call(self.conn, None, self.run_id, self.step, sql, args,
-                        self._spec.outbox_topic, None, None, self.lease_token)
+        r = _idem._call(_cursor(self.conn), None, self.run_id, self.step, sql, args,
+                        self._spec.outbox_topic, None, None, self.lease_token, self._fold)
+        if self._fold and "start_step" in self._fold:
+            r, self._started = r
         self._response = {"rows": r.rows, "rowcount": r.rowcount}
         return r
+
+
+class _Progress:
+    """What a worker holds between two steps of a run, none of it needed by
+    another worker: the result of an external step not yet recorded (it is
+    recorded with the next step, or before any other call), and the
+    external step that the previous step's call started (its key and
+    attempt)."""
+
+    __slots__ = ("pending", "started")
+
+    def __init__(self):
+        self.pending = None     # (step, result as JSON text)
+        self.started = None     # (step, key, attempt)
 
 
 class _Claimed(NamedTuple):
@@ -333,13 +375,9 @@ class Worker:
         down = 0
         queues = list(self.by_queue)
         while not self.stop.is_set():
-            # one claim for several runs costs the server and the worker
-            # about what one run costs: claim when `ahead` runs can be taken
-            # at once, or when no claimed run is left for a free executor
             with self._lock:
-                ahead = self._ahead()
-                free = self.concurrency + ahead - len(self._active)
-                if free < max(ahead, 1) and (free <= 0 or self._work):
+                free = self._claimable()
+                if free is None:
                     self._room.wait(0.2)
                     continue
             got = 0
@@ -352,7 +390,7 @@ class Worker:
                         break
                     # only the last queue's claim waits (in the server) for due runs
                     wait = f"{self.poll} seconds" if i == len(queues) - 1 and not got else None
-                    rows = conn.execute(_CLAIM, (q, free - got, f"{self.lease} seconds",
+                    rows = _cursor(conn).execute(_CLAIM, (q, free - got, f"{self.lease} seconds",
                                                  self.name, wait)).fetchall()
                     for r in rows:
                         self._hand_over(_Claimed(self.by_queue[q], r[0], _loads(r[1]), r[2], r[3],
@@ -369,6 +407,17 @@ class Worker:
                              str(e).strip())
                 self.stop.wait(min(2.0, 0.05 * 2 ** min(down, 6)))
         self._close(conn)
+
+    def _claimable(self) -> Optional[int]:
+        """How many runs a claim would take now, or None when it should wait
+        (under self._lock).  One claim for several runs costs the server and
+        the worker about what one run costs: claim when `ahead` runs can be
+        taken at once, or when no claimed run is left for a free executor."""
+        ahead = self._ahead()
+        free = self.concurrency + ahead - len(self._active)
+        if free < max(ahead, 1) and (free <= 0 or self._work):
+            return None
+        return free
 
     def _ahead(self) -> int:
         """Runs to claim beyond the free executors (under self._lock): up to
@@ -407,7 +456,10 @@ class Worker:
                     self._active.pop(c.run_id, None)
                     t = self._run_time
                     self._run_time = took if t is None else 0.8 * t + 0.2 * took
-                    self._room.notify()
+                    # the claim loop wakes only when it has a claim to make:
+                    # a thread switch per run ended is a cost of its own
+                    if self._claimable() is not None:
+                        self._room.notify()
         self._close(conn)
 
     def _heartbeat(self):
@@ -453,12 +505,13 @@ class Worker:
         results = dict(c.results)
         attempt = c.attempt
         start = c.steps.index(c.next_step) if c.next_step in c.steps else len(c.steps)
+        p = _Progress()
         for name in c.steps[start:]:
             if self._lost(c.run_id):
                 self._count("lost")
                 return conn
             if self.stop.is_set():
-                conn = self._release(conn, c)
+                conn = self._release(conn, c, p)
                 return conn
             spec = c.wf._steps.get(name)
             try:
@@ -467,14 +520,14 @@ class Worker:
                     conn = self._open()
                 if spec is None:
                     raise LookupError(f"workflow {c.wf.name} has no function for step {name!r}")
-                results[name] = self._step(conn, c, spec, results, attempt)
+                results[name] = self._step(conn, c, spec, results, attempt, p)
                 self._count("steps")
                 attempt = 1     # a completed step starts the count again
             except psycopg.OperationalError as e:
                 if not (conn is None or conn.closed or conn.broken):
                     # a server error on a live session (40001 and 40P01 are
                     # OperationalErrors too): the step's failure
-                    conn = self._failed(conn, c, name, e)
+                    conn = self._failed(conn, c, name, e, p)
                     return conn
                 # the connection broke: whether the step committed is the
                 # database's to say; hand the run back so that a worker
@@ -483,14 +536,14 @@ class Worker:
                              str(e).strip())
                 self._close(conn)
                 conn = None
-                return self._release(conn, c)
+                return self._release(conn, c, p)
             except Exception as e:
-                conn = self._failed(conn, c, name, e)
+                conn = self._failed(conn, c, name, e, p)
                 return conn
         self._count("completed")
         return conn
 
-    def _failed(self, conn, c: _Claimed, name, e: Exception):
+    def _failed(self, conn, c: _Claimed, name, e: Exception, p: _Progress):
         """A step raised e: fenced (another worker has the run, or it is
         not running any more) stops here; anything else fails the step."""
         state = getattr(e, "sqlstate", None)
@@ -499,37 +552,81 @@ class Worker:
                       name, state, e)
             self._count("lost")
             return conn
-        return self._fail(conn, c, name, e)
+        return self._fail(conn, c, name, e, p)
 
-    def _step(self, conn, c: _Claimed, spec: _Step, results, attempt):
-        ctx = Context(c.run_id, spec.name, c.input, results, attempt, c.token, conn, self.name, spec)
+    @staticmethod
+    def _next_spec(c: _Claimed, name) -> Optional[_Step]:
+        i = c.steps.index(name) + 1
+        return c.wf._steps.get(c.steps[i]) if i < len(c.steps) else None
+
+    def _step(self, conn, c: _Claimed, spec: _Step, results, attempt, p: _Progress):
         if not spec.external:
-            value = spec.fn(ctx)
+            # the previous external step's result and the next external
+            # step's start ride on this step's idem_call
+            fold = {}
+            if p.pending is not None:
+                fold["complete_step"], fold["complete_result"] = p.pending
+            nxt = self._next_spec(c, spec.name)
+            if nxt is not None and nxt.external:
+                fold["start_step"] = nxt.name
+            ctx = Context(c.run_id, spec.name, c.input, results, attempt, c.token, conn,
+                          self.name, spec, fold=fold or None)
+            try:
+                value = spec.fn(ctx)
+            finally:
+                if ctx._response is not None:
+                    # the call committed the neighbours' records too, even
+                    # if the function raised after it
+                    p.pending = None
+                    if ctx._started is not None:
+                        p.started = (fold["start_step"],) + tuple(ctx._started)
             if ctx._response is not None:
                 return ctx._response
             # a step that wrote nothing: its return value is its result
+            self._flush(conn, c, p)
             return self._complete(conn, c, spec.name, value)
-        key, n, completed, result = conn.execute(
-            "SELECT step_key, attempt, completed, result::text FROM idem_step_start(%s, %s, %s::uuid)",
-            (c.run_id, spec.name, c.token)).fetchone()
-        if completed:
-            return _loads(result)
-        ctx._key = key
-        ctx.attempt = n
+        self._flush(conn, c, p)
+        started, p.started = p.started, None
+        if started is not None and started[0] == spec.name and started[2] is not None:
+            key, n = started[1], started[2]
+        else:
+            key, n, completed, result = _cursor(conn).execute(
+                "SELECT step_key, attempt, completed, result::text"
+                " FROM idem_step_start(%s, %s, %s::uuid)",
+                (c.run_id, spec.name, c.token)).fetchone()
+            if completed:
+                return _loads(result)
+        ctx = Context(c.run_id, spec.name, c.input, results, n, c.token, conn, self.name, spec,
+                      key=key)
         value = spec.fn(ctx)
+        nxt = self._next_spec(c, spec.name)
+        if nxt is not None and not nxt.external:
+            # recorded with the next step (or before whatever comes instead)
+            text = _idem.dumps({} if value is None else value)
+            p.pending = (spec.name, text)
+            return _loads(text)
         return self._complete(conn, c, spec.name, value)
 
-    def _complete(self, conn, c, name, value):
-        text = _idem.dumps({} if value is None else value)
+    def _flush(self, conn, c: _Claimed, p: _Progress):
+        """Record the external step's result held for the next step's call."""
+        if p.pending is not None:
+            name, text = p.pending
+            p.pending = None
+            self._complete(conn, c, name, text=text)
+
+    def _complete(self, conn, c, name, value=None, text=None):
+        if text is None:
+            text = _idem.dumps({} if value is None else value)
         try:
-            conn.execute("SELECT idem_step_complete(%s, %s, %s::jsonb, lease_token => %s::uuid)",
+            _cursor(conn).execute("SELECT idem_step_complete(%s, %s, %s::jsonb,"
+                                  " lease_token => %s::uuid)",
                          (c.run_id, name, text, c.token))
         except psycopg.Error as e:
             raise _translated(e)
         # the result as the database holds it (and a resumed run reads it)
         return _loads(text)
 
-    def _fail(self, conn, c: _Claimed, name, e: Exception):
+    def _fail(self, conn, c: _Claimed, name, e: Exception, p: _Progress):
         if isinstance(e, _idem.RetryAfter):
             text, after = str(e), f"{e.seconds} seconds"
         else:
@@ -539,6 +636,8 @@ class Worker:
             if conn is None or conn.closed or conn.broken:
                 self._close(conn)
                 conn = self._open()
+            # the external step before it completed, whatever this one did
+            self._flush(conn, c, p)
             if after is None:
                 due = conn.execute("SELECT idem_step_fail(%s, %s, %s::uuid, %s)",
                                    (c.run_id, name, c.token, text[:2000])).fetchone()[0]
@@ -562,11 +661,12 @@ class Worker:
                              c.run_id, name, fe)
         return conn
 
-    def _release(self, conn, c: _Claimed):
+    def _release(self, conn, c: _Claimed, p: _Progress):
         try:
             if conn is None or conn.closed or conn.broken:
                 self._close(conn)
                 conn = self._open()
+            self._flush(conn, c, p)
             conn.execute("SELECT idem_run_release(%s, %s::uuid)", (c.run_id, c.token))
             self._count("released")
         except psycopg.OperationalError:

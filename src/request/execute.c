@@ -541,10 +541,35 @@ idem_execute_1_1(PG_FUNCTION_ARGS)
 }
 
 /*
+ * idem_result_desc_init
+ *		Entries 1 to IDEM_RESULT_COLUMNS of d: a call's result (response
+ *		jsonb, replayed boolean, first_executed_at timestamptz).
+ */
+void
+idem_result_desc_init(TupleDesc d)
+{
+	TupleDescInitEntry(d, 1, "response", JSONBOID, -1, 0);
+	TupleDescInitEntry(d, 2, "replayed", BOOLOID, -1, 0);
+	TupleDescInitEntry(d, 3, "first_executed_at", TIMESTAMPTZOID, -1, 0);
+}
+
+/*
+ * idem_result_values
+ *		The values of those entries for result.
+ */
+void
+idem_result_values(IdemResult *result, Datum *values, bool *nulls)
+{
+	values[0] = JsonbPGetDatum(result->response);
+	values[1] = BoolGetDatum(result->replayed);
+	values[2] = TimestampTzGetDatum(result->first_executed_at);
+	nulls[0] = nulls[1] = nulls[2] = false;
+}
+
+/*
  * idem_result_datum
  *		A call's result as the record (response jsonb, replayed boolean,
- *		first_executed_at timestamptz) that idem_execute_ex() and idem_call()
- *		return.
+ *		first_executed_at timestamptz) that idem_execute_ex() returns.
  *
  * The row type is built and blessed once per backend: get_call_result_type()
  * would rebuild it from pg_proc's OUT parameters on every call, a large
@@ -555,23 +580,19 @@ Datum
 idem_result_datum(IdemResult *result)
 {
 	static TupleDesc desc = NULL;
-	Datum		values[3];
-	bool		nulls[3] = {0};
+	Datum		values[IDEM_RESULT_COLUMNS];
+	bool		nulls[IDEM_RESULT_COLUMNS];
 
 	if (desc == NULL)
 	{
 		MemoryContext oldcxt = MemoryContextSwitchTo(CacheMemoryContext);
-		TupleDesc	d = CreateTemplateTupleDesc(3);
+		TupleDesc	d = CreateTemplateTupleDesc(IDEM_RESULT_COLUMNS);
 
-		TupleDescInitEntry(d, 1, "response", JSONBOID, -1, 0);
-		TupleDescInitEntry(d, 2, "replayed", BOOLOID, -1, 0);
-		TupleDescInitEntry(d, 3, "first_executed_at", TIMESTAMPTZOID, -1, 0);
+		idem_result_desc_init(d);
 		desc = BlessTupleDesc(d);
 		MemoryContextSwitchTo(oldcxt);
 	}
-	values[0] = JsonbPGetDatum(result->response);
-	values[1] = BoolGetDatum(result->replayed);
-	values[2] = TimestampTzGetDatum(result->first_executed_at);
+	idem_result_values(result, values, nulls);
 	return HeapTupleGetDatum(heap_form_tuple(desc, values, nulls));
 }
 

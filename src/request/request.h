@@ -78,6 +78,10 @@ extern void idem_keyed_request(FunctionCallInfo fcinfo, const char *fname,
 extern void idem_keyed_array_request(FunctionCallInfo fcinfo, const char *fname,
 									 int keyarg, int argsarg, IdemRequest *req);
 extern void idem_execute_request(IdemRequest *req, IdemResult *result);
+/* the columns of a call's result record */
+#define IDEM_RESULT_COLUMNS 3
+extern void idem_result_desc_init(TupleDesc d);
+extern void idem_result_values(IdemResult *result, Datum *values, bool *nulls);
 extern Datum idem_result_datum(IdemResult *result);
 extern void idem_check_not_step_key(const char *key, const char *fname);
 extern void idem_check_visible(IdemRequest *req, IdemRecord *rec);

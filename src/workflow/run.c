@@ -1346,10 +1346,15 @@ recorded_result(IdemRunRow *run, const char *step, int ordinal)
 	return rec.response;
 }
 
-/* Record result as step of the leased run, as idem_step_complete() does. */
-static Jsonb *
-complete_leased_step(const char *run_id, const char *step,
-					 const pg_uuid_t *token, Jsonb *result)
+/*
+ * idem_step_complete_leased
+ *		Record result as step of run_id, as idem_step_complete() does
+ *		(token NULL: a run that is not on a queue); returns the result
+ *		recorded.
+ */
+Jsonb *
+idem_step_complete_leased(const char *run_id, const char *step,
+						  const pg_uuid_t *token, Jsonb *result)
 {
 	IdemRequest req;
 	IdemResult	out;
@@ -1358,6 +1363,38 @@ complete_leased_step(const char *run_id, const char *step,
 	idem_step_complete_in(&idem_local_runs, &req, run_id, step, token, result,
 						  &out);
 	return out.response;
+}
+
+/*
+ * idem_step_start_leased
+ *		Record that the worker holding token starts an attempt of external
+ *		step of run_id, as idem_step_start() does: returns the attempt's
+ *		number, or 0 with *done set to the step's recorded result if it has
+ *		completed (nothing is started then).
+ */
+int
+idem_step_start_leased(const char *run_id, const char *step,
+					   const pg_uuid_t *token, Jsonb **done)
+{
+	IdemRunRow	run;
+	int			ordinal;
+
+	idem_lock_run_leased(run_id, token, "start a step of", &run);
+	idem_run_check_room(&run);
+	ordinal = idem_run_step_ordinal(&run, step);
+	*done = recorded_result(&run, step, ordinal);
+	if (*done != NULL)
+		return 0;
+	check_step_may_run(&idem_local_runs, &run, step, ordinal);
+	if (run.started_step != NULL && strcmp(run.started_step, step) == 0)
+		run.started_count++;
+	else
+	{
+		run.started_step = pstrdup(step);
+		run.started_count = 1;
+	}
+	idem_update_run(&run);
+	return run.started_count;
 }
 
 /*
@@ -1377,19 +1414,15 @@ idem_step_start(PG_FUNCTION_ARGS)
 	char	   *run_id = idem_name_arg(fcinfo, 0, "run id");
 	char	   *step = idem_name_arg(fcinfo, 1, "step name");
 	const pg_uuid_t *token = idem_lease_token_arg(fcinfo, 2, true);
-	IdemRunRow	run;
-	int			ordinal;
+	int			attempt;
 	Jsonb	   *done;
 	Datum		values[4];
 	bool		nulls[4] = {0};
 
 	idem_check_can_write("idem_step_start()");
 	InitMaterializedSRF(fcinfo, 0);
-	idem_lock_run_leased(run_id, token, "start a step of", &run);
-	idem_run_check_room(&run);
-	ordinal = idem_run_step_ordinal(&run, step);
+	attempt = idem_step_start_leased(run_id, step, token, &done);
 	values[0] = CStringGetTextDatum(idem_run_step_key(run_id, step));
-	done = recorded_result(&run, step, ordinal);
 	if (done != NULL)
 	{
 		nulls[1] = true;
@@ -1398,16 +1431,7 @@ idem_step_start(PG_FUNCTION_ARGS)
 	}
 	else
 	{
-		check_step_may_run(&idem_local_runs, &run, step, ordinal);
-		if (run.started_step != NULL && strcmp(run.started_step, step) == 0)
-			run.started_count++;
-		else
-		{
-			run.started_step = step;
-			run.started_count = 1;
-		}
-		idem_update_run(&run);
-		values[1] = Int32GetDatum(run.started_count);
+		values[1] = Int32GetDatum(attempt);
 		values[2] = BoolGetDatum(false);
 		nulls[3] = true;
 	}
@@ -1582,13 +1606,13 @@ idem_run_await(PG_FUNCTION_ARGS)
 
 	if (idem_run_signal_payload(run.owner, run_id, event, &payload))
 		PG_RETURN_DATUM(await_result(fcinfo, "signalled",
-									 complete_leased_step(run_id, event, token,
+									 idem_step_complete_leased(run_id, event, token,
 														  payload)));
 	same_wait = run.awaiting != NULL && strcmp(run.awaiting, event) == 0;
 	if (same_wait && !TIMESTAMP_IS_NOEND(run.wait_until) &&
 		run.wait_until <= now)
 	{
-		(void) complete_leased_step(run_id, event, token, json_null());
+		(void) idem_step_complete_leased(run_id, event, token, json_null());
 		PG_RETURN_DATUM(await_result(fcinfo, "timed_out", NULL));
 	}
 	if (!same_wait)

@@ -150,6 +150,10 @@ extern void idem_step_complete_in(const IdemRunStore *store, IdemRequest *req,
 								  const char *run_id, const char *step,
 								  const pg_uuid_t *token, Jsonb *result,
 								  IdemResult *out);
+extern Jsonb *idem_step_complete_leased(const char *run_id, const char *step,
+										const pg_uuid_t *token, Jsonb *result);
+extern int	idem_step_start_leased(const char *run_id, const char *step,
+								   const pg_uuid_t *token, Jsonb **done);
 extern void idem_run_init_unqueued(IdemRunRow *run);
 extern void idem_run_begin_args(FunctionCallInfo fcinfo, int first,
 								IdemRunRow *asked);

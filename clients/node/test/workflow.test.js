@@ -64,6 +64,16 @@ async function checkExactlyOnce(q, n, car) {
   assert.equal(Number((await one("SELECT count(*) AS n FROM idem_run_attempts WHERE run_id LIKE $1 || ':%' AND outcome IS NULL", [q])).n), 0);
 }
 
+// connect, with the text of every query the client sends appended to sent
+function countingConnect(connect, sent) {
+  return async () => {
+    const cl = await connect();
+    const query = cl.query.bind(cl);
+    cl.query = (text, ...rest) => { if (typeof text === 'string') sent.push(text); return query(text, ...rest); };
+    return cl;
+  };
+}
+
 for (const target of ['direct', 'pgbouncer']) {
   describe(target, () => {
     const connect = async () => { const c = new pg.Client(env.targets[target]); await c.connect(); return c; };
@@ -120,6 +130,84 @@ for (const target of ['direct', 'pgbouncer']) {
       await w2;
       assert.deepEqual(seen, [1, 2]);
       assert.equal((await one('SELECT last_error FROM idem_runs WHERE run_id = $1', [`${bq}:bad`])).last_error, 'TypeError: bad 7');
+    });
+
+    it('external steps ride on the database steps\' calls; a failed one still completes the label', async () => {
+      // the label's start commits with the check and its result with the
+      // refund (idem_call's start_step, complete_step); a refund whose
+      // statement fails leaves the label completed (recorded alone first),
+      // so the retry does not call out again
+      const q = await freshQueue();
+      const wf = new idem.Workflow(q, { steps: ['check', 'label', 'refund', 'notify'] });
+      const seen = { keys: [] };
+      const refunds = [];
+      wf.step('check', (ctx) => ctx.execute('UPDATE wf_stock SET on_hand = on_hand + 1 WHERE sku = $1 RETURNING on_hand', [ctx.input.sku]))
+        .external('label', async (ctx) => {
+          seen.started = await one('SELECT started_step, started_count FROM idem.runs WHERE run_id = $1', [ctx.runId]);
+          seen.keys.push([ctx.key, ctx.attempt]);
+          return { label_id: 'LBL-1' };
+        })
+        .step('refund', (ctx) => {
+          refunds.push(ctx.attempt);
+          const x = refunds.length === 1 ? '1 / 0' : '1';
+          return ctx.execute(`INSERT INTO wf_refunds (run_id, amount, label_id) VALUES ($1, 25, $2) RETURNING ${x} AS x`,
+            [ctx.runId, ctx.results.label.label_id]);
+        }, { outboxTopic: 'refunds' })
+        .step('notify', (ctx) => ({ to: ctx.input.sku }));
+      const run = `${q}:fold`;
+      const c = await connect();
+      await wf.start(c, run, { input: { sku: q } });
+      await c.end();
+      const sent = [];
+      const counting = countingConnect(connect, sent);
+      const ac = new AbortController();
+      const w = new idem.Worker(counting, [wf], { concurrency: 1, lease: 5, poll: 0.1, signal: ac.signal, log: { warn() {}, error() {} } }).run();
+      await until(async () => (await one('SELECT status FROM idem_runs WHERE run_id = $1', [run])).status === 'completed', 20, 'the completed run');
+      ac.abort();
+      await w;
+      assert.deepEqual(seen.started, { started_step: 'label', started_count: 1 });
+      const key = (await one("SELECT idem_step_key($1, 'label') AS k", [run])).k;
+      assert.deepEqual(seen.keys, [[key, 1]]);
+      assert.deepEqual(refunds, [1, 2]);
+      const steps = (await env.admin.query('SELECT step, state, response::text AS r FROM idem_run_steps($1)', [run])).rows;
+      assert.deepEqual(steps.map((s) => [s.step, s.state]), wf.steps.map((s) => [s, 'completed']));
+      assert.deepEqual(idem.parseExact(steps[1].r), { label_id: 'LBL-1' });
+      assert.equal(Number((await one('SELECT count(*) AS n FROM wf_refunds WHERE run_id = $1', [run])).n), 1);
+      const outcomes = (await env.admin.query('SELECT outcome FROM idem_run_attempts WHERE run_id = $1 ORDER BY claim', [run])).rows;
+      assert.deepEqual(outcomes.map((o) => o.outcome), ['step_failed', 'completed']);
+      // the statements: no idem_step_start; idem_step_complete for the label
+      // alone before the refund's failure, and for notify; the refund's first
+      // call carried the label's result, its second had none to carry
+      const mine = sent.filter((t) => !t.includes('idem_run_claim') && !t.includes('idem_run_extend'));
+      assert.equal(mine.filter((t) => t.includes('idem_step_start')).length, 0);
+      assert.equal(mine.filter((t) => t.includes('idem_step_complete')).length, 2);
+      assert.equal(mine.filter((t) => t.includes('idem_call')).length, 3);
+    });
+
+    it('a step that throws after its call does not record its neighbour again', async () => {
+      const q = await freshQueue();
+      const wf = new idem.Workflow(q, { steps: ['label', 'refund'] });
+      wf.external('label', async () => ({ label_id: 'LBL-1' }))
+        .step('refund', async (ctx) => {
+          await ctx.execute('INSERT INTO wf_refunds (run_id, amount, label_id) VALUES ($1, 25, $2)',
+            [ctx.runId, ctx.results.label.label_id]);
+          throw new Error('after the call');
+        });
+      const run = `${q}:late`;
+      const c = await connect();
+      await wf.start(c, run, { input: {} });
+      await c.end();
+      const sent = [];
+      const counting = countingConnect(connect, sent);
+      const ac = new AbortController();
+      const w = new idem.Worker(counting, [wf], { concurrency: 1, lease: 5, poll: 0.1, signal: ac.signal, log: { warn() {}, error() {}, info() {} } }).run();
+      await until(async () => (await one('SELECT status FROM idem_runs WHERE run_id = $1', [run])).status === 'completed', 20, 'the completed run');
+      await new Promise((r) => setTimeout(r, 300));
+      ac.abort();
+      await w;
+      assert.equal(sent.filter((t) => t.includes('idem_step_complete')).length, 0);
+      const steps = (await env.admin.query('SELECT step, attempts FROM idem_run_steps($1)', [run])).rows;
+      assert.deepEqual(steps.map((s) => [s.step, s.attempts]), [['label', 1], ['refund', 1]]);
     });
 
     it('a taken-over run stops its holder: fenced, nothing executed, no next step', async () => {

@@ -65,6 +65,21 @@ class Running:
         return self.result
 
 
+def counting(connect, statements):
+    """connect, with every statement sent through a cursor of the
+    connection appended to statements (the worker's all are)."""
+    class Counting(psycopg.Cursor):
+        def execute(self, query, params=None, **kw):
+            statements.append(query)
+            return super().execute(query, params, **kw)
+
+    def _connect():
+        c = connect()
+        c.cursor_factory = Counting
+        return c
+    return _connect
+
+
 def statuses(admin, queue):
     return dict(admin.execute("SELECT status, count(*) FROM idem_runs WHERE queue = %s"
                               " GROUP BY status", (queue,)).fetchall())
@@ -216,6 +231,105 @@ def test_transient_sqlstate_is_retried_by_the_runtime(connect, admin, queue):
     errors = [r[0] for r in admin.execute("SELECT error FROM idem_run_attempts WHERE run_id = %s"
                                           " ORDER BY claim", (f"{queue}:pay",))]
     assert "conflict" in errors[0] and errors[-1] is None
+
+
+def test_external_steps_ride_on_the_database_steps_calls(connect, admin, queue):
+    """The label's start commits with the check and its result with the
+    refund (idem_call's start_step, complete_step): the start is on record
+    when the carrier is called; a refund whose statement fails still leaves
+    the label completed (recorded alone before the failure), so the retry
+    does not call the carrier again; one statement per step in all."""
+    wf = idem.Workflow(queue, steps=["check", "label", "refund", "notify"])
+    seen = {}
+    refunds = []
+
+    @wf.step("check")
+    def check(ctx):
+        return ctx.execute("UPDATE wf_stock SET on_hand = on_hand + 1 WHERE sku = $1"
+                           " RETURNING on_hand", ctx.input)
+
+    @wf.external("label")
+    def label(ctx):
+        # what another worker resuming now would learn: the start, committed
+        seen["started"] = admin.execute("SELECT started_step, started_count FROM idem.runs"
+                                        " WHERE run_id = %s", (ctx.run_id,)).fetchone()
+        seen.setdefault("keys", []).append((ctx.key, ctx.attempt))
+        return {"label_id": "LBL-" + ctx.run_id[-3:]}
+
+    @wf.step("refund", outbox_topic="refunds")
+    def refund(ctx):
+        refunds.append(ctx.attempt)
+        fail = "1 / 0" if len(refunds) == 1 else "1"
+        return ctx.execute(f"INSERT INTO wf_refunds (run_id, amount, label_id) VALUES ($1, 25, $2)"
+                           f" RETURNING {fail} AS x", ctx.run_id, ctx.results["label"]["label_id"])
+
+    @wf.step("notify")
+    def notify(ctx):
+        return {"to": ctx.input}
+    conn = connect()
+    conn.autocommit = True
+    run = f"{queue}:fold"
+    wf.start(conn, run, input=queue)
+    statements = []
+    w = Running(counting(connect, statements), [wf], concurrency=1, lease=5, poll=0.1)
+    until(lambda: statuses(admin, queue) == {"completed": 1}, 20, "the completed run")
+    w.finish()
+    assert seen["started"] == ("label", 1)
+    key = admin.execute("SELECT idem_step_key(%s, 'label')", (run,)).fetchone()[0]
+    assert seen["keys"] == [(key, 1)]       # called once: the failed refund kept the label
+    assert refunds == [1, 2]
+    steps = admin.execute("SELECT step, state, attempts, response::text FROM idem_run_steps(%s)",
+                          (run,)).fetchall()
+    assert [(s, st) for s, st, _, _ in steps] == [(s, "completed") for s in wf.steps]
+    assert idem.loads(steps[1][3]) == {"label_id": "LBL-old"}
+    assert admin.execute("SELECT count(*) FROM wf_refunds WHERE run_id = %s", (run,)).fetchone()[0] == 1
+    attempts = admin.execute("SELECT step, outcome FROM idem_run_attempts WHERE run_id = %s"
+                             " ORDER BY claim", (run,)).fetchall()
+    assert [o for _, o in attempts] == ["step_failed", "completed"]
+    assert "division by zero" in admin.execute("SELECT error FROM idem_run_attempts"
+                                               " WHERE run_id = %s AND claim = 1",
+                                               (run,)).fetchone()[0]
+    # the statements sent: no idem_step_start (the check's call started the
+    # label); idem_step_complete for the label alone before the refund's
+    # failure, and for notify; the refund's first call carried the label's
+    # result, its second did not need to
+    sent = [q for q in statements if "idem_run_claim" not in q and "idem_run_extend" not in q]
+    assert not any("idem_step_start" in q for q in sent)
+    assert sum("idem_step_complete" in q for q in sent) == 2
+    calls = [q for q in sent if "idem_call" in q]
+    assert len(calls) == 3
+    assert "start_step" in calls[0] and "complete_step" in calls[1]
+    assert "complete_step" not in calls[2]
+
+
+def test_a_step_that_raises_after_its_call_does_not_record_its_neighbour_again(
+        connect, admin, queue):
+    """The refund's call carried the label's result and committed; the
+    refund's function then raises: the label's result is not sent again
+    (it would count a replay as another attempt of the label)."""
+    wf = idem.Workflow(queue, steps=["label", "refund"])
+
+    @wf.external("label")
+    def label(ctx):
+        return {"label_id": "LBL-1"}
+
+    @wf.step("refund")
+    def refund(ctx):
+        ctx.execute("INSERT INTO wf_refunds (run_id, amount, label_id) VALUES ($1, 25, $2)",
+                    ctx.run_id, ctx.results["label"]["label_id"])
+        raise ValueError("after the call")
+    conn = connect()
+    conn.autocommit = True
+    run = f"{queue}:late"
+    wf.start(conn, run, input={})
+    statements = []
+    w = Running(counting(connect, statements), [wf], concurrency=1, lease=5, poll=0.1)
+    until(lambda: statuses(admin, queue) == {"completed": 1}, 20, "the completed run")
+    time.sleep(0.3)
+    w.finish()
+    assert not any("idem_step_complete" in q for q in statements)
+    attempts = dict(admin.execute("SELECT step, attempts FROM idem_run_steps(%s)", (run,)).fetchall())
+    assert attempts == {"label": 1, "refund": 1}
 
 
 def test_a_slow_step_keeps_its_lease(connect, admin, queue):
