@@ -13,6 +13,8 @@ CREATE TABLE rf_refunds (id text PRIMARY KEY, label_id text NOT NULL);
 GRANT ALL ON rf_stock, rf_refunds TO regress_rf_agent;
 SELECT idem_outbox_create_topic('rf_refunds');
 SELECT idem_outbox_grant('rf_refunds', 'regress_rf_app', 'publish');
+-- a worker writes the owner's events only on topics it may publish to
+SELECT idem_outbox_grant('rf_refunds', 'regress_rf_agent', 'publish');
 SELECT idem_queue_create('rf', producers => '{regress_rf_app}',
 	workers => '{regress_rf_agent}', max_attempts => 5, jitter => 'none');
 -- what a step's bookkeeping left: the run's progress and its started step
