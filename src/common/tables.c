@@ -885,6 +885,52 @@ probe_row_end(RowProbe *p)
 	close_probe(p->slot, p->idx, p->rel, p->name);
 }
 
+/* Where a key record's columns are, in idem.keys or a tenant's shard. */
+typedef struct RecordColumns
+{
+	AttrNumber	fingerprint;
+	AttrNumber	fpversion;
+	AttrNumber	response;
+	AttrNumber	created_at;
+	AttrNumber	expires_at;
+} RecordColumns;
+
+static const RecordColumns keys_record_columns = {
+	Anum_keys_fingerprint, Anum_keys_fpversion, Anum_keys_response,
+	Anum_keys_created_at, Anum_keys_expires_at
+};
+
+/* idem.citus_keys: (tenant, owner, key, fingerprint, fingerprint_version, ...) */
+static const RecordColumns tenant_record_columns = {4, 5, 6, 7, 8};
+
+/*
+ * Fill rec, but its visibility, from the key record tuple in slot, the
+ * response copied into the current memory context.  Returns false if the
+ * stored fingerprint has the wrong length; rec's is all zeroes then.
+ */
+static bool
+record_from_slot(TupleTableSlot *slot, HeapTuple tuple,
+				 const RecordColumns *cols, IdemRecord *rec)
+{
+	bool		isnull;
+	bytea	   *fp;
+	bool		fp_ok;
+
+	rec->tid = tuple->t_self;
+	rec->xmin = HeapTupleHeaderGetXmin(tuple->t_data);
+	fp = DatumGetByteaPP(slot_getattr(slot, cols->fingerprint, &isnull));
+	fp_ok = VARSIZE_ANY_EXHDR(fp) == IDEM_FINGERPRINT_LEN;
+	if (fp_ok)
+		memcpy(rec->fingerprint, VARDATA_ANY(fp), IDEM_FINGERPRINT_LEN);
+	else
+		memset(rec->fingerprint, 0, IDEM_FINGERPRINT_LEN);
+	rec->fpversion = DatumGetInt16(slot_getattr(slot, cols->fpversion, &isnull));
+	rec->response = DatumGetJsonbPCopy(slot_getattr(slot, cols->response, &isnull));
+	rec->created_at = DatumGetTimestampTz(slot_getattr(slot, cols->created_at, &isnull));
+	rec->expires_at = DatumGetTimestampTz(slot_getattr(slot, cols->expires_at, &isnull));
+	return fp_ok;
+}
+
 /*
  * idem_lookup_key
  *		Find the live record for (owner, key).  Caller holds the key's lock.
@@ -900,21 +946,8 @@ idem_lookup_key(Oid owner, const char *key, IdemRecord *rec)
 
 	if (found)
 	{
-		TupleTableSlot *slot = p.slot;
-		bool		isnull;
-		bytea	   *fp;
-
-		rec->tid = p.tuple->t_self;
-		rec->xmin = HeapTupleHeaderGetXmin(p.tuple->t_data);
-		fp = DatumGetByteaPP(slot_getattr(slot, Anum_keys_fingerprint, &isnull));
-		if (VARSIZE_ANY_EXHDR(fp) == IDEM_FINGERPRINT_LEN)
-			memcpy(rec->fingerprint, VARDATA_ANY(fp), IDEM_FINGERPRINT_LEN);
-		else
-			memset(rec->fingerprint, 0, IDEM_FINGERPRINT_LEN);
-		rec->fpversion = DatumGetInt16(slot_getattr(slot, Anum_keys_fpversion, &isnull));
-		rec->response = DatumGetJsonbPCopy(slot_getattr(slot, Anum_keys_response, &isnull));
-		rec->created_at = DatumGetTimestampTz(slot_getattr(slot, Anum_keys_created_at, &isnull));
-		rec->expires_at = DatumGetTimestampTz(slot_getattr(slot, Anum_keys_expires_at, &isnull));
+		/* a fingerprint of another length stays zeroes: it matches nothing */
+		(void) record_from_slot(p.slot, p.tuple, &keys_record_columns, rec);
 		rec->visible = probe_row_visible(&p);
 	}
 	probe_row_end(&p);
@@ -1402,23 +1435,13 @@ idem_lookup_tenant_key(Oid relid, Datum tenant, Oid owner, const char *key,
 	{
 		bool		should_free;
 		HeapTuple	tuple = ExecFetchSlotHeapTuple(slot, false, &should_free);
-		bool		isnull;
-		bytea	   *fp;
 
 		memset(rec, 0, sizeof(*rec));
-		rec->tid = tuple->t_self;
-		rec->xmin = HeapTupleHeaderGetXmin(tuple->t_data);
-		fp = DatumGetByteaPP(slot_getattr(slot, 4, &isnull));
-		if (VARSIZE_ANY_EXHDR(fp) != IDEM_FINGERPRINT_LEN)
+		if (!record_from_slot(slot, tuple, &tenant_record_columns, rec))
 			ereport(ERROR,
 					(errcode(ERRCODE_DATA_CORRUPTED),
 					 errmsg("key record \"%s\" in idem.citus_keys has a fingerprint of the wrong length",
 							key)));
-		memcpy(rec->fingerprint, VARDATA_ANY(fp), IDEM_FINGERPRINT_LEN);
-		rec->fpversion = DatumGetInt16(slot_getattr(slot, 5, &isnull));
-		rec->response = DatumGetJsonbPCopy(slot_getattr(slot, 6, &isnull));
-		rec->created_at = DatumGetTimestampTz(slot_getattr(slot, 7, &isnull));
-		rec->expires_at = DatumGetTimestampTz(slot_getattr(slot, 8, &isnull));
 		rec->visible = as_of_snapshot ||
 			visible_to_xact(rel, slot, rec->xmin, xact_snapshot);
 		if (should_free)
