@@ -120,7 +120,7 @@ SET jit = on;
 SET idem.outbox_topic = 'int-jit';
 SELECT idem_execute('int-j1', 'SELECT 1 AS one') ->> 'rowcount';
 RESET idem.outbox_topic;
-SELECT idem_outbox_fail(event_id, lease_token, 'int') IS NOT NULL AS failed FROM idem_outbox_claim('int-jit');
+SELECT idem_outbox_fail(event_id, lease_token, 'int', retry_after => '1 h') IS NOT NULL AS failed FROM idem_outbox_claim('int-jit');
 SELECT during FROM int_jit_seen;
 SHOW jit;
 -- without the trigger's SET, the session's own setting comes back
@@ -130,7 +130,7 @@ SET idem.outbox_topic = 'int-jit';
 SELECT idem_execute('int-j2', 'SELECT 1 AS one') ->> 'rowcount';
 RESET idem.outbox_topic;
 DROP TRIGGER int_jit_note ON idem.outbox;
-SELECT idem_outbox_fail(event_id, lease_token, 'int') IS NOT NULL AS failed FROM idem_outbox_claim('int-jit');
+SELECT idem_outbox_fail(event_id, lease_token, 'int', retry_after => '1 h') IS NOT NULL AS failed FROM idem_outbox_claim('int-jit');
 SHOW jit;
 RESET jit;
 DROP FUNCTION int_jit_note();
