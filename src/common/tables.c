@@ -1245,6 +1245,7 @@ typedef struct ShardWriter
 	Oid			pkey;			/* the shard's primary key index */
 	RegProcedure tenant_eq;		/* its first column's equality */
 	Oid			tenant_collation;
+	Oid			owner_collation;
 	Oid			key_collation;
 	TableWriter tw;
 } ShardWriter;
@@ -1255,13 +1256,25 @@ typedef struct ShardWriter
 static HTAB *shard_writers = NULL;
 
 static const ColumnShape tenant_keys_shape[] = {
-	{"tenant", InvalidOid}, {"owner", REGROLEOID}, {"key", TEXTOID},
+	{"tenant", InvalidOid}, {"owner", TEXTOID}, {"key", TEXTOID},
 	{"fingerprint", BYTEAOID}, {"fingerprint_version", INT2OID},
 	{"response", JSONBOID}, {"created_at", TIMESTAMPTZOID},
 	{"expires_at", TIMESTAMPTZOID}
 };
 
 #define Natts_tenant_keys lengthof(tenant_keys_shape)
+
+/*
+ * A tenant record's owner is the role's name, not its OID: Citus knows a
+ * role on every node by its name and gives it each node's own OID, and a
+ * shard move copies the records' bytes to the new node, where the old OID
+ * is another role's or nobody's.
+ */
+static text *
+tenant_key_owner(Oid owner)
+{
+	return cstring_to_text(GetUserNameFromId(owner, false));
+}
 
 /* catalog_invalidate()'s, which catalog_resolve() registers */
 static void
@@ -1334,6 +1347,7 @@ build_shard_probe(ShardWriter *sw, Relation rel)
 			 RelationGetRelationName(rel));
 	sw->tenant_eq = get_opcode(eqop);
 	sw->tenant_collation = idx->rd_indcollation[0];
+	sw->owner_collation = idx->rd_indcollation[1];
 	sw->key_collation = idx->rd_indcollation[2];
 	index_close(idx, AccessShareLock);
 	sw->probe_built = invalidations;
@@ -1412,6 +1426,7 @@ idem_lookup_tenant_key(Oid relid, Datum tenant, Oid owner, const char *key,
 	Relation	idx = index_open(sw->pkey, AccessShareLock);
 	TupleTableSlot *slot = table_slot_create(rel, NULL);
 	text	   *keytext = cstring_to_text_with_len(key, keylen);
+	text	   *ownertext = tenant_key_owner(owner);
 	Snapshot	xact_snapshot = !as_of_snapshot && IsolationUsesXactSnapshot() ?
 		GetTransactionSnapshot() : NULL;
 	ScanKeyData skey[3];
@@ -1420,8 +1435,9 @@ idem_lookup_tenant_key(Oid relid, Datum tenant, Oid owner, const char *key,
 
 	ScanKeyEntryInitialize(&skey[0], 0, 1, BTEqualStrategyNumber, InvalidOid,
 						   sw->tenant_collation, sw->tenant_eq, tenant);
-	ScanKeyInit(&skey[1], 2, BTEqualStrategyNumber, F_OIDEQ,
-				ObjectIdGetDatum(owner));
+	ScanKeyEntryInitialize(&skey[1], 0, 2, BTEqualStrategyNumber, InvalidOid,
+						   sw->owner_collation, F_TEXTEQ,
+						   PointerGetDatum(ownertext));
 	ScanKeyEntryInitialize(&skey[2], 0, 3, BTEqualStrategyNumber, InvalidOid,
 						   sw->key_collation, F_TEXTEQ,
 						   PointerGetDatum(keytext));
@@ -1448,6 +1464,7 @@ idem_lookup_tenant_key(Oid relid, Datum tenant, Oid owner, const char *key,
 			heap_freetuple(tuple);
 	}
 	close_probe(slot, idx, rel, keytext);
+	pfree(ownertext);
 	return found;
 }
 
@@ -1487,7 +1504,7 @@ idem_insert_tenant_key(Oid relid, Datum tenant, Oid owner, const char *key,
 	SET_VARSIZE(fp, VARHDRSZ + IDEM_FINGERPRINT_LEN);
 	memcpy(VARDATA(fp), fingerprint, IDEM_FINGERPRINT_LEN);
 	values[0] = tenant;
-	values[1] = ObjectIdGetDatum(owner);
+	values[1] = PointerGetDatum(tenant_key_owner(owner));
 	values[2] = PointerGetDatum(cstring_to_text_with_len(key, keylen));
 	values[3] = PointerGetDatum(fp);
 	values[4] = Int16GetDatum(IDEM_FINGERPRINT_VERSION);

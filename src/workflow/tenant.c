@@ -297,7 +297,7 @@ create_tenant_objects(const char *nsp, const char *typname,
 		appendStringInfo(&sql,
 						 "CREATE TABLE idem.citus_keys ("
 						 " tenant %s NOT NULL,"
-						 " owner pg_catalog.regrole NOT NULL,"
+						 " owner pg_catalog.text COLLATE \"C\" NOT NULL,"
 						 " key pg_catalog.text COLLATE \"C\" NOT NULL,"
 						 " fingerprint pg_catalog.bytea NOT NULL,"
 						 " fingerprint_version pg_catalog.int2 NOT NULL,"
@@ -312,7 +312,7 @@ create_tenant_objects(const char *nsp, const char *typname,
 		appendStringInfo(&sql,
 						 "CREATE TABLE idem.citus_runs ("
 						 " tenant %s NOT NULL,"
-						 " owner pg_catalog.regrole NOT NULL,"
+						 " owner pg_catalog.text COLLATE \"C\" NOT NULL,"
 						 " run_id pg_catalog.text COLLATE \"C\" NOT NULL,"
 						 " steps pg_catalog.text[] COLLATE \"C\","
 						 " input pg_catalog.jsonb,"
@@ -331,36 +331,35 @@ create_tenant_objects(const char *nsp, const char *typname,
 	/*
 	 * idem_run_purge() for tenant runs, an administrator's: the finished
 	 * runs, and every run of a role that was dropped (a new role could get
-	 * its OID, and its runs).  Each run's record and its steps' are on its
+	 * its name, and its runs).  Each run's record and its steps' are on its
 	 * tenant's node, where no lock of the run can be tried from here: the
 	 * run's row is deleted only if it is still finished once its row lock
 	 * is had (a run resumed meanwhile stays), and a verb that loses its run
 	 * to the purge finds none (ID404).
 	 *
-	 * The owner's OID is the node's own, so whether its role exists is
-	 * asked there, of regrole's output: the role's name, always quoted if
-	 * it starts with a digit, or the bare OID once no role has it.  Citus
-	 * runs no stable function of a column in a DELETE, so the runs are
-	 * found by a SELECT and deleted one by one, each on its tenant's node.
-	 * A run and its steps' records are named by that OID, which the
-	 * coordinator would otherwise read back as a name, or as another role
-	 * of its own.  Several shards, so Citus commits it in two phases.
+	 * A tenant run's owner is its role's name (see tables.c), so whether
+	 * the role exists is asked of the coordinator's roles, which Citus
+	 * keeps the same by name on every node.  Citus runs no stable function
+	 * of a column in a DELETE, so the runs are found by a SELECT and
+	 * deleted one by one, each on its tenant's node.  Several shards, so
+	 * Citus commits it in two phases.
 	 */
 	appendStringInfo(&sql,
 					 "CREATE OR REPLACE FUNCTION %s.idem_citus_run_purge(finished_before timestamptz)"
 					 " RETURNS bigint LANGUAGE plpgsql STRICT"
 					 " SET search_path = pg_catalog, pg_temp AS $purge$"
 					 " DECLARE c record; done text[]; step_keys text[]; n bigint := 0;"
+					 "  roles text[] := ARRAY(SELECT a.rolname::pg_catalog.text FROM pg_catalog.pg_roles a);"
 					 " BEGIN"
-					 "  FOR c IN SELECT r.tenant, r.owner::pg_catalog.oid AS owner_oid, r.run_id,"
-					 "      r.owner::pg_catalog.text OPERATOR(pg_catalog.~) '^[0-9]+$' AS owner_gone"
+					 "  FOR c IN SELECT r.tenant, r.owner, r.run_id,"
+					 "      r.owner OPERATOR(pg_catalog.<>) ALL (roles) AS owner_gone"
 					 "    FROM idem.citus_runs r"
 					 "    WHERE (r.status OPERATOR(pg_catalog.<>) 'running'"
 					 "      AND r.finished_at OPERATOR(pg_catalog.<) finished_before)"
-					 "     OR r.owner::pg_catalog.text OPERATOR(pg_catalog.~) '^[0-9]+$' LOOP"
+					 "     OR r.owner OPERATOR(pg_catalog.<>) ALL (roles) LOOP"
 					 "   DELETE FROM idem.citus_runs r"
 					 "    WHERE r.tenant OPERATOR(pg_catalog.=) c.tenant"
-					 "      AND r.owner::pg_catalog.oid OPERATOR(pg_catalog.=) c.owner_oid"
+					 "      AND r.owner OPERATOR(pg_catalog.=) c.owner"
 					 "      AND r.run_id OPERATOR(pg_catalog.=) c.run_id"
 					 "      AND (c.owner_gone OR (r.status OPERATOR(pg_catalog.<>) 'running'"
 					 "        AND r.finished_at OPERATOR(pg_catalog.<) finished_before))"
@@ -370,7 +369,7 @@ create_tenant_objects(const char *nsp, const char *typname,
 					 "     FROM pg_catalog.unnest(done) AS s(step));"
 					 "   DELETE FROM idem.citus_keys k"
 					 "    WHERE k.tenant OPERATOR(pg_catalog.=) c.tenant"
-					 "      AND k.owner::pg_catalog.oid OPERATOR(pg_catalog.=) c.owner_oid"
+					 "      AND k.owner OPERATOR(pg_catalog.=) c.owner"
 					 "      AND k.key OPERATOR(pg_catalog.=) ANY (step_keys);"
 					 "   n := n + 1;"
 					 "  END LOOP;"
@@ -1298,10 +1297,11 @@ run_params(TenantCall *tc, Oid owner, const char *run_id, Oid *types,
 		   Datum *values)
 {
 	types[0] = tc->tenant_type;
-	types[1] = REGROLEOID;
+	types[1] = TEXTOID;
 	types[2] = TEXTOID;
 	values[0] = tc->tenant;
-	values[1] = ObjectIdGetDatum(owner);
+	/* the role's name, which follows it to another node; see tables.c */
+	values[1] = CStringGetTextDatum(GetUserNameFromId(owner, false));
 	values[2] = CStringGetTextDatum(run_id);
 }
 
