@@ -93,6 +93,9 @@
 #    replay through every entry node after its tenant's shard group moved
 #    to the other worker, its next step runs there, and the records on the
 #    new node are its own (another role's call under its key executes)
+#  - the shard node's TimeZone is part of the request: after a move to a
+#    node where it differs, the retry is ID422 and writes nothing; pinned
+#    on the function (ALTER FUNCTION ... SET, propagated), it replays
 #  - a text tenant (a database of its own): tenants and keys that spell
 #    each other's together, each executes once and replays through the
 #    workers; without idem.citus_runs (a colocation declared before tenant
@@ -1048,6 +1051,46 @@ SELECT string_agg(owner::text, ',') FROM idem.citus_runs WHERE run_id = 'mv-run'
 		"mover\nmover", "on the new node, the records and the run are mover's");
 	($out, $err) = call_as($to, 'app', $mv_call);
 	is($out =~ /^f\|/ ? 'f' : $out, 'f', "app's call under mover's key is its own: it executes") or diag($err);
+}
+
+# --- the settings that change a statement's meaning are the shard node's
+# (the caller's do not travel) and are part of the request: after a move
+# to a node whose TimeZone differs, the retry is refused, never replayed
+# nor executed again; the same setting pinned on the function, which
+# Citus propagates to every node, makes it replay
+{
+	my $t = 461;
+	my ($from, $shard) = placement($t);
+	my ($to) = grep { $_ != $from && $_ != $coord } ($w1, $w2);
+	my $tz = $from->safe_psql('postgres', 'SHOW timezone');
+	my $other_tz = $tz eq 'Asia/Tokyo' ? 'America/Lima' : 'Asia/Tokyo';
+	$to->safe_psql('postgres', "ALTER SYSTEM SET timezone = '$other_tz'");
+	$to->reload;
+	my $tz_call = "SELECT replayed FROM idem_citus_call(${t}::bigint, 'tz-1', $insert, ${t}::bigint, 'tz-1', 4)";
+	($out, $err) = call($coord, $tz_call);
+	is($out, 'f', "a call on a node whose TimeZone is $tz executes") or diag($err);
+	$coord->safe_psql('postgres',
+		"SELECT citus_move_shard_placement($shard, '127.0.0.1', " . $from->port
+		  . ", '127.0.0.1', " . $to->port . ", shard_transfer_mode => 'block_writes')");
+	for my $entry ($coord, $to)
+	{
+		($out, $err) = call($entry, $tz_call);
+		is(sqlstate_of($err), 'ID422',
+			"after a move to a node whose TimeZone is $other_tz, the retry through " . $entry->name . ' is refused: ID422');
+	}
+	is(rows("note = 'tz-1'"), '1', '... and writes nothing');
+	$coord->safe_psql('postgres',
+		qq{ALTER FUNCTION idem_citus_call(bigint, text, text, "any") SET TimeZone = '$tz'});
+	for my $entry ($coord, $w1, $w2)
+	{
+		($out, $err) = call($entry, $tz_call);
+		is($out, 't', "with TimeZone pinned on the function, the retry through " . $entry->name . ' replays')
+		  or diag($err);
+	}
+	$coord->safe_psql('postgres',
+		q{ALTER FUNCTION idem_citus_call(bigint, text, text, "any") RESET TimeZone});
+	$to->safe_psql('postgres', 'ALTER SYSTEM RESET timezone');
+	$to->reload;
 }
 
 # --- a text tenant, in a database of its own (one colocation per
