@@ -268,6 +268,15 @@ enum
 
 static TableWriter writers[WRITE_TABLES];
 
+/* the columns idem writes in each table's rows, all of them but dropped ones */
+static const int writer_natts[WRITE_TABLES] = {
+	[WRITE_KEYS] = Natts_keys,
+	[WRITE_RUNS] = Natts_runs,
+	[WRITE_OUTBOX] = Natts_outbox,
+	[WRITE_AUDIT] = Natts_audit,
+	[WRITE_ATTEMPTS] = Natts_run_attempts
+};
+
 /* moves on with every invalidation of one of idem's relations */
 static uint64 catalog_generation = 1;
 
@@ -330,6 +339,14 @@ catalog_relid(const char *relname, Oid nspid)
  * in its place would otherwise be read through the wrong index or with
  * the wrong types.  Nor may Citus have taken it over: its rows would be on
  * Citus's shards, out of sight of idem's direct reads and writes.
+ *
+ * Dropped columns after idem's are let through: a column added and
+ * dropped again (by an administrator, or by an update script that needed
+ * it for a while) leaves one, and nothing short of recreating the table
+ * removes it, so refusing it would leave DROP EXTENSION, and the loss of
+ * every key and run, as the only way out.  idem's writes form their rows
+ * with the relation's own width (idem_form_row()).  A dropped column
+ * among idem's would move theirs off the numbers idem reads them by.
  */
 static Oid
 catalog_table(const char *relname, Oid nspid, Oid extoid,
@@ -1158,6 +1175,37 @@ store_row(TableWriter *tw, Relation rel, HeapTuple tuple)
 }
 
 /*
+ * idem_form_row
+ *		A row of rel, one of idem's tables, from the values and nulls of
+ *		its first natts columns, which catalog_table() checked are all but
+ *		dropped ones: those come after, and are null in the row, as the
+ *		executor makes them.
+ */
+HeapTuple
+idem_form_row(Relation rel, Datum *values, bool *nulls, int natts)
+{
+	TupleDesc	desc = RelationGetDescr(rel);
+	Datum	   *allvalues;
+	bool	   *allnulls;
+	HeapTuple	tuple;
+
+	if (desc->natts == natts)
+		return heap_form_tuple(desc, values, nulls);
+	if (desc->natts < natts)
+		catalog_damaged(RelationGetRelationName(rel),
+						"Its columns differ from those the extension defines.");
+	allvalues = palloc0(sizeof(Datum) * desc->natts);
+	allnulls = palloc(sizeof(bool) * desc->natts);
+	memcpy(allvalues, values, sizeof(Datum) * natts);
+	memcpy(allnulls, nulls, sizeof(bool) * natts);
+	memset(allnulls + natts, true, sizeof(bool) * (desc->natts - natts));
+	tuple = heap_form_tuple(desc, allvalues, allnulls);
+	pfree(allvalues);
+	pfree(allnulls);
+	return tuple;
+}
+
+/*
  * Insert a row into one of idem's tables and its indexes, then make it
  * visible to the rest of this transaction: later calls and nested ones
  * must see it.
@@ -1173,7 +1221,7 @@ static void
 insert_row(int which, Oid relid, Datum *values, bool *nulls)
 {
 	Relation	rel = table_open(relid, RowExclusiveLock);
-	HeapTuple	tuple = heap_form_tuple(RelationGetDescr(rel), values, nulls);
+	HeapTuple	tuple = idem_form_row(rel, values, nulls, writer_natts[which]);
 
 	store_row(writer_for_row(which, rel, tuple), rel, tuple);
 }
@@ -1544,16 +1592,13 @@ idem_restamp_key(Oid owner, const char *key, TimestampTz expires_at)
 
 		if (TransactionIdIsCurrentTransactionId(HeapTupleHeaderGetXmin(tuple->t_data)))
 		{
-			Datum		values[Natts_keys];
-			bool		nulls[Natts_keys];
-			bool		replace[Natts_keys] = {0};
+			int			col = Anum_keys_expires_at;
+			Datum		value = TimestampTzGetDatum(expires_at);
+			bool		isnull = false;
 			HeapTuple	newtup;
 
-			values[Anum_keys_expires_at - 1] = TimestampTzGetDatum(expires_at);
-			nulls[Anum_keys_expires_at - 1] = false;
-			replace[Anum_keys_expires_at - 1] = true;
-			newtup = heap_modify_tuple(tuple, RelationGetDescr(rel),
-									   values, nulls, replace);
+			newtup = heap_modify_tuple_by_cols(tuple, RelationGetDescr(rel),
+											   1, &col, &value, &isnull);
 			update_row(WRITE_KEYS, rel, &tuple->t_self, newtup);
 			heap_freetuple(newtup);
 			done = true;
@@ -2120,7 +2165,7 @@ idem_update_run(IdemRunRow *row)
 	catalog_resolve();
 	rel = table_open(catalog.runs, RowExclusiveLock);
 	run_values(row, values, nulls);
-	tuple = heap_form_tuple(RelationGetDescr(rel), values, nulls);
+	tuple = idem_form_row(rel, values, nulls, Natts_runs);
 	update_row(WRITE_RUNS, rel, &row->tid, tuple);
 	idem_run_writes++;
 	row->tid = tuple->t_self;
@@ -2198,21 +2243,17 @@ idem_end_run_attempt(Oid owner, const char *run_id, int32 claim,
 		{
 			bool		should_free;
 			HeapTuple	old = ExecFetchSlotHeapTuple(slot, false, &should_free);
-			Datum		values[Natts_run_attempts] = {0};
-			bool		nulls[Natts_run_attempts] = {0};
-			bool		replace[Natts_run_attempts] = {0};
+			int			cols[3] = {Anum_run_attempts_ended_at,
+			Anum_run_attempts_outcome, Anum_run_attempts_error};
+			Datum		values[3];
+			bool		nulls[3] = {false, false, error == NULL};
 			HeapTuple	tuple;
 
-			values[Anum_run_attempts_ended_at - 1] = TimestampTzGetDatum(ended_at);
-			replace[Anum_run_attempts_ended_at - 1] = true;
-			values[Anum_run_attempts_outcome - 1] = CStringGetTextDatum(outcome);
-			replace[Anum_run_attempts_outcome - 1] = true;
-			nulls[Anum_run_attempts_error - 1] = error == NULL;
-			values[Anum_run_attempts_error - 1] =
-				error ? CStringGetTextDatum(error) : (Datum) 0;
-			replace[Anum_run_attempts_error - 1] = true;
-			tuple = heap_modify_tuple(old, RelationGetDescr(rel), values,
-									  nulls, replace);
+			values[0] = TimestampTzGetDatum(ended_at);
+			values[1] = CStringGetTextDatum(outcome);
+			values[2] = error ? CStringGetTextDatum(error) : (Datum) 0;
+			tuple = heap_modify_tuple_by_cols(old, RelationGetDescr(rel), 3,
+											  cols, values, nulls);
 			update_row(WRITE_ATTEMPTS, rel, &old->t_self, tuple);
 			heap_freetuple(tuple);
 			if (should_free)
