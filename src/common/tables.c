@@ -1364,16 +1364,18 @@ build_shard_probe(ShardWriter *sw, Relation rel)
 	Relation	idx;
 	Oid			eqop;
 
-	if (desc->natts != Natts_tenant_keys)
+	/* as catalog_table(): columns dropped after idem's are written null */
+	if (desc->natts < Natts_tenant_keys)
 		shard_damaged(rel);
-	for (int i = 0; i < Natts_tenant_keys; i++)
+	for (int i = 0; i < desc->natts; i++)
 	{
 		Form_pg_attribute att = TupleDescAttr(desc, i);
 
-		if (att->attisdropped ||
-			strcmp(NameStr(att->attname), tenant_keys_shape[i].name) != 0 ||
-			(OidIsValid(tenant_keys_shape[i].type) &&
-			 att->atttypid != tenant_keys_shape[i].type))
+		if (i >= Natts_tenant_keys ? !att->attisdropped :
+			(att->attisdropped ||
+			 strcmp(NameStr(att->attname), tenant_keys_shape[i].name) != 0 ||
+			 (OidIsValid(tenant_keys_shape[i].type) &&
+			  att->atttypid != tenant_keys_shape[i].type)))
 			shard_damaged(rel);
 	}
 	/* the index list sets rd_pkindex */
@@ -1559,7 +1561,7 @@ idem_insert_tenant_key(Oid relid, Datum tenant, Oid owner, const char *key,
 	values[5] = JsonbPGetDatum(response);
 	values[6] = TimestampTzGetDatum(created_at);
 	values[7] = TimestampTzGetDatum(expires_at);
-	tuple = heap_form_tuple(RelationGetDescr(rel), values, nulls);
+	tuple = idem_form_row(rel, values, nulls, Natts_tenant_keys);
 	check_row(&sw->tw, rel, tuple);
 	store_row(&sw->tw, rel, tuple);
 }

@@ -96,6 +96,8 @@
 #  - the shard node's TimeZone is part of the request: after a move to a
 #    node where it differs, the retry is ID422 and writes nothing; pinned
 #    on the function (ALTER FUNCTION ... SET, propagated), it replays
+#  - a column added to idem.citus_keys and dropped again: a call executes
+#    once and replays
 #  - a text tenant (a database of its own): tenants and keys that spell
 #    each other's together, each executes once and replays through the
 #    workers; without idem.citus_runs (a colocation declared before tenant
@@ -1091,6 +1093,24 @@ SELECT string_agg(owner::text, ',') FROM idem.citus_runs WHERE run_id = 'mv-run'
 		q{ALTER FUNCTION idem_citus_call(bigint, text, text, "any") RESET TimeZone});
 	$to->safe_psql('postgres', 'ALTER SYSTEM RESET timezone');
 	$to->reload;
+}
+
+# --- a column added to idem.citus_keys and dropped again (Citus does both
+# on every shard): calls write their records with it null, and replay
+$coord->safe_psql('postgres',
+	'ALTER TABLE idem.citus_keys ADD COLUMN note text; ALTER TABLE idem.citus_keys DROP COLUMN note');
+{
+	my $dc = "SELECT replayed FROM idem_citus_call(471::bigint, 'dropped-col', $insert, 471::bigint, 'dropped-col', 2)";
+	my @seen;
+	for my $entry ($coord, $w1, $w2)
+	{
+		($out, $err) = call($entry, $dc);
+		push @seen, $out;
+		diag($err) if $err ne '';
+	}
+	is(join(',', @seen), 'f,t,t',
+		'with a dropped column on the shards, a call executes once and replays through the workers');
+	is(rows("note = 'dropped-col'"), '1', '... one row');
 }
 
 # --- a text tenant, in a database of its own (one colocation per
