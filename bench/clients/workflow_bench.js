@@ -244,6 +244,7 @@ async function main() {
     if (o.compareClient) sides.compared = spawnSide('worker', { ...worker, clientDir: o.compareClient }, o.procs);
     const rates = { hand: [], workflow: [], compared: [] };
     const ratios = { workflow: [], compared: [] };
+    const cpus = { hand: [], workflow: [], compared: [] };
     try {
       for (let r = 0; r <= o.rounds; r++) {
         // hand first, then the workflow sides, their order swapped every round
@@ -258,6 +259,7 @@ async function main() {
           if (r && k !== 'hand') ratios[k].push(got[k].rate / hand);
           if (r) rates[k].push(got[k].rate);
           const c = got[k].cpu;
+          if (r && c) cpus[k].push(c);
           if (c) {
             say(`  ${k.padEnd(8)} CPU per run: client ${(c.client * 1e6).toFixed(0)} us,` +
               ` server ${(c.server * 1e6).toFixed(0)} us; ${c.commits.toFixed(2)} commits per run`);
@@ -275,6 +277,19 @@ async function main() {
       say(`compared (${o.compareClient}): workflow ${median(rates.compared).toFixed(0)} runs/s,` +
         ` ratio ${median(ratios.compared).toFixed(2)}; this tree's worker / compared, median of the rounds:` +
         ` ${median(rates.workflow.map((w, i) => w / rates.compared[i])).toFixed(2)}`);
+    }
+    if (o.cpu) {
+      const us = (xs) => `${(median(xs) * 1e6).toFixed(0)} us`;
+      for (const k of Object.keys(sides)) {
+        say(`median CPU per run, ${k}: client ${us(cpus[k].map((c) => c.client))},` +
+          ` server ${us(cpus[k].map((c) => c.server))}`);
+      }
+      if (o.compareClient) {
+        const total = (c) => c.client + c.server;
+        say('this tree\'s worker / compared, medians of the rounds\' ratios: CPU per run, client' +
+          ` ${median(cpus.workflow.map((c, i) => c.client / cpus.compared[i].client)).toFixed(2)},` +
+          ` client and server ${median(cpus.workflow.map((c, i) => total(c) / total(cpus.compared[i]))).toFixed(2)}`);
+      }
     }
     say(`# end ${new Date().toISOString()} load ${load()}`);
   } finally {
