@@ -297,8 +297,9 @@ async function main() {
   }
 }
 
-if (process.argv[2] === '--child') {
+module.exports = { makeWorkflow }; // worker_wakeups.js runs the same workflow
+if (require.main === module && process.argv[2] === '--child') {
   (process.argv[3] === 'hand' ? handChild : workerChild)(JSON.parse(process.argv[4]));
-} else {
+} else if (require.main === module) {
   main().catch((e) => { console.error(e); process.exit(1); });
 }
