@@ -6,15 +6,18 @@
 # workflow with workers against the same steps by hand; --runs, --rounds,
 # --procs, --prefetch) or, with --workflow-node first, workflow_bench.js
 # (the same from Node; --runs, --rounds, --procs, --concurrency,
-# --prefetch, --cpu, --compare-client DIR).
+# --prefetch, --cpu, --compare-client DIR) or, with --worker-wakeups first,
+# worker_wakeups.js (a Node worker's timers and CPU, busy and idle, against
+# those of DIR/clients/node; DIR, --runs, --rounds).
 #
-#   bench/clients/run.sh [--workflow | --workflow-node] [arguments...]
+#   bench/clients/run.sh [--workflow | --workflow-node | --worker-wakeups] [arguments...]
 set -euo pipefail
 top=$(cd "$(dirname "$0")/../.." && pwd)
 prog=(/usr/bin/python3 bench.py)
 case "${1:-}" in
 --workflow) prog=(/usr/bin/python3 workflow_bench.py); shift ;;
 --workflow-node) prog=(node workflow_bench.js); shift ;;
+--worker-wakeups) prog=(node worker_wakeups.js); shift ;;
 esac
 . "$top/scripts/env.sh"
 idem_install_and_copy "$top" clientbench
