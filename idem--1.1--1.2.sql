@@ -590,11 +590,15 @@ AS 'MODULE_PATHNAME', 'idem_citus_colocate'
 LANGUAGE C VOLATILE STRICT PARALLEL UNSAFE;
 REVOKE ALL ON FUNCTION @extschema@.idem_citus_colocate(regclass) FROM PUBLIC;
 
--- Expired tenant key records, on every shard of idem.citus_keys at once
--- (Citus runs the DELETE on each shard's node); 0 before colocation.
--- idem_purge_all() calls it, and so does the purge worker on a Citus
--- coordinator; idem_purge() purges the node's own idem.keys only.  plpgsql resolves the table when the
--- statement first runs, so it need not exist before then.
+-- Expired tenant key records, and those of dropped roles, on every shard
+-- of idem.citus_keys at once (Citus runs the DELETE on each shard's node);
+-- 0 before colocation.  A record's owner is its role's name, which Citus
+-- keeps the same on every node, so the coordinator's roles are the
+-- cluster's; a role created later under a dropped one's name must not
+-- replay its records.  idem_purge_all() calls it, and so does the purge
+-- worker on a Citus coordinator; idem_purge() purges the node's own
+-- idem.keys only.  plpgsql resolves the table when the statement first
+-- runs, so it need not exist before then.
 CREATE FUNCTION @extschema@.idem_citus_purge()
 RETURNS bigint
 LANGUAGE plpgsql
@@ -602,10 +606,14 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
 	n bigint := 0;
+	roles text[];
 BEGIN
 	IF pg_catalog.to_regclass('idem.citus_keys') IS NOT NULL THEN
+		roles := ARRAY(SELECT a.rolname::pg_catalog.text
+			       FROM pg_catalog.pg_roles a);
 		DELETE FROM idem.citus_keys
-		 WHERE expires_at OPERATOR(pg_catalog.<=) pg_catalog.now();
+		 WHERE expires_at OPERATOR(pg_catalog.<=) pg_catalog.now()
+		    OR owner OPERATOR(pg_catalog.<>) ALL (roles);
 		GET DIAGNOSTICS n = ROW_COUNT;
 	END IF;
 	RETURN n;

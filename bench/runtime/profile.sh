@@ -10,7 +10,8 @@
 #   bench/runtime/profile.sh [--no-install] [PROC ...]
 #
 # PROC: cpu_leased (default), cpu_leased4 (claims of four runs),
-# cpu_plain_step, cpu_plain_call.  Needs
+# cpu_folded (steps that carry their external neighbours' start and
+# completion), cpu_plain_step, cpu_plain_call.  Needs
 # valgrind.
 #
 set -euo pipefail
@@ -22,8 +23,8 @@ procs=()
 while [ $# -gt 0 ]; do
 	case "$1" in
 		--no-install) install=0 ;;
-		cpu_leased|cpu_leased4|cpu_plain_step|cpu_plain_call) procs+=("$1") ;;
-		*) echo "usage: $0 [--no-install] [cpu_leased|cpu_leased4|cpu_plain_step|cpu_plain_call ...]" >&2; exit 2 ;;
+		cpu_leased|cpu_leased4|cpu_folded|cpu_plain_step|cpu_plain_call) procs+=("$1") ;;
+		*) echo "usage: $0 [--no-install] [cpu_leased|cpu_leased4|cpu_folded|cpu_plain_step|cpu_plain_call ...]" >&2; exit 2 ;;
 	esac
 	shift
 done

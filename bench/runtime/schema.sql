@@ -82,6 +82,27 @@ BEGIN
 	END LOOP;
 END $$;
 
+-- The returns workflow's shape as a worker folds it: a database step that
+-- starts the external step after it, then a database step that completes
+-- that one and starts the next, then the last external step's completion;
+-- each folded idem_call() acts on its run three times in one statement.
+CREATE PROCEDURE cpu_folded(n integer) LANGUAGE plpgsql AS $$
+DECLARE
+	r record;
+	sql constant text := 'INSERT INTO effects (run_id, step) VALUES ($1, $2)';
+BEGIN
+	FOR i IN 1..n LOOP
+		SELECT c.run_id, c.lease_token INTO r FROM idem_run_claim('bench', 1, '60 s', 'w') c;
+		COMMIT;
+		PERFORM idem_call(NULL, sql, ARRAY[r.run_id, 's1'], run_id => r.run_id, step => 's1', lease_token => r.lease_token, start_step => 's2');
+		COMMIT;
+		PERFORM idem_call(NULL, sql, ARRAY[r.run_id, 's3'], run_id => r.run_id, step => 's3', lease_token => r.lease_token, complete_step => 's2', complete_result => '{"label": 1}', start_step => 's4');
+		COMMIT;
+		PERFORM idem_step_complete(r.run_id, 's4', '{"sent": true}', r.lease_token);
+		COMMIT;
+	END LOOP;
+END $$;
+
 CREATE PROCEDURE cpu_plain_step(n integer) LANGUAGE plpgsql AS $$
 DECLARE
 	id text;

@@ -1,7 +1,8 @@
 """idem from Python: psycopg 3 helpers for idempotent business writes.
 
 A small helper, not a framework.  ``execute`` and ``step`` run inside the
-application's own transaction (the caller commits); ``retry`` re-runs a whole
+application's own transaction (the caller commits), ``aexecute`` and
+``astep`` likewise on an asyncio connection; ``retry`` re-runs a whole
 transaction function for exactly the errors ``idem_retry_advice`` says to
 retry; ``consume`` is an outbox consumer loop.
 
@@ -27,14 +28,14 @@ from typing import Any, Callable, NamedTuple, Optional
 import psycopg
 
 __all__ = [
-    "Result", "execute", "step", "retry", "retry_advice", "to_arg",
+    "Result", "execute", "step", "aexecute", "astep", "retry", "retry_advice", "to_arg",
     "IdemError", "KeyReused", "InProgress", "NestedKey", "RunNotFound",
     "StepUndeclared", "RunNotRunning", "OutOfSequence", "EventNotFound",
     "LeaseLost", "CachedError", "dumps", "loads",
-    "consume", "RetryAfter", "Workflow", "Worker",
+    "consume", "RetryAfter", "Workflow", "Worker", "AsyncWorker",
 ]
 
-_WORKFLOW_NAMES = ("Workflow", "Worker", "Context", "Started")
+_WORKFLOW_NAMES = ("Workflow", "Worker", "AsyncWorker", "Context", "AsyncContext", "Started")
 
 
 def __getattr__(name):
@@ -299,30 +300,21 @@ def _array_literal(values):
     return "{" + ",".join(out) + "}"
 
 
-def _call(conn, key, run_id, step_name, sql, args, outbox_topic, ttl, wait, lease_token=None,
-          fold=None):
-    """idem_call on conn, or on the cursor conn (a workflow worker's, kept
-    for its connection); fold: a worker's complete_step, complete_result
-    (JSON text) and start_step, those not None.  Returns the Result, and
-    with a start_step the started step's (key, attempt)."""
+def _call_query(key, run_id, step_name, sql, args, outbox_topic, ttl, wait, lease_token, fold):
+    """The idem_call statement and its parameters; fold: a worker's
+    complete_step, complete_result (JSON text) and start_step, those not
+    None."""
     options = {"outbox_topic": outbox_topic, "ttl": _ttl(ttl), "wait": _wait(wait),
                "run_id": run_id, "step": step_name, "lease_token": lease_token}
     if fold:
         options.update(fold)
     present = tuple(o for o in _OPTIONS if options.get(o) is not None)
-    params = [key, sql, _array_literal(args)] + [options[o] for o in present]
-    try:
-        if isinstance(conn, psycopg.Cursor):
-            out = conn.execute(_call_sql(present), params).fetchone()
-        else:
-            with conn.cursor() as cur:
-                cur.execute(_call_sql(present), params)
-                out = cur.fetchone()
-    except psycopg.Error as e:
-        err = _translate(e)
-        if err is e:
-            raise
-        raise err from e
+    return _call_sql(present), [key, sql, _array_literal(args)] + [options[o] for o in present]
+
+
+def _call_result(out, fold):
+    """The Result of idem_call's row, and with a start_step the started
+    step's (key, attempt)."""
     replayed, micros, text = out[0].split(_SEP, 2)
     first = _EPOCH + datetime.timedelta(microseconds=int(micros))
     response = loads(text)
@@ -332,6 +324,47 @@ def _call(conn, key, run_id, step_name, sql, args, outbox_topic, ttl, wait, leas
     if fold and fold.get("start_step") is not None:
         return result, (out[1], out[2])
     return result
+
+
+def _call(conn, key, run_id, step_name, sql, args, outbox_topic, ttl, wait, lease_token=None,
+          fold=None):
+    """idem_call on conn, or on the cursor conn (a workflow worker's, kept
+    for its connection)."""
+    query, params = _call_query(key, run_id, step_name, sql, args, outbox_topic, ttl, wait,
+                                lease_token, fold)
+    try:
+        if isinstance(conn, psycopg.Cursor):
+            out = conn.execute(query, params).fetchone()
+        else:
+            with conn.cursor() as cur:
+                cur.execute(query, params)
+                out = cur.fetchone()
+    except psycopg.Error as e:
+        err = _translate(e)
+        if err is e:
+            raise
+        raise err from e
+    return _call_result(out, fold)
+
+
+async def _acall(conn, key, run_id, step_name, sql, args, outbox_topic, ttl, wait,
+                 lease_token=None, fold=None):
+    """_call on an AsyncConnection, or on an AsyncCursor of one."""
+    query, params = _call_query(key, run_id, step_name, sql, args, outbox_topic, ttl, wait,
+                                lease_token, fold)
+    cur = conn if isinstance(conn, psycopg.AsyncCursor) else conn.cursor()
+    try:
+        await cur.execute(query, params)
+        out = await cur.fetchone()
+    except psycopg.Error as e:
+        err = _translate(e)
+        if err is e:
+            raise
+        raise err from e
+    finally:
+        if cur is not conn:
+            await cur.close()
+    return _call_result(out, fold)
 
 
 def execute(conn: psycopg.Connection, key: str, sql: str, *args,
@@ -352,6 +385,21 @@ def step(conn: psycopg.Connection, run_id: str, step: str, sql: str, *args,
     transaction; a completed step replays.  A run on a queue needs the
     ``lease_token`` of its claim (else LeaseLost, ID412)."""
     return _call(conn, None, run_id, step, sql, args, outbox_topic, None, wait, lease_token)
+
+
+async def aexecute(conn: psycopg.AsyncConnection, key: str, sql: str, *args,
+                   outbox_topic: Optional[str] = None, ttl=None,
+                   wait: Optional[bool] = None) -> Result:
+    """``execute`` on an asyncio connection (psycopg.AsyncConnection)."""
+    return await _acall(conn, key, None, None, sql, args, outbox_topic, ttl, wait)
+
+
+async def astep(conn: psycopg.AsyncConnection, run_id: str, step: str, sql: str, *args,
+                outbox_topic: Optional[str] = None, wait: Optional[bool] = None,
+                lease_token: Optional[str] = None) -> Result:
+    """``step`` on an asyncio connection (psycopg.AsyncConnection)."""
+    return await _acall(conn, None, run_id, step, sql, args, outbox_topic, None, wait,
+                        lease_token)
 
 
 _advice_cache: dict = {}

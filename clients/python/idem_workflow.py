@@ -61,6 +61,9 @@ point, is replaced by any other after its lease.
   before PgBouncer 1.21).
 """
 
+import asyncio
+import contextlib
+import inspect
 import logging
 import os
 import random
@@ -75,7 +78,7 @@ import psycopg
 
 import idem_client as _idem
 
-__all__ = ["Workflow", "Worker", "Context", "Started"]
+__all__ = ["Workflow", "Worker", "AsyncWorker", "Context", "AsyncContext", "Started"]
 
 _log = logging.getLogger("idem_client.workflow")
 
@@ -160,6 +163,15 @@ class Workflow:
             limits.append(self.max_attempts)
         return max(limits) if limits else None
 
+    _BEGIN = ("SELECT status, next_step, created FROM idem_run_begin(%s, steps => %s,"
+              " input => %s::jsonb, queue => %s, max_attempts => %s,"
+              " backoff_base => %s::interval, backoff_cap => %s::interval, jitter => %s)")
+
+    def _begin_params(self, run_id, input, backoff_base, backoff_cap, jitter):
+        return (run_id, self.steps, None if input is None else _idem.dumps(input), self.queue,
+                self.run_max_attempts(), _idem._ttl(backoff_base), _idem._ttl(backoff_cap),
+                jitter)
+
     def start(self, conn: psycopg.Connection, run_id: str, *, input: Any = None,
               backoff_base=None, backoff_cap=None, jitter: Optional[str] = None) -> Started:
         """Enqueue run ``run_id`` with ``input`` (JSON; Decimals stay exact)
@@ -169,13 +181,20 @@ class Workflow:
         input return the run (``created`` false); another input is
         KeyReused (ID422)."""
         try:
-            row = conn.execute(
-                "SELECT status, next_step, created FROM idem_run_begin(%s, steps => %s,"
-                " input => %s::jsonb, queue => %s, max_attempts => %s,"
-                " backoff_base => %s::interval, backoff_cap => %s::interval, jitter => %s)",
-                (run_id, self.steps, None if input is None else _idem.dumps(input), self.queue,
-                 self.run_max_attempts(), _idem._ttl(backoff_base), _idem._ttl(backoff_cap),
-                 jitter)).fetchone()
+            row = conn.execute(self._BEGIN, self._begin_params(
+                run_id, input, backoff_base, backoff_cap, jitter)).fetchone()
+        except psycopg.Error as e:
+            raise _translated(e)
+        return Started(*row)
+
+    async def astart(self, conn: psycopg.AsyncConnection, run_id: str, *, input: Any = None,
+                     backoff_base=None, backoff_cap=None,
+                     jitter: Optional[str] = None) -> Started:
+        """``start`` on an asyncio connection."""
+        try:
+            cur = await conn.execute(self._BEGIN, self._begin_params(
+                run_id, input, backoff_base, backoff_cap, jitter))
+            row = await cur.fetchone()
         except psycopg.Error as e:
             raise _translated(e)
         return Started(*row)
@@ -232,21 +251,51 @@ class Context:
                                           (self.run_id, self.step)).fetchone()[0]
         return self._key
 
-    def execute(self, sql: str, *args) -> _idem.Result:
-        """The step's business write, fenced by the lease: one idem_call
-        that records the step and commits (a completed step replays)."""
+    def _call_args(self, sql, args):
         if self._spec.external:
             raise RuntimeError(f"step {self.step!r} is external: it calls out, it does not"
                                " execute SQL (make the write a step of its own)")
         if self._response is not None:
             raise RuntimeError(f"step {self.step!r} already executed its statement: a database"
                                " step is one statement (a CTE or a function can do more)")
-        r = _idem._call(_cursor(self.conn), None, self.run_id, self.step, sql, args,
-                        self._spec.outbox_topic, None, None, self.lease_token, self._fold)
+        return (_cursor(self.conn), None, self.run_id, self.step, sql, args,
+                self._spec.outbox_topic, None, None, self.lease_token, self._fold)
+
+    def _executed(self, r) -> _idem.Result:
         if self._fold and "start_step" in self._fold:
             r, self._started = r
         self._response = {"rows": r.rows, "rowcount": r.rowcount}
         return r
+
+    def execute(self, sql: str, *args) -> _idem.Result:
+        """The step's business write, fenced by the lease: one idem_call
+        that records the step and commits (a completed step replays)."""
+        return self._executed(_idem._call(*self._call_args(sql, args)))
+
+
+class AsyncContext(Context):
+    """An AsyncWorker's Context: ``await ctx.execute(sql, *args)``, and
+    ``conn`` is a psycopg.AsyncConnection.  A database step's ``key`` is
+    ``await ctx.step_key()`` (an external step's is ``ctx.key``)."""
+
+    @property
+    def key(self) -> str:
+        if self._key is None:
+            raise RuntimeError("a database step's key is read with await ctx.step_key()"
+                               " in an AsyncWorker")
+        return self._key
+
+    async def step_key(self) -> str:
+        if self._key is None:
+            cur = await self.conn.execute("SELECT idem_step_key(%s, %s)",
+                                          (self.run_id, self.step))
+            self._key = (await cur.fetchone())[0]
+        return self._key
+
+    async def execute(self, sql: str, *args) -> _idem.Result:
+        """The step's business write, fenced by the lease: one idem_call
+        that records the step and commits (a completed step replays)."""
+        return self._executed(await _idem._acall(*self._call_args(sql, args)))
 
 
 class _Progress:
@@ -276,7 +325,312 @@ class _Claimed(NamedTuple):
     started_attempts: Optional[int]
 
 
-class Worker:
+class _Sql(NamedTuple):
+    """A statement one run's steps send: the driver runs it on the run's
+    connection and sends back its first row."""
+    sql: str
+    params: tuple
+
+
+class _Fn(NamedTuple):
+    """A step function for the driver to call with its context, on the
+    run's connection; it sends back the return value (awaited, if it is a
+    coroutine's)."""
+    fn: Callable
+    ctx: Context
+
+
+class _Runs:
+    """What Worker (threads) and AsyncWorker (asyncio) share: the runs held
+    and the claims' pace, and how one run's steps go, written once as a
+    generator of what to send and call (_Sql, _Fn), which each worker's
+    driver does on the run's connection, throwing back into it what they
+    raised (with ``_idem_broken`` set when the connection broke)."""
+
+    _context = Context
+
+    def __init__(self, connect, workflows, concurrency, lease, poll, name, stop, prefetch):
+        if concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        if prefetch < 0:
+            raise ValueError("prefetch must be at least 0")
+        self.connect = connect
+        self.workflows = list(workflows)
+        self.by_queue = {wf.queue: wf for wf in self.workflows}
+        self.concurrency = concurrency
+        self.prefetch = prefetch
+        self.lease = lease
+        self.poll = poll
+        self.name = name or f"{socket.gethostname()}:{os.getpid()}"
+        self._own_stop = stop is None
+        self.stop = stop
+        self.stats = {"claimed": 0, "steps": 0, "completed": 0, "failed_steps": 0,
+                      "lost": 0, "released": 0}
+        # the runs held: claimed, waiting in _work or running
+        self._active: Dict[str, dict] = {}    # run_id -> {"token", "lost"}
+        self._work: List[_Claimed] = []
+        self._claims_over = False
+        self._run_time: Optional[float] = None          # a run's, moving average (s)
+
+    def _count(self, what, n=1):
+        with self._lock:
+            self.stats[what] += n
+
+    # -- claims ------------------------------------------------------------
+
+    def _claim_params(self, queues, i, q, want, got):
+        # only the last queue's claim waits (in the server) for due runs
+        wait = f"{self.poll} seconds" if i == len(queues) - 1 and not got else None
+        return (q, want, f"{self.lease} seconds", self.name, wait)
+
+    def _claimed(self, q, r) -> _Claimed:
+        return _Claimed(self.by_queue[q], r[0], _loads(r[1]), r[2], r[3], r[4], r[5],
+                        _loads(r[6]) or {}, r[7], r[8])
+
+    def _claimable(self) -> Optional[int]:
+        """How many runs a claim would take now, or None when it should wait
+        (under self._lock).  One claim for several runs costs the server and
+        the worker about what one run costs: claim when `ahead` runs can be
+        taken at once, or when no claimed run is left for a free executor."""
+        ahead = self._ahead()
+        free = self.concurrency + ahead - len(self._active)
+        if free < max(ahead, 1) and (free <= 0 or self._work):
+            return None
+        return free
+
+    def _ahead(self) -> int:
+        """Runs to claim beyond the free executors (under self._lock): up to
+        prefetch, as many as start within _AHEAD_WAIT at the pace of the
+        recent runs; none before a run has ended.  A claimed run waits
+        under its lease (the heartbeat extends it), out of other workers'
+        reach, and a killed worker's runs come back only when their leases
+        end, an attempt counted: so only fast runs are claimed ahead."""
+        t = self._run_time
+        if not self.prefetch or t is None:
+            return 0
+        return min(self.prefetch, int(_AHEAD_WAIT * self.concurrency / max(t, 1e-6)))
+
+    def _note(self, c: _Claimed):
+        """c is held (under self._lock)."""
+        self.stats["claimed"] += 1
+        self._active[c.run_id] = {"token": c.token, "lost": False}
+        self._work.append(c)
+
+    def _ended(self, c: _Claimed, took: float) -> bool:
+        """c's work ended after took seconds (under self._lock); whether a
+        claim is to be made now."""
+        self._active.pop(c.run_id, None)
+        t = self._run_time
+        self._run_time = took if t is None else 0.8 * t + 0.2 * took
+        return self._claimable() is not None
+
+    # -- heartbeats --------------------------------------------------------
+
+    _EXTEND = "SELECT idem_run_extend(%s, %s::uuid, %s::interval)"
+
+    def _held(self):
+        with self._lock:
+            return [(r, a["token"]) for r, a in self._active.items() if not a["lost"]]
+
+    def _extend_refused(self, run_id, token, e: psycopg.Error):
+        if e.sqlstate in _STOP_STATES:
+            # taken over, or finished: the executor sees it on its next call
+            with self._lock:
+                if run_id in self._active and self._active[run_id]["token"] == token:
+                    self._active[run_id]["lost"] = True
+        else:
+            _log.warning("idem worker %s: heartbeat of %s failed: %s", self.name, run_id, e)
+
+    # -- one run -----------------------------------------------------------
+
+    def _lost(self, run_id):
+        with self._lock:
+            a = self._active.get(run_id)
+            return a is None or a["lost"]
+
+    def _run(self, c: _Claimed):
+        """Run c's steps from its next one."""
+        results = dict(c.results)
+        attempt = c.attempt
+        start = c.steps.index(c.next_step) if c.next_step in c.steps else len(c.steps)
+        p = _Progress()
+        for name in c.steps[start:]:
+            if self._lost(c.run_id):
+                self._count("lost")
+                return
+            if self.stop.is_set():
+                yield from self._release(c, p)
+                return
+            spec = c.wf._steps.get(name)
+            try:
+                if spec is None:
+                    raise LookupError(f"workflow {c.wf.name} has no function for step {name!r}")
+                results[name] = yield from self._step(c, spec, results, attempt, p)
+                self._count("steps")
+                attempt = 1     # a completed step starts the count again
+            except psycopg.OperationalError as e:
+                if not getattr(e, "_idem_broken", False):
+                    # a server error on a live session (40001 and 40P01 are
+                    # OperationalErrors too): the step's failure
+                    yield from self._failed(c, name, e, p)
+                    return
+                # the connection broke: whether the step committed is the
+                # database's to say; hand the run back so that a worker
+                # claims it at once and learns
+                _log.warning("idem worker %s: run %s step %s: %s", self.name, c.run_id, name,
+                             str(e).strip())
+                yield from self._release(c, p)
+                return
+            except Exception as e:
+                yield from self._failed(c, name, e, p)
+                return
+        self._count("completed")
+
+    def _failed(self, c: _Claimed, name, e: Exception, p: _Progress):
+        """A step raised e: fenced (another worker has the run, or it is
+        not running any more) stops here; anything else fails the step."""
+        state = getattr(e, "sqlstate", None)
+        if state in _STOP_STATES:
+            _log.info("idem worker %s: run %s step %s stopped: %s %s", self.name, c.run_id,
+                      name, state, e)
+            self._count("lost")
+            return
+        yield from self._fail(c, name, e, p)
+
+    @staticmethod
+    def _next_spec(c: _Claimed, name) -> Optional[_Step]:
+        i = c.steps.index(name) + 1
+        return c.wf._steps.get(c.steps[i]) if i < len(c.steps) else None
+
+    def _step(self, c: _Claimed, spec: _Step, results, attempt, p: _Progress):
+        if not spec.external:
+            # the previous external step's result and the next external
+            # step's start ride on this step's idem_call
+            fold = {}
+            if p.pending is not None:
+                fold["complete_step"], fold["complete_result"] = p.pending
+            nxt = self._next_spec(c, spec.name)
+            if nxt is not None and nxt.external:
+                fold["start_step"] = nxt.name
+            ctx = self._context(c.run_id, spec.name, c.input, results, attempt, c.token, None,
+                                self.name, spec, fold=fold or None)
+            try:
+                value = yield _Fn(spec.fn, ctx)
+            finally:
+                if ctx._response is not None:
+                    # the call committed the neighbours' records too, even
+                    # if the function raised after it
+                    p.pending = None
+                    if ctx._started is not None:
+                        p.started = (fold["start_step"],) + tuple(ctx._started)
+            if ctx._response is not None:
+                return ctx._response
+            # a step that wrote nothing: its return value is its result
+            yield from self._flush(c, p)
+            return (yield from self._complete(c, spec.name, value))
+        yield from self._flush(c, p)
+        started, p.started = p.started, None
+        if started is not None and started[0] == spec.name and started[2] is not None:
+            key, n = started[1], started[2]
+        else:
+            key, n, completed, result = yield _Sql(
+                "SELECT step_key, attempt, completed, result::text"
+                " FROM idem_step_start(%s, %s, %s::uuid)", (c.run_id, spec.name, c.token))
+            if completed:
+                return _loads(result)
+        ctx = self._context(c.run_id, spec.name, c.input, results, n, c.token, None, self.name,
+                            spec, key=key)
+        value = yield _Fn(spec.fn, ctx)
+        nxt = self._next_spec(c, spec.name)
+        if nxt is not None and not nxt.external:
+            # recorded with the next step (or before whatever comes instead)
+            text = _idem.dumps({} if value is None else value)
+            p.pending = (spec.name, text)
+            return _loads(text)
+        return (yield from self._complete(c, spec.name, value))
+
+    def _flush(self, c: _Claimed, p: _Progress):
+        """Record the external step's result held for the next step's call."""
+        if p.pending is not None:
+            name, text = p.pending
+            p.pending = None
+            yield from self._complete(c, name, text=text)
+
+    def _complete(self, c, name, value=None, text=None):
+        if text is None:
+            text = _idem.dumps({} if value is None else value)
+        try:
+            yield _Sql("SELECT idem_step_complete(%s, %s, %s::jsonb, lease_token => %s::uuid)",
+                       (c.run_id, name, text, c.token))
+        except psycopg.Error as e:
+            raise _translated(e)
+        # the result as the database holds it (and a resumed run reads it)
+        return _loads(text)
+
+    def _fail(self, c: _Claimed, name, e: Exception, p: _Progress):
+        if isinstance(e, _idem.RetryAfter):
+            text, after = str(e), f"{e.seconds} seconds"
+        else:
+            text, after = f"{type(e).__name__}: {e}".strip(), None
+        self._count("failed_steps")
+        try:
+            # the external step before it completed, whatever this one did
+            yield from self._flush(c, p)
+            if after is None:
+                row = yield _Sql("SELECT idem_step_fail(%s, %s, %s::uuid, %s)",
+                                 (c.run_id, name, c.token, text[:2000]))
+            else:
+                row = yield _Sql("SELECT idem_step_fail(%s, %s, %s::uuid, %s, "
+                                 + _idem.RETRY_AFTER + ")",
+                                 (c.run_id, name, c.token, text[:2000], after))
+            if row[0] is None:
+                _log.error("idem worker %s: run %s failed at step %s: %s", self.name, c.run_id,
+                           name, text)
+            else:
+                _log.info("idem worker %s: run %s step %s failed (%s), due again at %s",
+                          self.name, c.run_id, name, text, row[0])
+        except psycopg.OperationalError:
+            pass        # the connection broke: the run is back after its lease
+        except psycopg.Error as fe:
+            if fe.sqlstate not in _STOP_STATES:
+                _log.warning("idem worker %s: could not fail run %s step %s: %s", self.name,
+                             c.run_id, name, fe)
+
+    def _release(self, c: _Claimed, p: _Progress):
+        try:
+            yield from self._flush(c, p)
+            yield _Sql("SELECT idem_run_release(%s, %s::uuid)", (c.run_id, c.token))
+            self._count("released")
+        except psycopg.OperationalError:
+            pass        # back after its lease
+        except psycopg.Error as e:
+            if e.sqlstate not in _STOP_STATES:
+                _log.warning("idem worker %s: could not release run %s: %s", self.name,
+                             c.run_id, e)
+
+    @staticmethod
+    def _usable(conn):
+        return conn is not None and not conn.closed and not conn.broken
+
+    @staticmethod
+    def _ask(run, sent, thrown):
+        """The generator run's next ask, given what the last one returned
+        (sent) or raised (thrown); None once the run is over."""
+        try:
+            return run.send(sent) if thrown is None else run.throw(thrown)
+        except StopIteration:
+            return None
+
+    def _raised(self, e: Exception, conn) -> Exception:
+        """e, raised while doing an ask on conn, to throw into the run:
+        marked when the connection broke, which the driver opens again for
+        the next ask (closing a broken one frees nothing the server holds)."""
+        if not self._usable(conn):
+            e._idem_broken = True
+        return e
+
+
+class Worker(_Runs):
     """Claims runs of the workflows' queues and runs their steps,
     ``concurrency`` runs at a time (threads, one connection each, plus one
     for claims and one for heartbeats).  ``connect()`` returns a new
@@ -297,30 +651,11 @@ class Worker:
                  concurrency: int = 4, lease: float = 30, poll: float = 1.0,
                  name: Optional[str] = None, stop: Optional[threading.Event] = None,
                  prefetch: int = 4):
-        if concurrency < 1:
-            raise ValueError("concurrency must be at least 1")
-        if prefetch < 0:
-            raise ValueError("prefetch must be at least 0")
-        self.connect = connect
-        self.workflows = list(workflows)
-        self.by_queue = {wf.queue: wf for wf in self.workflows}
-        self.concurrency = concurrency
-        self.prefetch = prefetch
-        self.lease = lease
-        self.poll = poll
-        self.name = name or f"{socket.gethostname()}:{os.getpid()}"
-        self._own_stop = stop is None
-        self.stop = stop or threading.Event()
-        self.stats = {"claimed": 0, "steps": 0, "completed": 0, "failed_steps": 0,
-                      "lost": 0, "released": 0}
+        super().__init__(connect, workflows, concurrency, lease, poll, name,
+                         stop or threading.Event(), prefetch)
         self._lock = threading.Lock()
-        # the runs held: claimed, waiting in _work or running
-        self._active: Dict[str, dict] = {}    # run_id -> {"token", "lost"}
-        self._work: List[_Claimed] = []
-        self._claims_over = False
         self._have_work = threading.Condition(self._lock)
         self._room = threading.Condition(self._lock)    # a run held ended
-        self._run_time: Optional[float] = None          # a run's, moving average (s)
 
     # -- connections -------------------------------------------------------
 
@@ -337,9 +672,24 @@ class Worker:
             except Exception:
                 pass
 
-    def _count(self, what, n=1):
-        with self._lock:
-            self.stats[what] += n
+    def _drive(self, conn, run):
+        """Do what the generator run asks, on conn (opened again when it is
+        not usable); returns the connection to keep."""
+        sent = thrown = None
+        while (ask := self._ask(run, sent, thrown)) is not None:
+            sent = thrown = None
+            try:
+                if not self._usable(conn):
+                    self._close(conn)
+                    conn = self._open()
+                if type(ask) is _Sql:
+                    sent = _cursor(conn).execute(ask.sql, ask.params).fetchone()
+                else:
+                    ask.ctx.conn = conn
+                    sent = ask.fn(ask.ctx)
+            except Exception as e:
+                thrown = self._raised(e, conn)
+        return conn
 
     # -- the loop ----------------------------------------------------------
 
@@ -388,13 +738,10 @@ class Worker:
                 for i, q in enumerate(queues):
                     if free - got <= 0:
                         break
-                    # only the last queue's claim waits (in the server) for due runs
-                    wait = f"{self.poll} seconds" if i == len(queues) - 1 and not got else None
-                    rows = _cursor(conn).execute(_CLAIM, (q, free - got, f"{self.lease} seconds",
-                                                 self.name, wait)).fetchall()
+                    rows = _cursor(conn).execute(
+                        _CLAIM, self._claim_params(queues, i, q, free - got, got)).fetchall()
                     for r in rows:
-                        self._hand_over(_Claimed(self.by_queue[q], r[0], _loads(r[1]), r[2], r[3],
-                                                 r[4], r[5], _loads(r[6]) or {}, r[7], r[8]))
+                        self._hand_over(self._claimed(q, r))
                     got += len(rows)
                 down = 0
             except psycopg.OperationalError as e:
@@ -408,34 +755,9 @@ class Worker:
                 self.stop.wait(min(2.0, 0.05 * 2 ** min(down, 6)))
         self._close(conn)
 
-    def _claimable(self) -> Optional[int]:
-        """How many runs a claim would take now, or None when it should wait
-        (under self._lock).  One claim for several runs costs the server and
-        the worker about what one run costs: claim when `ahead` runs can be
-        taken at once, or when no claimed run is left for a free executor."""
-        ahead = self._ahead()
-        free = self.concurrency + ahead - len(self._active)
-        if free < max(ahead, 1) and (free <= 0 or self._work):
-            return None
-        return free
-
-    def _ahead(self) -> int:
-        """Runs to claim beyond the free executors (under self._lock): up to
-        prefetch, as many as start within _AHEAD_WAIT at the pace of the
-        recent runs; none before a run has ended.  A claimed run waits
-        under its lease (the heartbeat extends it), out of other workers'
-        reach, and a killed worker's runs come back only when their leases
-        end, an attempt counted: so only fast runs are claimed ahead."""
-        t = self._run_time
-        if not self.prefetch or t is None:
-            return 0
-        return min(self.prefetch, int(_AHEAD_WAIT * self.concurrency / max(t, 1e-6)))
-
     def _hand_over(self, c: _Claimed):
-        self._count("claimed")
         with self._have_work:
-            self._active[c.run_id] = {"token": c.token, "lost": False}
-            self._work.append(c)
+            self._note(c)
             self._have_work.notify()
 
     def _executor(self):
@@ -449,16 +771,12 @@ class Worker:
                 c = self._work.pop(0)
             began = time.monotonic()
             try:
-                conn = self._run(conn, c)
+                conn = self._drive(conn, self._run(c))
             finally:
-                took = time.monotonic() - began
                 with self._lock:
-                    self._active.pop(c.run_id, None)
-                    t = self._run_time
-                    self._run_time = took if t is None else 0.8 * t + 0.2 * took
                     # the claim loop wakes only when it has a claim to make:
                     # a thread switch per run ended is a cost of its own
-                    if self._claimable() is not None:
+                    if self._ended(c, time.monotonic() - began):
                         self._room.notify()
         self._close(conn)
 
@@ -470,213 +788,191 @@ class Worker:
                 time.sleep(min(every, 0.1))     # draining: runs finish their steps
             else:
                 self.stop.wait(every)
-            with self._lock:
-                held = [(r, a["token"]) for r, a in self._active.items() if not a["lost"]]
-            for run_id, token in held:
+            for run_id, token in self._held():
                 try:
                     if conn is None:
                         conn = self._open()
-                    conn.execute("SELECT idem_run_extend(%s, %s::uuid, %s::interval)",
-                                 (run_id, token, f"{self.lease} seconds"))
+                    conn.execute(self._EXTEND, (run_id, token, f"{self.lease} seconds"))
                 except psycopg.OperationalError:
                     self._close(conn)
                     conn = None
                     break
                 except psycopg.Error as e:
-                    if e.sqlstate in _STOP_STATES:
-                        # taken over, or finished: the executor sees it on its next call
-                        with self._lock:
-                            if run_id in self._active and self._active[run_id]["token"] == token:
-                                self._active[run_id]["lost"] = True
-                    else:
-                        _log.warning("idem worker %s: heartbeat of %s failed: %s", self.name,
-                                     run_id, e)
+                    self._extend_refused(run_id, token, e)
         self._close(conn)
 
-    # -- one run -----------------------------------------------------------
 
-    def _lost(self, run_id):
-        with self._lock:
-            a = self._active.get(run_id)
-            return a is None or a["lost"]
+class AsyncWorker(_Runs):
+    """Worker for asyncio: ``await AsyncWorker(connect, [workflows]).run()``
+    runs ``concurrency`` runs at a time as tasks of the running loop, one
+    psycopg.AsyncConnection each (plus one for claims and one for
+    heartbeats), made autocommit here.  ``connect()`` returns a new
+    AsyncConnection (or an awaitable of one, as
+    ``psycopg.AsyncConnection.connect(...)`` does).  Step functions are
+    ``async def`` (a plain function that returns a value works too, and
+    blocks the loop while it runs) and get an AsyncContext:
+    ``await ctx.execute(sql, *args)``.  ``run()`` returns when ``stop`` (an
+    asyncio.Event) is set, or without one on SIGTERM/SIGINT (in the main
+    thread); the drain and everything else are Worker's."""
 
-    def _run(self, conn, c: _Claimed):
-        """Run c's steps from its next one; returns the connection to keep."""
-        results = dict(c.results)
-        attempt = c.attempt
-        start = c.steps.index(c.next_step) if c.next_step in c.steps else len(c.steps)
-        p = _Progress()
-        for name in c.steps[start:]:
-            if self._lost(c.run_id):
-                self._count("lost")
-                return conn
-            if self.stop.is_set():
-                conn = self._release(conn, c, p)
-                return conn
-            spec = c.wf._steps.get(name)
-            try:
-                if conn is None or conn.closed or conn.broken:
-                    self._close(conn)
-                    conn = self._open()
-                if spec is None:
-                    raise LookupError(f"workflow {c.wf.name} has no function for step {name!r}")
-                results[name] = self._step(conn, c, spec, results, attempt, p)
-                self._count("steps")
-                attempt = 1     # a completed step starts the count again
-            except psycopg.OperationalError as e:
-                if not (conn is None or conn.closed or conn.broken):
-                    # a server error on a live session (40001 and 40P01 are
-                    # OperationalErrors too): the step's failure
-                    conn = self._failed(conn, c, name, e, p)
-                    return conn
-                # the connection broke: whether the step committed is the
-                # database's to say; hand the run back so that a worker
-                # claims it at once and learns
-                _log.warning("idem worker %s: run %s step %s: %s", self.name, c.run_id, name,
-                             str(e).strip())
-                self._close(conn)
-                conn = None
-                return self._release(conn, c, p)
-            except Exception as e:
-                conn = self._failed(conn, c, name, e, p)
-                return conn
-        self._count("completed")
-        return conn
+    _context = AsyncContext
 
-    def _failed(self, conn, c: _Claimed, name, e: Exception, p: _Progress):
-        """A step raised e: fenced (another worker has the run, or it is
-        not running any more) stops here; anything else fails the step."""
-        state = getattr(e, "sqlstate", None)
-        if state in _STOP_STATES:
-            _log.info("idem worker %s: run %s step %s stopped: %s %s", self.name, c.run_id,
-                      name, state, e)
-            self._count("lost")
-            return conn
-        return self._fail(conn, c, name, e, p)
+    def __init__(self, connect: Callable, workflows: List[Workflow], *, concurrency: int = 4,
+                 lease: float = 30, poll: float = 1.0, name: Optional[str] = None,
+                 stop: Optional[asyncio.Event] = None, prefetch: int = 4):
+        super().__init__(connect, workflows, concurrency, lease, poll, name,
+                         stop or asyncio.Event(), prefetch)
+        # one thread: the state needs no lock
+        self._lock = contextlib.nullcontext()
+        self._have_work = asyncio.Event()
+        self._room = asyncio.Event()
+
+    async def _open(self):
+        c = self.connect()
+        if inspect.isawaitable(c):
+            c = await c
+        await c.set_autocommit(True)
+        return c
 
     @staticmethod
-    def _next_spec(c: _Claimed, name) -> Optional[_Step]:
-        i = c.steps.index(name) + 1
-        return c.wf._steps.get(c.steps[i]) if i < len(c.steps) else None
-
-    def _step(self, conn, c: _Claimed, spec: _Step, results, attempt, p: _Progress):
-        if not spec.external:
-            # the previous external step's result and the next external
-            # step's start ride on this step's idem_call
-            fold = {}
-            if p.pending is not None:
-                fold["complete_step"], fold["complete_result"] = p.pending
-            nxt = self._next_spec(c, spec.name)
-            if nxt is not None and nxt.external:
-                fold["start_step"] = nxt.name
-            ctx = Context(c.run_id, spec.name, c.input, results, attempt, c.token, conn,
-                          self.name, spec, fold=fold or None)
+    async def _close(c):
+        if c is not None:
             try:
-                value = spec.fn(ctx)
-            finally:
-                if ctx._response is not None:
-                    # the call committed the neighbours' records too, even
-                    # if the function raised after it
-                    p.pending = None
-                    if ctx._started is not None:
-                        p.started = (fold["start_step"],) + tuple(ctx._started)
-            if ctx._response is not None:
-                return ctx._response
-            # a step that wrote nothing: its return value is its result
-            self._flush(conn, c, p)
-            return self._complete(conn, c, spec.name, value)
-        self._flush(conn, c, p)
-        started, p.started = p.started, None
-        if started is not None and started[0] == spec.name and started[2] is not None:
-            key, n = started[1], started[2]
-        else:
-            key, n, completed, result = _cursor(conn).execute(
-                "SELECT step_key, attempt, completed, result::text"
-                " FROM idem_step_start(%s, %s, %s::uuid)",
-                (c.run_id, spec.name, c.token)).fetchone()
-            if completed:
-                return _loads(result)
-        ctx = Context(c.run_id, spec.name, c.input, results, n, c.token, conn, self.name, spec,
-                      key=key)
-        value = spec.fn(ctx)
-        nxt = self._next_spec(c, spec.name)
-        if nxt is not None and not nxt.external:
-            # recorded with the next step (or before whatever comes instead)
-            text = _idem.dumps({} if value is None else value)
-            p.pending = (spec.name, text)
-            return _loads(text)
-        return self._complete(conn, c, spec.name, value)
+                await c.close()
+            except Exception:
+                pass
 
-    def _flush(self, conn, c: _Claimed, p: _Progress):
-        """Record the external step's result held for the next step's call."""
-        if p.pending is not None:
-            name, text = p.pending
-            p.pending = None
-            self._complete(conn, c, name, text=text)
+    async def _drive(self, conn, run):
+        """Worker._drive, awaiting the statements and the step functions."""
+        sent = thrown = None
+        while (ask := self._ask(run, sent, thrown)) is not None:
+            sent = thrown = None
+            try:
+                if not self._usable(conn):
+                    await self._close(conn)
+                    conn = await self._open()
+                if type(ask) is _Sql:
+                    cur = _cursor(conn)
+                    await cur.execute(ask.sql, ask.params)
+                    sent = await cur.fetchone()
+                else:
+                    ask.ctx.conn = conn
+                    sent = ask.fn(ask.ctx)
+                    if inspect.isawaitable(sent):
+                        sent = await sent
+            except Exception as e:
+                thrown = self._raised(e, conn)
+        return conn
 
-    def _complete(self, conn, c, name, value=None, text=None):
-        if text is None:
-            text = _idem.dumps({} if value is None else value)
+    async def _pause(self, event: asyncio.Event, seconds: float):
+        """Until event is set, at most seconds."""
         try:
-            _cursor(conn).execute("SELECT idem_step_complete(%s, %s, %s::jsonb,"
-                                  " lease_token => %s::uuid)",
-                         (c.run_id, name, text, c.token))
-        except psycopg.Error as e:
-            raise _translated(e)
-        # the result as the database holds it (and a resumed run reads it)
-        return _loads(text)
+            await asyncio.wait_for(event.wait(), seconds)
+        except asyncio.TimeoutError:
+            pass
 
-    def _fail(self, conn, c: _Claimed, name, e: Exception, p: _Progress):
-        if isinstance(e, _idem.RetryAfter):
-            text, after = str(e), f"{e.seconds} seconds"
-        else:
-            text, after = f"{type(e).__name__}: {e}".strip(), None
-        self._count("failed_steps")
+    async def run(self) -> dict:
+        """Claim and run until stopped; returns Worker.run()'s counts."""
+        loop = asyncio.get_running_loop()
+        signals = []
+        if self._own_stop and threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                try:
+                    loop.add_signal_handler(sig, self.stop.set)
+                    signals.append(sig)
+                except (NotImplementedError, RuntimeError):
+                    pass
+        tasks = [asyncio.create_task(self._executor()) for _ in range(self.concurrency)]
+        tasks.append(asyncio.create_task(self._heartbeat()))
         try:
-            if conn is None or conn.closed or conn.broken:
-                self._close(conn)
-                conn = self._open()
-            # the external step before it completed, whatever this one did
-            self._flush(conn, c, p)
-            if after is None:
-                due = conn.execute("SELECT idem_step_fail(%s, %s, %s::uuid, %s)",
-                                   (c.run_id, name, c.token, text[:2000])).fetchone()[0]
-            else:
-                due = conn.execute("SELECT idem_step_fail(%s, %s, %s::uuid, %s, "
-                                   + _idem.RETRY_AFTER + ")",
-                                   (c.run_id, name, c.token, text[:2000], after)).fetchone()[0]
-            if due is None:
-                _log.error("idem worker %s: run %s failed at step %s: %s", self.name, c.run_id,
-                           name, text)
-            else:
-                _log.info("idem worker %s: run %s step %s failed (%s), due again at %s",
-                          self.name, c.run_id, name, text, due)
-        except psycopg.OperationalError as oe:
-            if getattr(oe, "sqlstate", None) not in _STOP_STATES:
-                self._close(conn)
+            await self._claim_loop()
+        finally:
+            self.stop.set()
+            # a run claimed as the stop came is still run (and released)
+            self._claims_over = True
+            self._have_work.set()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            for sig in signals:
+                loop.remove_signal_handler(sig)
+        return dict(self.stats)
+
+    async def _claim_loop(self):
+        conn = None
+        down = 0
+        queues = list(self.by_queue)
+        while not self.stop.is_set():
+            free = self._claimable()
+            if free is None:
+                self._room.clear()
+                await self._pause(self._room, 0.2)
+                continue
+            got = 0
+            try:
+                if conn is None:
+                    conn = await self._open()
+                random.shuffle(queues)
+                for i, q in enumerate(queues):
+                    if free - got <= 0:
+                        break
+                    cur = _cursor(conn)
+                    await cur.execute(_CLAIM, self._claim_params(queues, i, q, free - got, got))
+                    rows = await cur.fetchall()
+                    for r in rows:
+                        self._hand_over(self._claimed(q, r))
+                    got += len(rows)
+                down = 0
+            except psycopg.OperationalError as e:
+                # as Worker's: our claims come back after their lease
+                await self._close(conn)
                 conn = None
-        except psycopg.Error as fe:
-            if fe.sqlstate not in _STOP_STATES:
-                _log.warning("idem worker %s: could not fail run %s step %s: %s", self.name,
-                             c.run_id, name, fe)
-        return conn
+                down += 1
+                _log.warning("idem worker %s: claim failed (%s); reconnecting", self.name,
+                             str(e).strip())
+                await self._pause(self.stop, min(2.0, 0.05 * 2 ** min(down, 6)))
+        await self._close(conn)
 
-    def _release(self, conn, c: _Claimed, p: _Progress):
-        try:
-            if conn is None or conn.closed or conn.broken:
-                self._close(conn)
-                conn = self._open()
-            self._flush(conn, c, p)
-            conn.execute("SELECT idem_run_release(%s, %s::uuid)", (c.run_id, c.token))
-            self._count("released")
-        except psycopg.OperationalError:
-            self._close(conn)
-            conn = None         # back after its lease
-        except psycopg.Error as e:
-            if e.sqlstate not in _STOP_STATES:
-                _log.warning("idem worker %s: could not release run %s: %s", self.name,
-                             c.run_id, e)
-        return conn
+    def _hand_over(self, c: _Claimed):
+        self._note(c)
+        self._have_work.set()
+
+    async def _executor(self):
+        conn = None
+        loop = asyncio.get_running_loop()
+        while True:
+            while not self._work and not self._claims_over:
+                self._have_work.clear()
+                await self._have_work.wait()
+            if not self._work:
+                break       # stopped and no claim can come any more
+            c = self._work.pop(0)
+            began = loop.time()
+            try:
+                conn = await self._drive(conn, self._run(c))
+            finally:
+                if self._ended(c, loop.time() - began):
+                    self._room.set()
+        await self._close(conn)
+
+    async def _heartbeat(self):
+        conn = None
+        every = max(self.lease / 3.0, 0.05)
+        while not (self.stop.is_set() and not self._active):
+            if self.stop.is_set():
+                await asyncio.sleep(min(every, 0.1))    # draining: runs finish their steps
+            else:
+                await self._pause(self.stop, every)
+            for run_id, token in self._held():
+                try:
+                    if conn is None:
+                        conn = await self._open()
+                    await conn.execute(self._EXTEND, (run_id, token, f"{self.lease} seconds"))
+                except psycopg.OperationalError:
+                    await self._close(conn)
+                    conn = None
+                    break
+                except psycopg.Error as e:
+                    self._extend_refused(run_id, token, e)
+        await self._close(conn)
 
 
 def _loads(text):

@@ -234,6 +234,8 @@ typedef struct IdemQuery
 extern void idem_owner_spi_begin(IdemOwnerSPI *s, Oid relid);
 extern void idem_owner_spi_end(IdemOwnerSPI *s);
 extern Oid	idem_catalog_outbox_indexes(Oid *pkey, Oid *due, Oid *run);
+extern HeapTuple idem_form_row(Relation rel, Datum *values, bool *nulls,
+							   int natts);
 extern void idem_delete_outbox_row(Relation rel, ItemPointer tid);
 extern void idem_update_outbox_row(Relation rel, ItemPointer otid,
 								   HeapTuple tuple);

@@ -268,6 +268,15 @@ enum
 
 static TableWriter writers[WRITE_TABLES];
 
+/* the columns idem writes in each table's rows, all of them but dropped ones */
+static const int writer_natts[WRITE_TABLES] = {
+	[WRITE_KEYS] = Natts_keys,
+	[WRITE_RUNS] = Natts_runs,
+	[WRITE_OUTBOX] = Natts_outbox,
+	[WRITE_AUDIT] = Natts_audit,
+	[WRITE_ATTEMPTS] = Natts_run_attempts
+};
+
 /* moves on with every invalidation of one of idem's relations */
 static uint64 catalog_generation = 1;
 
@@ -330,6 +339,14 @@ catalog_relid(const char *relname, Oid nspid)
  * in its place would otherwise be read through the wrong index or with
  * the wrong types.  Nor may Citus have taken it over: its rows would be on
  * Citus's shards, out of sight of idem's direct reads and writes.
+ *
+ * Dropped columns after idem's are let through: a column added and
+ * dropped again (by an administrator, or by an update script that needed
+ * it for a while) leaves one, and nothing short of recreating the table
+ * removes it, so refusing it would leave DROP EXTENSION, and the loss of
+ * every key and run, as the only way out.  idem's writes form their rows
+ * with the relation's own width (idem_form_row()).  A dropped column
+ * among idem's would move theirs off the numbers idem reads them by.
  */
 static Oid
 catalog_table(const char *relname, Oid nspid, Oid extoid,
@@ -1158,6 +1175,37 @@ store_row(TableWriter *tw, Relation rel, HeapTuple tuple)
 }
 
 /*
+ * idem_form_row
+ *		A row of rel, one of idem's tables, from the values and nulls of
+ *		its first natts columns, which catalog_table() checked are all but
+ *		dropped ones: those come after, and are null in the row, as the
+ *		executor makes them.
+ */
+HeapTuple
+idem_form_row(Relation rel, Datum *values, bool *nulls, int natts)
+{
+	TupleDesc	desc = RelationGetDescr(rel);
+	Datum	   *allvalues;
+	bool	   *allnulls;
+	HeapTuple	tuple;
+
+	if (desc->natts == natts)
+		return heap_form_tuple(desc, values, nulls);
+	if (desc->natts < natts)
+		catalog_damaged(RelationGetRelationName(rel),
+						"Its columns differ from those the extension defines.");
+	allvalues = palloc0(sizeof(Datum) * desc->natts);
+	allnulls = palloc(sizeof(bool) * desc->natts);
+	memcpy(allvalues, values, sizeof(Datum) * natts);
+	memcpy(allnulls, nulls, sizeof(bool) * natts);
+	memset(allnulls + natts, true, sizeof(bool) * (desc->natts - natts));
+	tuple = heap_form_tuple(desc, allvalues, allnulls);
+	pfree(allvalues);
+	pfree(allnulls);
+	return tuple;
+}
+
+/*
  * Insert a row into one of idem's tables and its indexes, then make it
  * visible to the rest of this transaction: later calls and nested ones
  * must see it.
@@ -1173,7 +1221,7 @@ static void
 insert_row(int which, Oid relid, Datum *values, bool *nulls)
 {
 	Relation	rel = table_open(relid, RowExclusiveLock);
-	HeapTuple	tuple = heap_form_tuple(RelationGetDescr(rel), values, nulls);
+	HeapTuple	tuple = idem_form_row(rel, values, nulls, writer_natts[which]);
 
 	store_row(writer_for_row(which, rel, tuple), rel, tuple);
 }
@@ -1245,6 +1293,7 @@ typedef struct ShardWriter
 	Oid			pkey;			/* the shard's primary key index */
 	RegProcedure tenant_eq;		/* its first column's equality */
 	Oid			tenant_collation;
+	Oid			owner_collation;
 	Oid			key_collation;
 	TableWriter tw;
 } ShardWriter;
@@ -1255,13 +1304,25 @@ typedef struct ShardWriter
 static HTAB *shard_writers = NULL;
 
 static const ColumnShape tenant_keys_shape[] = {
-	{"tenant", InvalidOid}, {"owner", REGROLEOID}, {"key", TEXTOID},
+	{"tenant", InvalidOid}, {"owner", TEXTOID}, {"key", TEXTOID},
 	{"fingerprint", BYTEAOID}, {"fingerprint_version", INT2OID},
 	{"response", JSONBOID}, {"created_at", TIMESTAMPTZOID},
 	{"expires_at", TIMESTAMPTZOID}
 };
 
 #define Natts_tenant_keys lengthof(tenant_keys_shape)
+
+/*
+ * A tenant record's owner is the role's name, not its OID: Citus knows a
+ * role on every node by its name and gives it each node's own OID, and a
+ * shard move copies the records' bytes to the new node, where the old OID
+ * is another role's or nobody's.
+ */
+static text *
+tenant_key_owner(Oid owner)
+{
+	return cstring_to_text(GetUserNameFromId(owner, false));
+}
 
 /* catalog_invalidate()'s, which catalog_resolve() registers */
 static void
@@ -1334,6 +1395,7 @@ build_shard_probe(ShardWriter *sw, Relation rel)
 			 RelationGetRelationName(rel));
 	sw->tenant_eq = get_opcode(eqop);
 	sw->tenant_collation = idx->rd_indcollation[0];
+	sw->owner_collation = idx->rd_indcollation[1];
 	sw->key_collation = idx->rd_indcollation[2];
 	index_close(idx, AccessShareLock);
 	sw->probe_built = invalidations;
@@ -1412,6 +1474,7 @@ idem_lookup_tenant_key(Oid relid, Datum tenant, Oid owner, const char *key,
 	Relation	idx = index_open(sw->pkey, AccessShareLock);
 	TupleTableSlot *slot = table_slot_create(rel, NULL);
 	text	   *keytext = cstring_to_text_with_len(key, keylen);
+	text	   *ownertext = tenant_key_owner(owner);
 	Snapshot	xact_snapshot = !as_of_snapshot && IsolationUsesXactSnapshot() ?
 		GetTransactionSnapshot() : NULL;
 	ScanKeyData skey[3];
@@ -1420,8 +1483,9 @@ idem_lookup_tenant_key(Oid relid, Datum tenant, Oid owner, const char *key,
 
 	ScanKeyEntryInitialize(&skey[0], 0, 1, BTEqualStrategyNumber, InvalidOid,
 						   sw->tenant_collation, sw->tenant_eq, tenant);
-	ScanKeyInit(&skey[1], 2, BTEqualStrategyNumber, F_OIDEQ,
-				ObjectIdGetDatum(owner));
+	ScanKeyEntryInitialize(&skey[1], 0, 2, BTEqualStrategyNumber, InvalidOid,
+						   sw->owner_collation, F_TEXTEQ,
+						   PointerGetDatum(ownertext));
 	ScanKeyEntryInitialize(&skey[2], 0, 3, BTEqualStrategyNumber, InvalidOid,
 						   sw->key_collation, F_TEXTEQ,
 						   PointerGetDatum(keytext));
@@ -1448,6 +1512,7 @@ idem_lookup_tenant_key(Oid relid, Datum tenant, Oid owner, const char *key,
 			heap_freetuple(tuple);
 	}
 	close_probe(slot, idx, rel, keytext);
+	pfree(ownertext);
 	return found;
 }
 
@@ -1487,7 +1552,7 @@ idem_insert_tenant_key(Oid relid, Datum tenant, Oid owner, const char *key,
 	SET_VARSIZE(fp, VARHDRSZ + IDEM_FINGERPRINT_LEN);
 	memcpy(VARDATA(fp), fingerprint, IDEM_FINGERPRINT_LEN);
 	values[0] = tenant;
-	values[1] = ObjectIdGetDatum(owner);
+	values[1] = PointerGetDatum(tenant_key_owner(owner));
 	values[2] = PointerGetDatum(cstring_to_text_with_len(key, keylen));
 	values[3] = PointerGetDatum(fp);
 	values[4] = Int16GetDatum(IDEM_FINGERPRINT_VERSION);
@@ -1527,16 +1592,13 @@ idem_restamp_key(Oid owner, const char *key, TimestampTz expires_at)
 
 		if (TransactionIdIsCurrentTransactionId(HeapTupleHeaderGetXmin(tuple->t_data)))
 		{
-			Datum		values[Natts_keys];
-			bool		nulls[Natts_keys];
-			bool		replace[Natts_keys] = {0};
+			int			col = Anum_keys_expires_at;
+			Datum		value = TimestampTzGetDatum(expires_at);
+			bool		isnull = false;
 			HeapTuple	newtup;
 
-			values[Anum_keys_expires_at - 1] = TimestampTzGetDatum(expires_at);
-			nulls[Anum_keys_expires_at - 1] = false;
-			replace[Anum_keys_expires_at - 1] = true;
-			newtup = heap_modify_tuple(tuple, RelationGetDescr(rel),
-									   values, nulls, replace);
+			newtup = heap_modify_tuple_by_cols(tuple, RelationGetDescr(rel),
+											   1, &col, &value, &isnull);
 			update_row(WRITE_KEYS, rel, &tuple->t_self, newtup);
 			heap_freetuple(newtup);
 			done = true;
@@ -2103,7 +2165,7 @@ idem_update_run(IdemRunRow *row)
 	catalog_resolve();
 	rel = table_open(catalog.runs, RowExclusiveLock);
 	run_values(row, values, nulls);
-	tuple = heap_form_tuple(RelationGetDescr(rel), values, nulls);
+	tuple = idem_form_row(rel, values, nulls, Natts_runs);
 	update_row(WRITE_RUNS, rel, &row->tid, tuple);
 	idem_run_writes++;
 	row->tid = tuple->t_self;
@@ -2181,21 +2243,17 @@ idem_end_run_attempt(Oid owner, const char *run_id, int32 claim,
 		{
 			bool		should_free;
 			HeapTuple	old = ExecFetchSlotHeapTuple(slot, false, &should_free);
-			Datum		values[Natts_run_attempts] = {0};
-			bool		nulls[Natts_run_attempts] = {0};
-			bool		replace[Natts_run_attempts] = {0};
+			int			cols[3] = {Anum_run_attempts_ended_at,
+			Anum_run_attempts_outcome, Anum_run_attempts_error};
+			Datum		values[3];
+			bool		nulls[3] = {false, false, error == NULL};
 			HeapTuple	tuple;
 
-			values[Anum_run_attempts_ended_at - 1] = TimestampTzGetDatum(ended_at);
-			replace[Anum_run_attempts_ended_at - 1] = true;
-			values[Anum_run_attempts_outcome - 1] = CStringGetTextDatum(outcome);
-			replace[Anum_run_attempts_outcome - 1] = true;
-			nulls[Anum_run_attempts_error - 1] = error == NULL;
-			values[Anum_run_attempts_error - 1] =
-				error ? CStringGetTextDatum(error) : (Datum) 0;
-			replace[Anum_run_attempts_error - 1] = true;
-			tuple = heap_modify_tuple(old, RelationGetDescr(rel), values,
-									  nulls, replace);
+			values[0] = TimestampTzGetDatum(ended_at);
+			values[1] = CStringGetTextDatum(outcome);
+			values[2] = error ? CStringGetTextDatum(error) : (Datum) 0;
+			tuple = heap_modify_tuple_by_cols(old, RelationGetDescr(rel), 3,
+											  cols, values, nulls);
 			update_row(WRITE_ATTEMPTS, rel, &old->t_self, tuple);
 			heap_freetuple(tuple);
 			if (should_free)

@@ -770,7 +770,7 @@ claim_into(const char *topic, int32 max_events, int64 lease_us, Oid caller,
 			values[Anum_outbox_last_error - 1] = lease_error;
 			nulls[Anum_outbox_last_error - 1] = false;
 		}
-		newtup = heap_form_tuple(RelationGetDescr(rel), values, nulls);
+		newtup = idem_form_row(rel, values, nulls, Natts_outbox);
 		idem_update_outbox_row(rel, &locked->tts_tid, newtup);
 
 		if (to_dead)
@@ -1137,7 +1137,7 @@ ack_event(AckScan *a, Datum event_id, Datum token, LockedEvent *ev)
 		values[Anum_outbox_state - 1] = CStringGetTextDatum("delivered");
 		values[Anum_outbox_delivered_at - 1] = TimestampTzGetDatum(a->now);
 		nulls[Anum_outbox_delivered_at - 1] = false;
-		newtup = heap_form_tuple(RelationGetDescr(a->rel), values, nulls);
+		newtup = idem_form_row(a->rel, values, nulls, Natts_outbox);
 		idem_update_outbox_row(a->rel, &ev->tid, newtup);
 		heap_freetuple(newtup);
 	}

@@ -193,6 +193,7 @@ idem_call(PG_FUNCTION_ARGS)
 	Jsonb	   *complete_result = NULL;
 	char	   *start_step = NULL;
 	int			started_attempt = 0;
+	IdemHeldRun held = {0};
 
 	idem_check_can_write("idem_call()");
 
@@ -247,7 +248,7 @@ idem_call(PG_FUNCTION_ARGS)
 			complete_result = idem_step_result_arg(fcinfo, CALL_COMPLETE_RESULT,
 												   "idem_call()");
 			(void) idem_step_complete_leased(run_id, complete_step, token,
-											 complete_result);
+											 complete_result, &held);
 		}
 	}
 
@@ -267,7 +268,7 @@ idem_call(PG_FUNCTION_ARGS)
 	idem_collect_text_args(fcinfo, CALL_ARGS, &req);
 
 	if (is_step)
-		idem_step_request(&req, run_id, step, token, &result);
+		idem_step_request(&req, run_id, step, token, &held, &result);
 	else
 		idem_execute_request(&req, &result);
 
@@ -279,7 +280,7 @@ idem_call(PG_FUNCTION_ARGS)
 		Jsonb	   *done;
 
 		started_attempt = idem_step_start_leased(run_id, start_step, token,
-												 &done);
+												 &done, &held);
 	}
 	PG_RETURN_DATUM(call_result(&result, run_id, start_step, started_attempt));
 }

@@ -350,6 +350,29 @@ idem_run_lock_in(const IdemRunStore *store, Oid owner, const char *run_id,
 }
 
 /*
+ * Lock and read owner's run in store for an act of verb, fenced and checked
+ * against the snapshot, unless held has it from an earlier act of the same
+ * call: the lock is held to the transaction's end, and every write of the
+ * run since went through held's row, so the row is the run's latest
+ * version.  The fence and the snapshot check are made on it again all the
+ * same, as each act would make them alone.
+ */
+static IdemRunRow *
+lock_run_held(const IdemRunStore *store, IdemHeldRun *held, Oid owner,
+			  const char *run_id, const pg_uuid_t *token, const char *verb)
+{
+	if (!held->held || held->row.owner != owner ||
+		strcmp(held->row.run_id, run_id) != 0)
+	{
+		read_locked(store, owner, run_id, &held->row);
+		held->held = true;
+	}
+	idem_run_fence(&held->row, token, verb);
+	idem_check_run_visible(&held->row);
+	return &held->row;
+}
+
+/*
  * After a step's statement that wrote a run's row (its own, or another
  * run's step nested in it): it must not have changed its own run (a
  * run function called from inside it: the holder's heartbeat or release,
@@ -378,28 +401,26 @@ check_run_unchanged(IdemRunRow *run, const char *step)
  * request.  Fills out.
  */
 static void
-run_step(const IdemRunStore *store, IdemRequest *req, IdemStatement *stmt,
-		 Jsonb *result, const char *run_id, const char *step,
-		 const pg_uuid_t *token, const uint8 *fingerprint, IdemResult *out,
-		 volatile bool *executing)
+run_step(const IdemRunStore *store, IdemHeldRun *held, IdemRequest *req,
+		 IdemStatement *stmt, Jsonb *result, const char *run_id,
+		 const char *step, const pg_uuid_t *token, const uint8 *fingerprint,
+		 IdemResult *out, volatile bool *executing)
 {
 	TimestampTz now = GetCurrentTransactionStartTimestamp();
-	IdemRunRow	run;
+	IdemRunRow *run;
 	IdemRecord	rec;
 	int			ordinal;
 	char	   *topic;
 	Jsonb	   *response;
 	uint64		writes;
 
-	read_locked(store, req->owner, run_id, &run);
 	/* before anything executes or replays: a queued run's holder only */
-	idem_run_fence(&run, token, "work on");
-	idem_check_run_visible(&run);
-	ordinal = idem_run_step_ordinal(&run, step);
+	run = lock_run_held(store, held, req->owner, run_id, token, "work on");
+	ordinal = idem_run_step_ordinal(run, step);
 
 	if (store->find_record(store, stmt, req, fingerprint, now, &rec))
 	{
-		int			pos = done_position(&run, step, ordinal);
+		int			pos = done_position(run, step, ordinal);
 
 		/*
 		 * A record the run does not list was written outside the run's
@@ -410,7 +431,7 @@ run_step(const IdemRunStore *store, IdemRequest *req, IdemStatement *stmt,
 			ereport(ERROR,
 					(errcode(ERRCODE_IDEM_KEY_REUSED),
 					 errmsg("step \"%s\" of run \"%s\" has a record its run did not write",
-							step, run.run_id),
+							step, run->run_id),
 					 errdetail("The key record %s was not written by the run's functions.",
 							   req->key),
 					 idem_errhint(ERRCODE_IDEM_KEY_REUSED, "Give the step another name, or remove the record once it has expired.")));
@@ -423,18 +444,18 @@ run_step(const IdemRunStore *store, IdemRequest *req, IdemStatement *stmt,
 			ereport(ERROR,
 					(errcode(ERRCODE_IDEM_KEY_REUSED),
 					 errmsg("step \"%s\" of run \"%s\" holds a cached error instead of a result",
-							step, run.run_id),
+							step, run->run_id),
 					 errdetail("The record %s, which idem 1.1 counted as the step's result, was written by idem_execute() with a cached error; a step never records an error.",
 							   req->key),
 					 idem_errhint(ERRCODE_IDEM_KEY_REUSED, "Cancel the run and begin it again under another id.")));
-		count_attempt(store, &run, pos);
+		count_attempt(store, run, pos);
 		idem_replay_record(req, &rec, out);
 		return;
 	}
 
-	check_step_may_run(store, &run, step, ordinal);
+	check_step_may_run(store, run, step, ordinal);
 	if (stmt != NULL)
-		idem_run_check_room(&run);
+		idem_run_check_room(run);
 	topic = idem_current_topic(req->owner);
 	/*
 	 * A worker's step of another role's run writes the owner's event with
@@ -448,17 +469,17 @@ run_step(const IdemRunStore *store, IdemRequest *req, IdemStatement *stmt,
 	writes = idem_run_writes;
 	response = stmt != NULL ? store->execute(store, stmt, req) : result;
 	if (idem_run_writes != writes && store == &idem_local_runs)
-		check_run_unchanged(&run, step);
+		check_run_unchanged(run, step);
 
 	store->insert_key(store, req, fingerprint, response, now);
-	record_step(store, &run, step, now);
+	record_step(store, run, step, now);
 	/*
 	 * The step's place among the run's completed steps orders its events:
 	 * the run's lock makes that the order in which the steps committed.
 	 */
 	if (topic != NULL)
 		idem_insert_outbox(req->key, req->owner, topic, response, now,
-						   run_id, step, run_ndone(&run));
+						   run_id, step, run_ndone(run));
 	out->response = response;
 	out->replayed = false;
 	out->first_executed_at = now;
@@ -486,17 +507,17 @@ idem_step_key_request(const char *run_id, const char *step,
  * included) whether it succeeds or fails.
  */
 static void
-run_step_noted(const IdemRunStore *store, IdemRequest *req,
-			   IdemStatement *stmt, Jsonb *result, const char *run_id,
-			   const char *step, const pg_uuid_t *token,
+run_step_noted(const IdemRunStore *store, IdemHeldRun *held,
+			   IdemRequest *req, IdemStatement *stmt, Jsonb *result,
+			   const char *run_id, const char *step, const pg_uuid_t *token,
 			   const uint8 *fingerprint, IdemResult *out)
 {
 	volatile bool executing = false;
 
 	PG_TRY();
 	{
-		run_step(store, req, stmt, result, run_id, step, token, fingerprint,
-				 out, &executing);
+		run_step(store, held, req, stmt, result, run_id, step, token,
+				 fingerprint, out, &executing);
 	}
 	PG_CATCH();
 	{
@@ -536,16 +557,44 @@ idem_step_args(FunctionCallInfo fcinfo, int first, const char *fname,
 		idem_collect_args(fcinfo, first + STEP_FIXED_ARGS, req);
 }
 
+/* A statement step on the run held holds, or will once it is read. */
+static void
+step_request_held(const IdemRunStore *store, IdemHeldRun *held,
+				  IdemRequest *req, const char *run_id, const char *step,
+				  const pg_uuid_t *token, IdemResult *result)
+{
+	IdemStatement *stmt;
+	uint8		fingerprint[IDEM_FINGERPRINT_LEN];
+
+	stmt = idem_statement_acquire(req->sql, req->nargs, req->argtypes);
+	PG_TRY();
+	{
+		idem_statement_fingerprint(stmt, req, fingerprint);
+		run_step_noted(store, held, req, stmt, NULL, run_id, step, token,
+					   fingerprint, result);
+	}
+	PG_FINALLY();
+	{
+		idem_statement_release(stmt);
+	}
+	PG_END_TRY();
+}
+
 /*
  * idem_step_request
  *		Replay or execute req (its statement and arguments collected, its
- *		key made by idem_step_key_request()) as step of run_id.
+ *		key made by idem_step_key_request()) as step of run_id; held, if not
+ *		NULL, is the run as an earlier act of the same call left it.
  */
 void
 idem_step_request(IdemRequest *req, const char *run_id, const char *step,
-				  const pg_uuid_t *token, IdemResult *result)
+				  const pg_uuid_t *token, IdemHeldRun *held,
+				  IdemResult *result)
 {
-	idem_step_request_in(&idem_local_runs, req, run_id, step, token, result);
+	IdemHeldRun none = {0};
+
+	step_request_held(&idem_local_runs, held ? held : &none, req, run_id,
+					  step, token, result);
 }
 
 /*
@@ -557,21 +606,9 @@ idem_step_request_in(const IdemRunStore *store, IdemRequest *req,
 					 const char *run_id, const char *step,
 					 const pg_uuid_t *token, IdemResult *result)
 {
-	IdemStatement *stmt;
-	uint8		fingerprint[IDEM_FINGERPRINT_LEN];
+	IdemHeldRun none = {0};
 
-	stmt = idem_statement_acquire(req->sql, req->nargs, req->argtypes);
-	PG_TRY();
-	{
-		idem_statement_fingerprint(stmt, req, fingerprint);
-		run_step_noted(store, req, stmt, NULL, run_id, step, token,
-					   fingerprint, result);
-	}
-	PG_FINALLY();
-	{
-		idem_statement_release(stmt);
-	}
-	PG_END_TRY();
+	step_request_held(store, &none, req, run_id, step, token, result);
 }
 
 /*
@@ -590,7 +627,7 @@ idem_step(PG_FUNCTION_ARGS)
 	idem_check_can_write("idem_step()");
 	idem_step_args(fcinfo, 0, "idem_step()", token, false, &req, &run_id,
 				   &step);
-	idem_step_request(&req, run_id, step, token, &result);
+	idem_step_request(&req, run_id, step, token, NULL, &result);
 	PG_RETURN_JSONB_P(result.response);
 }
 
@@ -641,6 +678,20 @@ idem_step_result_arg(FunctionCallInfo fcinfo, int argno, const char *fname)
 	return result;
 }
 
+/* An external step's completion on the run held holds, or will. */
+static void
+complete_held(const IdemRunStore *store, IdemHeldRun *held, IdemRequest *req,
+			  const char *run_id, const char *step, const pg_uuid_t *token,
+			  Jsonb *result, IdemResult *out)
+{
+	uint8		fingerprint[IDEM_FINGERPRINT_LEN];
+
+	idem_value_digest("idem_step_complete", JSONBOID, JsonbPGetDatum(result),
+					  fingerprint);
+	run_step_noted(store, held, req, NULL, result, run_id, step, token,
+				   fingerprint, out);
+}
+
 /*
  * idem_step_complete_in
  *		Record result as the outcome of step of run_id (req made by
@@ -651,12 +702,9 @@ idem_step_complete_in(const IdemRunStore *store, IdemRequest *req,
 					  const char *run_id, const char *step,
 					  const pg_uuid_t *token, Jsonb *result, IdemResult *out)
 {
-	uint8		fingerprint[IDEM_FINGERPRINT_LEN];
+	IdemHeldRun none = {0};
 
-	idem_value_digest("idem_step_complete", JSONBOID, JsonbPGetDatum(result),
-					  fingerprint);
-	run_step_noted(store, req, NULL, result, run_id, step, token,
-				   fingerprint, out);
+	complete_held(store, &none, req, run_id, step, token, result, out);
 }
 
 /*
@@ -1349,52 +1397,59 @@ recorded_result(IdemRunRow *run, const char *step, int ordinal)
 /*
  * idem_step_complete_leased
  *		Record result as step of run_id, as idem_step_complete() does
- *		(token NULL: a run that is not on a queue); returns the result
- *		recorded.
+ *		(token NULL: a run that is not on a queue), on the run held holds
+ *		or will hold; returns the result recorded.
  */
 Jsonb *
 idem_step_complete_leased(const char *run_id, const char *step,
-						  const pg_uuid_t *token, Jsonb *result)
+						  const pg_uuid_t *token, Jsonb *result,
+						  IdemHeldRun *held)
 {
 	IdemRequest req;
 	IdemResult	out;
+	IdemHeldRun none = {0};
 
 	idem_step_key_request(run_id, step, token, &req);
-	idem_step_complete_in(&idem_local_runs, &req, run_id, step, token, result,
-						  &out);
+	complete_held(&idem_local_runs, held ? held : &none, &req, run_id, step, token, result,
+				  &out);
 	return out.response;
 }
 
 /*
  * idem_step_start_leased
  *		Record that the worker holding token starts an attempt of external
- *		step of run_id, as idem_step_start() does: returns the attempt's
- *		number, or 0 with *done set to the step's recorded result if it has
- *		completed (nothing is started then).
+ *		step of run_id, as idem_step_start() does, on the run held holds or
+ *		will hold: returns the attempt's number, or 0 with *done set to the
+ *		step's recorded result if it has completed (nothing is started
+ *		then).
  */
 int
 idem_step_start_leased(const char *run_id, const char *step,
-					   const pg_uuid_t *token, Jsonb **done)
+					   const pg_uuid_t *token, Jsonb **done,
+					   IdemHeldRun *held)
 {
-	IdemRunRow	run;
+	IdemHeldRun none = {0};
+	IdemRunRow *run;
 	int			ordinal;
 
-	idem_lock_run_leased(run_id, token, "start a step of", &run);
-	idem_run_check_room(&run);
-	ordinal = idem_run_step_ordinal(&run, step);
-	*done = recorded_result(&run, step, ordinal);
+	run = lock_run_held(&idem_local_runs, held ? held : &none,
+						idem_leased_run_owner(run_id, token), run_id, token,
+						"start a step of");
+	idem_run_check_room(run);
+	ordinal = idem_run_step_ordinal(run, step);
+	*done = recorded_result(run, step, ordinal);
 	if (*done != NULL)
 		return 0;
-	check_step_may_run(&idem_local_runs, &run, step, ordinal);
-	if (run.started_step != NULL && strcmp(run.started_step, step) == 0)
-		run.started_count++;
+	check_step_may_run(&idem_local_runs, run, step, ordinal);
+	if (run->started_step != NULL && strcmp(run->started_step, step) == 0)
+		run->started_count++;
 	else
 	{
-		run.started_step = pstrdup(step);
-		run.started_count = 1;
+		run->started_step = pstrdup(step);
+		run->started_count = 1;
 	}
-	idem_update_run(&run);
-	return run.started_count;
+	idem_update_run(run);
+	return run->started_count;
 }
 
 /*
@@ -1421,7 +1476,7 @@ idem_step_start(PG_FUNCTION_ARGS)
 
 	idem_check_can_write("idem_step_start()");
 	InitMaterializedSRF(fcinfo, 0);
-	attempt = idem_step_start_leased(run_id, step, token, &done);
+	attempt = idem_step_start_leased(run_id, step, token, &done, NULL);
 	values[0] = CStringGetTextDatum(idem_run_step_key(run_id, step));
 	if (done != NULL)
 	{
@@ -1587,7 +1642,8 @@ idem_run_await(PG_FUNCTION_ARGS)
 	const pg_uuid_t *token = idem_lease_token_arg(fcinfo, 2, true);
 	int64		timeout_us = PG_ARGISNULL(3) ? 0 :
 		checked_run_wait(PG_GETARG_INTERVAL_P(3), "timeout");
-	IdemRunRow	run;
+	IdemHeldRun held = {0};
+	IdemRunRow *run;
 	int			ordinal;
 	Jsonb	   *done;
 	Jsonb	   *payload;
@@ -1595,34 +1651,38 @@ idem_run_await(PG_FUNCTION_ARGS)
 	bool		same_wait;
 
 	idem_check_can_write("idem_run_await()");
-	idem_lock_run_leased(run_id, token, "await an event of", &run);
-	ordinal = idem_run_step_ordinal(&run, event);
-	done = recorded_result(&run, event, ordinal);
+	/* a signalled or timed-out wait completes its step on the row read here */
+	run = lock_run_held(&idem_local_runs, &held,
+						idem_leased_run_owner(run_id, token), run_id, token,
+						"await an event of");
+	ordinal = idem_run_step_ordinal(run, event);
+	done = recorded_result(run, event, ordinal);
 	if (done != NULL)
 		PG_RETURN_DATUM(await_result(fcinfo, is_json_null(done) ?
 									 "timed_out" : "signalled",
 									 is_json_null(done) ? NULL : done));
-	check_step_may_run(&idem_local_runs, &run, event, ordinal);
+	check_step_may_run(&idem_local_runs, run, event, ordinal);
 
-	if (idem_run_signal_payload(run.owner, run_id, event, &payload))
+	if (idem_run_signal_payload(run->owner, run_id, event, &payload))
 		PG_RETURN_DATUM(await_result(fcinfo, "signalled",
 									 idem_step_complete_leased(run_id, event, token,
-														  payload)));
-	same_wait = run.awaiting != NULL && strcmp(run.awaiting, event) == 0;
-	if (same_wait && !TIMESTAMP_IS_NOEND(run.wait_until) &&
-		run.wait_until <= now)
+														  payload, &held)));
+	same_wait = run->awaiting != NULL && strcmp(run->awaiting, event) == 0;
+	if (same_wait && !TIMESTAMP_IS_NOEND(run->wait_until) &&
+		run->wait_until <= now)
 	{
-		(void) idem_step_complete_leased(run_id, event, token, json_null());
+		(void) idem_step_complete_leased(run_id, event, token, json_null(),
+										&held);
 		PG_RETURN_DATUM(await_result(fcinfo, "timed_out", NULL));
 	}
 	if (!same_wait)
 	{
-		run.awaiting = event;
-		run.wait_until = timeout_us > 0 ? now + timeout_us : DT_NOEND;
+		run->awaiting = event;
+		run->wait_until = timeout_us > 0 ? now + timeout_us : DT_NOEND;
 	}
-	idem_run_end_lease(&run, "waiting", NULL, now);
-	run.queue_state = "waiting";
-	run.due_at = run.wait_until;
-	idem_update_run(&run);
+	idem_run_end_lease(run, "waiting", NULL, now);
+	run->queue_state = "waiting";
+	run->due_at = run->wait_until;
+	idem_update_run(run);
 	PG_RETURN_DATUM(await_result(fcinfo, "waiting", NULL));
 }

@@ -297,7 +297,7 @@ create_tenant_objects(const char *nsp, const char *typname,
 		appendStringInfo(&sql,
 						 "CREATE TABLE idem.citus_keys ("
 						 " tenant %s NOT NULL,"
-						 " owner pg_catalog.regrole NOT NULL,"
+						 " owner pg_catalog.text COLLATE \"C\" NOT NULL,"
 						 " key pg_catalog.text COLLATE \"C\" NOT NULL,"
 						 " fingerprint pg_catalog.bytea NOT NULL,"
 						 " fingerprint_version pg_catalog.int2 NOT NULL,"
@@ -312,7 +312,7 @@ create_tenant_objects(const char *nsp, const char *typname,
 		appendStringInfo(&sql,
 						 "CREATE TABLE idem.citus_runs ("
 						 " tenant %s NOT NULL,"
-						 " owner pg_catalog.regrole NOT NULL,"
+						 " owner pg_catalog.text COLLATE \"C\" NOT NULL,"
 						 " run_id pg_catalog.text COLLATE \"C\" NOT NULL,"
 						 " steps pg_catalog.text[] COLLATE \"C\","
 						 " input pg_catalog.jsonb,"
@@ -331,36 +331,35 @@ create_tenant_objects(const char *nsp, const char *typname,
 	/*
 	 * idem_run_purge() for tenant runs, an administrator's: the finished
 	 * runs, and every run of a role that was dropped (a new role could get
-	 * its OID, and its runs).  Each run's record and its steps' are on its
+	 * its name, and its runs).  Each run's record and its steps' are on its
 	 * tenant's node, where no lock of the run can be tried from here: the
 	 * run's row is deleted only if it is still finished once its row lock
 	 * is had (a run resumed meanwhile stays), and a verb that loses its run
 	 * to the purge finds none (ID404).
 	 *
-	 * The owner's OID is the node's own, so whether its role exists is
-	 * asked there, of regrole's output: the role's name, always quoted if
-	 * it starts with a digit, or the bare OID once no role has it.  Citus
-	 * runs no stable function of a column in a DELETE, so the runs are
-	 * found by a SELECT and deleted one by one, each on its tenant's node.
-	 * A run and its steps' records are named by that OID, which the
-	 * coordinator would otherwise read back as a name, or as another role
-	 * of its own.  Several shards, so Citus commits it in two phases.
+	 * A tenant run's owner is its role's name (see tables.c), so whether
+	 * the role exists is asked of the coordinator's roles, which Citus
+	 * keeps the same by name on every node.  Citus runs no stable function
+	 * of a column in a DELETE, so the runs are found by a SELECT and
+	 * deleted one by one, each on its tenant's node.  Several shards, so
+	 * Citus commits it in two phases.
 	 */
 	appendStringInfo(&sql,
 					 "CREATE OR REPLACE FUNCTION %s.idem_citus_run_purge(finished_before timestamptz)"
 					 " RETURNS bigint LANGUAGE plpgsql STRICT"
 					 " SET search_path = pg_catalog, pg_temp AS $purge$"
 					 " DECLARE c record; done text[]; step_keys text[]; n bigint := 0;"
+					 "  roles text[] := ARRAY(SELECT a.rolname::pg_catalog.text FROM pg_catalog.pg_roles a);"
 					 " BEGIN"
-					 "  FOR c IN SELECT r.tenant, r.owner::pg_catalog.oid AS owner_oid, r.run_id,"
-					 "      r.owner::pg_catalog.text OPERATOR(pg_catalog.~) '^[0-9]+$' AS owner_gone"
+					 "  FOR c IN SELECT r.tenant, r.owner, r.run_id,"
+					 "      r.owner OPERATOR(pg_catalog.<>) ALL (roles) AS owner_gone"
 					 "    FROM idem.citus_runs r"
 					 "    WHERE (r.status OPERATOR(pg_catalog.<>) 'running'"
 					 "      AND r.finished_at OPERATOR(pg_catalog.<) finished_before)"
-					 "     OR r.owner::pg_catalog.text OPERATOR(pg_catalog.~) '^[0-9]+$' LOOP"
+					 "     OR r.owner OPERATOR(pg_catalog.<>) ALL (roles) LOOP"
 					 "   DELETE FROM idem.citus_runs r"
 					 "    WHERE r.tenant OPERATOR(pg_catalog.=) c.tenant"
-					 "      AND r.owner::pg_catalog.oid OPERATOR(pg_catalog.=) c.owner_oid"
+					 "      AND r.owner OPERATOR(pg_catalog.=) c.owner"
 					 "      AND r.run_id OPERATOR(pg_catalog.=) c.run_id"
 					 "      AND (c.owner_gone OR (r.status OPERATOR(pg_catalog.<>) 'running'"
 					 "        AND r.finished_at OPERATOR(pg_catalog.<) finished_before))"
@@ -370,7 +369,7 @@ create_tenant_objects(const char *nsp, const char *typname,
 					 "     FROM pg_catalog.unnest(done) AS s(step));"
 					 "   DELETE FROM idem.citus_keys k"
 					 "    WHERE k.tenant OPERATOR(pg_catalog.=) c.tenant"
-					 "      AND k.owner::pg_catalog.oid OPERATOR(pg_catalog.=) c.owner_oid"
+					 "      AND k.owner OPERATOR(pg_catalog.=) c.owner"
 					 "      AND k.key OPERATOR(pg_catalog.=) ANY (step_keys);"
 					 "   n := n + 1;"
 					 "  END LOOP;"
@@ -538,30 +537,30 @@ rel_owner(Oid relid)
  * move of the colocation group waits for before it switches the group's
  * shards to another node.
  */
-typedef enum KeysSql
+typedef enum RunSql
 {
 	RUNS_LOOKUP, RUNS_INSERT, RUNS_UPDATE,
-	KEYS_SQL_COUNT
-} KeysSql;
+	RUN_SQL_COUNT
+} RunSql;
 
 /* A kept plan: of a statement on one shard relation (or on none). */
-typedef struct KeysPlanKey
+typedef struct RunPlanKey
 {
 	Oid			relid;
 	Oid			tenant_type;
-	KeysSql		which;
-} KeysPlanKey;
+	RunSql		which;
+} RunPlanKey;
 
-typedef struct KeysPlan
+typedef struct RunPlan
 {
-	KeysPlanKey key;
+	RunPlanKey key;
 	SPIPlanPtr	plan;
-} KeysPlan;
+} RunPlan;
 
 /* most shard plans kept before all are dropped and made again */
-#define MAX_KEYS_PLANS 1024
+#define MAX_RUN_PLANS 1024
 
-static HTAB *keys_plans = NULL;
+static HTAB *run_plans = NULL;
 
 typedef void (*citus_lock_shard_fn) (int64 shardId, LOCKMODE lockMode);
 static citus_lock_shard_fn citus_lock_shard_metadata = NULL;
@@ -587,34 +586,34 @@ backend_hash(const char *name, Size keysize, Size entrysize)
 }
 
 static SPIPlanPtr
-keys_plan(KeysSql which, Oid relid, Oid tenant_type, int nargs, Oid *types)
+run_plan(RunSql which, Oid relid, Oid tenant_type, int nargs, Oid *types)
 {
-	KeysPlanKey key;
-	KeysPlan   *entry;
+	RunPlanKey key;
+	RunPlan   *entry;
 	bool		found;
 	StringInfoData sql;
 	const char *rel = NULL;
 	SPIPlanPtr	plan;
 
-	if (keys_plans == NULL || hash_get_num_entries(keys_plans) >= MAX_KEYS_PLANS)
+	if (run_plans == NULL || hash_get_num_entries(run_plans) >= MAX_RUN_PLANS)
 	{
-		if (keys_plans != NULL)
+		if (run_plans != NULL)
 		{
 			HASH_SEQ_STATUS status;
 
-			hash_seq_init(&status, keys_plans);
+			hash_seq_init(&status, run_plans);
 			while ((entry = hash_seq_search(&status)) != NULL)
 				SPI_freeplan(entry->plan);
-			hash_destroy(keys_plans);
+			hash_destroy(run_plans);
 		}
-		keys_plans = backend_hash("idem citus key plans", sizeof(KeysPlanKey),
-								  sizeof(KeysPlan));
+		run_plans = backend_hash("idem citus run plans", sizeof(RunPlanKey),
+								  sizeof(RunPlan));
 	}
 	memset(&key, 0, sizeof(key));
 	key.relid = relid;
 	key.tenant_type = tenant_type;
 	key.which = which;
-	entry = hash_search(keys_plans, &key, HASH_FIND, NULL);
+	entry = hash_search(run_plans, &key, HASH_FIND, NULL);
 	if (entry != NULL)
 		return entry->plan;
 
@@ -648,7 +647,7 @@ keys_plan(KeysSql which, Oid relid, Oid tenant_type, int nargs, Oid *types)
 							 " AND r.owner OPERATOR(pg_catalog.=) $2"
 							 " AND r.run_id OPERATOR(pg_catalog.=) $3", rel);
 			break;
-		case KEYS_SQL_COUNT:
+		case RUN_SQL_COUNT:
 			elog(ERROR, "unexpected statement");
 	}
 	plan = SPI_prepare(sql.data, nargs, types);
@@ -657,21 +656,21 @@ keys_plan(KeysSql which, Oid relid, Oid tenant_type, int nargs, Oid *types)
 	if (SPI_keepplan(plan) != 0)
 		elog(ERROR, "SPI_keepplan failed");
 	pfree(sql.data);
-	entry = hash_search(keys_plans, &key, HASH_ENTER, &found);
+	entry = hash_search(run_plans, &key, HASH_ENTER, &found);
 	entry->plan = plan;
 	return plan;
 }
 
 /*
- * One statement on a shard of idem.citus_keys or idem.citus_runs (relid:
- * the shard's relation), run as the tables' owner (idem_citus_colocate()
- * made both): callers have no rights on them.  Writes to a shard are
- * Citus's to make unless citus.enable_manual_changes_to_shards, set for
- * them alone.  read_only false takes a new snapshot (READ COMMITTED): the
- * lookup after the key's lock sees a record committed while it waited.
+ * One statement on a shard of idem.citus_runs (relid: the shard's
+ * relation), run as the table's owner (idem_citus_colocate() made it):
+ * callers have no rights on it.  Writes to a shard are Citus's to make
+ * unless citus.enable_manual_changes_to_shards, set for them alone.
+ * read_only false takes a new snapshot (READ COMMITTED): the lookup after
+ * the run's lock sees a row committed while it waited.
  */
 static void
-run_keys_sql(KeysSql which, Oid relid, Oid keys_owner, Oid tenant_type,
+run_shard_sql(RunSql which, Oid relid, Oid keys_owner, Oid tenant_type,
 			 int nargs, Oid *types, Datum *values, const char *nulls,
 			 bool read_only)
 {
@@ -693,7 +692,7 @@ run_keys_sql(KeysSql which, Oid relid, Oid keys_owner, Oid tenant_type,
 	PG_TRY();
 	{
 		/* prepared as the owner too: callers may not even see the schema */
-		plan = keys_plan(which, relid, tenant_type, nargs, types);
+		plan = run_plan(which, relid, tenant_type, nargs, types);
 		rc = SPI_execute_plan(plan, values, nulls, read_only, 0);
 	}
 	PG_FINALLY();
@@ -1298,10 +1297,11 @@ run_params(TenantCall *tc, Oid owner, const char *run_id, Oid *types,
 		   Datum *values)
 {
 	types[0] = tc->tenant_type;
-	types[1] = REGROLEOID;
+	types[1] = TEXTOID;
 	types[2] = TEXTOID;
 	values[0] = tc->tenant;
-	values[1] = ObjectIdGetDatum(owner);
+	/* the role's name, which follows it to another node; see tables.c */
+	values[1] = CStringGetTextDatum(GetUserNameFromId(owner, false));
 	values[2] = CStringGetTextDatum(run_id);
 }
 
@@ -1318,7 +1318,7 @@ lookup_tenant_run(TenantCall *tc, Oid owner, const char *run_id,
 	Datum		d;
 
 	run_params(tc, owner, run_id, types, values);
-	run_keys_sql(RUNS_LOOKUP, tc->runs_relid, tc->keys_owner, tc->tenant_type,
+	run_shard_sql(RUNS_LOOKUP, tc->runs_relid, tc->keys_owner, tc->tenant_type,
 				 3, types, values, NULL, read_only);
 	if (SPI_processed == 0)
 		return false;
@@ -1348,7 +1348,7 @@ lookup_tenant_run(TenantCall *tc, Oid owner, const char *run_id,
 
 /* Insert (RUNS_INSERT) or update (RUNS_UPDATE) the run's row. */
 static void
-write_tenant_run(TenantCall *tc, KeysSql which, IdemRunRow *run)
+write_tenant_run(TenantCall *tc, RunSql which, IdemRunRow *run)
 {
 	Oid			types[11];
 	Datum		values[11];
@@ -1377,7 +1377,7 @@ write_tenant_run(TenantCall *tc, KeysSql which, IdemRunRow *run)
 	nulls[9] = run->input ? ' ' : 'n';
 	types[10] = TIMESTAMPTZOID;
 	values[10] = TimestampTzGetDatum(run->started_at);
-	run_keys_sql(which, tc->runs_relid, tc->keys_owner, tc->tenant_type,
+	run_shard_sql(which, tc->runs_relid, tc->keys_owner, tc->tenant_type,
 				 nargs, types, values, nulls, false);
 	/* idem_citus_run_purge() deleted the finished run after it was read */
 	if (SPI_processed != 1 && which == RUNS_UPDATE)

@@ -124,6 +124,19 @@ struct IdemRunStore
 	void	   *arg;
 };
 
+/*
+ * run.c: a run that one call acts on more than once (idem_call()'s
+ * completion of the external step before its step, the step, and the start
+ * of the external step after it): the first act takes the run's lock and
+ * reads the row, and passes it on with every write made through it.
+ * Zeroed (held false) before the first act.
+ */
+typedef struct IdemHeldRun
+{
+	bool		held;			/* row is the run's latest version, locked */
+	IdemRunRow	row;
+} IdemHeldRun;
+
 /* run.c: workflow steps, also for idem_call() and tenant runs */
 extern const IdemRunStore idem_local_runs;
 extern void idem_run_lock_in(const IdemRunStore *store, Oid owner,
@@ -140,7 +153,7 @@ extern void idem_step_args(FunctionCallInfo fcinfo, int first,
 						   char **step);
 extern void idem_step_request(IdemRequest *req, const char *run_id,
 							  const char *step, const pg_uuid_t *token,
-							  IdemResult *result);
+							  IdemHeldRun *held, IdemResult *result);
 extern void idem_step_request_in(const IdemRunStore *store, IdemRequest *req,
 								 const char *run_id, const char *step,
 								 const pg_uuid_t *token, IdemResult *result);
@@ -151,9 +164,11 @@ extern void idem_step_complete_in(const IdemRunStore *store, IdemRequest *req,
 								  const pg_uuid_t *token, Jsonb *result,
 								  IdemResult *out);
 extern Jsonb *idem_step_complete_leased(const char *run_id, const char *step,
-										const pg_uuid_t *token, Jsonb *result);
+										const pg_uuid_t *token, Jsonb *result,
+										IdemHeldRun *held);
 extern int	idem_step_start_leased(const char *run_id, const char *step,
-								   const pg_uuid_t *token, Jsonb **done);
+								   const pg_uuid_t *token, Jsonb **done,
+								   IdemHeldRun *held);
 extern void idem_run_init_unqueued(IdemRunRow *run);
 extern void idem_run_begin_args(FunctionCallInfo fcinfo, int first,
 								IdemRunRow *asked);

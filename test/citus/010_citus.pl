@@ -89,6 +89,13 @@
 #    call executes once and replays elsewhere, its keys are its own (the
 #    same key of another role executes), its event needs its publish
 #    grant, and it cannot read idem.citus_keys
+#  - a role whose OID differs on each node: its call and its run's step
+#    replay through every entry node after its tenant's shard group moved
+#    to the other worker, its next step runs there, and the records on the
+#    new node are its own (another role's call under its key executes)
+#  - the shard node's TimeZone is part of the request: after a move to a
+#    node where it differs, the retry is ID422 and writes nothing; pinned
+#    on the function (ALTER FUNCTION ... SET, propagated), it replays
 #  - a text tenant (a database of its own): tenants and keys that spell
 #    each other's together, each executes once and replays through the
 #    workers; without idem.citus_runs (a colocation declared before tenant
@@ -986,6 +993,106 @@ is( $coord->safe_psql('postgres',
 ($out, $err) = call_as($coord, 'app', 'SELECT count(*) FROM idem.citus_keys');
 is(sqlstate_of($err), '42501', 'app cannot read idem.citus_keys');
 
+# --- a role's records follow its name across nodes: each node gives a
+# role its own OID (here two roles made on worker1 alone shift it), and a
+# shard move copies the records as they are
+$w1->safe_psql('postgres',
+	'SET citus.enable_ddl_propagation = off; CREATE ROLE w1_only_a; CREATE ROLE w1_only_b');
+$coord->safe_psql('postgres', q{
+CREATE ROLE mover LOGIN;
+GRANT SELECT, INSERT ON payments TO mover;
+});
+isnt($w1->safe_psql('postgres', "SELECT 'mover'::regrole::oid"),
+	$w2->safe_psql('postgres', "SELECT 'mover'::regrole::oid"),
+	'the role has another OID on each worker');
+{
+	my $t = 451;
+	my ($from, $shard) = placement($t);
+	my ($to) = grep { $_ != $from && $_ != $coord } ($w1, $w2);
+	my $mv_call = "SELECT replayed, response FROM idem_citus_call(${t}::bigint, 'mv-1', $insert, ${t}::bigint, 'mv-1', 5)";
+	($out, $err) = call_as($coord, 'mover', $mv_call);
+	like($out, qr/^f\|/, 'mover: a call executes on ' . $from->name) or diag($err);
+	my $mv_first = (split /\|/, $out, 2)[1];
+	($out, $err) = call_as($w1, 'mover',
+		"SELECT created FROM idem_citus_run_begin(${t}::bigint, 'mv-run', ARRAY['a', 'b'])");
+	is($out, 't', 'mover begins a run') or diag($err);
+	my $mv_step = sub {
+		my ($node, $step, $n) = @_;
+		return call_as($node, 'mover',
+			"SELECT replayed FROM idem_citus_step(${t}::bigint, 'mv-run', '$step', $insert, ${t}::bigint, 'mv-run:$step', $n)");
+	};
+	($out, $err) = $mv_step->($w2, 'a', 1);
+	is($out, 'f', "... and its first step executes") or diag($err);
+	$coord->safe_psql('postgres',
+		"SELECT citus_move_shard_placement($shard, '127.0.0.1', " . $from->port
+		  . ", '127.0.0.1', " . $to->port . ", shard_transfer_mode => 'block_writes')");
+	is((placement($t))[0]->port, $to->port, "the tenant's shard group moved to " . $to->name);
+	for my $entry ($coord, $w1, $w2)
+	{
+		($out, $err) = call_as($entry, 'mover', $mv_call);
+		is($out, "t|$mv_first", 'after the move, the retry through ' . $entry->name . ' replays')
+		  or diag($err);
+		($out, $err) = $mv_step->($entry, 'a', 1);
+		is($out, 't', '... and so does the completed step') or diag($err);
+	}
+	is(rows("note IN ('mv-1', 'mv-run:a')"), '2', 'one row each');
+	($out, $err) = $mv_step->($coord, 'b', 2);
+	is($out, 'f', 'the next step executes on ' . $to->name) or diag($err);
+	($out, $err) = call_as($w1, 'mover', "SELECT status FROM idem_citus_run_status(${t}::bigint, 'mv-run')");
+	is($out, 'completed', '... completing the run') or diag($err);
+	is($coord->safe_psql('postgres',
+			"SELECT status || ':' || steps_done FROM idem_citus_run_status(${t}::bigint, 'mv-run', owner => 'mover')"),
+		'completed:2', "a superuser reads mover's run through the coordinator");
+	is($to->safe_psql('postgres', q{
+SET citus.override_table_visibility = off;
+SELECT string_agg(DISTINCT owner::text, ',') FROM idem.citus_keys WHERE key IN ('mv-1', 'mv-run:a', idem_step_key('mv-run', 'a'))
+UNION ALL
+SELECT string_agg(owner::text, ',') FROM idem.citus_runs WHERE run_id = 'mv-run'}),
+		"mover\nmover", "on the new node, the records and the run are mover's");
+	($out, $err) = call_as($to, 'app', $mv_call);
+	is($out =~ /^f\|/ ? 'f' : $out, 'f', "app's call under mover's key is its own: it executes") or diag($err);
+}
+
+# --- the settings that change a statement's meaning are the shard node's
+# (the caller's do not travel) and are part of the request: after a move
+# to a node whose TimeZone differs, the retry is refused, never replayed
+# nor executed again; the same setting pinned on the function, which
+# Citus propagates to every node, makes it replay
+{
+	my $t = 461;
+	my ($from, $shard) = placement($t);
+	my ($to) = grep { $_ != $from && $_ != $coord } ($w1, $w2);
+	my $tz = $from->safe_psql('postgres', 'SHOW timezone');
+	my $other_tz = $tz eq 'Asia/Tokyo' ? 'America/Lima' : 'Asia/Tokyo';
+	$to->safe_psql('postgres', "ALTER SYSTEM SET timezone = '$other_tz'");
+	$to->reload;
+	my $tz_call = "SELECT replayed FROM idem_citus_call(${t}::bigint, 'tz-1', $insert, ${t}::bigint, 'tz-1', 4)";
+	($out, $err) = call($coord, $tz_call);
+	is($out, 'f', "a call on a node whose TimeZone is $tz executes") or diag($err);
+	$coord->safe_psql('postgres',
+		"SELECT citus_move_shard_placement($shard, '127.0.0.1', " . $from->port
+		  . ", '127.0.0.1', " . $to->port . ", shard_transfer_mode => 'block_writes')");
+	for my $entry ($coord, $to)
+	{
+		($out, $err) = call($entry, $tz_call);
+		is(sqlstate_of($err), 'ID422',
+			"after a move to a node whose TimeZone is $other_tz, the retry through " . $entry->name . ' is refused: ID422');
+	}
+	is(rows("note = 'tz-1'"), '1', '... and writes nothing');
+	$coord->safe_psql('postgres',
+		qq{ALTER FUNCTION idem_citus_call(bigint, text, text, "any") SET TimeZone = '$tz'});
+	for my $entry ($coord, $w1, $w2)
+	{
+		($out, $err) = call($entry, $tz_call);
+		is($out, 't', "with TimeZone pinned on the function, the retry through " . $entry->name . ' replays')
+		  or diag($err);
+	}
+	$coord->safe_psql('postgres',
+		q{ALTER FUNCTION idem_citus_call(bigint, text, text, "any") RESET TimeZone});
+	$to->safe_psql('postgres', 'ALTER SYSTEM RESET timezone');
+	$to->reload;
+}
+
 # --- a text tenant, in a database of its own (one colocation per
 # database): calls from every entry node, tenants whose value and key
 # together spell another's
@@ -1500,10 +1607,21 @@ CREATE ROLE app_member LOGIN IN ROLE app;
 	($out, $err) = call_as($w1, 'gone',
 		"SELECT replayed FROM idem_citus_step_complete(${t}::bigint, 'order-16', 'label', '{\"label\": \"LB-9\"}')");
 	is($out, 'f', '... and records a step') or diag($err);
+	$coord->safe_psql('postgres', "GRANT SELECT, INSERT ON payments TO gone");
+	($out, $err) = call_as($w2, 'gone',
+		"SELECT replayed FROM idem_citus_call(${t}::bigint, 'gone-1', $insert, ${t}::bigint, 'gone-1', 1)");
+	is($out, 'f', '... and makes a call') or diag($err);
+	$coord->safe_psql('postgres', 'REVOKE SELECT, INSERT ON payments FROM gone');
 	$coord->safe_psql('postgres', 'DROP ROLE gone');
 	is($coord->safe_psql('postgres',
 			"SELECT status FROM idem.citus_runs WHERE run_id = 'order-16'"),
 		'running', '... its run stays behind, running');
+	my $kept_keys = q{SELECT count(*) FROM idem.citus_keys WHERE owner <> 'gone' AND expires_at > now() + interval '1 hour'};
+	my $kept = $coord->safe_psql('postgres', $kept_keys);
+	$coord->safe_psql('postgres', 'SELECT idem_citus_purge()');
+	is($coord->safe_psql('postgres', "SELECT count(*) FROM idem.citus_keys WHERE owner = 'gone'"),
+		'0', "idem_citus_purge() removes the dropped role's records, its call's and its step's");
+	is($coord->safe_psql('postgres', $kept_keys), $kept, '... and no live record of another role');
 
 	# the purge of finished tenant runs, on every shard, from the coordinator
 	call($coord, "SELECT created FROM idem_citus_run_begin(${t}::bigint, 'order-13', ARRAY['a', 'b'])");

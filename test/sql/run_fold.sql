@@ -104,6 +104,32 @@ RESET ROLE;
 SELECT (SELECT count(*) FROM rf_refunds) AS refunds,
 	   (SELECT count(*) FROM idem.outbox WHERE run_id = 'rf-1') AS events;
 
+-- the completion, the step and the start act on the run read once: a
+-- statement that changes its own run after the completion moved it (the
+-- holder's heartbeat) is ID508 as alone, and none of the three is kept
+SET ROLE regress_rf_app;
+SELECT created FROM idem_run_begin('rf-3', steps => '{check,label,refund,notify}',
+	queue => 'rf');
+SET ROLE regress_rf_agent;
+SELECT lease_token AS tok3 FROM idem_run_claim('rf', worker => 'w3') \gset
+SELECT started_attempt
+  FROM idem_call(NULL, 'SELECT 1 AS checked', run_id => 'rf-3', step => 'check',
+	lease_token => :'tok3', start_step => 'label');
+SELECT * FROM idem_call(NULL, 'SELECT idem_run_extend(''rf-3'', $1::uuid, ''1 h'') IS NOT NULL AS x',
+	ARRAY[:'tok3'], run_id => 'rf-3', step => 'refund', lease_token => :'tok3',
+	complete_step => 'label', complete_result => '{"label_id": "LBL-3"}',
+	start_step => 'notify');
+SELECT * FROM rf_state WHERE run_id = 'rf-3';
+-- the same call without the heartbeat: each act sees the one before it
+SELECT response->'rows' AS rows, started_attempt
+  FROM idem_call(NULL, 'SELECT 2 AS refunded', run_id => 'rf-3', step => 'refund',
+	lease_token => :'tok3', complete_step => 'label',
+	complete_result => '{"label_id": "LBL-3"}', start_step => 'notify');
+SELECT * FROM rf_state WHERE run_id = 'rf-3';
+SET ROLE regress_rf_app;
+SELECT ordinal, step, state, attempts FROM idem_run_steps('rf-3');
+RESET ROLE;
+
 -- bad input
 SELECT * FROM idem_call('rf-k', 'SELECT 1', start_step => 'label');
 SELECT * FROM idem_call('rf-k', 'SELECT 1', complete_step => 'label', complete_result => '{}');

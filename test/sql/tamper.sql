@@ -131,6 +131,44 @@ ALTER TABLE idem.queues ADD CONSTRAINT queues_pkey PRIMARY KEY (created_at);
 SELECT * FROM idem_run_claim('tam-queue', 1, '30 s');
 ROLLBACK;
 
+-- a column added and dropped again leaves a dropped attribute after idem's
+-- columns, which nothing short of recreating the table removes: idem goes
+-- on reading and writing its tables, the dropped attribute null in every
+-- row it writes (inserts, updates, the outbox's claim and ack, the end of
+-- a run's attempt, the audit trail)
+BEGIN;
+ALTER TABLE idem.keys ADD COLUMN tam_x text;
+ALTER TABLE idem.keys DROP COLUMN tam_x;
+ALTER TABLE idem.runs ADD COLUMN tam_x text, ADD COLUMN tam_y text;
+ALTER TABLE idem.runs DROP COLUMN tam_x, DROP COLUMN tam_y;
+ALTER TABLE idem.run_attempts ADD COLUMN tam_x text;
+ALTER TABLE idem.run_attempts DROP COLUMN tam_x;
+ALTER TABLE idem.outbox ADD COLUMN tam_x text;
+ALTER TABLE idem.outbox DROP COLUMN tam_x;
+ALTER TABLE idem.audit ADD COLUMN tam_x text;
+ALTER TABLE idem.audit DROP COLUMN tam_x;
+SET LOCAL idem.audit = 'executions';
+SET LOCAL idem.outbox_keep_delivered = on;
+SELECT idem_outbox_create_topic('tam-drop');
+SELECT idem_execute('tam:drop', 'SELECT 1 AS one') ->> 'rowcount' AS executed;
+SELECT replayed FROM idem_execute_ex('tam:drop', 'SELECT 1 AS one');
+SELECT idem_queue_create('tam-drop');
+SELECT created FROM idem_run_begin('tam-run', steps => '{a,b}', queue => 'tam-drop');
+SELECT lease_token AS tam_tok FROM idem_run_claim('tam-drop', 1, '30 s', 'w') \gset
+SELECT response, started_attempt FROM idem_call(NULL, 'SELECT 2 AS two',
+	outbox_topic => 'tam-drop', run_id => 'tam-run', step => 'a',
+	lease_token => :'tam_tok', start_step => 'b');
+SELECT idem_step_complete('tam-run', 'b', '{"b": 1}', :'tam_tok');
+SELECT status, done_steps, queue_state FROM idem.runs WHERE run_id = 'tam-run';
+SELECT claim, outcome FROM idem.run_attempts WHERE run_id = 'tam-run';
+SELECT event_id AS tam_event, lease_token AS tam_etok
+  FROM idem_outbox_claim('tam-drop') \gset
+SELECT idem_outbox_ack(:'tam_event', :'tam_etok');
+SELECT key, state, payload FROM idem.outbox WHERE topic = 'tam-drop';
+SELECT key, response FROM idem.keys WHERE key = 'tam:drop';
+SELECT key, outcome FROM idem.audit WHERE key = 'tam:drop' ORDER BY outcome;
+ROLLBACK;
+
 -- after every rollback the real tables serve again
 SELECT replayed FROM idem_execute_ex('tam:1', 'SELECT 1 AS one');
 SELECT count(*) AS tam_keys FROM idem.keys WHERE key LIKE 'tam:%';

@@ -3,8 +3,10 @@ the kill test and the benchmark share: check (restock, a database step),
 label (an external call to a carrier that deduplicates by Idempotency-Key),
 refund (a database step publishing to the outbox), notify (a step that
 writes nothing and records its return value).  ``make(carrier_url)``
-builds it; ``SCHEMA`` is its tables."""
+builds it (``asynchronous=True``: the same steps as ``async def``, for
+AsyncWorker); ``SCHEMA`` is its tables."""
 
+import asyncio
 import json
 import os
 import sys
@@ -38,7 +40,9 @@ def post(url, key, body):
         raise
 
 
-def make(carrier_url, queue="returns", topic="refunds", max_attempts=None):
+def make(carrier_url, queue="returns", topic="refunds", max_attempts=None, asynchronous=False):
+    if asynchronous:
+        return _make_async(carrier_url, queue, topic, max_attempts)
     wf = Workflow(queue, steps=STEPS, max_attempts=max_attempts)
 
     @wf.step("check")
@@ -58,6 +62,35 @@ def make(carrier_url, queue="returns", topic="refunds", max_attempts=None):
 
     @wf.step("notify")
     def notify(ctx):
+        refund = ctx.results["refund"]["rows"][0]
+        return {"to": ctx.input["customer"], "amount": refund["amount"]}
+
+    return wf
+
+
+def _make_async(carrier_url, queue, topic, max_attempts):
+    wf = Workflow(queue, steps=STEPS, max_attempts=max_attempts)
+
+    @wf.step("check")
+    async def check(ctx):
+        return await ctx.execute("UPDATE wf_stock SET on_hand = on_hand + 1 WHERE sku = $1"
+                                 " RETURNING on_hand", ctx.input["sku"])
+
+    @wf.external("label", max_attempts=8)
+    async def label(ctx):
+        return await asyncio.to_thread(post, carrier_url, ctx.key,
+                                       {"run": ctx.run_id, "attempt": ctx.attempt})
+
+    @wf.step("refund", outbox_topic=topic)
+    async def refund(ctx):
+        return await ctx.execute("INSERT INTO wf_refunds (run_id, amount, label_id)"
+                                 " VALUES ($1, $2, $3) RETURNING id, amount, label_id",
+                                 ctx.run_id, ctx.input["amount"],
+                                 ctx.results["label"]["label_id"])
+
+    @wf.step("notify")
+    def notify(ctx):
+        # a plain function in an AsyncWorker: its return value is the result
         refund = ctx.results["refund"]["rows"][0]
         return {"to": ctx.input["customer"], "amount": refund["amount"]}
 

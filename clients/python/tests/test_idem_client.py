@@ -1,6 +1,7 @@
 """The Python helper against a real server, directly and through PgBouncer
 in transaction mode (the dsn fixture runs each test both ways)."""
 
+import asyncio
 import threading
 from decimal import Decimal
 
@@ -42,6 +43,39 @@ def test_execute_then_replay_exact_numerics(connect, table, admin):
     assert again.rows == first.rows
     assert again.first_executed_at == first.first_executed_at
     assert count(admin, table) == 1
+
+
+def test_async_execute_and_step(route, table, admin):
+    """aexecute and astep on an AsyncConnection: the same calls as execute
+    and step (a retry from the other helper replays), the same errors."""
+    dsn, kw = route
+
+    async def calls():
+        async with await psycopg.AsyncConnection.connect(dsn, **kw) as conn:
+            async with conn.transaction():
+                first = await idem.aexecute(conn, f"{table}:a1", ins(table), "inv-a",
+                                            Decimal("25.00"))
+            async with conn.transaction():
+                again = await idem.aexecute(conn, f"{table}:a1", ins(table), "inv-a", "25.00")
+            with pytest.raises(idem.KeyReused) as e:
+                async with conn.transaction():
+                    await idem.aexecute(conn, f"{table}:a1", ins(table), "inv-a", "26.00")
+            await conn.set_autocommit(True)
+            await conn.execute("SELECT idem_run_begin(%s, steps => ARRAY['pay'])",
+                               (f"{table}:run",))
+            step = await idem.astep(conn, f"{table}:run", "pay", ins(table), "inv-s", 3)
+            return first, again, e.value, step
+    first, again, reused, step = asyncio.run(calls())
+    assert first.replayed is False and first.rows[0]["amount"] == Decimal("25.00")
+    assert again.replayed is True and again.rows == first.rows
+    assert reused.sqlstate == "ID422" and isinstance(reused, psycopg.Error)
+    assert step.replayed is False and step.rowcount == 1
+    # the same call from the blocking helper replays
+    conn = psycopg.connect(dsn, **kw)
+    with conn.transaction():
+        assert idem.execute(conn, f"{table}:a1", ins(table), "inv-a", "25.00").replayed
+    conn.close()
+    assert count(admin, table) == 2
 
 
 def test_arguments_and_timestamps_arrive_exactly(connect, table, admin):

@@ -3,8 +3,10 @@ PgBouncer in transaction mode: runs complete with each effect once,
 failures and Retry-After go through the runtime's policy, a slow step keeps
 its lease, a taken-over run stops its holder, SIGTERM drains, and worker
 processes SIGKILLed at random leave every effect exactly once and every
-attempt on record."""
+attempt on record; AsyncWorker (asyncio) the same for its runs, failures,
+drain and kills."""
 
+import asyncio
 import datetime
 import os
 import random
@@ -62,6 +64,30 @@ class Running:
         self.stop.set()
         self.thread.join(15)
         assert not self.thread.is_alive(), "the worker did not stop"
+        return self.result
+
+
+class RunningAsync:
+    """An AsyncWorker on a loop of its own in a thread, stopped by finish()."""
+
+    def __init__(self, route, wfs, **kw):
+        dsn, ckw = route
+        self.loop = asyncio.new_event_loop()
+        self.stop = asyncio.Event()
+        self.worker = idem.AsyncWorker(lambda: psycopg.AsyncConnection.connect(dsn, **ckw), wfs,
+                                       stop=self.stop, **kw)
+        self.result = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        self.result = self.loop.run_until_complete(self.worker.run())
+
+    def finish(self):
+        self.loop.call_soon_threadsafe(self.stop.set)
+        self.thread.join(15)
+        assert not self.thread.is_alive(), "the worker did not stop"
+        self.loop.close()
         return self.result
 
 
@@ -124,19 +150,97 @@ def check_exactly_once(admin, queue, n, carrier):
         (queue + ":%",)).fetchone()[0] == n
 
 
+def check_completed(admin, queue, n, carrier, stats):
+    """check_exactly_once, by one worker whose counts are stats."""
+    check_exactly_once(admin, queue, n, carrier)
+    assert stats["completed"] == n and stats["steps"] == 4 * n and stats["lost"] == 0
+    # the notify step recorded its return value, with the refund's exact amount
+    rec = admin.execute("SELECT response::text FROM idem_run_steps(%s)"
+                        " WHERE step = 'notify'", (f"{queue}:ret-3",)).fetchone()
+    assert rec is not None and idem.loads(rec[0]) == {"to": "c3", "amount": Decimal("25.00")}
+
+
 def test_runs_complete_with_each_effect_once(connect, admin, queue):
     carrier = Carrier()
     wf = returns_workflow.make(carrier.url, queue=queue)
     start_runs(connect, wf, queue, 12)
     w = Running(connect, [wf], concurrency=3, lease=5, poll=0.2)
     until(lambda: statuses(admin, queue) == {"completed": 12}, 60, "12 completed runs")
-    stats = w.finish()
-    check_exactly_once(admin, queue, 12, carrier)
-    assert stats["completed"] == 12 and stats["steps"] == 48 and stats["lost"] == 0
-    # the notify step recorded its return value, with the refund's exact amount
-    rec = admin.execute("SELECT response::text FROM idem_run_steps(%s)"
-                        " WHERE step = 'notify'", (f"{queue}:ret-3",)).fetchone()
-    assert rec is not None and idem.loads(rec[0]) == {"to": "c3", "amount": Decimal("25.00")}
+    check_completed(admin, queue, 12, carrier, w.finish())
+
+
+def test_async_runs_complete_with_each_effect_once(route, admin, queue):
+    """AsyncWorker, the workflow's steps async def (the label's call in a
+    thread), runs enqueued with astart: each effect once, the results
+    recorded, a database step's key read with await ctx.step_key()."""
+    dsn, kw = route
+    carrier = Carrier()
+    wf = returns_workflow.make(carrier.url, queue=queue, asynchronous=True)
+    keys = []
+    check = wf._steps["check"].fn
+
+    async def check_with_key(ctx):
+        with pytest.raises(RuntimeError, match="step_key"):
+            ctx.key
+        keys.append((ctx.run_id, await ctx.step_key()))
+        return await check(ctx)
+    wf._steps["check"] = wf._steps["check"]._replace(fn=check_with_key)
+
+    async def enqueue():
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True, **kw) as c:
+            for i in range(10):
+                s = await wf.astart(c, f"{queue}:ret-{i}", input={
+                    "sku": queue, "amount": Decimal("25.00"), "customer": f"c{i}"})
+                assert s.created and s.status == "running"
+            again = await wf.astart(c, f"{queue}:ret-0", input={
+                "sku": queue, "amount": Decimal("25.00"), "customer": "c0"})
+            assert not again.created
+            with pytest.raises(idem.KeyReused):
+                await wf.astart(c, f"{queue}:ret-0", input={"sku": queue})
+    asyncio.run(enqueue())
+    w = RunningAsync(route, [wf], concurrency=3, lease=5, poll=0.2)
+    until(lambda: statuses(admin, queue) == {"completed": 10}, 60, "10 completed runs")
+    check_completed(admin, queue, 10, carrier, w.finish())
+    assert len(keys) == 10 and all(
+        k == admin.execute("SELECT idem_step_key(%s, 'check')", (r,)).fetchone()[0]
+        for r, k in keys)
+
+
+def test_async_retry_after_and_exceptions_go_through_the_policy(route, admin, queue):
+    """In an AsyncWorker, an async step's RetryAfter brings the run back no
+    sooner, and an exception fails the run after its last attempt."""
+    carrier = Carrier(busy=1.0, retry_after="1")
+    wf = returns_workflow.make(carrier.url, queue=queue, asynchronous=True)
+    bad = idem.Workflow(queue + "_bad", steps=["boom"], max_attempts=2)
+    seen = []
+
+    @bad.step("boom")
+    async def boom(ctx):
+        seen.append(ctx.attempt)
+        await asyncio.sleep(0)
+        raise ValueError(f"bad return {ctx.input['id']}")
+    admin.execute("SELECT idem_queue_create(%s, backoff_base => '50 ms', backoff_cap => '200 ms',"
+                  " jitter => 'none')", (bad.queue,))
+    conn = psycopg.connect(route[0], autocommit=True, **route[1])
+    wf.start(conn, f"{queue}:ret-0", input={"sku": queue, "amount": Decimal("25.00"),
+                                            "customer": "c0"})
+    bad.start(conn, f"{queue}:bad", input={"id": 7})
+    conn.close()
+    w = RunningAsync(route, [wf, bad], concurrency=2, lease=5, poll=0.1)
+    until(lambda: any(o == "503" for _, o in carrier.log), 10, "a 503")
+    carrier.busy = 0.0
+    t503 = time.time()
+    until(lambda: statuses(admin, queue) == {"completed": 1}, 20, "the completed run")
+    assert time.time() - t503 >= 0.9          # not before the Retry-After
+    until(lambda: statuses(admin, bad.queue) == {"failed": 1}, 20, "the failed run")
+    w.finish()
+    assert [r[0] for r in admin.execute(
+        "SELECT outcome FROM idem_run_attempts WHERE run_id = %s ORDER BY claim",
+        (f"{queue}:ret-0",))] == ["step_failed", "completed"]
+    assert [o for _, o in carrier.log] == ["503", "created"]
+    assert seen == [1, 2]
+    assert admin.execute("SELECT last_error FROM idem_runs WHERE run_id = %s",
+                         (f"{queue}:bad",)).fetchone()[0] == "ValueError: bad return 7"
 
 
 def test_retry_after_and_exceptions_go_through_the_policy(connect, admin, queue):
@@ -392,7 +496,17 @@ def worker_proc(dsn, carrier_url, queue, name, log, concurrency=2, lease=1.0, ex
                              "--lease", str(lease), *extra])
 
 
-def test_sigterm_drains(route, admin, queue, tmp_path):
+def process_options(kw, kind):
+    return (("--no-prepare",) if kw else ()) + (("--asyncio",) if kind == "asyncio" else ())
+
+
+@pytest.fixture(params=["threads", "asyncio"])
+def kind(request):
+    """The worker processes of a test: Worker's threads or AsyncWorker."""
+    return request.param
+
+
+def test_sigterm_drains(route, admin, queue, tmp_path, kind):
     """SIGTERM while steps run: they finish, their runs are handed back
     (released, due at once), the process exits 0, another worker completes
     them with every effect once."""
@@ -401,7 +515,7 @@ def test_sigterm_drains(route, admin, queue, tmp_path):
     wf = returns_workflow.make(carrier.url, queue=queue)
     start_runs(lambda: psycopg.connect(dsn, **kw), wf, queue, 2)
     log = str(tmp_path / "log")
-    p = worker_proc(dsn, carrier.url, queue, "drained", log, extra=("--no-prepare",) if kw else ())
+    p = worker_proc(dsn, carrier.url, queue, "drained", log, extra=process_options(kw, kind))
     # (a worker process starts slowly on a loaded machine)
     until(lambda: len(carrier.log) >= 1, 90, "a label request")
     assert "ready drained" in open(log).read()
@@ -420,7 +534,7 @@ def test_sigterm_drains(route, admin, queue, tmp_path):
     check_exactly_once(admin, queue, 2, carrier)
 
 
-def test_sigkill_at_random_points_exactly_once(route, admin, queue, tmp_path):
+def test_sigkill_at_random_points_exactly_once(route, admin, queue, tmp_path, kind):
     """Three worker processes (concurrency 2, lease 1 s), SIGKILLed at
     random moments from outside and started again, until 30 runs complete:
     each business effect once, one label per run at the carrier however
@@ -434,7 +548,7 @@ def test_sigkill_at_random_points_exactly_once(route, admin, queue, tmp_path):
     wf = returns_workflow.make(carrier.url, queue=queue)
     n = 30
     start_runs(lambda: psycopg.connect(dsn, **kw), wf, queue, n)
-    extra = ("--no-prepare",) if kw else ()
+    extra = process_options(kw, kind)
     procs, names, kills, slot_names = {}, [], 0, {}
     logs = str(tmp_path / "claims")
 

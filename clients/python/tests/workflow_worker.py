@@ -1,9 +1,11 @@
 """A worker process for the tests: the returns workflow of
 returns_workflow.py on one queue, logging "ready WORKER" once SIGTERM is
 handled and each claim ("claim RUN WORKER") to --log before it works on
-it; exits 0 after SIGTERM."""
+it; exits 0 after SIGTERM.  --asyncio: an AsyncWorker and the workflow's
+async steps."""
 
 import argparse
+import asyncio
 import faulthandler
 import functools
 import os
@@ -38,21 +40,44 @@ def main():
     ap.add_argument("--concurrency", type=int, default=2)
     ap.add_argument("--lease", type=float, default=1.0)
     ap.add_argument("--no-prepare", action="store_true")
+    ap.add_argument("--asyncio", action="store_true")
     a = ap.parse_args()
     kw = {"prepare_threshold": None} if a.no_prepare else {}
-    wf = returns_workflow.make(a.carrier, queue=a.queue)
+    wf = returns_workflow.make(a.carrier, queue=a.queue, asynchronous=a.asyncio)
     log = open(a.log, "a", buffering=1)
+    if a.asyncio:
+        return asyncio.run(run_async(a, kw, wf, log))
     worker = idem.Worker(functools.partial(psycopg.connect, a.dsn, **kw), [wf],
                          concurrency=a.concurrency, lease=a.lease, poll=0.2, name=a.name,
                          stop=stop)
+    logged(worker, a.name, log)
+    worker.run()
+    return 0
+
+
+def logged(worker, name, log):
+    """Log each claim before the worker works on it."""
     hand_over = worker._hand_over
 
-    def logged(c):
-        log.write(f"claim {c.run_id} {a.name}\n")
+    def _logged(c):
+        log.write(f"claim {c.run_id} {name}\n")
         hand_over(c)
-    worker._hand_over = logged
-    log.write(f"ready {a.name}\n")
-    worker.run()
+    worker._hand_over = _logged
+    log.write(f"ready {name}\n")
+
+
+async def run_async(a, kw, wf, log):
+    astop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    # the SIGTERM handler above sets the threading event; watch it here
+    loop.add_signal_handler(signal.SIGTERM, lambda: (stop.set(), astop.set(), _term()))
+    if stop.is_set():
+        astop.set()
+    worker = idem.AsyncWorker(functools.partial(psycopg.AsyncConnection.connect, a.dsn, **kw),
+                              [wf], concurrency=a.concurrency, lease=a.lease, poll=0.2,
+                              name=a.name, stop=astop)
+    logged(worker, a.name, log)
+    await worker.run()
     return 0
 
 
