@@ -159,7 +159,10 @@ class Worker {
 
   // Claim and run until stopped; resolves to the counts.
   async run() {
-    const stop = () => { this.stopped = true; };
+    // the claimer waiting for a claim to make: its wake-up
+    let room = null;
+    const wakeClaimer = () => { const w = room; room = null; if (w) w(); };
+    const stop = () => { this.stopped = true; wakeClaimer(); };
     const signals = [];
     if (this.signal) {
       if (this.signal.aborted) return { ...this.stats };
@@ -169,19 +172,14 @@ class Worker {
     }
     const queue = [];
     const idle = []; // the executors waiting for a claimed run: their wake-ups
-    const room = []; // the claimer waiting for a run to end: its wake-up
-    // sleep ms at most, woken early by a call of the wake-up put in list
-    // (and taken out of it either way)
-    const nap = (ms, list) => new Promise((resolve) => {
-      const wake = () => {
-        clearTimeout(timer);
-        const i = list.indexOf(wake);
-        if (i >= 0) list.splice(i, 1);
-        resolve();
-      };
-      const timer = setTimeout(wake, ms);
-      list.push(wake);
-    });
+    // Whatever can end a wait wakes it, so the waits need no timers and
+    // nothing wakes up only to look: a claimed run wakes an idle executor,
+    // the end of the claims every executor; a stop, or a run's end that
+    // leaves a claim to make, the claimer.  The claimer waiting
+    // with runs queued is woken by the end of one of them, not when the
+    // queue drains: by then the claim would take fewer runs.  One event
+    // loop: nothing comes between a waiter's check and its wait.
+    const roomMade = () => { if (room && this.#claimable(queue.length) !== null) wakeClaimer(); };
     const slots = [];
     let claimer = null;
     let beat = null;
@@ -212,7 +210,7 @@ class Worker {
           let client = null;
           for (;;) {
             while (queue.length === 0 && !(this.stopped && claimer === 'done')) {
-              await nap(200, idle);
+              await new Promise((resolve) => idle.push(resolve));
             }
             if (queue.length === 0) break;
             const c = queue.shift();
@@ -223,7 +221,7 @@ class Worker {
               this.active.delete(c.runId);
               const took = (performance.now() - began) / 1000;
               this.runTime = this.runTime === null ? took : 0.8 * this.runTime + 0.2 * took;
-              for (const w of room.splice(0)) w();
+              roomMade();
             }
           }
           if (client) await client.end().catch(() => {});
@@ -233,12 +231,9 @@ class Worker {
       let down = 0;
       const queues = [...this.byQueue.keys()];
       while (!this.stopped) {
-        // one claim for several runs: claim when `ahead` runs can be taken
-        // at once, or when no claimed run is left for a free executor
-        const ahead = this.#ahead();
-        const free = this.concurrency + ahead - this.active.size;
-        if (free < Math.max(ahead, 1) && (free <= 0 || queue.length > 0)) {
-          await nap(200, room);
+        const free = this.#claimable(queue.length);
+        if (free === null) {
+          await new Promise((resolve) => { room = resolve; });
           continue;
         }
         let got = 0;
@@ -280,6 +275,16 @@ class Worker {
       for (const sig of signals) process.removeListener(sig, stop);
     }
     return { ...this.stats };
+  }
+
+  // How many runs a claim would take now, or null when it should wait.
+  // One claim for several runs costs the server and the worker about what
+  // one run costs: claim when `ahead` runs can be taken at once, or when no
+  // claimed run is left for a free executor.
+  #claimable(queued) {
+    const ahead = this.#ahead();
+    const free = this.concurrency + ahead - this.active.size;
+    return free < Math.max(ahead, 1) && (free <= 0 || queued > 0) ? null : free;
   }
 
   // Runs to claim beyond the free executors: up to prefetch, as many as
