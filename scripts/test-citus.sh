@@ -9,8 +9,8 @@
 # (CITUS_VENDOR, default ../shared/vendor beside the repository, or
 # /work/shared/vendor).  The release follows the target PostgreSQL major:
 # 13.2.2 for 15 (14 supports 16 to 18 only), with the have_createdb_privilege
-# patch that 15's recent minors need; 14.0.1 for 16 and later (13.2.2 does
-# not build against 18).  CITUS_VERSION names another vendored release; a
+# patch that 15's recent minors need; 14.0.1 for 16 and later (13.2.2
+# supports 15 to 17).  CITUS_VERSION names another vendored release; a
 # patch citus-<version>-pg<major>-*.patch beside it is applied when one
 # exists.  The build is installed into a staging
 # directory kept as /var/cache/idem-citus/<key>, where the key is the sha256

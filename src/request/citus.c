@@ -33,11 +33,11 @@
  */
 #include "postgres.h"
 
+#ifdef __linux__
 #include <dlfcn.h>
+#include <elf.h>
 #include <fcntl.h>
 #include <unistd.h>
-#ifdef __linux__
-#include <elf.h>
 #endif
 
 #include "catalog/namespace.h"
