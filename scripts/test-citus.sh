@@ -7,21 +7,26 @@
 #
 # Citus is not in Debian's archive: the source is the vendored release tree
 # (CITUS_VENDOR, default ../shared/vendor beside the repository, or
-# /work/shared/vendor), with the PostgreSQL 15 have_createdb_privilege patch
-# applied when building against 15.  The build is installed into a staging
+# /work/shared/vendor).  The release follows the target PostgreSQL major:
+# 13.2.2 for 15 (14 supports 16 to 18 only), with the have_createdb_privilege
+# patch that 15's recent minors need; 14.0.1 for 16 and later (13.2.2
+# supports 15 to 17).  CITUS_VERSION names another vendored release; a
+# patch citus-<version>-pg<major>-*.patch beside it is applied when one
+# exists.  The build is installed into a staging
 # directory kept as /var/cache/idem-citus/<key>, where the key is the sha256
 # of the tarball, the patch and the target PostgreSQL (pg_config's version
 # and directories); a later run with the same key only copies the staged
 # files into PostgreSQL's directories.  --no-cache ignores (and replaces) a
 # cached build, so the script must and does pass from nothing.  Needs root
 # (apt build dependencies, make install into PG_CONFIG's tree); the tests
-# run as postgres.  PG_CONFIG defaults to the one on PATH.
+# run as postgres.  PG_CONFIG defaults to the one on PATH.  What idem's build
+# and the TAP modules need comes from scripts/deps.sh, so a bare Debian root
+# with postgresql-N and postgresql-server-dev-N is enough.
 set -euo pipefail
 
 top=$(cd "$(dirname "$0")/.." && pwd)
 PG_CONFIG=${PG_CONFIG:-pg_config}
 cache_root=${IDEM_CITUS_CACHE:-/var/cache/idem-citus}
-citus_version=13.2.2
 build_only=0
 use_cache=1
 keep=0
@@ -42,6 +47,16 @@ die() { echo "test-citus: $*" >&2; exit 1; }
 [ "$(id -u)" -eq 0 ] || die "must run as root (build dependencies, make install)"
 command -v "$PG_CONFIG" >/dev/null || die "no pg_config (set PG_CONFIG)"
 
+pg_version=$("$PG_CONFIG" --version)
+pg_major=$(echo "$pg_version" | sed -E 's/^PostgreSQL ([0-9]+).*/\1/')
+if [ -n "${CITUS_VERSION:-}" ]; then
+	citus_version=$CITUS_VERSION
+elif [ "$pg_major" -le 15 ]; then
+	citus_version=13.2.2
+else
+	citus_version=14.0.1
+fi
+
 vendor=${CITUS_VENDOR:-}
 if [ -z "$vendor" ]; then
 	for d in "$top/../shared/vendor" "$top/../../shared/vendor" /work/shared/vendor; do
@@ -51,18 +66,30 @@ fi
 tarball=$vendor/citus-$citus_version.tar.gz
 [ -f "$tarball" ] || die "no citus-$citus_version.tar.gz (set CITUS_VENDOR to the vendored sources' folder)"
 
-pg_version=$("$PG_CONFIG" --version)
-pg_major=$(echo "$pg_version" | sed -E 's/^PostgreSQL ([0-9]+).*/\1/')
 patch=""
-if [ "$pg_major" = 15 ]; then
-	patch=$vendor/citus-$citus_version-pg15-have_createdb_privilege.patch
-	[ -f "$patch" ] || die "missing $patch"
-fi
+for f in "$vendor/citus-$citus_version-pg$pg_major-"*.patch; do
+	[ -f "$f" ] && patch=$f
+done
+# without its patch 13.2.2 fails to build against 15.20 and later
+[ -n "$patch" ] || [ "$citus_version-$pg_major" != 13.2.2-15 ] ||
+	die "missing $vendor/citus-13.2.2-pg15-have_createdb_privilege.patch"
 
-# Build dependencies from Debian's archive (what configure --without-libcurl asks).
+# Citus's statistics reporter is compiled where HAVE_LIBCURL is defined, and
+# PostgreSQL 18 (built with libcurl for OAuth) defines it in its own
+# pg_config.h, whatever Citus's configure was told: there Citus must be
+# configured with libcurl to link.  The reporter stays off (its setting
+# defaults to on only in Citus's own packages).
+libcurl=--without-libcurl
+grep -q '^#define HAVE_LIBCURL 1' "$("$PG_CONFIG" --includedir-server)/pg_config.h" &&
+	libcurl=--with-libcurl
+
+# Build dependencies from Debian's archive (what configure asks), and
+# psycopg for the suite's driver retries.
 need=""
-for p in liblz4-dev libzstd-dev libkrb5-dev libssl-dev zlib1g-dev libreadline-dev libicu-dev make gcc; do
-	dpkg -s "$p" >/dev/null 2>&1 || need="$need $p"
+for p in liblz4-dev libzstd-dev libkrb5-dev libssl-dev zlib1g-dev libreadline-dev libicu-dev make gcc python3-psycopg \
+	$([ -z "$patch" ] || echo patch) $([ $libcurl = --without-libcurl ] || echo libcurl4-openssl-dev); do
+	# dpkg -s also succeeds for a package removed but not purged
+	[ "$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null)" = "install ok installed" ] || need="$need $p"
 done
 if [ -n "$need" ]; then
 	say "installing$need"
@@ -92,7 +119,7 @@ else
 	[ -z "$patch" ] || patch -s -d "$src" -p1 <"$patch"
 	(
 		cd "$src"
-		./configure --without-libcurl PG_CONFIG="$PG_CONFIG" >"$build/configure.log" 2>&1 ||
+		./configure $libcurl PG_CONFIG="$PG_CONFIG" >"$build/configure.log" 2>&1 ||
 			{ tail -30 "$build/configure.log" >&2; exit 1; }
 		# no LLVM bitcode for JIT inlining: it doubles the build, and
 		# nothing here JIT-compiles Citus's functions
@@ -116,6 +143,7 @@ t1=$(date +%s)
 say "Citus installed ($(( t1 - t0 ))s)"
 [ $build_only = 0 ] || exit 0
 
+PG_CONFIG="$PG_CONFIG" "$top/scripts/deps.sh"
 say "building idem"
 make -s -C "$top" -j2 PG_CONFIG="$PG_CONFIG" >/dev/null
 make -s -C "$top" install PG_CONFIG="$PG_CONFIG" >/dev/null

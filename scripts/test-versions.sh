@@ -13,6 +13,13 @@
 #            environment: no LANG, no HOME, only PATH and PG_CONFIG
 #   package  in the same root, scripts/package.sh builds
 #            postgresql-<major>-idem with pg_buildext (lintian included)
+#   citus    with --citus <release>, in the same root after its suite,
+#            scripts/test-citus.sh: Citus built from the vendored source
+#            for that major (14.0.1 for 16 and later), a coordinator and two
+#            workers, test/citus/*.pl; the vendored folder is bind-mounted
+#            read-only where the clone looks for it (../shared/vendor), and
+#            the Citus build cache (/var/cache/idem-citus) too unless
+#            --no-cache
 #   use      a second root with postgresql-<major> and no compiler, make,
 #            headers or source tree installs that .deb alone and
 #            scripts/check-package.sh exercises it (create, execute, replay,
@@ -20,6 +27,7 @@
 #
 #   scripts/test-versions.sh [--release bookworm|trixie|forky]... [--no-cache]
 #                            [--no-suite bookworm|trixie|forky]...
+#                            [--citus bookworm|trixie|forky]...
 #                            [--parallel-suites] [--keep]
 #
 # --no-suite skips a release's suite and keeps its package parts: .ci/run
@@ -43,6 +51,7 @@ top=$(cd "$(dirname "$0")/.." && pwd)
 all_releases="bookworm trixie forky"
 releases=""
 no_suite=""
+citus=""
 use_cache=1
 parallel_suites=0
 keep=0
@@ -62,6 +71,10 @@ while [ $# -gt 0 ]; do
 			[ $# -ge 2 ] || usage
 			case " $all_releases " in *" $2 "*) no_suite="$no_suite $2" ;; *) usage ;; esac
 			shift ;;
+		--citus)
+			[ $# -ge 2 ] || usage
+			case " $all_releases " in *" $2 "*) citus="$citus $2" ;; *) usage ;; esac
+			shift ;;
 		--no-cache) use_cache=0 ;;
 		--parallel-suites) parallel_suites=1 ;;
 		--keep) keep=1 ;;
@@ -76,6 +89,14 @@ die() { echo "test-versions: $*" >&2; exit 1; }
 
 [ "$(id -u)" -eq 0 ] || die "must run as root (debootstrap, chroot, mounts)"
 head=$(git -C "$top" rev-parse HEAD)
+citus_cache=/var/cache/idem-citus
+vendor=""
+if [ -n "$citus" ]; then
+	for d in ${CITUS_VENDOR:-} "$top/../shared/vendor" "$top/../../shared/vendor" /work/shared/vendor; do
+		if compgen -G "$d/citus-*.tar.gz" >/dev/null; then vendor=$(cd "$d" && pwd); break; fi
+	done
+	[ -n "$vendor" ] || die "--citus: no vendored Citus sources (set CITUS_VENDOR)"
+fi
 if ! command -v debootstrap >/dev/null; then
 	say "installing debootstrap"
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap >/dev/null
@@ -145,18 +166,36 @@ prove_release() {	# release
 			git clone -q --no-hardlinks "$top" "$dev/root/idem" &&
 			git -C "$dev/root/idem" checkout -q --detach "$head"
 	}
+	# in_env, as one suite at a time unless --parallel-suites: wait here
+	# for the others
+	in_turn() {	# root log command
+		[ $parallel_suites -eq 0 ] || { in_env "$@"; return; }
+		exec 9>"$work/suite.lock"
+		flock 9
+		local rc=0
+		in_env "$@" || rc=$?
+		flock -u 9
+		return $rc
+	}
 	suite() {
-		if [ $parallel_suites -eq 1 ]; then
-			in_env "$dev" "$logs/$rel-suite.log" IDEM_TEST_DRIVERS=0 ./scripts/test.sh
-		else
-			# one suite at a time: wait here for the others
-			exec 9>"$work/suite.lock"
-			flock 9
-			in_env "$dev" "$logs/$rel-suite.log" IDEM_TEST_DRIVERS=0 ./scripts/test.sh
-			local rc=$?
-			flock -u 9
-			return $rc
+		in_turn "$dev" "$logs/$rel-suite.log" IDEM_TEST_DRIVERS=0 ./scripts/test.sh
+	}
+	# the vendored sources live outside the repository, and the clone has
+	# none: lend them to the root for this part only
+	citus_suite() {
+		local rc=0
+		mkdir -p "$dev/root/shared/vendor"
+		mount --bind -o ro "$vendor" "$dev/root/shared/vendor" || return 1
+		if [ $use_cache -eq 1 ]; then
+			mkdir -p "$citus_cache" "$dev$citus_cache"
+			mount --bind "$citus_cache" "$dev$citus_cache" || return 1
 		fi
+		in_turn "$dev" "$logs/$rel-citus.log" ./scripts/test-citus.sh || rc=1
+		# the servers it started must not hold the mounts
+		kill_in_root "$dev"
+		umount "$dev/root/shared/vendor" || rc=1
+		[ $use_cache -eq 0 ] || umount "$dev$citus_cache" || rc=1
+		return $rc
 	}
 	package() {
 		in_env "$dev" "$logs/$rel-package.log" ./scripts/package.sh --out /root/debs || return 1
@@ -194,6 +233,9 @@ prove_release() {	# release
 	case " $no_suite " in
 		*" $rel "*) say "$rel: suite skipped (--no-suite)" ;;
 		*) release_part "suite (scripts/test.sh)" suite || rc=1 ;;
+	esac
+	case " $citus " in
+		*" $rel "*) release_part "citus (scripts/test-citus.sh)" citus_suite || rc=1 ;;
 	esac
 	release_part "package (pg_buildext, lintian)" package || return 1
 	remove_root "$dev" || true

@@ -17,6 +17,13 @@
  * Citus's library at the first use.  Citus exports it and there is no SQL
  * equivalent; a statement that Citus executes on a local shard adds none.
  *
+ * Built against PostgreSQL 16 or later, Citus's library exports only its
+ * SQL-callable functions: PGXS compiles modules with -fvisibility=hidden
+ * there, and Citus marks none of its internals for export.  Its symbol
+ * table (.symtab) still lists them unless the library was stripped, so
+ * that is where idem looks for what the dynamic linker cannot find
+ * (citus_symbol()); a stripped library is an error naming what is missing.
+ *
  * Copyright (c) 2026, idem authors
  *
  * IDENTIFICATION
@@ -25,6 +32,13 @@
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"
+
+#ifdef __linux__
+#include <dlfcn.h>
+#include <elf.h>
+#include <fcntl.h>
+#include <unistd.h>
+#endif
 
 #include "catalog/namespace.h"
 #include "commands/extension.h"
@@ -65,8 +79,150 @@ static int *citus_executor_level = NULL;
 
 static bool citus_loaded(void);
 
-/* Citus's CitusHasBeenLoaded(), once looked up */
+/* Citus's CitusHasBeenLoaded(), once looked up; citus_hidden if it is not to be found */
 static bool (*citus_has_been_loaded) (void) = NULL;
+static bool citus_hidden = false;
+
+#ifdef __linux__
+/*
+ * The address of name in the loaded library that holds known (an exported
+ * symbol of it), from the library file's symbol table: the same offset
+ * from known as in the file.  NULL if the file has no symbol table (it was
+ * stripped) or does not list name, or if it is not the file that was
+ * loaded (replaced since by another build: its offsets would point
+ * anywhere), which is when known is not where the file places it or its
+ * notes (the build ID) differ from the loaded ones.
+ */
+static void *
+elf_symtab_lookup(void *known, const char *name)
+{
+	Dl_info		info;
+	int			fd;
+	Elf64_Ehdr	eh;
+	Elf64_Shdr *sh = NULL;
+	Elf64_Sym  *syms = NULL;
+	char	   *strs = NULL;
+	void	   *found = NULL;
+	Elf64_Addr	known_value = 0,
+				name_value = 0;
+	bool		have_known = false,
+				have_name = false;
+
+	if (dladdr(known, &info) == 0 || info.dli_fname == NULL || info.dli_sname == NULL)
+		return NULL;
+	fd = open(info.dli_fname, O_RDONLY | PG_BINARY, 0);
+	if (fd < 0)
+		return NULL;
+	if (pread(fd, &eh, sizeof(eh), 0) != sizeof(eh) ||
+		memcmp(eh.e_ident, ELFMAG, SELFMAG) != 0 ||
+		eh.e_ident[EI_CLASS] != ELFCLASS64 ||
+		eh.e_shentsize != sizeof(Elf64_Shdr) || eh.e_shnum == 0)
+		goto done;
+	sh = palloc(sizeof(Elf64_Shdr) * eh.e_shnum);
+	if (pread(fd, sh, sizeof(Elf64_Shdr) * eh.e_shnum, eh.e_shoff) !=
+		(ssize_t) (sizeof(Elf64_Shdr) * eh.e_shnum))
+		goto done;
+	for (int i = 0; i < eh.e_shnum && !(have_known && have_name); i++)
+	{
+		Elf64_Shdr *strsh;
+		size_t		n;
+
+		if (sh[i].sh_type != SHT_SYMTAB || sh[i].sh_entsize != sizeof(Elf64_Sym) ||
+			sh[i].sh_link >= eh.e_shnum)
+			continue;
+		strsh = &sh[sh[i].sh_link];
+		syms = palloc(sh[i].sh_size);
+		strs = palloc(strsh->sh_size + 1);
+		if (pread(fd, syms, sh[i].sh_size, sh[i].sh_offset) != (ssize_t) sh[i].sh_size ||
+			pread(fd, strs, strsh->sh_size, strsh->sh_offset) != (ssize_t) strsh->sh_size)
+			goto done;
+		strs[strsh->sh_size] = '\0';
+		n = sh[i].sh_size / sizeof(Elf64_Sym);
+		for (size_t j = 0; j < n; j++)
+		{
+			const char *sname;
+
+			if (syms[j].st_name >= strsh->sh_size || syms[j].st_shndx == SHN_UNDEF)
+				continue;
+			sname = strs + syms[j].st_name;
+			if (!have_known && strcmp(sname, info.dli_sname) == 0)
+			{
+				known_value = syms[j].st_value;
+				have_known = true;
+			}
+			else if (!have_name && strcmp(sname, name) == 0)
+			{
+				name_value = syms[j].st_value;
+				have_name = true;
+			}
+		}
+	}
+	if (have_known && have_name &&
+		(char *) info.dli_saddr - (char *) info.dli_fbase == (ptrdiff_t) known_value)
+	{
+		bool		same = true;
+
+		/* the loaded notes are where the file's say, below its base */
+		for (int i = 0; i < eh.e_shnum && same; i++)
+		{
+			char	   *note;
+
+			if (sh[i].sh_type != SHT_NOTE || !(sh[i].sh_flags & SHF_ALLOC))
+				continue;
+			note = palloc(sh[i].sh_size);
+			same = pread(fd, note, sh[i].sh_size, sh[i].sh_offset) == (ssize_t) sh[i].sh_size &&
+				memcmp(note, (char *) info.dli_fbase + sh[i].sh_addr, sh[i].sh_size) == 0;
+			pfree(note);
+		}
+		if (same)
+			found = (char *) info.dli_saddr + (name_value - known_value);
+	}
+done:
+	close(fd);
+	if (sh)
+		pfree(sh);
+	if (syms)
+		pfree(syms);
+	if (strs)
+		pfree(strs);
+	return found;
+}
+#endif
+
+/*
+ * citus_symbol
+ *		The address of one of Citus's functions or variables: exported
+ *		(Citus built against PostgreSQL 15), else from its library's symbol
+ *		table.  NULL if neither has it, unless required: then an error.
+ */
+static void *
+citus_symbol(const char *name, bool required)
+{
+	void	   *p = load_external_function("citus", name, false, NULL);
+
+#ifdef __linux__
+	if (p == NULL)
+		p = elf_symtab_lookup(load_external_function("citus", "_PG_init", true, NULL),
+							  name);
+#endif
+	if (p == NULL && required)
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("idem cannot find Citus's %s", name),
+				 errdetail("Citus built against PostgreSQL 16 or later exports only its SQL functions, and its library file lists no such symbol: it was stripped, or it is not the file this server loaded."),
+				 errhint("Install a Citus library that was not stripped, and restart the server after replacing it.")));
+	return p;
+}
+
+/*
+ * idem_citus_function
+ *		One of Citus's C functions (for tenant.c), as citus_symbol().
+ */
+void *
+idem_citus_function(const char *name)
+{
+	return citus_symbol(name, true);
+}
 
 /*
  * idem_citus_present
@@ -81,11 +237,20 @@ static bool (*citus_has_been_loaded) (void) = NULL;
 bool
 idem_citus_present(void)
 {
-	if (!citus_loaded())
-		return OidIsValid(get_extension_oid("citus", true));
-	if (citus_has_been_loaded == NULL)
+	if (citus_loaded() && citus_has_been_loaded == NULL && !citus_hidden)
+	{
 		citus_has_been_loaded = (bool (*) (void))
-			load_external_function("citus", "CitusHasBeenLoaded", true, NULL);
+			citus_symbol("CitusHasBeenLoaded", false);
+		citus_hidden = citus_has_been_loaded == NULL;
+	}
+	if (citus_has_been_loaded == NULL)
+	{
+		Oid			citus = get_extension_oid("citus", true);
+
+		/* as Citus answers while its own script runs */
+		return OidIsValid(citus) &&
+			!(creating_extension && CurrentExtensionObject == citus);
+	}
 	return citus_has_been_loaded();
 }
 
@@ -143,8 +308,8 @@ idem_citus_in_distributed_transaction(void)
 	if (!citus_loaded())
 		return false;
 	if (citus_remote_transactions == NULL)
-		citus_remote_transactions = (dlist_head *) (void *)
-			load_external_function("citus", "InProgressTransactions", true, NULL);
+		citus_remote_transactions = (dlist_head *)
+			citus_symbol("InProgressTransactions", true);
 	return !dlist_is_empty(citus_remote_transactions);
 }
 
@@ -167,10 +332,9 @@ idem_citus_pin_tenant(Oid type, Datum value, uint32 colocation)
 
 	if (citus_allowed_value == NULL)
 	{
-		citus_allowed_value = (CitusAllowedValue *) (void *)
-			load_external_function("citus", "AllowedDistributionColumnValue", true, NULL);
-		citus_executor_level = (int *) (void *)
-			load_external_function("citus", "ExecutorLevel", true, NULL);
+		citus_executor_level = (int *) citus_symbol("ExecutorLevel", true);
+		citus_allowed_value = (CitusAllowedValue *)
+			citus_symbol("AllowedDistributionColumnValue", true);
 	}
 	if (citus_allowed_value->isActive)
 		return;

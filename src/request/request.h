@@ -105,5 +105,6 @@ extern Oid	idem_citus_keys_relid(void);
 extern bool idem_citus_in_distributed_transaction(void);
 extern void idem_citus_check_confined(void);
 extern void idem_citus_pin_tenant(Oid type, Datum value, uint32 colocation);
+extern void *idem_citus_function(const char *name);
 
 #endif							/* IDEM_REQUEST_H */

@@ -820,7 +820,7 @@ tenant_shard_local(Oid keys_rel, Oid keys_owner, Oid tenant_type,
 		return false;
 	if (citus_lock_shard_metadata == NULL)
 		citus_lock_shard_metadata = (citus_lock_shard_fn)
-			load_external_function("citus", "LockShardDistributionMetadata", true, NULL);
+			idem_citus_function("LockShardDistributionMetadata");
 	citus_lock_shard_metadata(shard->shardid, ShareLock);
 	/* a move or split that committed before the lock was granted */
 	AcceptInvalidationMessages();
