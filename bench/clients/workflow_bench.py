@@ -17,11 +17,16 @@ measured), refund (a row and an outbox event), notify (no database).
 Interleaved rounds; reports runs/s per round, the median, and the ratio
 workflow/hand.  Usage (as the cluster user, idem installed in $PG_CONFIG):
   python3 workflow_bench.py [--runs 300] [--rounds 3] [--procs 4] [--prefetch N] [--cpu]
+                            [--compare-client DIR] [--asyncio] [--prepare]
 
 --compare-client DIR adds a third side to each round: the workflow run by
 the Python helpers of another tree (DIR/clients/python, e.g. a checkout of
 an earlier commit) against this tree's server, so that two clients are
 measured interleaved in one session.
+
+--asyncio adds a side too: the workflow with the same steps as async def,
+run by AsyncWorker processes (concurrency 1 each, psycopg's
+AsyncConnection).
 
 --cpu also reports, per round, the CPU time per run of the client
 processes (the workers, or the hand-written processes: their rusage once
@@ -31,6 +36,7 @@ time is what a shared, noisy machine still measures fairly.
 """
 
 import argparse
+import asyncio
 import multiprocessing as mp
 import os
 import resource
@@ -77,6 +83,31 @@ def make_workflow(queue, mod=idem):
     return wf
 
 
+def make_async_workflow(queue):
+    """make_workflow's steps as AsyncWorker runs them."""
+    wf = idem.Workflow(queue, steps=STEPS)
+
+    @wf.step("check")
+    async def check(ctx):
+        return await ctx.execute("UPDATE stock SET on_hand = on_hand + 1 WHERE sku = $1"
+                                 " RETURNING on_hand", ctx.input["sku"])
+
+    @wf.external("label")
+    async def label(ctx):
+        return label_call(ctx.key)
+
+    @wf.step("refund", outbox_topic="refunds")
+    async def refund(ctx):
+        return await ctx.execute("INSERT INTO refunds (order_id, amount, label_id)"
+                                 " VALUES ($1, $2, $3) RETURNING id", ctx.input["order"],
+                                 ctx.input["amount"], ctx.results["label"]["label_id"])
+
+    @wf.step("notify")
+    async def notify(ctx):
+        return {"to": ctx.input["customer"]}
+    return wf
+
+
 def connect_kw(prepare):
     """psycopg's default (statements prepared on the server after their
     5th execution), or none prepared, as behind PgBouncer in transaction
@@ -101,6 +132,20 @@ def worker_proc(dsn, queue, stop, prefetch, prepare, client_dir=None):
     mod = client_module(client_dir)
     mod.Worker(lambda: psycopg.connect(dsn, **connect_kw(prepare)), [make_workflow(queue, mod)],
                concurrency=1, lease=30, poll=0.05, stop=stop, **kw).run()
+
+
+def async_worker_proc(dsn, queue, stop, prefetch, prepare, client_dir=None):
+    kw = {} if prefetch is None else {"prefetch": prefetch}
+
+    async def run():
+        astop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        # the round's multiprocessing event, waited for in a thread
+        loop.run_in_executor(None, lambda: (stop.wait(), loop.call_soon_threadsafe(astop.set)))
+        await idem.AsyncWorker(lambda: psycopg.AsyncConnection.connect(dsn, **connect_kw(prepare)),
+                               [make_async_workflow(queue)], concurrency=1, lease=30, poll=0.05,
+                               stop=astop, **kw).run()
+    asyncio.run(run())
 
 
 def hand_proc(dsn, counter, total, go, tag, prepare):
@@ -178,13 +223,14 @@ class Cpu:
         return tuple((b - a) / n for a, b in zip(self.t0, t1))
 
 
-def round_workflow(dsn, admin, n, procs, r, prefetch, prepare, cpu=None, client_dir=None):
-    queue = f"bench{r}" if client_dir is None else f"benchcmp{r}"
+def round_workflow(dsn, admin, n, procs, r, prefetch, prepare, cpu=None, client_dir=None,
+                   target=worker_proc, tag="bench"):
+    queue = f"{tag}{r}" if client_dir is None else f"benchcmp{r}"
     admin.execute("SELECT idem_queue_create(%s)", (queue,))
     if cpu:
         cpu.start()
     stop = mp.Event()
-    ps = [mp.Process(target=worker_proc, args=(dsn, queue, stop, prefetch, prepare, client_dir))
+    ps = [mp.Process(target=target, args=(dsn, queue, stop, prefetch, prepare, client_dir))
           for _ in range(procs)]
     for p in ps:
         p.start()
@@ -240,6 +286,8 @@ def main():
                          " (default: none prepared, as behind PgBouncer)")
     ap.add_argument("--compare-client", metavar="DIR",
                     help="also run the workflow with the Python helpers of the tree DIR")
+    ap.add_argument("--asyncio", action="store_true",
+                    help="also run the workflow with AsyncWorker processes")
     ap.add_argument("--cpu", action="store_true",
                     help="report CPU time per run, client and server, and commits per run")
     a = ap.parse_args()
@@ -259,7 +307,7 @@ def main():
                                       payload jsonb NOT NULL, created_at timestamptz DEFAULT now());""")
         admin.execute("SELECT pg_reload_conf()")
         cpu = Cpu(cluster, admin) if a.cpu else None
-        wf_rates, hand_rates, cmp_rates = [], [], []
+        wf_rates, hand_rates, cmp_rates, async_rates = [], [], [], []
         for r in range(a.rounds):
             rate, hcpu = round_hand(cluster.dsn(), a.runs, a.procs, r, a.prepare, cpu)
             hand_rates.append(rate)
@@ -279,6 +327,17 @@ def main():
                 sides.append(("compared", ccpu))
                 if cpu:
                     cpu.calls = calls
+            if a.asyncio:
+                calls = cpu and cpu.calls
+                rate, acpu = round_workflow(cluster.dsn(), admin, a.runs, a.procs, r, a.prefetch,
+                                            a.prepare, cpu, target=async_worker_proc,
+                                            tag="benchasync")
+                async_rates.append(rate)
+                print(f"  asyncio: workflow {rate:.0f} runs/s ({rate / hand_rates[-1]:.2f}x)"
+                      " with AsyncWorker", flush=True)
+                sides.append(("asyncio", acpu))
+                if cpu:
+                    cpu.calls = calls
             if cpu:
                 for side, (c, s, x) in sides:
                     print(f"  {side:8} CPU per run: client {c * 1e6:.0f} us, server {s * 1e6:.0f} us;"
@@ -293,6 +352,10 @@ def main():
         if cmp_rates:
             print(f"compared: workflow {statistics.median(cmp_rates):.0f} runs/s, ratio"
                   f" {statistics.median([c / h for c, h in zip(cmp_rates, hand_rates)]):.2f}"
+                  f" (median of the rounds' ratios)")
+        if async_rates:
+            print(f"asyncio: workflow {statistics.median(async_rates):.0f} runs/s, ratio"
+                  f" {statistics.median([c / h for c, h in zip(async_rates, hand_rates)]):.2f}"
                   f" (median of the rounds' ratios)")
     finally:
         cluster.stop()
