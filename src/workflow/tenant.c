@@ -61,6 +61,7 @@
 #include "access/htup_details.h"
 #include "catalog/namespace.h"
 #include "catalog/pg_class.h"
+#include "catalog/pg_collation.h"
 #include "catalog/pg_namespace.h"
 #include "catalog/pg_proc.h"
 #include "catalog/pg_type.h"
@@ -110,17 +111,17 @@ run_sql(const char *sql, int nargs, Oid *types, Datum *values, int expect)
 }
 
 /*
- * The distribution column's type and colocation group of a hash-distributed
- * table; false if it is not one.
+ * The distribution column's type, collation and colocation group of a
+ * hash-distributed table; false if it is not one.
  */
 static bool
-distribution_of(Oid relid, Oid *type, int32 *colocation)
+distribution_of(Oid relid, Oid *type, Oid *collation, int32 *colocation)
 {
 	Oid			types[1] = {OIDOID};
 	Datum		values[1] = {ObjectIdGetDatum(relid)};
 	bool		isnull;
 
-	run_sql("SELECT a.atttypid, p.colocationid"
+	run_sql("SELECT a.atttypid, p.colocationid, a.attcollation"
 			" FROM pg_catalog.pg_dist_partition p"
 			" JOIN pg_catalog.pg_attribute a"
 			" ON a.attrelid OPERATOR(pg_catalog.=) p.logicalrelid"
@@ -135,7 +136,26 @@ distribution_of(Oid relid, Oid *type, int32 *colocation)
 										   SPI_tuptable->tupdesc, 1, &isnull));
 	*colocation = DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[0],
 											  SPI_tuptable->tupdesc, 2, &isnull));
+	*collation = DatumGetObjectId(SPI_getbinval(SPI_tuptable->vals[0],
+												SPI_tuptable->tupdesc, 3, &isnull));
 	return true;
+}
+
+/* A collation's name, schema-qualified and quoted. */
+static char *
+qualified_collation(Oid collation)
+{
+	HeapTuple	tup = SearchSysCache1(COLLOID, ObjectIdGetDatum(collation));
+	Form_pg_collation coll;
+	char	   *name;
+
+	if (!HeapTupleIsValid(tup))
+		elog(ERROR, "cache lookup failed for collation %u", collation);
+	coll = (Form_pg_collation) GETSTRUCT(tup);
+	name = quote_qualified_identifier(get_namespace_name(coll->collnamespace),
+									  NameStr(coll->collname));
+	ReleaseSysCache(tup);
+	return name;
 }
 
 /* The library file of a C function (its pg_proc.probin). */
@@ -278,12 +298,14 @@ drop_tenant_functions(StringInfo sql, const char *nsp, const char *typname)
 /*
  * Create idem.citus_keys and idem.citus_runs, unless they exist
  * (have_keys, have_runs), and the functions, co-located with qtable and
- * distributed by a tenant of type typname.  With have_keys, the colocation
- * is declared again: a function that exists as it is made here is kept
- * (with what was set on it), another one is made.
+ * distributed by a tenant of type typname.  The tables' tenant columns are
+ * coltype: typname with the distribution column's collation, which Citus
+ * requires of co-located tables.  With have_keys, the colocation is
+ * declared again: a function that exists as it is made here is kept (with
+ * what was set on it), another one is made.
  */
 static void
-create_tenant_objects(const char *nsp, const char *typname,
+create_tenant_objects(const char *nsp, const char *typname, const char *coltype,
 					  const char *qtable, const char *probin, bool have_keys,
 					  bool have_runs)
 {
@@ -306,7 +328,7 @@ create_tenant_objects(const char *nsp, const char *typname,
 						 " expires_at pg_catalog.timestamptz NOT NULL,"
 						 " CONSTRAINT citus_keys_pkey PRIMARY KEY (tenant, owner, key));"
 						 "REVOKE ALL ON idem.citus_keys FROM PUBLIC;",
-						 typname);
+						 coltype);
 	/* idem.runs' columns for a run on no queue */
 	if (!have_runs)
 		appendStringInfo(&sql,
@@ -326,7 +348,7 @@ create_tenant_objects(const char *nsp, const char *typname,
 						 " CONSTRAINT citus_runs_status_check CHECK (status OPERATOR(pg_catalog.=)"
 						 " ANY ('{running,completed,failed,cancelled}'::pg_catalog.text[])));"
 						 "REVOKE ALL ON idem.citus_runs FROM PUBLIC;",
-						 typname);
+						 coltype);
 
 	/*
 	 * idem_run_purge() for tenant runs, an administrator's: the finished
@@ -428,10 +450,12 @@ idem_citus_colocate(PG_FUNCTION_ARGS)
 	Oid			keys_rel;
 	Oid			runs_rel;
 	Oid			type;
+	Oid			collation;
 	int32		colocation;
 	Oid			fn_nsp = get_func_namespace(fcinfo->flinfo->fn_oid);
 	const char *nsp;
 	char	   *typname;
+	char	   *coltype;
 	char	   *qtable;
 	StringInfoData sql;
 	char	   *probin;
@@ -456,7 +480,7 @@ idem_citus_colocate(PG_FUNCTION_ARGS)
 							 true, 0, false);
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "SPI_connect failed");
-	if (!distribution_of(table, &type, &colocation))
+	if (!distribution_of(table, &type, &collation, &colocation))
 		ereport(ERROR,
 				(errcode(ERRCODE_IDEM_CITUS_MISMATCH),
 				 errmsg("\"%s\" is not a hash-distributed Citus table", get_rel_name(table)),
@@ -465,6 +489,9 @@ idem_citus_colocate(PG_FUNCTION_ARGS)
 
 	nsp = quote_identifier(get_namespace_name(fn_nsp));
 	typname = format_type_be_qualified(type);
+	coltype = typname;
+	if (OidIsValid(collation) && collation != get_typcollation(type))
+		coltype = psprintf("%s COLLATE %s", typname, qualified_collation(collation));
 	qtable = quote_qualified_identifier(get_namespace_name(get_rel_namespace(table)),
 										get_rel_name(table));
 	probin = quote_literal_cstr(func_probin(fcinfo->flinfo->fn_oid));
@@ -474,13 +501,14 @@ idem_citus_colocate(PG_FUNCTION_ARGS)
 	if (OidIsValid(keys_rel))
 	{
 		Oid			keys_type;
+		Oid			keys_collation;
 		int32		keys_colocation;
 
-		if (distribution_of(keys_rel, &keys_type, &keys_colocation) &&
+		if (distribution_of(keys_rel, &keys_type, &keys_collation, &keys_colocation) &&
 			keys_colocation == colocation)
 		{
 			/* declared by an older build: what it lacks follows too */
-			create_tenant_objects(nsp, typname, qtable, probin, true,
+			create_tenant_objects(nsp, typname, coltype, qtable, probin, true,
 								  OidIsValid(runs_rel));
 			SPI_finish();
 			AtEOXact_GUC(true, nestlevel);
@@ -505,7 +533,7 @@ idem_citus_colocate(PG_FUNCTION_ARGS)
 							   "DROP TABLE IF EXISTS idem.citus_runs");
 		run_sql(sql.data, 0, NULL, NULL, SPI_OK_UTILITY);
 	}
-	create_tenant_objects(nsp, typname, qtable, probin, false, false);
+	create_tenant_objects(nsp, typname, coltype, qtable, probin, false, false);
 
 	SPI_finish();
 	AtEOXact_GUC(true, nestlevel);

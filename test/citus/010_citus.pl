@@ -98,6 +98,8 @@
 #    on the function (ALTER FUNCTION ... SET, propagated), it replays
 #  - a column added to idem.citus_keys and dropped again: a call executes
 #    once and replays
+#  - a text tenant column with collation "C" (a database of its own):
+#    idem's tenant columns take it, and a call executes once and replays
 #  - a text tenant (a database of its own): tenants and keys that spell
 #    each other's together, each executes once and replays through the
 #    workers; without idem.citus_runs (a colocation declared before tenant
@@ -1117,6 +1119,15 @@ $coord->safe_psql('postgres',
 # database): calls from every entry node, tenants whose value and key
 # together spell another's
 # a database of its own on every node, Citus and its nodes in it, and idem
+# $sql in database $db through $node; returns (stdout, stderr) of psql
+sub call_db
+{
+	my ($node, $db, $sql) = @_;
+	my ($ret, $out, $err) = $node->psql($db, $sql,
+		extra_params => [ '-v', 'VERBOSITY=verbose' ]);
+	return ($out, $err);
+}
+
 sub citus_database
 {
 	my ($db) = @_;
@@ -1156,6 +1167,32 @@ for my $entry (@nodes)
 }
 is($coord->safe_psql('tt', 'SELECT count(*) FROM accounts'), '3', 'one row per (tenant, key)');
 is($coord->safe_psql('tt', 'SELECT count(*) FROM idem.citus_keys'), '3', 'one key record each');
+
+# a text distribution column with a collation of its own: Citus co-locates
+# only columns of one collation, so idem's tenant columns take it
+citus_database('tc');
+$coord->safe_psql('tc', q{
+CREATE TABLE accounts (tenant text COLLATE "C" NOT NULL, note text NOT NULL);
+SELECT create_distributed_table('accounts', 'tenant');
+});
+($out, $err) = call_db($coord, 'tc', "SELECT idem_citus_colocate('accounts')");
+is($err, '', 'a colocation with a tenant column of collation "C"') or diag($err);
+is($coord->safe_psql('tc', q{
+SELECT string_agg(c.relname || ':' || l.collname, ',' ORDER BY c.relname)
+  FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid JOIN pg_collation l ON l.oid = a.attcollation
+ WHERE a.attrelid IN ('idem.citus_keys'::regclass, 'idem.citus_runs'::regclass) AND a.attname = 'tenant'}),
+	'citus_keys:C,citus_runs:C', "idem's tenant columns take the table's collation");
+{
+	my @seen;
+	for my $entry (@nodes)
+	{
+		my ($ret, $o, $e) = $entry->psql('tc',
+			"SELECT replayed FROM idem_citus_call('acme'::text, 'c-1', $tt_insert, 'acme'::text, 'c-1')");
+		push @seen, $o;
+		diag($e) if $e ne '';
+	}
+	is(join(',', @seen), 'f,t,t', '... and a call executes once and replays through the workers');
+}
 
 # a colocation declared by a build without tenant runs: without
 # idem.citus_runs a run function is IDC01; declared again, the colocation
