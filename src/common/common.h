@@ -167,6 +167,7 @@ extern void idem_delete_key(IdemRecord *rec);
 extern void idem_insert_key(const char *key, Oid owner,
 							const uint8 *fingerprint, Jsonb *response,
 							TimestampTz created_at, TimestampTz expires_at);
+extern text *idem_tenant_owner(Oid owner);
 extern bool idem_lookup_tenant_key(Oid relid, Datum tenant, Oid owner,
 								   const char *key, int keylen,
 								   bool as_of_snapshot, IdemRecord *rec);

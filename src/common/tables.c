@@ -1313,13 +1313,15 @@ static const ColumnShape tenant_keys_shape[] = {
 #define Natts_tenant_keys lengthof(tenant_keys_shape)
 
 /*
- * A tenant record's owner is the role's name, not its OID: Citus knows a
- * role on every node by its name and gives it each node's own OID, and a
- * shard move copies the records' bytes to the new node, where the old OID
- * is another role's or nobody's.
+ * idem_tenant_owner
+ *		What a tenant record (idem.citus_keys, idem.citus_runs) keeps of
+ *		its owner: the role's name, not its OID.  Citus knows a role on
+ *		every node by its name and gives it each node's own OID, and a
+ *		shard move copies the records' bytes to the new node, where the old
+ *		OID is another role's or nobody's.
  */
-static text *
-tenant_key_owner(Oid owner)
+text *
+idem_tenant_owner(Oid owner)
 {
 	return cstring_to_text(GetUserNameFromId(owner, false));
 }
@@ -1476,7 +1478,7 @@ idem_lookup_tenant_key(Oid relid, Datum tenant, Oid owner, const char *key,
 	Relation	idx = index_open(sw->pkey, AccessShareLock);
 	TupleTableSlot *slot = table_slot_create(rel, NULL);
 	text	   *keytext = cstring_to_text_with_len(key, keylen);
-	text	   *ownertext = tenant_key_owner(owner);
+	text	   *ownertext = idem_tenant_owner(owner);
 	Snapshot	xact_snapshot = !as_of_snapshot && IsolationUsesXactSnapshot() ?
 		GetTransactionSnapshot() : NULL;
 	ScanKeyData skey[3];
@@ -1554,7 +1556,7 @@ idem_insert_tenant_key(Oid relid, Datum tenant, Oid owner, const char *key,
 	SET_VARSIZE(fp, VARHDRSZ + IDEM_FINGERPRINT_LEN);
 	memcpy(VARDATA(fp), fingerprint, IDEM_FINGERPRINT_LEN);
 	values[0] = tenant;
-	values[1] = PointerGetDatum(tenant_key_owner(owner));
+	values[1] = PointerGetDatum(idem_tenant_owner(owner));
 	values[2] = PointerGetDatum(cstring_to_text_with_len(key, keylen));
 	values[3] = PointerGetDatum(fp);
 	values[4] = Int16GetDatum(IDEM_FINGERPRINT_VERSION);

@@ -635,7 +635,7 @@ run_plan(RunSql which, Oid relid, Oid tenant_type, int nargs, Oid *types)
 			hash_destroy(run_plans);
 		}
 		run_plans = backend_hash("idem citus run plans", sizeof(RunPlanKey),
-								  sizeof(RunPlan));
+								 sizeof(RunPlan));
 	}
 	memset(&key, 0, sizeof(key));
 	key.relid = relid;
@@ -699,8 +699,8 @@ run_plan(RunSql which, Oid relid, Oid tenant_type, int nargs, Oid *types)
  */
 static void
 run_shard_sql(RunSql which, Oid relid, Oid keys_owner, Oid tenant_type,
-			 int nargs, Oid *types, Datum *values, const char *nulls,
-			 bool read_only)
+			  int nargs, Oid *types, Datum *values, const char *nulls,
+			  bool read_only)
 {
 	SPIPlanPtr	plan;
 	Oid			save_userid;
@@ -1328,8 +1328,7 @@ run_params(TenantCall *tc, Oid owner, const char *run_id, Oid *types,
 	types[1] = TEXTOID;
 	types[2] = TEXTOID;
 	values[0] = tc->tenant;
-	/* the role's name, which follows it to another node; see tables.c */
-	values[1] = CStringGetTextDatum(GetUserNameFromId(owner, false));
+	values[1] = PointerGetDatum(idem_tenant_owner(owner));
 	values[2] = CStringGetTextDatum(run_id);
 }
 
