@@ -11,7 +11,8 @@
 #
 # PROC: cpu_leased (default), cpu_leased4 (claims of four runs),
 # cpu_folded (steps that carry their external neighbours' start and
-# completion), cpu_plain_step, cpu_plain_call.  Needs
+# completion), cpu_plain_step, cpu_plain_call, cpu_hand_queue (what a user
+# writes instead of queues: schema.sql).  Needs
 # valgrind.
 #
 set -euo pipefail
@@ -23,8 +24,8 @@ procs=()
 while [ $# -gt 0 ]; do
 	case "$1" in
 		--no-install) install=0 ;;
-		cpu_leased|cpu_leased4|cpu_folded|cpu_plain_step|cpu_plain_call) procs+=("$1") ;;
-		*) echo "usage: $0 [--no-install] [cpu_leased|cpu_leased4|cpu_folded|cpu_plain_step|cpu_plain_call ...]" >&2; exit 2 ;;
+		cpu_leased|cpu_leased4|cpu_folded|cpu_plain_step|cpu_plain_call|cpu_hand_queue) procs+=("$1") ;;
+		*) echo "usage: $0 [--no-install] [cpu_leased|cpu_leased4|cpu_folded|cpu_plain_step|cpu_plain_call|cpu_hand_queue ...]" >&2; exit 2 ;;
 	esac
 	shift
 done
@@ -51,7 +52,7 @@ for p in "${procs[@]}"; do
 	run pg_ctl -D "$dir/data" -l "$dir/server.log" -w start >/dev/null
 	sql -d postgres -c "DROP DATABASE IF EXISTS prof" -c "CREATE DATABASE prof"
 	sql -d prof -f "$here/schema.sql" >/dev/null
-	sql -d prof -c "CALL begin_runs('q', 1000, 'bench')" -c "CALL begin_runs('b', 1000, NULL)" -c "VACUUM ANALYZE"
+	sql -d prof -c "CALL begin_runs('q', 1000, 'bench')" -c "CALL begin_runs('b', 1000, NULL)" -c "CALL begin_hand_runs(1000)" -c "VACUUM ANALYZE"
 	run pg_ctl -D "$dir/data" -w -m fast stop >/dev/null
 	rm -f "$dir"/cg/*
 	run bash -c "cd '$dir/cg' && exec valgrind --tool=callgrind --trace-children=yes \

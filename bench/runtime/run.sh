@@ -95,10 +95,12 @@ fill_lat_table() {
 per_round=$((seconds * 12000))
 declare -A got
 for r in $(seq 1 "$rounds"); do
-	for d in leased plain_step plain_call; do
-		sql -c "TRUNCATE effects, idem.runs, idem.run_attempts, idem.run_signals, idem.keys; SELECT setval('bseq', 1, false)" >/dev/null
+	for d in leased plain_step plain_call hand_queue; do
+		sql -c "TRUNCATE effects, hand_runs, idem.runs, idem.run_attempts, idem.run_signals, idem.keys; SELECT setval('bseq', 1, false)" >/dev/null
 		if [ $d = leased ]; then
 			sql -c "CALL begin_runs('q', $per_round, 'bench')"
+		elif [ $d = hand_queue ]; then
+			sql -c "CALL begin_hand_runs($per_round)"
 		else
 			sql -c "CALL begin_runs('b', $per_round, NULL)"
 		fi
@@ -113,21 +115,24 @@ for r in $(seq 1 "$rounds"); do
 		echo "round $r: $d: $t runs/s ($done_runs runs)" | tee -a "$report"
 	done
 done
-for d in leased plain_step plain_call; do
+for d in leased plain_step plain_call hand_queue; do
 	m=$(echo "${got[$d]}" | tr ' ' '\n' | grep . | median)
 	eval "med_$d=$m"
 	echo "median $d: $m runs/s" | tee -a "$report"
 done
 echo "leased / plain_step: $(echo "$med_leased / $med_plain_step" | bc -l | cut -c1-5)" | tee -a "$report"
 echo "leased / plain_call: $(echo "$med_leased / $med_plain_call" | bc -l | cut -c1-5)" | tee -a "$report"
+echo "leased / hand_queue: $(echo "$med_leased / $med_hand_queue" | bc -l | cut -c1-5)" | tee -a "$report"
 
 # CPU time per run of one backend (the same work by procedure, 1000 runs):
 # a loaded machine moves throughput far more than it moves CPU time
 for r in $(seq 1 "$rounds"); do
-	for d in leased plain_step plain_call; do
-		sql -c "TRUNCATE effects, idem.runs, idem.run_attempts, idem.run_signals, idem.keys; SELECT setval('bseq', 1, false)" >/dev/null
+	for d in leased plain_step plain_call hand_queue; do
+		sql -c "TRUNCATE effects, hand_runs, idem.runs, idem.run_attempts, idem.run_signals, idem.keys; SELECT setval('bseq', 1, false)" >/dev/null
 		if [ $d = leased ]; then
 			sql -c "CALL begin_runs('q', 1000, 'bench')"
+		elif [ $d = hand_queue ]; then
+			sql -c "CALL begin_hand_runs(1000)"
 		else
 			sql -c "CALL begin_runs('b', 1000, NULL)"
 		fi

@@ -122,6 +122,52 @@ BEGIN
 	END LOOP;
 END $$;
 
+-- What a user writes for runs that resume without idem's queues: a table
+-- of runs whose lease is its due time (as pgmq's visibility timeout), a
+-- claim with FOR UPDATE SKIP LOCKED, the steps plain idem_step() calls,
+-- the last one in the statement that marks the run done.  No fencing: a
+-- holder whose lease expired is not stopped, and no attempt is recorded.
+CREATE TABLE hand_runs (
+	run_id text PRIMARY KEY,
+	status text NOT NULL DEFAULT 'pending',
+	due_at timestamptz NOT NULL DEFAULT now(),
+	attempts integer NOT NULL DEFAULT 0
+);
+CREATE INDEX hand_runs_due ON hand_runs (due_at) WHERE status <> 'done';
+
+-- n hand-queued runs, each also begun as a run on no queue for its steps.
+CREATE PROCEDURE begin_hand_runs(n integer) LANGUAGE plpgsql AS $$
+BEGIN
+	CALL begin_runs('h', n, NULL);
+	INSERT INTO hand_runs (run_id, due_at)
+	SELECT 'h' || g, now() - (n - g) * interval '1 us' FROM generate_series(1, n) g;
+END $$;
+
+CREATE PROCEDURE cpu_hand_queue(n integer) LANGUAGE plpgsql AS $$
+DECLARE
+	id text;
+	sql constant text := 'INSERT INTO effects (run_id, step) VALUES ($1, $2)';
+BEGIN
+	FOR i IN 1..n LOOP
+		UPDATE hand_runs SET status = 'leased', due_at = now() + interval '60 s',
+			   attempts = attempts + 1
+		 WHERE run_id = (SELECT run_id FROM hand_runs
+						  WHERE status <> 'done' AND due_at <= now()
+						  ORDER BY due_at LIMIT 1 FOR UPDATE SKIP LOCKED)
+		RETURNING run_id INTO id;
+		COMMIT;
+		PERFORM idem_step(id, 's1', sql, id, 's1'::text);
+		COMMIT;
+		PERFORM idem_step(id, 's2', sql, id, 's2'::text);
+		COMMIT;
+		PERFORM idem_step(id, 's3', sql, id, 's3'::text);
+		COMMIT;
+		WITH s AS (SELECT idem_step(id, 's4', sql, id, 's4'::text) AS r)
+		UPDATE hand_runs SET status = 'done' FROM s WHERE run_id = id;
+		COMMIT;
+	END LOOP;
+END $$;
+
 CREATE PROCEDURE cpu_plain_call(n integer) LANGUAGE plpgsql AS $$
 DECLARE
 	id text;
