@@ -88,9 +88,8 @@ static IdemQuery q_owners = {
 	"          WHERE r.queue OPERATOR(pg_catalog.=) $1 AND r.owner OPERATOR(pg_catalog.=) o.owner"
 	"            AND r.queue_state IS NOT NULL AND r.due_at OPERATOR(pg_catalog.<=) $2"
 	"          ORDER BY r.due_at LIMIT 1) h"
-	"  WHERE o.owner IS NOT NULL"
-	"  LIMIT $3",
-	3, {TEXTOID, TIMESTAMPTZOID, INT4OID},
+	"  WHERE o.owner IS NOT NULL",
+	2, {TEXTOID, TIMESTAMPTZOID},
 	CURSOR_OPT_GENERIC_PLAN
 };
 
@@ -281,7 +280,12 @@ due_role_cmp(const void *a, const void *b)
 	return 0;
 }
 
-/* The most roles a claim shares among: more wait for later claims. */
+/*
+ * The most roles a claim shares among: the first in the share's order, all
+ * roles with due runs sorted, not the first found (lowest OIDs), which the
+ * next claim would find first again.  The others come first in later
+ * claims, once the roles this one served hold its leases.
+ */
 #define CLAIM_MAX_OWNERS	1000
 
 /*
@@ -376,7 +380,6 @@ claim_into(IdemQueue *q, int32 max_runs, int64 lease_us, Oid caller,
 		return cs.leased;
 	values[0] = CStringGetTextDatum(q->queue);
 	values[1] = TimestampTzGetDatum(now);
-	values[2] = Int32GetDatum(CLAIM_MAX_OWNERS);
 
 	/*
 	 * The plans are made once per backend, perhaps while idem.runs is still
@@ -406,6 +409,7 @@ claim_into(IdemQueue *q, int32 max_runs, int64 lease_us, Oid caller,
 	}
 	if (nroles > 1)
 		qsort(roles, nroles, sizeof(DueRole), due_role_cmp);
+	nroles = Min(nroles, CLAIM_MAX_OWNERS);
 	if (nroles > 0)
 	{
 		/*
