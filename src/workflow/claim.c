@@ -331,7 +331,27 @@ typedef struct ClaimState
 	TupleDesc	tupdesc;
 	int32		want;
 	int32		leased;
+	MemoryContext runcxt;
 } ClaimState;
+
+/*
+ * lease_run() in a context of its own, emptied after each run: a run's
+ * results may be up to 256 MB, read and built again for the claim's row,
+ * and the row is in the tuplestore (spilled to disk past work_mem) once
+ * lease_run() returns, so a claim of many runs needs the memory of one.
+ */
+static bool
+lease_one(ClaimState *cs, Oid owner, const char *run_id, ItemPointer tid)
+{
+	MemoryContext oldcxt = MemoryContextSwitchTo(cs->runcxt);
+	bool		leased;
+
+	leased = lease_run(owner, run_id, tid, cs->q, cs->lease_us, cs->caller,
+					   cs->worker, cs->store, cs->tupdesc);
+	MemoryContextSwitchTo(oldcxt);
+	MemoryContextReset(cs->runcxt);
+	return leased;
+}
 
 /* Lease a due run the index scan offers; false once the claim has enough. */
 static bool
@@ -339,8 +359,7 @@ take_due_run(Oid owner, const char *run_id, ItemPointer tid, void *arg)
 {
 	ClaimState *cs = arg;
 
-	if (lease_run(owner, run_id, tid, cs->q, cs->lease_us, cs->caller, cs->worker,
-				  cs->store, cs->tupdesc))
+	if (lease_one(cs, owner, run_id, tid))
 		cs->leased++;
 	return cs->leased < cs->want;
 }
@@ -364,7 +383,7 @@ claim_into(IdemQueue *q, int32 max_runs, int64 lease_us, Oid caller,
 	char		nulls[4] = {' ', ' ', ' ', ' '};
 	TimestampTz now = GetCurrentTimestamp();
 	int32		want = idem_queue_room(q, max_runs, now);
-	ClaimState	cs = {q, lease_us, caller, worker, store, tupdesc, want, 0};
+	ClaimState	cs = {q, lease_us, caller, worker, store, tupdesc, want, 0, NULL};
 	int32		leased = 0;
 	uint64		n = 0;
 	int			nestlevel;
@@ -375,6 +394,8 @@ claim_into(IdemQueue *q, int32 max_runs, int64 lease_us, Oid caller,
 
 	if (want == 0)
 		return 0;
+	cs.runcxt = AllocSetContextCreate(CurrentMemoryContext, "idem_run_claim run",
+									  ALLOCSET_DEFAULT_SIZES);
 	/* one role, or none: its oldest due runs, straight off the index */
 	if (idem_scan_due_runs(q->queue, now, take_due_run, &cs))
 		return cs.leased;
@@ -448,8 +469,7 @@ claim_into(IdemQueue *q, int32 max_runs, int64 lease_us, Oid caller,
 	for (uint64 i = 0; i < n && leased < want; i++)
 	{
 		CHECK_FOR_INTERRUPTS();
-		if (lease_run(owners[i], run_ids[i], NULL, q, lease_us, caller, worker,
-					  store, tupdesc))
+		if (lease_one(&cs, owners[i], run_ids[i], NULL))
 			leased++;
 	}
 	return leased;
