@@ -57,26 +57,15 @@ is( $node->safe_psql('postgres',
 	$nruns,
 	"$nruns runs of $nsteps completed steps each are due");
 
-sub vm_hwm_kb
-{
-	my ($pid) = @_;
-	open my $fh, '<', "/proc/$pid/status" or die "/proc/$pid/status: $!";
-	while (<$fh>)
-	{
-		return $1 if /^VmHWM:\s+(\d+)\s+kB/;
-	}
-	die "no VmHWM in /proc/$pid/status";
-}
-
 my $claimer = $node->background_psql('postgres', on_error_stop => 1);
 my $pid = $claimer->query_safe('SELECT pg_backend_pid()');
-my $before = vm_hwm_kb($pid);
+my $before = backend_memory_kb($pid, 'VmHWM');
 is( $claimer->query_safe(
 		"SELECT count(*) FILTER (WHERE (SELECT count(*) FROM jsonb_object_keys(results)) = $nsteps) "
 		  . "FROM idem_run_claim('q', max_runs => $nruns)"),
 	$nruns,
 	"one claim leases the $nruns runs, each with its $nsteps results");
-my $after = vm_hwm_kb($pid);
+my $after = backend_memory_kb($pid, 'VmHWM');
 $claimer->quit;
 
 # all the runs' results are $nruns * $nsteps MB; one run's, $nsteps MB
