@@ -515,6 +515,7 @@ idem_run_claim(PG_FUNCTION_ARGS)
 	TimestampTz deadline;
 	char		channel[300];
 	MemoryContext scancxt;
+	int			pass = 0;
 
 	queue = idem_name_arg(fcinfo, 0, "run queue");
 	if (PG_ARGISNULL(1) || PG_ARGISNULL(2))
@@ -569,6 +570,22 @@ idem_run_claim(PG_FUNCTION_ARGS)
 		MemoryContext callercxt = CurrentMemoryContext;
 		ResourceOwner oldowner = CurrentResourceOwner;
 
+		/*
+		 * Every pass is checked as a call is: a worker whose work grant was
+		 * revoked while it waited leases nothing more (42501), and the
+		 * pass uses the queue's policy as it is now.  What the check
+		 * allocates goes with the pass.
+		 */
+		if (pass++ > 0)
+		{
+			IdemQueue	latest;
+
+			oldcxt = MemoryContextSwitchTo(scancxt);
+			idem_queue_check(queue, caller, QUEUE_WORK, &latest);
+			MemoryContextSwitchTo(oldcxt);
+			latest.queue = q.queue;
+			q = latest;
+		}
 		idem_wakeup_note_claim(channel);
 		/*
 		 * A pass of a claim that may wait is a subtransaction: one that
