@@ -406,7 +406,8 @@ RETURNS text
 AS 'MODULE_PATHNAME', 'idem_run_retry'
 LANGUAGE C VOLATILE PARALLEL UNSAFE;
 
--- Whether the current role sees every role's runs.
+-- Whether the current role sees every role's runs.  idem_admin is the
+-- cluster's, not the extension's: an administrator may have dropped it.
 CREATE FUNCTION @extschema@.idem_runs_admin()
 RETURNS boolean
 LANGUAGE sql STABLE PARALLEL SAFE
@@ -414,7 +415,9 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 SELECT r.rolsuper
 	OR pg_catalog.pg_has_role(CURRENT_USER, 'pg_monitor', 'USAGE')
-	OR pg_catalog.pg_has_role(CURRENT_USER, 'idem_admin', 'USAGE')
+	OR EXISTS (SELECT FROM pg_catalog.pg_roles a
+		WHERE a.rolname OPERATOR(pg_catalog.=) 'idem_admin'
+		AND pg_catalog.pg_has_role(CURRENT_USER, a.oid, 'USAGE'))
   FROM pg_catalog.pg_roles r WHERE r.rolname OPERATOR(pg_catalog.=) CURRENT_USER
 $$;
 

@@ -88,9 +88,8 @@ static IdemQuery q_owners = {
 	"          WHERE r.queue OPERATOR(pg_catalog.=) $1 AND r.owner OPERATOR(pg_catalog.=) o.owner"
 	"            AND r.queue_state IS NOT NULL AND r.due_at OPERATOR(pg_catalog.<=) $2"
 	"          ORDER BY r.due_at LIMIT 1) h"
-	"  WHERE o.owner IS NOT NULL"
-	"  LIMIT $3",
-	3, {TEXTOID, TIMESTAMPTZOID, INT4OID},
+	"  WHERE o.owner IS NOT NULL",
+	2, {TEXTOID, TIMESTAMPTZOID},
 	CURSOR_OPT_GENERIC_PLAN
 };
 
@@ -281,7 +280,12 @@ due_role_cmp(const void *a, const void *b)
 	return 0;
 }
 
-/* The most roles a claim shares among: more wait for later claims. */
+/*
+ * The most roles a claim shares among: the first in the share's order, all
+ * roles with due runs sorted, not the first found (lowest OIDs), which the
+ * next claim would find first again.  The others come first in later
+ * claims, once the roles this one served hold its leases.
+ */
 #define CLAIM_MAX_OWNERS	1000
 
 /*
@@ -327,7 +331,27 @@ typedef struct ClaimState
 	TupleDesc	tupdesc;
 	int32		want;
 	int32		leased;
+	MemoryContext runcxt;
 } ClaimState;
+
+/*
+ * lease_run() in a context of its own, emptied after each run: a run's
+ * results may be up to 256 MB, read and built again for the claim's row,
+ * and the row is in the tuplestore (spilled to disk past work_mem) once
+ * lease_run() returns, so a claim of many runs needs the memory of one.
+ */
+static bool
+lease_one(ClaimState *cs, Oid owner, const char *run_id, ItemPointer tid)
+{
+	MemoryContext oldcxt = MemoryContextSwitchTo(cs->runcxt);
+	bool		leased;
+
+	leased = lease_run(owner, run_id, tid, cs->q, cs->lease_us, cs->caller,
+					   cs->worker, cs->store, cs->tupdesc);
+	MemoryContextSwitchTo(oldcxt);
+	MemoryContextReset(cs->runcxt);
+	return leased;
+}
 
 /* Lease a due run the index scan offers; false once the claim has enough. */
 static bool
@@ -335,8 +359,7 @@ take_due_run(Oid owner, const char *run_id, ItemPointer tid, void *arg)
 {
 	ClaimState *cs = arg;
 
-	if (lease_run(owner, run_id, tid, cs->q, cs->lease_us, cs->caller, cs->worker,
-				  cs->store, cs->tupdesc))
+	if (lease_one(cs, owner, run_id, tid))
 		cs->leased++;
 	return cs->leased < cs->want;
 }
@@ -360,7 +383,7 @@ claim_into(IdemQueue *q, int32 max_runs, int64 lease_us, Oid caller,
 	char		nulls[4] = {' ', ' ', ' ', ' '};
 	TimestampTz now = GetCurrentTimestamp();
 	int32		want = idem_queue_room(q, max_runs, now);
-	ClaimState	cs = {q, lease_us, caller, worker, store, tupdesc, want, 0};
+	ClaimState	cs = {q, lease_us, caller, worker, store, tupdesc, want, 0, NULL};
 	int32		leased = 0;
 	uint64		n = 0;
 	int			nestlevel;
@@ -371,12 +394,13 @@ claim_into(IdemQueue *q, int32 max_runs, int64 lease_us, Oid caller,
 
 	if (want == 0)
 		return 0;
+	cs.runcxt = AllocSetContextCreate(CurrentMemoryContext, "idem_run_claim run",
+									  ALLOCSET_DEFAULT_SIZES);
 	/* one role, or none: its oldest due runs, straight off the index */
 	if (idem_scan_due_runs(q->queue, now, take_due_run, &cs))
 		return cs.leased;
 	values[0] = CStringGetTextDatum(q->queue);
 	values[1] = TimestampTzGetDatum(now);
-	values[2] = Int32GetDatum(CLAIM_MAX_OWNERS);
 
 	/*
 	 * The plans are made once per backend, perhaps while idem.runs is still
@@ -406,6 +430,7 @@ claim_into(IdemQueue *q, int32 max_runs, int64 lease_us, Oid caller,
 	}
 	if (nroles > 1)
 		qsort(roles, nroles, sizeof(DueRole), due_role_cmp);
+	nroles = Min(nroles, CLAIM_MAX_OWNERS);
 	if (nroles > 0)
 	{
 		/*
@@ -444,8 +469,7 @@ claim_into(IdemQueue *q, int32 max_runs, int64 lease_us, Oid caller,
 	for (uint64 i = 0; i < n && leased < want; i++)
 	{
 		CHECK_FOR_INTERRUPTS();
-		if (lease_run(owners[i], run_ids[i], NULL, q, lease_us, caller, worker,
-					  store, tupdesc))
+		if (lease_one(&cs, owners[i], run_ids[i], NULL))
 			leased++;
 	}
 	return leased;
@@ -491,6 +515,7 @@ idem_run_claim(PG_FUNCTION_ARGS)
 	TimestampTz deadline;
 	char		channel[300];
 	MemoryContext scancxt;
+	int			pass = 0;
 
 	queue = idem_name_arg(fcinfo, 0, "run queue");
 	if (PG_ARGISNULL(1) || PG_ARGISNULL(2))
@@ -545,6 +570,22 @@ idem_run_claim(PG_FUNCTION_ARGS)
 		MemoryContext callercxt = CurrentMemoryContext;
 		ResourceOwner oldowner = CurrentResourceOwner;
 
+		/*
+		 * Every pass is checked as a call is: a worker whose work grant was
+		 * revoked while it waited leases nothing more (42501), and the
+		 * pass uses the queue's policy as it is now.  What the check
+		 * allocates goes with the pass.
+		 */
+		if (pass++ > 0)
+		{
+			IdemQueue	latest;
+
+			oldcxt = MemoryContextSwitchTo(scancxt);
+			idem_queue_check(queue, caller, QUEUE_WORK, &latest);
+			MemoryContextSwitchTo(oldcxt);
+			latest.queue = q.queue;
+			q = latest;
+		}
 		idem_wakeup_note_claim(channel);
 		/*
 		 * A pass of a claim that may wait is a subtransaction: one that

@@ -238,7 +238,15 @@ idem_queue_room(IdemQueue *q, int32 want, TimestampTz now)
 	values[0] = CStringGetTextDatum(q->queue);
 	values[1] = TimestampTzGetDatum(now);
 	idem_owner_spi_begin(&spi, idem_catalog_runs());
-	idem_query_run(&q_count_leased, values, nulls, 0);
+
+	/*
+	 * Every lease committed so far, whatever the isolation level: a holder
+	 * whose lease ran out, in a transaction whose snapshot predates the
+	 * claim that leased another run in its place, must not find that room.
+	 * The cap lock keeps leases from being added until this transaction
+	 * ends, so the count stays an upper bound.
+	 */
+	idem_query_run_latest(&q_count_leased, values, nulls, 0);
 	leased = DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[0],
 										 SPI_tuptable->tupdesc, 1, &isnull));
 	idem_owner_spi_end(&spi);

@@ -63,6 +63,7 @@ our @EXPORT = qw(
   query_map
   wait_for_backend
   bg_finish
+  backend_memory_kb
 );
 
 # The business statement every client call runs.  RETURNING id puts the
@@ -524,6 +525,28 @@ sub bg_finish
 		eval { $bg->{run}->kill_kill; };
 	}
 	return ($bg->{stdout}, $bg->{stderr});
+}
+
+=pod
+
+=item backend_memory_kb(pid, field)
+
+A backend's memory figure from /proc/<pid>/status in kB: field is e.g.
+RssAnon (its private memory now) or VmHWM (its peak resident memory).
+Linux only.
+
+=cut
+
+sub backend_memory_kb
+{
+	my ($pid, $field) = @_;
+
+	open my $fh, '<', "/proc/$pid/status" or die "/proc/$pid/status: $!";
+	while (<$fh>)
+	{
+		return $1 if /^\Q$field\E:\s+(\d+)\s+kB/;
+	}
+	die "no $field in /proc/$pid/status";
 }
 
 =pod

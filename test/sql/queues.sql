@@ -118,6 +118,15 @@ SET ROLE regress_rq_other;
 SELECT run_id FROM idem_runs ORDER BY 1;
 RESET ROLE;
 REVOKE idem_admin FROM regress_rq_other;
+-- the role idem_admin is the cluster's, not the extension's: dropped by an
+-- administrator, every role still sees its own runs and attempts
+BEGIN;
+DROP ROLE idem_admin;
+SET ROLE regress_rq_app;
+SELECT run_id FROM idem_runs ORDER BY 1;
+SELECT count(*) FROM idem_run_attempts;
+RESET ROLE;
+ROLLBACK;
 -- nobody reads the tables themselves
 SET ROLE regress_rq_other;
 SELECT count(*) FROM idem.queues;

@@ -385,6 +385,47 @@ SELECT ordinality, run_id, owner FROM idem_run_claim('rlfair3', max_runs => 5) W
 SELECT count(*) FROM idem_run_claim('rlfair3', max_runs => 5);
 RESET ROLE;
 
+-- the share reaches a role past the first thousand found: claims share
+-- among at most 1000 roles, the first in the share's order (fewest leases,
+-- oldest due run), not the first by OID, which every claim would take
+-- again while their backlogs last.  The last role created has the oldest
+-- due run of 1001 roles
+DO $$
+BEGIN
+	FOR i IN 1..1001 LOOP
+		EXECUTE format('CREATE ROLE regress_rl_many_%s', i);
+	END LOOP;
+END
+$$;
+SELECT idem_queue_create('rlmany',
+	producers => (SELECT array_agg(format('regress_rl_many_%s', i)::regrole)
+				  FROM generate_series(1, 1001) i),
+	workers => '{regress_rl_agent}');
+DO $$
+BEGIN
+	FOR i IN 1..1001 LOOP
+		EXECUTE format('SET ROLE regress_rl_many_%s', i);
+		PERFORM idem_run_begin('many-' || i, steps => ARRAY['s'], queue => 'rlmany');
+		RESET ROLE;
+	END LOOP;
+END
+$$;
+UPDATE idem.runs SET due_at = now() - interval '1 h' - CASE WHEN run_id = 'many-1001' THEN interval '1 h' ELSE interval '0' END
+ WHERE queue = 'rlmany';
+SET ROLE regress_rl_agent;
+SELECT run_id, owner FROM idem_run_claim('rlmany', max_runs => 1);
+SELECT count(*) FROM idem_run_claim('rlmany', max_runs => 1000);
+RESET ROLE;
+DELETE FROM idem.runs WHERE queue = 'rlmany';
+DELETE FROM idem.queues WHERE queue = 'rlmany';
+DO $$
+BEGIN
+	FOR i IN 1..1001 LOOP
+		EXECUTE format('DROP ROLE regress_rl_many_%s', i);
+	END LOOP;
+END
+$$;
+
 -- the work grant is checked at every call with a token, not only at the
 -- claim (as a consumer's at every ack): a worker whose grant was revoked
 -- while it holds a lease executes nothing (42501); a role that may not

@@ -42,17 +42,6 @@ is( $holder->query_safe(
 	$nruns,
 	'another transaction holds every due run');
 
-sub rss_anon_kb
-{
-	my ($pid) = @_;
-	open my $fh, '<', "/proc/$pid/status" or die "/proc/$pid/status: $!";
-	while (<$fh>)
-	{
-		return $1 if /^RssAnon:\s+(\d+)\s+kB/;
-	}
-	die "no RssAnon in /proc/$pid/status";
-}
-
 my $claimer = $node->background_psql('postgres', on_error_stop => 1);
 my $pid = $claimer->query_safe('SELECT pg_backend_pid()');
 $claimer->query_until(qr/started/,
@@ -61,9 +50,9 @@ wait_for_backend($node, $pid, "query LIKE '%idem_run_claim%' AND state = 'active
 
 # the first polls allocate what every poll needs; from then on, flat
 sleep(2);
-my $before = rss_anon_kb($pid);
+my $before = backend_memory_kb($pid, 'RssAnon');
 sleep(4);
-my $after = rss_anon_kb($pid);
+my $after = backend_memory_kb($pid, 'RssAnon');
 note("claiming backend RssAnon: $before kB, 4 s later $after kB");
 cmp_ok($after - $before, '<', 4096,
 	"a waiting claim's memory stays flat ($before kB, then $after kB)");
