@@ -891,8 +891,17 @@ idem_outbox_claim(PG_FUNCTION_ARGS)
 	if (claim_into(topic, max_events, lease_us, caller, consumer, store,
 				   tupdesc) == 0 && wait_ms > 0 &&
 		idem_wakeup_wait(topic, wait_ms))
+	{
+		/*
+		 * Checked again as a new claim would be: a consumer whose grant was
+		 * revoked (or whose topic was dropped) while it waited must not
+		 * lease the events committed since.
+		 */
+		AcceptInvalidationMessages();
+		check_topic(topic, caller, TOPIC_CONSUME);
 		(void) claim_into(topic, max_events, lease_us, caller, consumer,
 						  store, tupdesc);
+	}
 
 	rsinfo->returnMode = SFRM_Materialize;
 	rsinfo->setResult = store;

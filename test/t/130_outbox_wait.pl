@@ -18,6 +18,8 @@
 # 8. idem_outbox_claim(..., wait => t): nothing committed, it returns nothing
 #    after t; a commit during its wait, it returns the event at once; with
 #    events due it does not wait; in REPEATABLE READ it is refused.
+# 9. A consumer whose grant is revoked while its claim waits leases nothing
+#    committed after: the claim ends with 42501 and the event stays pending.
 
 use strict;
 use warnings FATAL => 'all';
@@ -190,6 +192,29 @@ my ($ret, $stdout, $stderr) = $node->psql('postgres',
 	"\\set VERBOSITY sqlstate\nBEGIN ISOLATION LEVEL REPEATABLE READ;\n"
 	  . "SELECT * FROM idem_outbox_claim('orders', wait => '1 s');");
 like($stderr, qr/ERROR:  0A000/, 'a claim with a wait in REPEATABLE READ is refused (0A000)');
+
+# 9. the grant revoked during a claim's wait
+$node->safe_psql('postgres',
+	"CREATE ROLE cons;\n"
+	  . "GRANT EXECUTE ON FUNCTION idem_outbox_claim(text, integer, interval, text, interval) TO cons;\n"
+	  . "SELECT idem_outbox_grant('orders', 'cons', 'consume')");
+my $revoked = $node->background_psql('postgres', on_error_stop => 0);
+my $revoked_pid = $revoked->query_safe('SELECT pg_backend_pid()');
+$revoked->query_safe("SELECT count(*) FROM idem_outbox_claim('orders', 100, '30 s')");
+$revoked->query_until(qr/started/,
+	    "SET ROLE cons;\n\\echo started\n"
+	  . "SELECT key FROM idem_outbox_claim('orders', 10, '30 s', wait => '60 s');\n"
+	  . "\\echo done :LAST_ERROR_SQLSTATE\n");
+wait_for_backend($node, $revoked_pid, "wait_event_type = 'Extension'");
+$node->safe_psql('postgres', "SELECT idem_outbox_revoke('orders', 'cons', 'consume')");
+$producer->query_safe(call('w-revoked'));
+$out = $revoked->query_until(qr/done \w+/, '');
+like($out, qr/done 42501/, 'a revoke during the wait ends the claim with 42501');
+unlike($out, qr/w-revoked/, '... which leases nothing');
+is( $node->safe_psql('postgres',
+		"SELECT state FROM idem.outbox WHERE key = 'w-revoked'"),
+	'pending', 'the event stays pending for the consumers the topic has');
+$revoked->quit;
 
 $_->quit for ($consumer, $second, $listener, $producer, $elsewhere);
 $node->stop;
