@@ -168,6 +168,21 @@ idem_run_signal(PG_FUNCTION_ARGS)
 	/* a run with declared steps awaits only those: another name would wait unused */
 	(void) idem_run_step_ordinal(&run, event);
 
+	/*
+	 * Nor would a new signal for a step the run completed (its await timed
+	 * out, or it was completed otherwise) ever be read: its sender must
+	 * learn that it came too late.  The signal that completed the step,
+	 * sent again, is still the no-op below.
+	 */
+	if (idem_run_name_position(run.done_steps, event) > 0 &&
+		!idem_run_signal_payload(owner, run_id, event, &stored))
+		ereport(ERROR,
+				(errcode(ERRCODE_IDEM_RUN_NOT_RUNNING),
+				 errmsg("step \"%s\" of run \"%s\" is already completed",
+						event, run_id),
+				 errdetail("A signal for a completed step would never be read."),
+				 idem_errhint(ERRCODE_IDEM_RUN_NOT_RUNNING, NULL)));
+
 	values[0] = ObjectIdGetDatum(owner);
 	values[1] = CStringGetTextDatum(run_id);
 	values[2] = CStringGetTextDatum(event);

@@ -107,6 +107,27 @@ INSERT INTO rs_claimed SELECT 'w5', run_id, lease_token, attempt, next_step, res
 SELECT * FROM idem_run_await('ret-3', 'approve', rs_token('w5'), timeout => '10 ms');
 RESET ROLE;
 SELECT run_id, status, state FROM idem_runs WHERE run_id = 'ret-3';
+-- a signal for a step that completed is refused, not kept unread: the
+-- await timed out, the run goes on to its next step
+SET ROLE regress_rs_app;
+SELECT created FROM idem_run_begin('ret-3b', steps => ARRAY['approve', 'ship'], queue => 'rs');
+RESET ROLE;
+SET ROLE regress_rs_agent;
+INSERT INTO rs_claimed SELECT 'w4b', run_id, lease_token, attempt, next_step, results
+  FROM idem_run_claim('rs', worker => 'w4b') WHERE run_id = 'ret-3b';
+SELECT state FROM idem_run_await('ret-3b', 'approve', rs_token('w4b'), timeout => '10 ms');
+SELECT pg_sleep(0.02);
+INSERT INTO rs_claimed SELECT 'w5b', run_id, lease_token, attempt, next_step, results
+  FROM idem_run_claim('rs', worker => 'w5b') WHERE run_id = 'ret-3b';
+SELECT * FROM idem_run_await('ret-3b', 'approve', rs_token('w5b'), timeout => '10 ms');
+RESET ROLE;
+SET ROLE regress_rs_app;
+SELECT idem_run_signal('ret-3b', 'approve', '{"by": "ops"}');
+-- the step the run is at still takes its signal
+SELECT idem_run_signal('ret-3b', 'ship', '{}');
+SELECT idem_run_cancel('ret-3b');
+RESET ROLE;
+SELECT event FROM idem.run_signals WHERE run_id = 'ret-3b';
 -- a finished run takes no signals
 SET ROLE regress_rs_app;
 SELECT idem_run_signal('ret-3', 'late', '{}');
