@@ -2323,6 +2323,25 @@ idem_insert_outbox_row(Datum *values, bool *nulls)
 }
 
 /*
+ * idem_insert_tenant_event_row
+ *		Append one tenant outbox event (Natts_tenant_event columns) to
+ *		relid, the tenant's shard of idem.citus_outbox on this node, which
+ *		the caller found here and holds the lock that keeps it here.
+ */
+void
+idem_insert_tenant_event_row(Oid relid, Datum *values, bool *nulls)
+{
+	Relation	rel = table_open(relid, RowExclusiveLock);
+	HeapTuple	tuple;
+
+	if (RelationGetDescr(rel)->natts != Natts_tenant_event)
+		catalog_damaged(RelationGetRelationName(rel),
+						"A shard of idem.citus_outbox must have the columns that idem_citus_colocate() made.");
+	tuple = idem_form_row(rel, values, nulls, Natts_tenant_event);
+	store_row(writer_for_row(WRITE_OUTBOX, rel, tuple), rel, tuple);
+}
+
+/*
  * idem_delete_outbox_row
  *		Delete the event at tid, whose tuple lock the caller holds.
  */
