@@ -900,6 +900,47 @@ is("$again_id $attempt", "$lease_id 2", '... claimed there again once the lease 
 is($err, '', '... and acknowledged there') or diag($err);
 is(events_pending(), '0', '... none left');
 
+# the other verbs on a tenant's event, on its node: extend, fail to a dead
+# letter, requeue, release, and an ack that keeps it delivered for
+# idem_citus_purge()
+{
+	($out, $err) = event_calls($coord, 141, 141);
+	is($out, 'f', "ev-141 (tenant $mover) executes") or diag($err);
+	my $verbs_node = (placement($mover))[0];
+	my $state = sub {
+		$coord->safe_psql('postgres',
+			"SELECT state || ' ' || attempts || ' ' || coalesce(last_error, '-') FROM idem.citus_outbox WHERE key = 'ev-141'");
+	};
+	my $claim = sub {
+		split /\|/, $verbs_node->safe_psql('postgres',
+			"SELECT event_id, lease_token FROM idem_outbox_claim('refunds', 10, '30 s', 'verbs')");
+	};
+	my ($id, $tok) = $claim->();
+	is($verbs_node->safe_psql('postgres',
+			"SELECT idem_outbox_extend('$id', '$tok', '10 min') > now() + interval '9 min'"),
+		't', 'a tenant event: its lease extended on its node');
+	is($coord->safe_psql('postgres',
+			"SELECT next_attempt_at > now() + interval '9 min' FROM idem.citus_outbox WHERE event_id = '$id'"),
+		't', '... on its shard');
+	is($verbs_node->safe_psql('postgres',
+			"SET idem.outbox_max_attempts = 1; SELECT idem_outbox_fail('$id', '$tok', 'boom') IS NULL"),
+		't', '... failed on its last attempt');
+	is($state->(), 'dead 1 boom', '... a dead letter, with its error');
+	$verbs_node->safe_psql('postgres', "SELECT idem_outbox_requeue('$id')");
+	is($state->(), 'pending 0 boom', '... requeued');
+	($id, $tok) = $claim->();
+	$verbs_node->safe_psql('postgres', "SELECT idem_outbox_release('$id', '$tok')");
+	is($state->(), 'pending 0 boom', '... claimed and released, the attempt not counted');
+	($id, $tok) = $claim->();
+	$verbs_node->safe_psql('postgres',
+		"SET idem.outbox_keep_delivered = on; SELECT idem_outbox_ack('$id', '$tok')");
+	is($state->(), 'delivered 1 boom', '... acknowledged, kept as delivered');
+	cmp_ok($coord->safe_psql('postgres',
+			"SET idem.outbox_retention = 0; SELECT idem_citus_purge()"),
+		'>=', 1, 'idem_citus_purge() counts the delivered tenant event');
+	is($state->(), '', '... and removed it from its shard');
+}
+
 # --- idem_citus_call_with(): idem_call() for a tenant, its arguments as
 # text typed by the statement, its options carried to the shard's node
 {
