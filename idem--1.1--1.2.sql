@@ -601,7 +601,11 @@ REVOKE ALL ON FUNCTION @extschema@.idem_citus_colocate(regclass) FROM PUBLIC;
 -- replay its records.  idem_purge_all() calls it, and so does the purge
 -- worker on a Citus coordinator; idem_purge() purges the node's own
 -- idem.keys only.  plpgsql resolves the table when the statement first
--- runs, so it need not exist before then.
+-- runs, so it need not exist before then.  Tenant outbox events delivered
+-- and kept (idem.outbox_keep_delivered) are in idem.citus_outbox, on the
+-- shards, where no node's idem_outbox_purge() looks: they go here too,
+-- once idem.outbox_retention (as this node has it; 7 days, its default,
+-- where idem's library is not loaded yet) has passed, and count.
 CREATE FUNCTION @extschema@.idem_citus_purge()
 RETURNS bigint
 LANGUAGE plpgsql
@@ -609,6 +613,9 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
 	n bigint := 0;
+	deleted bigint;
+	kept interval;
+	cutoff timestamptz;
 	roles text[];
 BEGIN
 	IF pg_catalog.to_regclass('idem.citus_keys') IS NOT NULL THEN
@@ -618,6 +625,16 @@ BEGIN
 		 WHERE expires_at OPERATOR(pg_catalog.<=) pg_catalog.now()
 		    OR owner OPERATOR(pg_catalog.<>) ALL (roles);
 		GET DIAGNOSTICS n = ROW_COUNT;
+	END IF;
+	IF pg_catalog.to_regclass('idem.citus_outbox') IS NOT NULL THEN
+		kept := COALESCE(pg_catalog.current_setting(
+			'idem.outbox_retention', true), '7d');
+		cutoff := pg_catalog.now() OPERATOR(pg_catalog.-) kept;
+		DELETE FROM idem.citus_outbox
+		 WHERE state OPERATOR(pg_catalog.=) 'delivered'
+		   AND delivered_at OPERATOR(pg_catalog.<=) cutoff;
+		GET DIAGNOSTICS deleted = ROW_COUNT;
+		n := n OPERATOR(pg_catalog.+) deleted;
 	END IF;
 	RETURN n;
 END

@@ -510,6 +510,7 @@ _PG_init(void)
 	}
 	idem_untyped_install();
 	idem_query_install();
+	idem_outbox_lock_shard = idem_citus_lock_shard;
 	defined = true;
 
 	check_early_settings(settings);

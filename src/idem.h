@@ -180,6 +180,15 @@ extern int	idem_run_max_lease;
 #define Anum_outbox_delivered_at	16
 #define Anum_outbox_run_position	17
 #define Natts_outbox				17
+/*
+ * idem.citus_outbox (workflow/tenant.c makes it): idem.outbox's columns,
+ * then the tenant and the owner's name, which is what names the owner
+ * once a shard move copied the event to a node where the OID is another
+ * role's.
+ */
+#define Anum_tenant_event_tenant	(Natts_outbox + 1)
+#define Anum_tenant_event_owner_name (Natts_outbox + 2)
+#define Natts_tenant_event			(Natts_outbox + 2)
 
 /* Column numbers of idem.audit (tables.c checks the shape, audit.c fills) */
 #define Anum_audit_at			1

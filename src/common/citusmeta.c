@@ -116,3 +116,87 @@ idem_citus_coordinator(void)
 	return idem_citus_catalog_scan("pg_dist_local_group", NULL, NULL,
 								   InvalidOid, 0, "groupid", 0, NULL);
 }
+
+static int
+shardid_cmp(const ListCell *a, const ListCell *b)
+{
+	int64		x = *(int64 *) lfirst(a);
+	int64		y = *(int64 *) lfirst(b);
+
+	return x < y ? -1 : x > y ? 1 : 0;
+}
+
+/*
+ * idem_citus_shard_local
+ *		Whether Citus places shardid on this node's group.
+ */
+bool
+idem_citus_shard_local(int64 shardid)
+{
+	uint32		group = 0;
+
+	if (!idem_citus_catalog_scan("pg_dist_local_group", NULL, NULL,
+								 InvalidOid, 0, "groupid", 0, &group))
+		return false;
+	return idem_citus_catalog_scan("pg_dist_placement",
+								   "pg_dist_placement_shardid_index",
+								   "shardid", F_INT8EQ, Int64GetDatum(shardid),
+								   "groupid", group, NULL);
+}
+
+/*
+ * idem_citus_local_shards
+ *		The shards of the distributed table relid that Citus places on this
+ *		node's group, as palloc'd int64s in ascending order (so that every
+ *		backend locks them in one order).  Each read sees Citus's catalog as
+ *		committed now: its tables have no syscache, so every scan takes a
+ *		new catalog snapshot.
+ */
+List *
+idem_citus_local_shards(Oid relid)
+{
+	Oid			shard_rel = get_relname_relid("pg_dist_shard", PG_CATALOG_NAMESPACE);
+	Oid			shard_idx = get_relname_relid("pg_dist_shard_logical_relid_index",
+											  PG_CATALOG_NAMESPACE);
+	Relation	rel;
+	SysScanDesc scan;
+	ScanKeyData skey;
+	HeapTuple	tup;
+	AttrNumber	attnum;
+	List	   *all = NIL;
+	List	   *here = NIL;
+	ListCell   *lc;
+
+	if (!OidIsValid(shard_rel) || !OidIsValid(shard_idx))
+		return NIL;
+	rel = table_open(shard_rel, AccessShareLock);
+	attnum = get_attnum(shard_rel, "shardid");
+	if (attnum == InvalidAttrNumber)
+		elog(ERROR, "Citus catalog table \"pg_dist_shard\" has no column \"shardid\"");
+	ScanKeyInit(&skey, get_attnum(shard_rel, "logicalrelid"),
+				BTEqualStrategyNumber, F_OIDEQ, ObjectIdGetDatum(relid));
+	scan = systable_beginscan(rel, shard_idx, true, NULL, 1, &skey);
+	while (HeapTupleIsValid(tup = systable_getnext(scan)))
+	{
+		bool		isnull;
+		Datum		d = heap_getattr(tup, attnum, RelationGetDescr(rel), &isnull);
+		int64	   *id;
+
+		if (isnull)
+			continue;
+		id = palloc(sizeof(int64));
+		*id = DatumGetInt64(d);
+		all = lappend(all, id);
+	}
+	systable_endscan(scan);
+	table_close(rel, AccessShareLock);
+
+	foreach(lc, all)
+	{
+		if (idem_citus_shard_local(*(int64 *) lfirst(lc)))
+			here = lappend(here, lfirst(lc));
+	}
+	list_free(all);
+	list_sort(here, shardid_cmp);
+	return here;
+}

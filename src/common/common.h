@@ -56,6 +56,8 @@ extern bool idem_citus_catalog_scan(const char *table, const char *index,
 									uint32 *out);
 extern bool idem_citus_owns(Oid relid);
 extern bool idem_citus_coordinator(void);
+extern bool idem_citus_shard_local(int64 shardid);
+extern List *idem_citus_local_shards(Oid relid);
 
 /* grants.c: role lists that grant the use of topics and queues */
 extern bool idem_role_in(Oid role, Datum array);
@@ -252,5 +254,6 @@ extern int	idem_query_run_latest(IdemQuery *q, Datum *values,
 extern Oid	idem_audit_relid(void);
 extern void idem_insert_audit_row(Datum *values, bool *nulls);
 extern void idem_insert_outbox_row(Datum *values, bool *nulls);
+extern void idem_insert_tenant_event_row(Oid relid, Datum *values, bool *nulls);
 
 #endif							/* IDEM_COMMON_H */

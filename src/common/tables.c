@@ -1234,14 +1234,19 @@ insert_row(int which, Oid relid, Datum *values, bool *nulls)
  * transaction updates it meanwhile, and makes the new version visible.
  */
 static void
-update_row(int which, Relation rel, ItemPointer otid, HeapTuple tuple)
+update_row_with(TableWriter *tw, Relation rel, ItemPointer otid, HeapTuple tuple)
 {
-	TableWriter *tw = writer_for_row(which, rel, tuple);
 	IdemIndexUpdate update = idem_simple_heap_update(rel, otid, tuple);
 
 	if (update != IDEM_INDEX_NONE)
 		index_row(tw, rel, tuple, update == IDEM_INDEX_SUMMARIZING);
 	writer_done(tw);
+}
+
+static void
+update_row(int which, Relation rel, ItemPointer otid, HeapTuple tuple)
+{
+	update_row_with(writer_for_row(which, rel, tuple), rel, otid, tuple);
 }
 
 /*
@@ -1409,10 +1414,12 @@ build_shard_probe(ShardWriter *sw, Relation rel)
  * What reading rel, a tenant's shard of idem.citus_keys, needs; with
  * write, what writing it needs too.  Each part counts as built for the
  * invalidations of rel counted before it was built: one that arrives
- * meanwhile, or an error, makes the next call build it again.
+ * meanwhile, or an error, makes the next call build it again.  Without
+ * keys, rel is a shard of idem.citus_outbox, whose writer alone is kept
+ * here (outbox.c reads it itself).
  */
 static ShardWriter *
-shard_writer(Relation rel, bool write)
+shard_writer(Relation rel, bool write, bool keys)
 {
 	Oid			relid = RelationGetRelid(rel);
 	ShardWriter *sw;
@@ -1450,7 +1457,7 @@ shard_writer(Relation rel, bool write)
 		sw->probe_built = 0;
 		sw->writer_built = 0;
 	}
-	if (sw->probe_built != sw->invalidations)
+	if (keys && sw->probe_built != sw->invalidations)
 		build_shard_probe(sw, rel);
 	if (write && sw->writer_built != sw->invalidations)
 	{
@@ -1474,7 +1481,7 @@ idem_lookup_tenant_key(Oid relid, Datum tenant, Oid owner, const char *key,
 					   int keylen, bool as_of_snapshot, IdemRecord *rec)
 {
 	Relation	rel = table_open(relid, AccessShareLock);
-	ShardWriter *sw = shard_writer(rel, false);
+	ShardWriter *sw = shard_writer(rel, false, true);
 	Relation	idx = index_open(sw->pkey, AccessShareLock);
 	TupleTableSlot *slot = table_slot_create(rel, NULL);
 	text	   *keytext = cstring_to_text_with_len(key, keylen);
@@ -1547,7 +1554,7 @@ idem_insert_tenant_key(Oid relid, Datum tenant, Oid owner, const char *key,
 					   TimestampTz created_at, TimestampTz expires_at)
 {
 	Relation	rel = table_open(relid, RowExclusiveLock);
-	ShardWriter *sw = shard_writer(rel, true);
+	ShardWriter *sw = shard_writer(rel, true, true);
 	Datum		values[Natts_tenant_keys];
 	bool		nulls[Natts_tenant_keys] = {0};
 	bytea	   *fp = palloc(VARHDRSZ + IDEM_FINGERPRINT_LEN);
@@ -2323,6 +2330,45 @@ idem_insert_outbox_row(Datum *values, bool *nulls)
 }
 
 /*
+ * The writer of rel, idem.outbox or a shard of idem.citus_outbox, with
+ * tuple checked in its slot.  A shard's is kept with the shard's (one per
+ * shard relation, until an invalidation of it): a node's calls and claims
+ * go from shard to shard, and one writer for all would be built again at
+ * every change of relation.
+ */
+static TableWriter *
+outbox_writer(Relation rel, HeapTuple tuple)
+{
+	TableWriter *tw;
+
+	catalog_resolve();
+	if (RelationGetRelid(rel) == catalog.outbox)
+		return writer_for_row(WRITE_OUTBOX, rel, tuple);
+	tw = &shard_writer(rel, true, false)->tw;
+	check_row(tw, rel, tuple);
+	return tw;
+}
+
+/*
+ * idem_insert_tenant_event_row
+ *		Append one tenant outbox event (Natts_tenant_event columns) to
+ *		relid, the tenant's shard of idem.citus_outbox on this node, which
+ *		the caller found here and holds the lock that keeps it here.
+ */
+void
+idem_insert_tenant_event_row(Oid relid, Datum *values, bool *nulls)
+{
+	Relation	rel = table_open(relid, RowExclusiveLock);
+	HeapTuple	tuple;
+
+	if (RelationGetDescr(rel)->natts != Natts_tenant_event)
+		catalog_damaged(RelationGetRelationName(rel),
+						"A shard of idem.citus_outbox must have the columns that idem_citus_colocate() made.");
+	tuple = idem_form_row(rel, values, nulls, Natts_tenant_event);
+	store_row(outbox_writer(rel, tuple), rel, tuple);
+}
+
+/*
  * idem_delete_outbox_row
  *		Delete the event at tid, whose tuple lock the caller holds.
  */
@@ -2343,7 +2389,7 @@ idem_delete_outbox_row(Relation rel, ItemPointer tid)
 void
 idem_update_outbox_row(Relation rel, ItemPointer otid, HeapTuple tuple)
 {
-	update_row(WRITE_OUTBOX, rel, otid, tuple);
+	update_row_with(outbox_writer(rel, tuple), rel, otid, tuple);
 }
 
 /* ---------------------------------------------------------------------

@@ -7,12 +7,16 @@
  *		jitter, dead letters, requeue, and the purge of delivered events.
  *
  * The writer is on idem_execute()'s hot path and reaches idem.outbox and
- * idem.outbox_topics by OID (tables.c), like the key record, and so does
- * the claim, delivery's other hot path.  The rest of delivery runs fixed
- * statements through SPI, prepared once per backend, as the owner of
- * idem.outbox (the callers have no privilege on schema idem) and with every
- * name, operator and function schema-qualified, so that no caller's
- * search_path can reach into them.
+ * idem.outbox_topics by OID (tables.c), like the key record, and so do the
+ * claim and the verbs on a leased event (ack, fail, extend, release,
+ * requeue): they find the event by its primary key, lock it and change it
+ * in place, in idem.outbox or, under Citus, in a shard of
+ * idem.citus_outbox placed on this node (a tenant's events, which move
+ * with its shard).  The purge and the topic registry run fixed statements
+ * through SPI, prepared once per backend, as the owner of idem.outbox (the
+ * callers have no privilege on schema idem) and with every name, operator
+ * and function schema-qualified, so that no caller's search_path can reach
+ * into them.
  *
  * An event's next_attempt_at is its due time.  A claim moves it to the end
  * of the lease, so leased events fall out of the head of the claim's index
@@ -406,14 +410,17 @@ emit_logical_message(Datum event_id, const char *key, Oid owner,
  *		idem.outbox_logical_message the logical decoding message.  run_id
  *		and step may be NULL; run_position, the step's place among its
  *		run's completed steps, orders a run's events (0 outside a run).
+ *		shard: a tenant's event under Citus, written to the tenant's shard
+ *		of idem.citus_outbox here (NULL, or no relation: idem.outbox).
  */
 void
 idem_insert_outbox(const char *key, Oid owner, const char *topic,
 				   Jsonb *payload, TimestampTz created_at,
-				   const char *run_id, const char *step, int32 run_position)
+				   const char *run_id, const char *step, int32 run_position,
+				   const IdemEventShard *shard)
 {
-	Datum		values[Natts_outbox];
-	bool		nulls[Natts_outbox] = {0};
+	Datum		values[Natts_tenant_event];
+	bool		nulls[Natts_tenant_event] = {0};
 
 	idem_outbox_check_publish(topic, owner);
 
@@ -444,7 +451,15 @@ idem_insert_outbox(const char *key, Oid owner, const char *topic,
 	else
 		nulls[Anum_outbox_run_position - 1] = true;
 
-	idem_insert_outbox_row(values, nulls);
+	if (shard != NULL && OidIsValid(shard->relid))
+	{
+		values[Anum_tenant_event_tenant - 1] = shard->tenant;
+		values[Anum_tenant_event_owner_name - 1] =
+			PointerGetDatum(idem_tenant_owner(owner));
+		idem_insert_tenant_event_row(shard->relid, values, nulls);
+	}
+	else
+		idem_insert_outbox_row(values, nulls);
 	idem_stats_count(IDEM_STAT_OUTBOX_WRITTEN, 1);
 
 	if (idem_outbox_notify || idem_wakeup_available())
@@ -455,48 +470,125 @@ idem_insert_outbox(const char *key, Oid owner, const char *topic,
 }
 
 /* ------------------------------------------------------------------------
+ * The relations events are delivered from
+ * ------------------------------------------------------------------------
+ */
+
+void		(*idem_outbox_lock_shard) (int64 shardid) = NULL;
+
+/*
+ * idem.outbox, or under Citus a shard of idem.citus_outbox placed on this
+ * node.  A tenant's events are written to its shard, in the transaction of
+ * its call on the shard's node, and move with the shard group
+ * (citus_move_shard_placement, the rebalancer, splits); every verb of
+ * delivery reaches the shards placed on its node as it reaches
+ * idem.outbox, so after a move the events are delivered from their new
+ * node.  A shard's row has idem.outbox's columns, then the tenant and the
+ * owner's name: the owner's OID is that of the node that wrote the event,
+ * and a move copies it as it is.
+ */
+typedef struct OutboxRel
+{
+	Oid			relid;
+	Oid			pkey;
+	Oid			due;
+	Oid			run;
+	bool		tenant;			/* a shard of idem.citus_outbox */
+	int			natts;
+} OutboxRel;
+
+static Oid
+shard_index(Oid nsp, const char *index, int64 shardid)
+{
+	char		name[NAMEDATALEN];
+	Oid			indexid;
+
+	/* Citus names a shard's index <index>_<shard id>, as its relation */
+	snprintf(name, sizeof(name), "%s_" INT64_FORMAT, index, shardid);
+	indexid = get_relname_relid(name, nsp);
+	if (!OidIsValid(indexid))
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("shard " INT64_FORMAT " of idem.citus_outbox has no index \"%s\"",
+						shardid, name),
+				 errdetail("A shard of idem.citus_outbox must have the indexes that idem_citus_colocate() made."),
+				 idem_errhint(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE, NULL)));
+	return indexid;
+}
+
+/*
+ * The relations this node delivers events from: idem.outbox first, then
+ * the shards of idem.citus_outbox placed here, in the order of their ids.
+ * Each shard's Citus metadata lock is taken before its placement is read
+ * again: a move or split of its shard group waits for this transaction
+ * before it switches the group to another node, so no verb changes an
+ * event on a node that no longer holds it (Citus's deferred drop keeps
+ * the old shard's relation a while; it is not listed), and a shard moved
+ * here since is found by the next verb.
+ */
+static List *
+outbox_rels(void)
+{
+	OutboxRel  *r = palloc0(sizeof(OutboxRel));
+	List	   *rels;
+	ListCell   *lc;
+	Oid			nsp;
+	Oid			events;
+
+	r->relid = idem_catalog_outbox_indexes(&r->pkey, &r->due, &r->run);
+	r->natts = Natts_outbox;
+	rels = list_make1(r);
+
+	nsp = get_namespace_oid("idem", true);
+	events = OidIsValid(nsp) ? get_relname_relid("citus_outbox", nsp) : InvalidOid;
+	if (!OidIsValid(events))
+		return rels;
+	foreach(lc, idem_citus_local_shards(events))
+	{
+		int64		shardid = *(int64 *) lfirst(lc);
+		char		name[NAMEDATALEN];
+		Oid			relid;
+
+		idem_outbox_lock_shard(shardid);
+		if (!idem_citus_shard_local(shardid))
+			continue;
+		snprintf(name, sizeof(name), "citus_outbox_" INT64_FORMAT, shardid);
+		relid = get_relname_relid(name, nsp);
+		if (!OidIsValid(relid))
+			continue;
+		r = palloc0(sizeof(OutboxRel));
+		r->relid = relid;
+		r->pkey = shard_index(nsp, "citus_outbox_pkey", shardid);
+		r->due = shard_index(nsp, "citus_outbox_due_idx", shardid);
+		r->run = shard_index(nsp, "citus_outbox_run_idx", shardid);
+		r->tenant = true;
+		r->natts = Natts_tenant_event;
+		rels = lappend(rels, r);
+	}
+	return rels;
+}
+
+/* Open r's relation, its shape checked */
+static Relation
+open_outbox_rel(OutboxRel *r)
+{
+	Relation	rel = table_open(r->relid, RowExclusiveLock);
+
+	if (r->tenant && RelationGetDescr(rel)->natts != Natts_tenant_event)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("\"%s\" is not a shard of idem.citus_outbox as idem made it",
+						RelationGetRelationName(rel)),
+				 errdetail("A shard of idem.citus_outbox must have the columns that idem_citus_colocate() made."),
+				 idem_errhint(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE, NULL)));
+	return rel;
+}
+
+/* ------------------------------------------------------------------------
  * Delivery through SPI
  * ------------------------------------------------------------------------
  */
 
-
-/* An event, locked, for fail/requeue and to say why an ack found nothing. */
-static IdemQuery q_lock = {
-	"SELECT state, lease_token OPERATOR(pg_catalog.=) $2, attempts, topic, ctid"
-	"  FROM idem.outbox WHERE event_id OPERATOR(pg_catalog.=) $1"
-	"   FOR UPDATE",
-	2, {UUIDOID, UUIDOID}
-};
-
-static IdemQuery q_extend = {
-	"UPDATE idem.outbox SET next_attempt_at = $2"
-	" WHERE ctid OPERATOR(pg_catalog.=) $1",
-	2, {TIDOID, TIMESTAMPTZOID}
-};
-
-static IdemQuery q_release = {
-	"UPDATE idem.outbox"
-	"   SET state = 'pending', next_attempt_at = $2, lease_token = NULL,"
-	"       attempts = attempts OPERATOR(pg_catalog.-) 1"
-	" WHERE ctid OPERATOR(pg_catalog.=) $1",
-	2, {TIDOID, TIMESTAMPTZOID}
-};
-
-static IdemQuery q_retry = {
-	"UPDATE idem.outbox"
-	"   SET state = $2, next_attempt_at = COALESCE($3, next_attempt_at),"
-	"       lease_token = NULL, last_error = $4"
-	" WHERE ctid OPERATOR(pg_catalog.=) $1",
-	4, {TIDOID, TEXTOID, TIMESTAMPTZOID, TEXTOID}
-};
-
-static IdemQuery q_requeue = {
-	"UPDATE idem.outbox"
-	"   SET state = 'pending', attempts = 0, next_attempt_at = $2,"
-	"       lease_token = NULL"
-	" WHERE ctid OPERATOR(pg_catalog.=) $1",
-	2, {TIDOID, TIMESTAMPTZOID}
-};
 
 static IdemQuery q_purge = {
 	"DELETE FROM idem.outbox"
@@ -593,18 +685,23 @@ state_is(Datum state, const char *name)
  * leased: a probe of outbox_run_idx, whose entries are the run events not
  * yet delivered (a dead one does not hold the run up).  Earlier is the
  * step's place in the run, the order the steps committed in; the
- * transactions' start times (created_at) can be the other way round.
+ * transactions' start times (created_at) can be the other way round.  On a
+ * shard of idem.citus_outbox the run is the tenant's, and its owner is
+ * known by name (the OIDs are those of the nodes that wrote the events).
  */
 static bool
-held_back_by_run(Relation rel, Relation runidx, Snapshot snap,
+held_back_by_run(OutboxRel *r, Relation rel, Relation runidx, Snapshot snap,
 				 TupleTableSlot *probe, Datum *values, bool *nulls)
 {
 	ScanKeyData skey;
 	IndexScanDesc scan;
 	bool		held = false;
+	Form_pg_attribute tenant_att = NULL;
 
 	if (nulls[Anum_outbox_run_position - 1])
 		return false;
+	if (r->tenant)
+		tenant_att = TupleDescAttr(RelationGetDescr(rel), Anum_tenant_event_tenant - 1);
 	ScanKeyInit(&skey, 1, BTEqualStrategyNumber, F_TEXTEQ,
 				values[Anum_outbox_run_id - 1]);
 	scan = index_beginscan(rel, runidx, snap, NULL, 1, 0);
@@ -620,9 +717,18 @@ held_back_by_run(Relation rel, Relation runidx, Snapshot snap,
 			DatumGetInt32(position) >= DatumGetInt32(values[Anum_outbox_run_position - 1]))
 			continue;
 		state = slot_getattr(probe, Anum_outbox_state, &isnull);
-		held = (state_is(state, "pending") || state_is(state, "leased")) &&
-			DatumGetObjectId(slot_getattr(probe, Anum_outbox_owner, &isnull)) ==
-			DatumGetObjectId(values[Anum_outbox_owner - 1]) &&
+		if (!state_is(state, "pending") && !state_is(state, "leased"))
+			continue;
+		if (r->tenant)
+			held = datum_image_eq(slot_getattr(probe, Anum_tenant_event_owner_name, &isnull),
+								  values[Anum_tenant_event_owner_name - 1], false, -1) &&
+				datum_image_eq(slot_getattr(probe, Anum_tenant_event_tenant, &isnull),
+							   values[Anum_tenant_event_tenant - 1],
+							   tenant_att->attbyval, tenant_att->attlen);
+		else
+			held = DatumGetObjectId(slot_getattr(probe, Anum_outbox_owner, &isnull)) ==
+				DatumGetObjectId(values[Anum_outbox_owner - 1]);
+		held = held &&
 			datum_image_eq(slot_getattr(probe, Anum_outbox_topic, &isnull),
 						   values[Anum_outbox_topic - 1], false, -1);
 	}
@@ -630,9 +736,24 @@ held_back_by_run(Relation rel, Relation runidx, Snapshot snap,
 	return held;
 }
 
+/* What one claim leases with, in every relation it claims from */
+typedef struct ClaimState
+{
+	Datum		topictext;
+	Datum		holder;
+	Datum		lease_error;
+	TimestampTz now;
+	TimestampTz lease_end;
+	Oid			caller;
+	int32		max_events;
+	uint64		claimed;
+	uint64		dead;
+	Tuplestorestate *store;
+	TupleDesc	tupdesc;
+} ClaimState;
+
 /*
- * One claim of topic by caller into store: leases from now.  Returns the
- * events leased (dead letters made on the way are counted, not returned).
+ * The claim's work in one relation, until cs->max_events are leased.
  *
  * What "SELECT ... ORDER BY next_attempt_at FOR UPDATE SKIP LOCKED" and an
  * UPDATE of the rows it locked would do, without the executor: the due
@@ -646,21 +767,10 @@ held_back_by_run(Relation rel, Relation runidx, Snapshot snap,
  * pending event is always leased, even past a lowered
  * idem.outbox_max_attempts: the limit is applied when an attempt fails,
  * and the event's last error is its consumer's, not a lease's.
- *
- * A claim is a few index probes and row updates; a statement doing the
- * same costs every claim its planning locks, executor start-up and
- * expression set-up, several times the work itself for a small batch.  In
- * REPEATABLE READ and SERIALIZABLE an event changed since the snapshot is
- * skipped, where the statement would fail with a serialization error.
  */
-static uint64
-claim_into(const char *topic, int32 max_events, int64 lease_us, Oid caller,
-		   const char *consumer, Tuplestorestate *store, TupleDesc tupdesc)
+static void
+claim_rel(ClaimState *cs, OutboxRel *r)
 {
-	Oid			pkey_oid;
-	Oid			due_oid;
-	Oid			run_oid;
-	Oid			relid = idem_catalog_outbox_indexes(&pkey_oid, &due_oid, &run_oid);
 	Relation	rel;
 	Relation	dueidx;
 	Relation	runidx = NULL;
@@ -673,23 +783,9 @@ claim_into(const char *topic, int32 max_events, int64 lease_us, Oid caller,
 	CommandId	cid;
 	int			lockflags;
 	MemoryContext rowcxt;
-	Datum		topictext = PointerGetDatum(cstring_to_text(topic));
-	Datum		holder = PointerGetDatum(cstring_to_text(consumer));
-	Datum		lease_error = PointerGetDatum(cstring_to_text("lease expired on the last attempt"));
-	uint64		claimed = 0;
-	uint64		dead = 0;
 
-	/*
-	 * Clock time, not the transaction's start: a consumer loop in one
-	 * procedure call must see events that became due since, and its lease
-	 * must run from now.
-	 */
-	TimestampTz now = GetCurrentTimestamp();
-	TimestampTz lease_end = now + lease_us;
-
-	idem_wakeup_note_claim(topic);
-	rel = table_open(relid, RowExclusiveLock);
-	dueidx = index_open(due_oid, AccessShareLock);
+	rel = open_outbox_rel(r);
+	dueidx = index_open(r->due, AccessShareLock);
 	CommandCounterIncrement();
 	snap = RegisterSnapshot(GetTransactionSnapshot());
 	cid = GetCurrentCommandId(true);
@@ -699,19 +795,19 @@ claim_into(const char *topic, int32 max_events, int64 lease_us, Oid caller,
 	rowcxt = AllocSetContextCreate(CurrentMemoryContext, "idem outbox claim",
 								   ALLOCSET_SMALL_SIZES);
 
-	ScanKeyInit(&skey[0], 1, BTEqualStrategyNumber, F_TEXTEQ, topictext);
+	ScanKeyInit(&skey[0], 1, BTEqualStrategyNumber, F_TEXTEQ, cs->topictext);
 	ScanKeyInit(&skey[1], 2, BTLessEqualStrategyNumber, F_TIMESTAMPTZ_LE,
-				TimestampTzGetDatum(now));
+				TimestampTzGetDatum(cs->now));
 	scan = index_beginscan(rel, dueidx, snap, NULL, 2, 0);
 	index_rescan(scan, skey, 2, NULL, 0);
-	while (claimed < (uint64) max_events &&
+	while (cs->claimed < (uint64) cs->max_events &&
 		   index_getnext_slot(scan, ForwardScanDirection, slot))
 	{
 		ItemPointerData tid = slot->tts_tid;
 		TM_FailureData tmfd;
 		MemoryContext oldcxt;
-		Datum		values[Natts_outbox];
-		bool		nulls[Natts_outbox];
+		Datum		values[Natts_tenant_event];
+		bool		nulls[Natts_tenant_event];
 		bool		leased;
 		bool		to_dead;
 		HeapTuple	newtup;
@@ -724,12 +820,12 @@ claim_into(const char *topic, int32 max_events, int64 lease_us, Oid caller,
 		MemoryContextReset(rowcxt);
 		oldcxt = MemoryContextSwitchTo(rowcxt);
 		slot_getallattrs(locked);
-		memcpy(values, locked->tts_values, sizeof(values));
-		memcpy(nulls, locked->tts_isnull, sizeof(nulls));
+		memcpy(values, locked->tts_values, sizeof(Datum) * r->natts);
+		memcpy(nulls, locked->tts_isnull, sizeof(bool) * r->natts);
 		leased = state_is(values[Anum_outbox_state - 1], "leased");
 		if ((!leased && !state_is(values[Anum_outbox_state - 1], "pending")) ||
-			DatumGetTimestampTz(values[Anum_outbox_next_attempt_at - 1]) > now ||
-			!datum_image_eq(values[Anum_outbox_topic - 1], topictext, false, -1))
+			DatumGetTimestampTz(values[Anum_outbox_next_attempt_at - 1]) > cs->now ||
+			!datum_image_eq(values[Anum_outbox_topic - 1], cs->topictext, false, -1))
 		{
 			MemoryContextSwitchTo(oldcxt);
 			continue;
@@ -740,11 +836,11 @@ claim_into(const char *topic, int32 max_events, int64 lease_us, Oid caller,
 			{
 				/* as long as the scan, not the row */
 				MemoryContextSwitchTo(oldcxt);
-				runidx = index_open(run_oid, AccessShareLock);
+				runidx = index_open(r->run, AccessShareLock);
 				probe = table_slot_create(rel, NULL);
 				MemoryContextSwitchTo(rowcxt);
 			}
-			if (held_back_by_run(rel, runidx, snap, probe, values, nulls))
+			if (held_back_by_run(r, rel, runidx, snap, probe, values, nulls))
 			{
 				MemoryContextSwitchTo(oldcxt);
 				continue;
@@ -758,23 +854,23 @@ claim_into(const char *topic, int32 max_events, int64 lease_us, Oid caller,
 		if (!to_dead)
 			values[Anum_outbox_attempts - 1] =
 				Int32GetDatum(DatumGetInt32(values[Anum_outbox_attempts - 1]) + 1);
-		values[Anum_outbox_next_attempt_at - 1] = TimestampTzGetDatum(lease_end);
+		values[Anum_outbox_next_attempt_at - 1] = TimestampTzGetDatum(cs->lease_end);
 		values[Anum_outbox_lease_token - 1] = to_dead ? (Datum) 0 : idem_random_uuid();
 		nulls[Anum_outbox_lease_token - 1] = to_dead;
-		values[Anum_outbox_leased_by - 1] = ObjectIdGetDatum(caller);
+		values[Anum_outbox_leased_by - 1] = ObjectIdGetDatum(cs->caller);
 		nulls[Anum_outbox_leased_by - 1] = false;
-		values[Anum_outbox_lease_holder - 1] = holder;
+		values[Anum_outbox_lease_holder - 1] = cs->holder;
 		nulls[Anum_outbox_lease_holder - 1] = false;
 		if (to_dead)
 		{
-			values[Anum_outbox_last_error - 1] = lease_error;
+			values[Anum_outbox_last_error - 1] = cs->lease_error;
 			nulls[Anum_outbox_last_error - 1] = false;
 		}
-		newtup = idem_form_row(rel, values, nulls, Natts_outbox);
+		newtup = idem_form_row(rel, values, nulls, r->natts);
 		idem_update_outbox_row(rel, &locked->tts_tid, newtup);
 
 		if (to_dead)
-			dead++;
+			cs->dead++;
 		else
 		{
 			Datum		row[CLAIM_RESULT_COLS];
@@ -792,8 +888,12 @@ claim_into(const char *topic, int32 max_events, int64 lease_us, Oid caller,
 				row[i] = values[columns[i] - 1];
 				rownulls[i] = nulls[columns[i] - 1];
 			}
-			tuplestore_putvalues(store, tupdesc, row, rownulls);
-			claimed++;
+			/* the role of that name here (none if it was dropped) */
+			if (r->tenant)
+				row[2] = ObjectIdGetDatum(get_role_oid(TextDatumGetCString(values[Anum_tenant_event_owner_name - 1]),
+													   true));
+			tuplestore_putvalues(cs->store, cs->tupdesc, row, rownulls);
+			cs->claimed++;
 		}
 		MemoryContextSwitchTo(oldcxt);
 	}
@@ -811,10 +911,56 @@ claim_into(const char *topic, int32 max_events, int64 lease_us, Oid caller,
 	MemoryContextDelete(rowcxt);
 	/* the leases are seen by the rest of the transaction */
 	CommandCounterIncrement();
+}
 
-	idem_stats_count(IDEM_STAT_OUTBOX_CLAIMED, claimed);
-	idem_stats_count(IDEM_STAT_OUTBOX_DEAD, dead);
-	return claimed;
+/*
+ * One claim of topic by caller into store: leases from now, from
+ * idem.outbox and then the shards of idem.citus_outbox placed here (the
+ * order is oldest due first within each, not across them).  Returns the
+ * events leased (dead letters made on the way are counted, not returned).
+ *
+ * A claim is a few index probes and row updates; a statement doing the
+ * same costs every claim its planning locks, executor start-up and
+ * expression set-up, several times the work itself for a small batch.  In
+ * REPEATABLE READ and SERIALIZABLE an event changed since the snapshot is
+ * skipped, where the statement would fail with a serialization error.
+ */
+static uint64
+claim_into(const char *topic, int32 max_events, int64 lease_us, Oid caller,
+		   const char *consumer, Tuplestorestate *store, TupleDesc tupdesc)
+{
+	ClaimState	cs;
+	ListCell   *lc;
+
+	cs.topictext = PointerGetDatum(cstring_to_text(topic));
+	cs.holder = PointerGetDatum(cstring_to_text(consumer));
+	cs.lease_error = PointerGetDatum(cstring_to_text("lease expired on the last attempt"));
+
+	/*
+	 * Clock time, not the transaction's start: a consumer loop in one
+	 * procedure call must see events that became due since, and its lease
+	 * must run from now.
+	 */
+	cs.now = GetCurrentTimestamp();
+	cs.lease_end = cs.now + lease_us;
+	cs.caller = caller;
+	cs.max_events = max_events;
+	cs.claimed = 0;
+	cs.dead = 0;
+	cs.store = store;
+	cs.tupdesc = tupdesc;
+
+	idem_wakeup_note_claim(topic);
+	foreach(lc, outbox_rels())
+	{
+		if (cs.claimed >= (uint64) max_events)
+			break;
+		claim_rel(&cs, lfirst(lc));
+	}
+
+	idem_stats_count(IDEM_STAT_OUTBOX_CLAIMED, cs.claimed);
+	idem_stats_count(IDEM_STAT_OUTBOX_DEAD, cs.dead);
+	return cs.claimed;
 }
 
 Datum
@@ -914,52 +1060,209 @@ idem_outbox_claim(PG_FUNCTION_ARGS)
  * ------------------------------------------------------------------------
  */
 
+/*
+ * The relations of this node's events, opened as a verb needs them, with
+ * a snapshot and slots, for one event or a batch.
+ *
+ * Like the claim, a verb reaches its event by OID and index, without a
+ * statement: found by its id (the primary key of idem.outbox, then of each
+ * shard of idem.citus_outbox here), locked as UPDATE or DELETE would lock
+ * it (waiting for a claim or another verb that holds it; then, in READ
+ * COMMITTED, its latest version is the one checked, and in REPEATABLE READ
+ * or SERIALIZABLE a version changed since the snapshot is a serialization
+ * failure, as it would be for the statement), then changed in place.  An
+ * ack delivers the event if the token leases it: deleted, or with
+ * idem.outbox_keep_delivered made delivered (for the purge to delete after
+ * idem.outbox_retention).  Deleting is what makes delivery cheap: no new
+ * row version, no index entries for it, nothing left for the purge and
+ * VACUUM to find; a row kept costs both, and is an option.
+ */
+typedef struct EventRel
+{
+	OutboxRel  *r;
+	Relation	rel;			/* NULL until needed */
+	Relation	pkey;
+	TupleTableSlot *slot;
+	TupleTableSlot *locked;
+} EventRel;
+
+typedef struct EventScan
+{
+	int			nrels;
+	EventRel   *rels;
+	Snapshot	snap;
+	CommandId	cid;
+	int			lockflags;
+	TimestampTz now;
+} EventScan;
+
 typedef struct LockedEvent
 {
 	char	   *state;
 	bool		token_matches;
 	int32		attempts;
 	char	   *topic;
-	ItemPointerData tid;
+	EventRel   *er;				/* where it is, its tuple in er->locked */
 } LockedEvent;
 
-/* Lock the event; false if there is none.  Inside an SPI connection. */
-static bool
-lock_event(IdemOwnerSPI *spi, Datum event_id, Datum token, bool token_null,
-		   LockedEvent *ev)
+typedef enum AckOutcome
 {
-	Datum		values[2] = {event_id, token};
-	char		nulls[2] = {' ', token_null ? 'n' : ' '};
-	bool		isnull;
-	HeapTuple	tup;
-	TupleDesc	desc;
-	MemoryContext oldcxt;
+	ACK_DONE,
+	ACK_NOT_FOUND,
+	ACK_NOT_LEASED,				/* the LockedEvent says why */
+	ACK_TWICE					/* acknowledged earlier in this batch */
+} AckOutcome;
 
-	idem_query_run(&q_lock, values, nulls, 1);
-	if (SPI_processed == 0)
-		return false;
-	tup = SPI_tuptable->vals[0];
-	desc = SPI_tuptable->tupdesc;
-	oldcxt = MemoryContextSwitchTo(spi->callercxt);
-	ev->state = TextDatumGetCString(SPI_getbinval(tup, desc, 1, &isnull));
-	ev->token_matches = DatumGetBool(SPI_getbinval(tup, desc, 2, &isnull));
-	if (isnull)
-		ev->token_matches = false;
-	ev->attempts = DatumGetInt32(SPI_getbinval(tup, desc, 3, &isnull));
-	ev->topic = TextDatumGetCString(SPI_getbinval(tup, desc, 4, &isnull));
-	ItemPointerCopy((ItemPointer) DatumGetPointer(SPI_getbinval(tup, desc, 5, &isnull)),
-					&ev->tid);
-	MemoryContextSwitchTo(oldcxt);
-	return true;
+static void
+event_begin(EventScan *a)
+{
+	List	   *rels = outbox_rels();
+	ListCell   *lc;
+
+	a->nrels = list_length(rels);
+	a->rels = palloc0(sizeof(EventRel) * a->nrels);
+	foreach(lc, rels)
+		a->rels[foreach_current_index(lc)].r = lfirst(lc);
+	CommandCounterIncrement();
+	a->snap = RegisterSnapshot(GetTransactionSnapshot());
+	a->cid = GetCurrentCommandId(true);
+	a->lockflags = IsolationUsesXactSnapshot() ? 0 : TUPLE_LOCK_FLAG_FIND_LAST_VERSION;
+	a->now = GetCurrentTimestamp();
 }
 
 static void
+event_end(EventScan *a)
+{
+	for (int i = 0; i < a->nrels; i++)
+	{
+		EventRel   *er = &a->rels[i];
+
+		if (er->rel == NULL)
+			continue;
+		ExecDropSingleTupleTableSlot(er->slot);
+		ExecDropSingleTupleTableSlot(er->locked);
+		index_close(er->pkey, NoLock);
+		table_close(er->rel, NoLock);
+	}
+	UnregisterSnapshot(a->snap);
+	/* the changes are seen by the rest of the transaction */
+	CommandCounterIncrement();
+}
+
+/*
+ * Find event_id in this node's relations and lock it: ACK_DONE with ev
+ * filled (token null: no token to match), or ACK_NOT_FOUND, or ACK_TWICE
+ * for an event this very command changed (a batch naming it twice).
+ */
+static AckOutcome
+event_lock(EventScan *a, Datum event_id, Datum token, bool token_null,
+		   LockedEvent *ev)
+{
+	ScanKeyData skey;
+	IndexScanDesc scan;
+	ItemPointerData tid;
+	TM_FailureData tmfd;
+	TM_Result	result;
+	EventRel   *er = NULL;
+	bool		isnull;
+	Datum		d;
+
+	ScanKeyInit(&skey, 1, BTEqualStrategyNumber, F_UUID_EQ, event_id);
+	for (int i = 0; i < a->nrels && er == NULL; i++)
+	{
+		bool		found;
+
+		if (a->rels[i].rel == NULL)
+		{
+			a->rels[i].rel = open_outbox_rel(a->rels[i].r);
+			a->rels[i].pkey = index_open(a->rels[i].r->pkey, AccessShareLock);
+			a->rels[i].slot = table_slot_create(a->rels[i].rel, NULL);
+			a->rels[i].locked = table_slot_create(a->rels[i].rel, NULL);
+		}
+		scan = index_beginscan(a->rels[i].rel, a->rels[i].pkey, a->snap, NULL, 1, 0);
+		index_rescan(scan, &skey, 1, NULL, 0);
+		found = index_getnext_slot(scan, ForwardScanDirection, a->rels[i].slot);
+		if (found)
+		{
+			tid = a->rels[i].slot->tts_tid;
+			er = &a->rels[i];
+		}
+		index_endscan(scan);
+	}
+	if (er == NULL)
+		return ACK_NOT_FOUND;
+
+	result = table_tuple_lock(er->rel, &tid, a->snap, er->locked, a->cid,
+							  LockTupleExclusive, LockWaitBlock, a->lockflags,
+							  &tmfd);
+	switch (result)
+	{
+		case TM_Ok:
+			break;
+		case TM_SelfModified:
+			return ACK_TWICE;
+		case TM_Deleted:
+			if (IsolationUsesXactSnapshot())
+				ereport(ERROR,
+						(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+						 errmsg("could not serialize access due to concurrent delete")));
+			return ACK_NOT_FOUND;
+		case TM_Updated:
+			/* READ COMMITTED follows the update: only a snapshot's level */
+			ereport(ERROR,
+					(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+					 errmsg("could not serialize access due to concurrent update")));
+			break;
+		default:
+			elog(ERROR, "unexpected table_tuple_lock status: %u", result);
+	}
+
+	ev->er = er;
+	ev->state = TextDatumGetCString(slot_getattr(er->locked, Anum_outbox_state, &isnull));
+	d = slot_getattr(er->locked, Anum_outbox_lease_token, &isnull);
+	ev->token_matches = !token_null && !isnull &&
+		memcmp(DatumGetUUIDP(d), DatumGetUUIDP(token), UUID_LEN) == 0;
+	ev->attempts = DatumGetInt32(slot_getattr(er->locked, Anum_outbox_attempts, &isnull));
+	ev->topic = TextDatumGetCString(slot_getattr(er->locked, Anum_outbox_topic, &isnull));
+	return ACK_DONE;
+}
+
+/* The locked event's columns, to change and store with event_store() */
+static void
+event_values(LockedEvent *ev, Datum *values, bool *nulls)
+{
+	slot_getallattrs(ev->er->locked);
+	memcpy(values, ev->er->locked->tts_values, sizeof(Datum) * ev->er->r->natts);
+	memcpy(nulls, ev->er->locked->tts_isnull, sizeof(bool) * ev->er->r->natts);
+}
+
+static void
+event_store(LockedEvent *ev, Datum *values, bool *nulls)
+{
+	HeapTuple	newtup = idem_form_row(ev->er->rel, values, nulls, ev->er->r->natts);
+
+	idem_update_outbox_row(ev->er->rel, &ev->er->locked->tts_tid, newtup);
+	heap_freetuple(newtup);
+}
+
+/*
+ * Under Citus, a tenant's event that was leased here before its shard
+ * moved is not here any more: the new node delivers it again once the
+ * lease runs out (an ack cannot reach it there).
+ */
+static void
 report_not_found(Datum event_id)
 {
+	Oid			nsp = get_namespace_oid("idem", true);
+	bool		tenants = OidIsValid(nsp) &&
+		OidIsValid(get_relname_relid("citus_outbox", nsp));
+
 	ereport(ERROR,
 			(errcode(ERRCODE_IDEM_EVENT_NOT_FOUND),
 			 errmsg("outbox event %s does not exist",
 					DatumGetCString(DirectFunctionCall1(uuid_out, event_id))),
+			 tenants ?
+			 errdetail("It was never written, or it was delivered and purged, or it is a tenant's event whose shard moved to another node, which delivers it again.") :
 			 errdetail("It was never written, or it was delivered and purged."),
 			 idem_errhint(ERRCODE_IDEM_EVENT_NOT_FOUND, NULL)));
 }
@@ -990,168 +1293,54 @@ report_not_leased(Datum event_id, LockedEvent *ev, const char *what)
 /*
  * Lock the event that arguments 0 and 1 (event id, lease token) name and
  * check that the token leases it; raise the error that says why not.
- * Inside an SPI connection, which an error leaves to the abort.
  */
 static void
-lock_leased(IdemOwnerSPI *spi, FunctionCallInfo fcinfo, const char *what,
+lock_leased(EventScan *a, FunctionCallInfo fcinfo, const char *what,
 			LockedEvent *ev)
 {
-	if (!lock_event(spi, PG_GETARG_DATUM(0), PG_GETARG_DATUM(1), false, ev))
+	AckOutcome	outcome = event_lock(a, PG_GETARG_DATUM(0), PG_GETARG_DATUM(1),
+									 false, ev);
+
+	if (outcome == ACK_TWICE)
+		elog(ERROR, "outbox event changed twice by one command");
+	if (outcome == ACK_NOT_FOUND)
 	{
-		idem_owner_spi_end(spi);
+		event_end(a);
 		report_not_found(PG_GETARG_DATUM(0));
 	}
 	if (idem_lease_fence(strcmp(ev->state, "leased") == 0,
 						 ev->token_matches) != IDEM_FENCE_HELD)
 	{
-		idem_owner_spi_end(spi);
+		event_end(a);
 		check_topic(ev->topic, GetUserId(), TOPIC_CONSUME);
 		report_not_leased(PG_GETARG_DATUM(0), ev, what);
 	}
 }
 
-/*
- * An ack's relation, index, snapshot and slots, for one event or a batch.
- *
- * Like the claim, an ack reaches its event by OID and index, without a
- * statement: found by its id (outbox_pkey), locked as a DELETE would lock
- * it (waiting for a claim or another ack that holds it; then, in READ
- * COMMITTED, its latest version is the one checked, and in REPEATABLE READ
- * or SERIALIZABLE a version changed since the snapshot is a serialization
- * failure, as it would be for the statement), and delivered if the token
- * leases it: deleted, or with idem.outbox_keep_delivered made delivered
- * (for the purge to delete after idem.outbox_retention).  Deleting is what
- * makes delivery cheap: no new row version, no index entries for it,
- * nothing left for the purge and VACUUM to find; a row kept costs both,
- * and is an option.
- */
-typedef struct AckScan
-{
-	Relation	rel;
-	Relation	pkey;
-	Snapshot	snap;
-	CommandId	cid;
-	int			lockflags;
-	TupleTableSlot *slot;
-	TupleTableSlot *locked;
-	TimestampTz now;
-} AckScan;
-
-typedef enum AckOutcome
-{
-	ACK_DONE,
-	ACK_NOT_FOUND,
-	ACK_NOT_LEASED,				/* the LockedEvent says why */
-	ACK_TWICE					/* acknowledged earlier in this batch */
-} AckOutcome;
-
-static void
-ack_begin(AckScan *a)
-{
-	Oid			pkey;
-	Oid			due;
-	Oid			run;
-	Oid			relid = idem_catalog_outbox_indexes(&pkey, &due, &run);
-
-	a->rel = table_open(relid, RowExclusiveLock);
-	a->pkey = index_open(pkey, AccessShareLock);
-	CommandCounterIncrement();
-	a->snap = RegisterSnapshot(GetTransactionSnapshot());
-	a->cid = GetCurrentCommandId(true);
-	a->lockflags = IsolationUsesXactSnapshot() ? 0 : TUPLE_LOCK_FLAG_FIND_LAST_VERSION;
-	a->slot = table_slot_create(a->rel, NULL);
-	a->locked = table_slot_create(a->rel, NULL);
-	a->now = GetCurrentTimestamp();
-}
-
-static void
-ack_end(AckScan *a)
-{
-	ExecDropSingleTupleTableSlot(a->slot);
-	ExecDropSingleTupleTableSlot(a->locked);
-	UnregisterSnapshot(a->snap);
-	index_close(a->pkey, NoLock);
-	table_close(a->rel, NoLock);
-	/* the deliveries are seen by the rest of the transaction */
-	CommandCounterIncrement();
-}
-
 static AckOutcome
-ack_event(AckScan *a, Datum event_id, Datum token, LockedEvent *ev)
+ack_event(EventScan *a, Datum event_id, Datum token, LockedEvent *ev)
 {
-	ScanKeyData skey;
-	IndexScanDesc scan;
-	ItemPointerData tid;
-	TM_FailureData tmfd;
-	TM_Result	result;
-	bool		found;
-	bool		isnull;
-	Datum		d;
+	AckOutcome	outcome = event_lock(a, event_id, token, false, ev);
 
-	ScanKeyInit(&skey, 1, BTEqualStrategyNumber, F_UUID_EQ, event_id);
-	scan = index_beginscan(a->rel, a->pkey, a->snap, NULL, 1, 0);
-	index_rescan(scan, &skey, 1, NULL, 0);
-	found = index_getnext_slot(scan, ForwardScanDirection, a->slot);
-	if (found)
-		tid = a->slot->tts_tid;
-	index_endscan(scan);
-	if (!found)
-		return ACK_NOT_FOUND;
-
-	result = table_tuple_lock(a->rel, &tid, a->snap, a->locked, a->cid,
-							  LockTupleExclusive, LockWaitBlock, a->lockflags,
-							  &tmfd);
-	switch (result)
-	{
-		case TM_Ok:
-			break;
-		case TM_SelfModified:
-			return ACK_TWICE;
-		case TM_Deleted:
-			if (IsolationUsesXactSnapshot())
-				ereport(ERROR,
-						(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
-						 errmsg("could not serialize access due to concurrent delete")));
-			return ACK_NOT_FOUND;
-		case TM_Updated:
-			/* READ COMMITTED follows the update: only a snapshot's level */
-			ereport(ERROR,
-					(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
-					 errmsg("could not serialize access due to concurrent update")));
-			break;
-		default:
-			elog(ERROR, "unexpected table_tuple_lock status: %u", result);
-	}
-
-	ev->state = TextDatumGetCString(slot_getattr(a->locked, Anum_outbox_state, &isnull));
-	d = slot_getattr(a->locked, Anum_outbox_lease_token, &isnull);
-	ev->token_matches = !isnull &&
-		memcmp(DatumGetUUIDP(d), DatumGetUUIDP(token), UUID_LEN) == 0;
-	ev->attempts = DatumGetInt32(slot_getattr(a->locked, Anum_outbox_attempts, &isnull));
-	ev->topic = TextDatumGetCString(slot_getattr(a->locked, Anum_outbox_topic, &isnull));
-	ev->tid = a->locked->tts_tid;
+	if (outcome != ACK_DONE)
+		return outcome;
 	if (idem_lease_fence(strcmp(ev->state, "leased") == 0,
 						 ev->token_matches) != IDEM_FENCE_HELD)
 		return ACK_NOT_LEASED;
 
 	if (idem_outbox_keep_delivered)
 	{
-		Datum		values[Natts_outbox];
-		bool		nulls[Natts_outbox];
-		HeapTuple	newtup;
+		Datum		values[Natts_tenant_event];
+		bool		nulls[Natts_tenant_event];
 
-		slot_getallattrs(a->locked);
-		memcpy(values, a->locked->tts_values, sizeof(values));
-		memcpy(nulls, a->locked->tts_isnull, sizeof(nulls));
+		event_values(ev, values, nulls);
 		values[Anum_outbox_state - 1] = CStringGetTextDatum("delivered");
 		values[Anum_outbox_delivered_at - 1] = TimestampTzGetDatum(a->now);
 		nulls[Anum_outbox_delivered_at - 1] = false;
-		newtup = idem_form_row(a->rel, values, nulls, Natts_outbox);
-		idem_update_outbox_row(a->rel, &ev->tid, newtup);
-		heap_freetuple(newtup);
+		event_store(ev, values, nulls);
 	}
 	else
-		idem_delete_outbox_row(a->rel, &ev->tid);
+		idem_delete_outbox_row(ev->er->rel, &ev->er->locked->tts_tid);
 	return ACK_DONE;
 }
 
@@ -1174,7 +1363,7 @@ report_ack_failure(AckOutcome outcome, Datum event_id, LockedEvent *ev)
 Datum
 idem_outbox_ack(PG_FUNCTION_ARGS)
 {
-	AckScan		a;
+	EventScan	a;
 	AckOutcome	outcome;
 	LockedEvent ev;
 
@@ -1182,9 +1371,9 @@ idem_outbox_ack(PG_FUNCTION_ARGS)
 	arg_not_null(fcinfo, 1, "lease_token");
 	idem_check_can_write("idem_outbox_ack()");
 
-	ack_begin(&a);
+	event_begin(&a);
 	outcome = ack_event(&a, PG_GETARG_DATUM(0), PG_GETARG_DATUM(1), &ev);
-	ack_end(&a);
+	event_end(&a);
 	if (outcome != ACK_DONE)
 		report_ack_failure(outcome, PG_GETARG_DATUM(0), &ev);
 	/* an error here rolls the ack back with the caller's transaction */
@@ -1234,7 +1423,7 @@ idem_outbox_ack_batch(PG_FUNCTION_ARGS)
 	Datum	   *tokens;
 	int			nids;
 	int			ntokens;
-	AckScan		a;
+	EventScan	a;
 	bool		twice = false;
 	List	   *topics = NIL;
 	ListCell   *lc;
@@ -1258,7 +1447,7 @@ idem_outbox_ack_batch(PG_FUNCTION_ARGS)
 	if (nids == 0)
 		PG_RETURN_INT32(0);
 
-	ack_begin(&a);
+	event_begin(&a);
 	for (int i = 0; i < nids; i++)
 	{
 		LockedEvent ev;
@@ -1271,14 +1460,14 @@ idem_outbox_ack_batch(PG_FUNCTION_ARGS)
 		else if (outcome != ACK_DONE)
 		{
 			/* the first pair that was not delivered says why */
-			ack_end(&a);
+			event_end(&a);
 			report_ack_failure(outcome, ids[i], &ev);
 		}
 		/* a batch is mostly of one topic: each is checked once below */
 		else if (topics == NIL || strcmp(llast(topics), ev.topic) != 0)
 			topics = lappend(topics, ev.topic);
 	}
-	ack_end(&a);
+	event_end(&a);
 	if (twice)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
@@ -1305,10 +1494,10 @@ idem_outbox_fail(PG_FUNCTION_ARGS)
 	TimestampTz now = GetCurrentTimestamp();
 	TimestampTz next = 0;
 	bool		dead;
-	IdemOwnerSPI	spi;
+	EventScan	a;
 	LockedEvent ev;
-	Datum		values[4];
-	char		nulls[4] = {' ', ' ', ' ', ' '};
+	Datum		values[Natts_tenant_event];
+	bool		nulls[Natts_tenant_event];
 
 	arg_not_null(fcinfo, 0, "event_id");
 	arg_not_null(fcinfo, 1, "lease_token");
@@ -1319,8 +1508,8 @@ idem_outbox_fail(PG_FUNCTION_ARGS)
 		retry_after_us = idem_retry_after_usecs(PG_GETARG_INTERVAL_P(3));
 	idem_check_can_write("idem_outbox_fail()");
 
-	idem_owner_spi_begin(&spi, idem_catalog_outbox());
-	lock_leased(&spi, fcinfo, "fail", &ev);
+	event_begin(&a);
+	lock_leased(&a, fcinfo, "fail", &ev);
 
 	dead = ev.attempts >= idem_outbox_max_attempts;
 	if (!dead)
@@ -1328,13 +1517,15 @@ idem_outbox_fail(PG_FUNCTION_ARGS)
 								 idem_outbox_backoff_cap,
 								 idem_outbox_jitter ? IDEM_JITTER_FULL : IDEM_JITTER_NONE,
 								 retry_after_us);
-	values[0] = PointerGetDatum(&ev.tid);
-	values[1] = CStringGetTextDatum(dead ? "dead" : "pending");
-	values[2] = TimestampTzGetDatum(next);
-	nulls[2] = dead ? 'n' : ' ';
-	values[3] = CStringGetTextDatum(error);
-	idem_query_run(&q_retry, values, nulls, 0);
-	idem_owner_spi_end(&spi);
+	event_values(&ev, values, nulls);
+	values[Anum_outbox_state - 1] = CStringGetTextDatum(dead ? "dead" : "pending");
+	if (!dead)
+		values[Anum_outbox_next_attempt_at - 1] = TimestampTzGetDatum(next);
+	nulls[Anum_outbox_lease_token - 1] = true;
+	values[Anum_outbox_last_error - 1] = CStringGetTextDatum(error);
+	nulls[Anum_outbox_last_error - 1] = false;
+	event_store(&ev, values, nulls);
+	event_end(&a);
 	check_topic(ev.topic, caller, TOPIC_CONSUME);
 
 	idem_stats_count(dead ? IDEM_STAT_OUTBOX_DEAD : IDEM_STAT_OUTBOX_FAILED, 1);
@@ -1352,18 +1543,18 @@ idem_outbox_fail(PG_FUNCTION_ARGS)
 Datum
 idem_outbox_requeue(PG_FUNCTION_ARGS)
 {
-	IdemOwnerSPI	spi;
+	EventScan	a;
 	LockedEvent ev;
-	Datum		values[2];
-	char		nulls[2] = {' ', ' '};
+	Datum		values[Natts_tenant_event];
+	bool		nulls[Natts_tenant_event];
 
 	arg_not_null(fcinfo, 0, "event_id");
 	idem_check_can_write("idem_outbox_requeue()");
 
-	idem_owner_spi_begin(&spi, idem_catalog_outbox());
-	if (!lock_event(&spi, PG_GETARG_DATUM(0), (Datum) 0, true, &ev))
+	event_begin(&a);
+	if (event_lock(&a, PG_GETARG_DATUM(0), (Datum) 0, true, &ev) != ACK_DONE)
 	{
-		idem_owner_spi_end(&spi);
+		event_end(&a);
 		report_not_found(PG_GETARG_DATUM(0));
 	}
 	if (strcmp(ev.state, "dead") != 0)
@@ -1373,10 +1564,13 @@ idem_outbox_requeue(PG_FUNCTION_ARGS)
 						DatumGetCString(DirectFunctionCall1(uuid_out, PG_GETARG_DATUM(0)))),
 				 errdetail("The event is %s.", ev.state),
 				 idem_errhint(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE, "Only dead events are requeued.")));
-	values[0] = PointerGetDatum(&ev.tid);
-	values[1] = TimestampTzGetDatum(GetCurrentTimestamp());
-	idem_query_run(&q_requeue, values, nulls, 0);
-	idem_owner_spi_end(&spi);
+	event_values(&ev, values, nulls);
+	values[Anum_outbox_state - 1] = CStringGetTextDatum("pending");
+	values[Anum_outbox_attempts - 1] = Int32GetDatum(0);
+	values[Anum_outbox_next_attempt_at - 1] = TimestampTzGetDatum(GetCurrentTimestamp());
+	nulls[Anum_outbox_lease_token - 1] = true;
+	event_store(&ev, values, nulls);
+	event_end(&a);
 	PG_RETURN_VOID();
 }
 
@@ -1392,10 +1586,10 @@ idem_outbox_requeue(PG_FUNCTION_ARGS)
 Datum
 idem_outbox_extend(PG_FUNCTION_ARGS)
 {
-	IdemOwnerSPI spi;
+	EventScan	a;
 	LockedEvent ev;
-	Datum		values[2];
-	char		nulls[2] = {' ', ' '};
+	Datum		values[Natts_tenant_event];
+	bool		nulls[Natts_tenant_event];
 	int64		lease_us;
 	TimestampTz until;
 
@@ -1405,13 +1599,13 @@ idem_outbox_extend(PG_FUNCTION_ARGS)
 	lease_us = checked_lease(PG_GETARG_INTERVAL_P(2));
 	idem_check_can_write("idem_outbox_extend()");
 
-	idem_owner_spi_begin(&spi, idem_catalog_outbox());
-	lock_leased(&spi, fcinfo, "extend", &ev);
+	event_begin(&a);
+	lock_leased(&a, fcinfo, "extend", &ev);
 	until = GetCurrentTimestamp() + lease_us;
-	values[0] = PointerGetDatum(&ev.tid);
-	values[1] = TimestampTzGetDatum(until);
-	(void) idem_query_run(&q_extend, values, nulls, 0);
-	idem_owner_spi_end(&spi);
+	event_values(&ev, values, nulls);
+	values[Anum_outbox_next_attempt_at - 1] = TimestampTzGetDatum(until);
+	event_store(&ev, values, nulls);
+	event_end(&a);
 	check_topic(ev.topic, GetUserId(), TOPIC_CONSUME);
 	PG_RETURN_TIMESTAMPTZ(until);
 }
@@ -1427,21 +1621,24 @@ idem_outbox_extend(PG_FUNCTION_ARGS)
 Datum
 idem_outbox_release(PG_FUNCTION_ARGS)
 {
-	IdemOwnerSPI spi;
+	EventScan	a;
 	LockedEvent ev;
-	Datum		values[2];
-	char		nulls[2] = {' ', ' '};
+	Datum		values[Natts_tenant_event];
+	bool		nulls[Natts_tenant_event];
 
 	arg_not_null(fcinfo, 0, "event_id");
 	arg_not_null(fcinfo, 1, "lease_token");
 	idem_check_can_write("idem_outbox_release()");
 
-	idem_owner_spi_begin(&spi, idem_catalog_outbox());
-	lock_leased(&spi, fcinfo, "release", &ev);
-	values[0] = PointerGetDatum(&ev.tid);
-	values[1] = TimestampTzGetDatum(GetCurrentTimestamp());
-	(void) idem_query_run(&q_release, values, nulls, 0);
-	idem_owner_spi_end(&spi);
+	event_begin(&a);
+	lock_leased(&a, fcinfo, "release", &ev);
+	event_values(&ev, values, nulls);
+	values[Anum_outbox_state - 1] = CStringGetTextDatum("pending");
+	values[Anum_outbox_next_attempt_at - 1] = TimestampTzGetDatum(GetCurrentTimestamp());
+	nulls[Anum_outbox_lease_token - 1] = true;
+	values[Anum_outbox_attempts - 1] = Int32GetDatum(ev.attempts - 1);
+	event_store(&ev, values, nulls);
+	event_end(&a);
 	check_topic(ev.topic, GetUserId(), TOPIC_CONSUME);
 	PG_RETURN_VOID();
 }

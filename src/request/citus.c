@@ -48,6 +48,7 @@
 #include "utils/datum.h"
 #include "utils/memutils.h"
 #include "utils/guc.h"
+#include "utils/inval.h"
 #include "utils/lsyscache.h"
 
 #include "compat.h"
@@ -222,6 +223,27 @@ void *
 idem_citus_function(const char *name)
 {
 	return citus_symbol(name, true);
+}
+
+/*
+ * idem_citus_lock_shard
+ *		Take Citus's metadata lock of shardid in ShareLock, the lock Citus's
+ *		own writers of a shard take: a shard move or split waits for it
+ *		before it switches the shard group (Citus locks the metadata of
+ *		co-located shards together) to another node, so a placement found
+ *		here after the lock stays here until the transaction ends.
+ */
+void
+idem_citus_lock_shard(int64 shardid)
+{
+	static void (*lock_shard) (int64 shardId, LOCKMODE lockMode) = NULL;
+
+	if (lock_shard == NULL)
+		lock_shard = (void (*) (int64, LOCKMODE))
+			idem_citus_function("LockShardDistributionMetadata");
+	lock_shard(shardid, ShareLock);
+	/* a move or split that committed before the lock was granted */
+	AcceptInvalidationMessages();
 }
 
 /*

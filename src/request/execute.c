@@ -380,7 +380,7 @@ execute_and_record(IdemStatement *stmt, IdemRequest *req,
 					idem_new_record_expiry(owner, req->key, req->ttl));
 	if (topic != NULL)
 		idem_insert_outbox(req->key, owner, topic, result->response, now,
-						   NULL, NULL, 0);
+						   NULL, NULL, 0, NULL);
 	result->replayed = false;
 	result->first_executed_at = now;
 }

@@ -106,5 +106,6 @@ extern bool idem_citus_in_distributed_transaction(void);
 extern void idem_citus_check_confined(void);
 extern void idem_citus_pin_tenant(Oid type, Datum value, uint32 colocation);
 extern void *idem_citus_function(const char *name);
+extern void idem_citus_lock_shard(int64 shardid);
 
 #endif							/* IDEM_REQUEST_H */

@@ -479,7 +479,7 @@ run_step(const IdemRunStore *store, IdemHeldRun *held, IdemRequest *req,
 	 */
 	if (topic != NULL)
 		idem_insert_outbox(req->key, req->owner, topic, response, now,
-						   run_id, step, run_ndone(run));
+						   run_id, step, run_ndone(run), store->events);
 	out->response = response;
 	out->replayed = false;
 	out->first_executed_at = now;

@@ -10,7 +10,9 @@
  *		(create_distributed_function with force_delegation).
  *		idem_citus_call(): the key record and the business write in one
  *		local transaction there; idem_citus_call_outbox() adds the call's
- *		outbox event to that transaction, in idem.outbox of that node;
+ *		outbox event to that transaction, in the tenant's shard of
+ *		idem.citus_outbox (co-located too), from which the consumers of
+ *		whichever node holds the shard deliver it (outbox/outbox.c);
  *		idem_citus_call_with() takes idem_call()'s options as arguments,
  *		which Citus carries there as it does not the session's settings.
  *		Tenant runs: idem_citus_run_begin(), idem_citus_step(),
@@ -194,6 +196,12 @@ citus_runs_relid(void)
 	return get_relname_relid("citus_runs", get_namespace_oid("idem", false));
 }
 
+static Oid
+citus_outbox_relid(void)
+{
+	return get_relname_relid("citus_outbox", get_namespace_oid("idem", false));
+}
+
 /* What a tenant call returns, as idem_execute_ex() does. */
 #define CALL_RESULT "OUT response pg_catalog.jsonb, OUT replayed boolean," \
 	" OUT first_executed_at timestamptz"
@@ -296,8 +304,9 @@ drop_tenant_functions(StringInfo sql, const char *nsp, const char *typname)
 }
 
 /*
- * Create idem.citus_keys and idem.citus_runs, unless they exist
- * (have_keys, have_runs), and the functions, co-located with qtable and
+ * Create idem.citus_keys, idem.citus_runs and idem.citus_outbox, unless
+ * they exist (have_keys, have_runs, have_events), and the functions,
+ * co-located with qtable and
  * distributed by a tenant of type typname.  The tables' tenant columns are
  * coltype: typname with the distribution column's collation, which Citus
  * requires of co-located tables.  With have_keys, the colocation is
@@ -307,7 +316,7 @@ drop_tenant_functions(StringInfo sql, const char *nsp, const char *typname)
 static void
 create_tenant_objects(const char *nsp, const char *typname, const char *coltype,
 					  const char *qtable, const char *probin, bool have_keys,
-					  bool have_runs)
+					  bool have_runs, bool have_events)
 {
 	StringInfoData sql;
 	Oid			types[1] = {TEXTOID};
@@ -348,6 +357,50 @@ create_tenant_objects(const char *nsp, const char *typname, const char *coltype,
 						 " CONSTRAINT citus_runs_status_check CHECK (status OPERATOR(pg_catalog.=)"
 						 " ANY ('{running,completed,failed,cancelled}'::pg_catalog.text[])));"
 						 "REVOKE ALL ON idem.citus_runs FROM PUBLIC;",
+						 coltype);
+
+	/*
+	 * The tenants' outbox events (outbox/outbox.c delivers them): the
+	 * columns, indexes and settings of idem.outbox, in its column order
+	 * (its code reads both by the same column numbers), then the tenant
+	 * and the owner's name.  Citus wants the tenant in the primary key; an
+	 * event is found by its id, the key's first column.
+	 */
+	if (!have_events)
+		appendStringInfo(&sql,
+						 "CREATE TABLE idem.citus_outbox ("
+						 " event_id pg_catalog.uuid NOT NULL,"
+						 " key pg_catalog.text COLLATE \"C\" NOT NULL,"
+						 " owner pg_catalog.regrole NOT NULL,"
+						 " topic pg_catalog.text COLLATE \"C\" NOT NULL,"
+						 " payload pg_catalog.jsonb NOT NULL,"
+						 " created_at pg_catalog.timestamptz NOT NULL,"
+						 " run_id pg_catalog.text COLLATE \"C\","
+						 " step pg_catalog.text COLLATE \"C\","
+						 " state pg_catalog.text NOT NULL,"
+						 " attempts pg_catalog.int4 NOT NULL,"
+						 " next_attempt_at pg_catalog.timestamptz NOT NULL,"
+						 " lease_token pg_catalog.uuid,"
+						 " leased_by pg_catalog.regrole,"
+						 " lease_holder pg_catalog.text,"
+						 " last_error pg_catalog.text,"
+						 " delivered_at pg_catalog.timestamptz,"
+						 " run_position pg_catalog.int4,"
+						 " tenant %s NOT NULL,"
+						 " owner_name pg_catalog.text COLLATE \"C\" NOT NULL,"
+						 " CONSTRAINT citus_outbox_pkey PRIMARY KEY (event_id, tenant))"
+						 " WITH (autovacuum_vacuum_scale_factor = 0.01,"
+						 " autovacuum_vacuum_threshold = 10000);"
+						 "CREATE INDEX citus_outbox_due_idx ON idem.citus_outbox"
+						 " (topic, next_attempt_at) WITH (deduplicate_items = off)"
+						 " WHERE state OPERATOR(pg_catalog.=) ANY"
+						 " (ARRAY['pending', 'leased']::pg_catalog.text[]);"
+						 "CREATE INDEX citus_outbox_delivered_idx ON idem.citus_outbox"
+						 " (delivered_at) WHERE state OPERATOR(pg_catalog.=) 'delivered'::pg_catalog.text;"
+						 "CREATE INDEX citus_outbox_run_idx ON idem.citus_outbox (run_id)"
+						 " WHERE run_id IS NOT NULL AND state OPERATOR(pg_catalog.=) ANY"
+						 " (ARRAY['pending', 'leased']::pg_catalog.text[]);"
+						 "REVOKE ALL ON idem.citus_outbox FROM PUBLIC;",
 						 coltype);
 
 	/*
@@ -408,6 +461,9 @@ create_tenant_objects(const char *nsp, const char *typname, const char *coltype,
 	if (!have_runs)
 		run_sql("SELECT pg_catalog.create_distributed_table('idem.citus_runs', 'tenant',"
 				" colocate_with => $1)", 1, types, values, SPI_OK_SELECT);
+	if (!have_events)
+		run_sql("SELECT pg_catalog.create_distributed_table('idem.citus_outbox', 'tenant',"
+				" colocate_with => $1)", 1, types, values, SPI_OK_SELECT);
 
 	/* the C functions serving this one serve the calls too */
 	for (int i = 0; i < lengthof(citus_calls); i++)
@@ -449,6 +505,7 @@ idem_citus_colocate(PG_FUNCTION_ARGS)
 	Oid			table = PG_GETARG_OID(0);
 	Oid			keys_rel;
 	Oid			runs_rel;
+	Oid			events_rel;
 	Oid			type;
 	Oid			collation;
 	int32		colocation;
@@ -498,6 +555,7 @@ idem_citus_colocate(PG_FUNCTION_ARGS)
 
 	keys_rel = idem_citus_keys_relid();
 	runs_rel = citus_runs_relid();
+	events_rel = citus_outbox_relid();
 	if (OidIsValid(keys_rel))
 	{
 		Oid			keys_type;
@@ -509,18 +567,19 @@ idem_citus_colocate(PG_FUNCTION_ARGS)
 		{
 			/* declared by an older build: what it lacks follows too */
 			create_tenant_objects(nsp, typname, coltype, qtable, probin, true,
-								  OidIsValid(runs_rel));
+								  OidIsValid(runs_rel), OidIsValid(events_rel));
 			SPI_finish();
 			AtEOXact_GUC(true, nestlevel);
 			PG_RETURN_VOID();
 		}
 		if (!citus_table_empty("idem.citus_keys") ||
-			(OidIsValid(runs_rel) && !citus_table_empty("idem.citus_runs")))
+			(OidIsValid(runs_rel) && !citus_table_empty("idem.citus_runs")) ||
+			(OidIsValid(events_rel) && !citus_table_empty("idem.citus_outbox")))
 			ereport(ERROR,
 					(errcode(ERRCODE_IDEM_CITUS_MISMATCH),
 					 errmsg("idem's records already follow another colocation group"),
-					 errdetail("idem.citus_keys or idem.citus_runs holds records of the colocation it was declared with."),
-					 idem_errhint(ERRCODE_IDEM_CITUS_MISMATCH, "Keep the declared colocation, or empty idem.citus_keys and idem.citus_runs first.")));
+					 errdetail("idem.citus_keys, idem.citus_runs or idem.citus_outbox holds records of the colocation it was declared with."),
+					 idem_errhint(ERRCODE_IDEM_CITUS_MISMATCH, "Keep the declared colocation, or empty idem.citus_keys, idem.citus_runs and idem.citus_outbox first.")));
 	}
 
 	initStringInfo(&sql);
@@ -530,10 +589,12 @@ idem_citus_colocate(PG_FUNCTION_ARGS)
 
 		drop_tenant_functions(&sql, nsp, old_type);
 		appendStringInfoString(&sql, "DROP TABLE idem.citus_keys;"
-							   "DROP TABLE IF EXISTS idem.citus_runs");
+							   "DROP TABLE IF EXISTS idem.citus_runs;"
+							   "DROP TABLE IF EXISTS idem.citus_outbox");
 		run_sql(sql.data, 0, NULL, NULL, SPI_OK_UTILITY);
 	}
-	create_tenant_objects(nsp, typname, coltype, qtable, probin, false, false);
+	create_tenant_objects(nsp, typname, coltype, qtable, probin, false, false,
+						  false);
 
 	SPI_finish();
 	AtEOXact_GUC(true, nestlevel);
@@ -590,8 +651,6 @@ typedef struct RunPlan
 
 static HTAB *run_plans = NULL;
 
-typedef void (*citus_lock_shard_fn) (int64 shardId, LOCKMODE lockMode);
-static citus_lock_shard_fn citus_lock_shard_metadata = NULL;
 
 /* The tenant's shard of idem.citus_keys, on this node. */
 typedef struct TenantShard
@@ -846,12 +905,7 @@ tenant_shard_local(Oid keys_rel, Oid keys_owner, Oid tenant_type,
 	if (!tenant_shard_id(keys_rel, keys_owner, tenant_type, tenant,
 						 &shard->shardid))
 		return false;
-	if (citus_lock_shard_metadata == NULL)
-		citus_lock_shard_metadata = (citus_lock_shard_fn)
-			idem_citus_function("LockShardDistributionMetadata");
-	citus_lock_shard_metadata(shard->shardid, ShareLock);
-	/* a move or split that committed before the lock was granted */
-	AcceptInvalidationMessages();
+	idem_citus_lock_shard(shard->shardid);
 
 	if (!keys_meta_callback)
 	{
@@ -889,15 +943,8 @@ tenant_shard_local(Oid keys_rel, Oid keys_owner, Oid tenant_type,
 	if (here == NULL || here->generation != generation)
 	{
 		Oid			relid = InvalidOid;
-		uint32		group = 0;
 
-		if (idem_citus_catalog_scan("pg_dist_local_group", NULL, NULL,
-									InvalidOid, 0, "groupid", 0, &group) &&
-			idem_citus_catalog_scan("pg_dist_placement",
-									"pg_dist_placement_shardid_index",
-									"shardid", F_INT8EQ,
-									Int64GetDatum(shard->shardid),
-									"groupid", group, NULL))
+		if (idem_citus_shard_local(shard->shardid))
 		{
 			/* Citus names a shard's relation <table>_<shard id>, in the table's schema */
 			snprintf(relname, sizeof(relname), "citus_keys_" INT64_FORMAT,
@@ -1071,6 +1118,7 @@ typedef struct TenantCall
 	Datum		tenant;
 	TenantShard shard;			/* of idem.citus_keys */
 	Oid			runs_relid;		/* the tenant's shard of idem.citus_runs here */
+	IdemEventShard events;		/* its shard of idem.citus_outbox here */
 	MemoryContext callercxt;	/* outlives the call's SPI connection */
 } TenantCall;
 
@@ -1081,6 +1129,7 @@ tenant_arg(FunctionCallInfo fcinfo, const char *fname, TenantCall *tc)
 	tc->fname = fname;
 	tc->callercxt = CurrentMemoryContext;
 	tc->runs_relid = InvalidOid;
+	tc->events.relid = InvalidOid;
 	idem_citus_require(fname);
 	tc->keys_rel = idem_citus_keys_relid();
 	if (!OidIsValid(tc->keys_rel))
@@ -1108,9 +1157,39 @@ tenant_arg(FunctionCallInfo fcinfo, const char *fname, TenantCall *tc)
 }
 
 /*
+ * The tenant's shard of idem.citus_outbox here, where its events go, into
+ * tc->events: co-located with its shard of idem.citus_keys, so on this node
+ * and kept here by that shard's lock, which tenant_here() took.  Its relid
+ * stays invalid where the colocation was declared by a build without
+ * idem.citus_outbox: the events go to idem.outbox, as they did then, until
+ * the colocation is declared again.
+ */
+static void
+tenant_events(TenantCall *tc)
+{
+	Oid			nsp = get_namespace_oid("idem", false);
+	Oid			events_rel = citus_outbox_relid();
+	int64		shardid;
+	char		relname[NAMEDATALEN];
+
+	if (!OidIsValid(events_rel) || OidIsValid(tc->events.relid))
+		return;
+	if (tenant_shard_id(events_rel, tc->keys_owner, tc->tenant_type,
+						tc->tenant, &shardid))
+	{
+		snprintf(relname, sizeof(relname), "citus_outbox_" INT64_FORMAT,
+				 shardid);
+		tc->events.relid = get_relname_relid(relname, nsp);
+	}
+	if (!OidIsValid(tc->events.relid))
+		elog(ERROR, "the tenant's shard of idem.citus_outbox is not on this node");
+	tc->events.tenant = tc->tenant;
+}
+
+/*
  * Connect to SPI (the caller finishes) and find the tenant's shard on this
  * node, locked; with runs, its shard of idem.citus_runs too (co-located:
- * on this node, and kept here by the same lock).
+ * on this node, and kept here by the same lock), and of idem.citus_outbox.
  */
 static void
 tenant_here(TenantCall *tc, bool runs)
@@ -1152,6 +1231,7 @@ tenant_here(TenantCall *tc, bool runs)
 		}
 		if (!OidIsValid(tc->runs_relid))
 			elog(ERROR, "the tenant's shard of idem.citus_runs is not on this node");
+		tenant_events(tc);
 	}
 }
 
@@ -1232,8 +1312,12 @@ citus_call(FunctionCallInfo fcinfo, const char *fname, CitusCallShape shape,
 							 idem_new_record_expiry(req->owner, req->key, req->ttl));
 			/* a failed statement had no effect to announce */
 			if (topic != NULL && !cached)
+			{
+				tenant_events(&tc);
 				idem_insert_outbox(req->key, req->owner, topic,
-								   result->response, now, NULL, NULL, 0);
+								   result->response, now, NULL, NULL, 0,
+								   &tc.events);
+			}
 			result->replayed = false;
 			result->first_executed_at = now;
 		}
@@ -1489,6 +1573,7 @@ tenant_run_store(FunctionCallInfo fcinfo, const char *fname, TenantCall *tc,
 {
 	*store = tenant_store;
 	store->arg = tc;
+	store->events = &tc->events;
 	tenant_arg(fcinfo, fname, tc);
 	idem_check_can_write(fname);
 }

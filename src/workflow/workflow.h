@@ -121,6 +121,8 @@ struct IdemRunStore
 	bool		(*read_record) (const IdemRunStore *store, Oid owner,
 								const char *key, IdemRecord *rec);
 	const char *keys_table;		/* where the steps' records are, for errors */
+	const IdemEventShard *events;	/* where the steps' events go (NULL:
+									 * idem.outbox) */
 	void	   *arg;
 };
 

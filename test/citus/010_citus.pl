@@ -44,12 +44,21 @@
 #  - a call in a REPEATABLE READ transaction whose key was recorded after
 #    its snapshot fails with 40001 before its statement runs, and writes
 #    nothing
-#  - idem_citus_call_outbox() writes its event to idem.outbox on the node
-#    of the tenant's shard, in the business row's transaction; a replay, a
+#  - idem_citus_call_outbox() writes its event to the tenant's shard of
+#    idem.citus_outbox (co-located: on the node of its payments), in the
+#    business row's transaction, none to a node's idem.outbox; a replay, a
 #    failing statement, an unregistered topic and a stray statement write
 #    none; one consumer per node, then three per node, deliver each event
-#    exactly once, also a tenant's events from both sides of a move of its
-#    shard group
+#    exactly once; a tenant's events written before a move of its shard
+#    group move with it (same ids, pending), a claim on the old node no
+#    longer finds them, and the new node's consumers deliver them, with
+#    those written after; an event leased before a move: its ack on the old
+#    node is IDE04, and the new node delivers it again (attempt 2) once the
+#    lease ran out
+#  - a worker drained (citus_drain_node) and removed (citus_remove_node)
+#    with 32 tenants' events undelivered: all of them pending on the nodes
+#    that remain, none claimable on the removed worker, and delivered once
+#    each by the remaining nodes' consumers
 #  - idem_citus_call_with(): text arguments typed by the statement; its ttl,
 #    outbox_topic and wait options hold on the shard's node; a retry
 #    without them replays, another amount is ID422, a bad ttl writes nothing
@@ -675,9 +684,9 @@ is($coord->safe_psql('postgres',
 		'... and its statement did not run');
 }
 
-# --- outbox events: written with the call, in its transaction, to
-# idem.outbox on the node of the tenant's shard; each node's consumers
-# deliver that node's events
+# --- outbox events: written with the call, in its transaction, to the
+# tenant's shard of idem.citus_outbox; each node's consumers deliver the
+# events of the shards placed there, and the events move with the shards
 is($coord->safe_psql('postgres',
 		q{SELECT count(*) FROM run_command_on_all_nodes($$SELECT idem_outbox_create_topic('refunds')$$) WHERE success}),
 	'3', 'the topic registered on every node');
@@ -689,12 +698,22 @@ sub event_calls
 		join('', map { my $t = 301 + $_ % 16; "SELECT replayed FROM idem_citus_call_outbox(${t}::bigint, 'refunds', 'ev-$_', $insert, ${t}::bigint, 'ev-$_', 1);\n" } $from .. $to));
 	return (join('', sort { $a cmp $b } split /\n/, $out), $err);
 }
+# the undelivered events: on every shard, and in each node's own outbox
 sub events_pending
 {
-	my $n = 0;
+	my $n = $coord->safe_psql('postgres',
+		"SELECT count(*) FROM idem.citus_outbox WHERE topic = 'refunds'");
 	$n += $_->safe_psql('postgres',
 		"SELECT count(*) FROM idem.outbox WHERE topic = 'refunds'") for @nodes;
 	return $n;
+}
+# the port of the node holding tenant $t's shard of idem.citus_outbox
+sub events_port
+{
+	my ($t) = @_;
+	return $coord->safe_psql('postgres', qq{
+SELECT s.nodeport FROM citus_shards s
+ WHERE s.shardid = get_shard_id_for_distribution_column('idem.citus_outbox', ${t}::bigint)});
 }
 ($out, $err) = call($coord,
 	"SELECT idem_citus_call_outbox(301::bigint, 'no-such-topic', 'ev-x', $insert, 301::bigint, 'ev-x', 1)");
@@ -717,25 +736,31 @@ for my $entry (@nodes)
 ($out, $err) = event_calls($w2, 1, 60);
 is($out, 't' x 60, 'their retries through one worker replay') or diag($err);
 is(events_pending(), '60', 'one event per executed call, none per replay');
-for my $node (@nodes)
-{
-	my $port = $node->port;
-	is( $node->safe_psql(
-			'postgres', qq{
-SELECT count(*) FROM idem.outbox o
- WHERE o.topic = 'refunds' AND (SELECT s.nodeport FROM citus_shards s
-	WHERE s.shardid = get_shard_id_for_distribution_column('payments',
-		301 + substr(o.key, 4)::int % 16) LIMIT 1) <> $port}),
-		'0', $node->name . ": each event is on its tenant's node");
-}
+is($coord->safe_psql('postgres', q{
+SELECT count(*) FROM idem.citus_outbox o
+ WHERE o.tenant <> 301 + substr(o.key, 4)::int % 16
+	OR o.owner_name <> current_user OR o.state <> 'pending'}),
+	'0', "each event is on its tenant's shard of idem.citus_outbox, pending, its owner named");
+is($coord->safe_psql('postgres', q{
+SELECT count(DISTINCT (p.nodeport = e.nodeport)) FROM generate_series(301, 316) t,
+	LATERAL (SELECT nodeport FROM citus_shards WHERE shardid =
+		get_shard_id_for_distribution_column('payments', t::bigint)) p,
+	LATERAL (SELECT nodeport FROM citus_shards WHERE shardid =
+		get_shard_id_for_distribution_column('idem.citus_outbox', t::bigint)) e}),
+	'1', "... on the node of the tenant's payments");
 {
 	my ($node, $shard) = placement(301 + 1 % 16);
+	my $eshard = $coord->safe_psql('postgres',
+		"SELECT get_shard_id_for_distribution_column('idem.citus_outbox', 302::bigint)");
 	is( $node->safe_psql(
 			'postgres', qq{
 SET citus.override_table_visibility = off;
-SELECT (SELECT xmin FROM idem.outbox WHERE key = 'ev-1')
+SELECT (SELECT xmin FROM idem.citus_outbox_$eshard WHERE key = 'ev-1')
 	 = (SELECT xmin FROM public.payments_$shard WHERE note = 'ev-1')}),
 		't', "... written in the business row's transaction");
+	is(join(',', map { $_->safe_psql('postgres',
+			"SELECT count(*) FROM idem.outbox WHERE topic = 'refunds'") } @nodes),
+		'0,0,0', "... and none in a node's own idem.outbox");
 }
 
 # consumers: a procedure that claims and acks until the topic is empty,
@@ -765,12 +790,14 @@ for my $node (@nodes)
 			"SELECT count(*) FROM pg_proc WHERE proname = 'consume'"),
 		'1', $node->name . ': the consumer procedure is there');
 }
-# run $per consumers on every node at once; the log of all nodes
+# run $per consumers on every node (or on those given) at once; the log
+# of all nodes
 sub deliver
 {
-	my ($per) = @_;
+	my ($per, @on) = @_;
 	my @h;
-	for my $node (@nodes)
+	@on = @nodes unless @on;
+	for my $node (@on)
 	{
 		for my $c (1 .. $per)
 		{
@@ -792,7 +819,7 @@ sub deliver
 		is($$err, '', 'a consumer ran without error');
 	}
 	return join("\n", grep { $_ ne '' } map { $_->safe_psql('postgres',
-		"SELECT string_agg(event_id || ' ' || key || ' ' || consumer, E'\\n') FROM delivered_log") } @nodes);
+		"SELECT string_agg(event_id || ' ' || key || ' ' || consumer, E'\\n') FROM delivered_log") } @on);
 }
 sub check_log
 {
@@ -810,31 +837,109 @@ sub check_log
 }
 check_log(deliver(1), [ map { "ev-$_" } 1 .. 60 ], 'one consumer per node');
 
-# events of a tenant written before its shard group moves stay on the old
-# node and are delivered there; those after are written on the new one
+# events of a tenant written before its shard group moves move with it,
+# and are delivered from the new node, under the same event ids; those
+# after are written on the new node
 my $mover = 301 + 61 % 16;
 my ($old_node, $mshard) = placement($mover);
 ($out, $err) = event_calls($coord, 61, 90);
 is($out, 'f' x 30, 'ev-61..90 execute') or diag($err);
+my $moved_ids = $coord->safe_psql('postgres',
+	"SELECT string_agg(event_id::text, ',' ORDER BY key) FROM idem.citus_outbox WHERE key IN ('ev-61', 'ev-77')");
+is(events_port($mover), $old_node->port, "tenant ${mover}'s events are on its node");
 my ($new_node) = grep { $_ != $old_node && $_ != $coord } ($w1, $w2);
-$coord->safe_psql('postgres',
-	"SELECT citus_move_shard_placement($mshard, '127.0.0.1', "
-	  . $old_node->port . ", '127.0.0.1', " . $new_node->port
-	  . ", shard_transfer_mode => 'block_writes')");
+sub move_group
+{
+	my ($shard, $from, $to) = @_;
+	$coord->safe_psql('postgres',
+		"SELECT citus_move_shard_placement($shard, '127.0.0.1', "
+		  . $from->port . ", '127.0.0.1', " . $to->port
+		  . ", shard_transfer_mode => 'block_writes')");
+}
+move_group($mshard, $old_node, $new_node);
 is((placement($mover))[0]->port, $new_node->port, "tenant ${mover}'s shard group moved");
+is(events_port($mover), $new_node->port, "... its shard of idem.citus_outbox with it");
+is($coord->safe_psql('postgres',
+		"SELECT string_agg(event_id::text, ',' ORDER BY key) FROM idem.citus_outbox WHERE key IN ('ev-61', 'ev-77') AND state = 'pending'"),
+	$moved_ids, '... and its events written before the move, pending, under the same ids');
+is($old_node->safe_psql('postgres',
+		"BEGIN; SELECT count(*) FROM idem_outbox_claim('refunds', 100, '30 s') WHERE key IN ('ev-61', 'ev-77'); ROLLBACK"),
+	'0', '... which a claim on the old node no longer finds');
 ($out, $err) = event_calls($w1, 61, 120);
 is($out, 'f' x 30 . 't' x 30, 'ev-91..120 execute, ev-61..90 replay after the move') or diag($err);
-is($new_node->safe_psql('postgres',
-		"SELECT count(*) FROM idem.outbox WHERE key IN ('ev-61', 'ev-77')"),
-	'0', "... tenant ${mover}'s events from before the move are not on the new node");
-is($old_node->safe_psql('postgres',
-		"SELECT count(*) FROM idem.outbox WHERE key IN ('ev-61', 'ev-77')"),
-	'2', '... but on the old one');
 $_->safe_psql('postgres', 'TRUNCATE delivered_log') for @nodes;
 my $log = deliver(3);
 check_log($log, [ map { "ev-$_" } 61 .. 120 ], 'three consumers per node');
-is(scalar(grep { / ev-(61|77|93|109) / } split /\n/, $log), 4,
-	"tenant ${mover}'s events delivered, before and after the move");
+my $new_name = $new_node->name;
+is(scalar(grep { / ev-(61|77|93|109) \Q$new_name\E-/ } split /\n/, $log), 4,
+	"tenant ${mover}'s events delivered from the new node, before and after the move");
+is(join(',', map { (split / /)[0] } sort { (split / /, $a)[1] cmp (split / /, $b)[1] }
+		grep { / ev-(61|77) / } split /\n/, $log),
+	$moved_ids, '... under the ids they were written with');
+
+# an event leased on one node whose shard group then moves: its ack there
+# fails (IDE04), and the new node delivers it again once the lease ran out
+($out, $err) = event_calls($coord, 125, 125);
+is($out, 'f', "ev-125 (tenant $mover) executes") or diag($err);
+my ($lease_id, $token) = split /\|/, $new_node->safe_psql('postgres',
+	"SELECT event_id, lease_token FROM idem_outbox_claim('refunds', 10, '2 s', 'before-move')");
+is($coord->safe_psql('postgres', "SELECT key FROM idem.citus_outbox WHERE event_id = '$lease_id'"),
+	'ev-125', "claimed on tenant ${mover}'s node");
+move_group($mshard, $new_node, $old_node);
+is(events_port($mover), $old_node->port, '... then its shard group moved back');
+($out, $err) = call($new_node, "SELECT idem_outbox_ack('$lease_id', '$token')");
+is(sqlstate_of($err), 'IDE04', '... the ack on the node it left: IDE04, the event not found there');
+like($err, qr/whose shard moved to another node/, '... saying why it may be');
+is($coord->safe_psql('postgres', "SELECT state || ' ' || attempts FROM idem.citus_outbox WHERE event_id = '$lease_id'"),
+	'leased 1', '... the event still leased, on the new node');
+sleep 3;
+my ($again_id, $attempt, $again_token) = split /\|/, $old_node->safe_psql('postgres',
+	"SELECT event_id, attempt, lease_token FROM idem_outbox_claim('refunds', 10, '30 s', 'after-move')");
+is("$again_id $attempt", "$lease_id 2", '... claimed there again once the lease ran out, the same event, attempt 2');
+($out, $err) = call($old_node, "SELECT idem_outbox_ack('$again_id', '$again_token')");
+is($err, '', '... and acknowledged there') or diag($err);
+is(events_pending(), '0', '... none left');
+
+# the other verbs on a tenant's event, on its node: extend, fail to a dead
+# letter, requeue, release, and an ack that keeps it delivered for
+# idem_citus_purge()
+{
+	($out, $err) = event_calls($coord, 141, 141);
+	is($out, 'f', "ev-141 (tenant $mover) executes") or diag($err);
+	my $verbs_node = (placement($mover))[0];
+	my $state = sub {
+		$coord->safe_psql('postgres',
+			"SELECT state || ' ' || attempts || ' ' || coalesce(last_error, '-') FROM idem.citus_outbox WHERE key = 'ev-141'");
+	};
+	my $claim = sub {
+		split /\|/, $verbs_node->safe_psql('postgres',
+			"SELECT event_id, lease_token FROM idem_outbox_claim('refunds', 10, '30 s', 'verbs')");
+	};
+	my ($id, $tok) = $claim->();
+	is($verbs_node->safe_psql('postgres',
+			"SELECT idem_outbox_extend('$id', '$tok', '10 min') > now() + interval '9 min'"),
+		't', 'a tenant event: its lease extended on its node');
+	is($coord->safe_psql('postgres',
+			"SELECT next_attempt_at > now() + interval '9 min' FROM idem.citus_outbox WHERE event_id = '$id'"),
+		't', '... on its shard');
+	is($verbs_node->safe_psql('postgres',
+			"SET idem.outbox_max_attempts = 1; SELECT idem_outbox_fail('$id', '$tok', 'boom') IS NULL"),
+		't', '... failed on its last attempt');
+	is($state->(), 'dead 1 boom', '... a dead letter, with its error');
+	$verbs_node->safe_psql('postgres', "SELECT idem_outbox_requeue('$id')");
+	is($state->(), 'pending 0 boom', '... requeued');
+	($id, $tok) = $claim->();
+	$verbs_node->safe_psql('postgres', "SELECT idem_outbox_release('$id', '$tok')");
+	is($state->(), 'pending 0 boom', '... claimed and released, the attempt not counted');
+	($id, $tok) = $claim->();
+	$verbs_node->safe_psql('postgres',
+		"SET idem.outbox_keep_delivered = on; SELECT idem_outbox_ack('$id', '$tok')");
+	is($state->(), 'delivered 1 boom', '... acknowledged, kept as delivered');
+	cmp_ok($coord->safe_psql('postgres',
+			"SET idem.outbox_retention = 0; SELECT idem_citus_purge()"),
+		'>=', 1, 'idem_citus_purge() counts the delivered tenant event');
+	is($state->(), '', '... and removed it from its shard');
+}
 
 # --- idem_citus_call_with(): idem_call() for a tenant, its arguments as
 # text typed by the statement, its options carried to the shard's node
@@ -848,10 +953,9 @@ is(scalar(grep { / ev-(61|77|93|109) / } split /\n/, $log), 4,
 	is($coord->safe_psql('postgres',
 			"SELECT expires_at - created_at BETWEEN '7 days' AND '7 days 1 minute' FROM idem.citus_keys WHERE tenant = 451 AND key = 'with-1'"),
 		't', "... its ttl option holds on the shard's node");
-	my ($node) = placement(451);
-	is($node->safe_psql('postgres',
-			"SELECT count(*) FROM idem.outbox WHERE key = 'with-1' AND topic = 'refunds'"),
-		'1', '... and its outbox_topic option wrote the event there');
+	is($coord->safe_psql('postgres',
+			"SELECT count(*) FROM idem.citus_outbox WHERE tenant = 451 AND key = 'with-1' AND topic = 'refunds'"),
+		'1', "... and its outbox_topic option wrote the event, on the tenant's shard");
 	($out, $err) = call($w2, "SELECT replayed, response FROM idem_citus_call_with(451::bigint, 'with-1', $sql,"
 		  . " ARRAY['451', 'with-1', '9'])");
 	is($out, "t|$first", '... the retry through a worker, without the options, replays') or diag($err);
@@ -988,12 +1092,9 @@ is(rows("note = 'app-1'"), '2', 'one row for each role');
 is( $coord->safe_psql('postgres',
 		"SELECT string_agg(owner::text, ',' ORDER BY owner::text) FROM idem.citus_keys WHERE tenant = 401 AND key = 'app-1'"),
 	'app,app2', "each role's key record");
-{
-	my ($node) = placement(401);
-	is($node->safe_psql('postgres',
-			"SELECT owner::text FROM idem.outbox WHERE key = 'app-1'"),
-		'app', "app's event, on its tenant's node, and none of app2's refused call");
-}
+is($coord->safe_psql('postgres',
+		"SELECT string_agg(owner_name, ',') FROM idem.citus_outbox WHERE tenant = 401 AND key = 'app-1'"),
+	'app', "app's event, on its tenant's shard, and none of app2's refused call");
 ($out, $err) = call_as($coord, 'app', 'SELECT count(*) FROM idem.citus_keys');
 is(sqlstate_of($err), '42501', 'app cannot read idem.citus_keys');
 
@@ -1528,9 +1629,9 @@ SELECT r.status, r.done_steps, r.xmin = p.xmin
 	($out, $err) = call($w2,
 		"SELECT replayed FROM idem_citus_step_with(${t}::bigint, 'order-12', 'notify', $insert, ARRAY['$t', 'order-12:notify', '8'])");
 	is($out, 't', '... its retry without the topic replays') or diag($err);
-	is((placement($t))[0]->safe_psql('postgres',
-			"SELECT count(*), min(topic), min(run_id), min(step) FROM idem.outbox WHERE key = idem_step_key('order-12', 'notify')"),
-		'1|refunds|order-12|notify', "... and its one event is on the shard's node, with its run and step");
+	is($coord->safe_psql('postgres',
+			"SELECT count(*), min(topic), min(run_id), min(step) FROM idem.citus_outbox WHERE tenant = $t AND key = idem_step_key('order-12', 'notify')"),
+		'1|refunds|order-12|notify', "... and its one event is on the tenant's shard, with its run and step");
 
 	# a role that is not a superuser: its own runs under the same ids
 	($out, $err) = call_as($w1, 'app',
@@ -1750,8 +1851,10 @@ SELECT nodeport FROM citus_shards
 	like($node->safe_psql('docs', $claim), qr/refund-77/,
 		"doc: the claim on the tenant's worker gets the event");
 	like($coord->safe_psql('docs', $blocks[3]), qr/\|1$/m,
-		"doc: the undelivered events' query counts the event on its node");
-	$node->safe_psql('docs', "SELECT idem_outbox_ack(event_id, lease_token) FROM idem.outbox WHERE key = 'refund-77'");
+		"doc: the undelivered events' query counts the event");
+	my ($ev, $tok) = split /\|/, $coord->safe_psql('docs',
+		"SELECT event_id, lease_token FROM idem.citus_outbox WHERE key = 'refund-77'");
+	$node->safe_psql('docs', "SELECT idem_outbox_ack('$ev', '$tok')");
 	unlike($coord->safe_psql('docs', $blocks[3]), qr/\|[1-9]\d*$/m,
 		'... and none once it is acknowledged');
 	($ret, $o, $e) = $coord->psql('docs', $blocks[4]);
@@ -1831,6 +1934,36 @@ is($coord->safe_psql('postgres',
 is($coord->safe_psql('postgres',
 		"SELECT count(*) FROM idem.citus_keys WHERE key LIKE 'idem.step:%'"),
 	$live_steps, "... and its step's record");
+
+# --- a worker drained and removed from the cluster leaves no undelivered
+# event behind: the events move with its shards, and the nodes that remain
+# deliver them
+{
+	# the events of earlier sections nobody delivered yet
+	my @before = split /,/, $coord->safe_psql('postgres',
+		"SELECT string_agg(key, ',') FROM idem.citus_outbox WHERE topic = 'refunds'");
+	($out, $err) = call($coord,
+		join('', map { "SELECT replayed FROM idem_citus_call_outbox(${_}::bigint, 'refunds', 'drain-$_', $insert, ${_}::bigint, 'drain-$_', 1);\n" } 901 .. 932));
+	is(join('', split /\n/, $out), 'f' x 32, '32 tenants write an event each') or diag($err);
+	my $on_w2 = grep { events_port($_) == $w2->port } 901 .. 932;
+	cmp_ok($on_w2, '>', 0, "... $on_w2 of them on worker2's shards");
+	$coord->safe_psql('postgres',
+		"SELECT citus_drain_node('127.0.0.1', " . $w2->port . ", 'block_writes')");
+	is($coord->safe_psql('postgres',
+			"SELECT count(*) FROM citus_shards WHERE nodeport = " . $w2->port),
+		'0', 'citus_drain_node() moved every shard off worker2');
+	($out, $err) = call($coord, "SELECT citus_remove_node('127.0.0.1', " . $w2->port . ")");
+	is($err, '', 'citus_remove_node() removed worker2') or diag($err);
+	is($coord->safe_psql('postgres',
+			"SELECT count(*) FROM idem.citus_outbox WHERE key LIKE 'drain-%' AND state = 'pending'"),
+		'32', '... its events all pending on the nodes that remain');
+	is($w2->safe_psql('postgres',
+			"BEGIN; SELECT count(*) FROM idem_outbox_claim('refunds', 100, '30 s'); ROLLBACK"),
+		'0', '... and none claimed on worker2 any more');
+	$_->safe_psql('postgres', 'TRUNCATE delivered_log') for ($coord, $w1);
+	check_log(deliver(2, $coord, $w1), [ @before, map { "drain-$_" } 901 .. 932 ],
+		'after worker2 was drained and removed');
+}
 
 $_->stop for reverse @nodes;
 done_testing();

@@ -101,7 +101,8 @@ DROP TABLE int_biz;
 
 -- The outbox's queries are planned without JIT by idem's planner hook,
 -- not by changing the setting: code they run (here a trigger an
--- administrator put on idem.outbox, fired by a failed attempt's UPDATE)
+-- administrator put on idem.outbox, fired by the purge's DELETE of a
+-- delivered event)
 -- sees the session's jit, and a session-level SET it makes holds
 -- afterwards.
 -- (test/t/140_outbox_jit.pl checks that nothing idem plans is
@@ -114,13 +115,16 @@ BEGIN
 	PERFORM pg_catalog.set_config('jit', 'off', false);
 	RETURN NULL;
 END $$;
-CREATE TRIGGER int_jit_note AFTER UPDATE ON idem.outbox
+CREATE TRIGGER int_jit_note AFTER DELETE ON idem.outbox
   FOR EACH ROW EXECUTE FUNCTION int_jit_note();
+SET idem.outbox_keep_delivered = on;
+SET idem.outbox_retention = 0;
 SET jit = on;
 SET idem.outbox_topic = 'int-jit';
 SELECT idem_execute('int-j1', 'SELECT 1 AS one') ->> 'rowcount';
 RESET idem.outbox_topic;
-SELECT idem_outbox_fail(event_id, lease_token, 'int', retry_after => '1 h') IS NOT NULL AS failed FROM idem_outbox_claim('int-jit');
+SELECT count(idem_outbox_ack(event_id, lease_token)) AS acked FROM idem_outbox_claim('int-jit');
+SELECT idem_outbox_purge() AS purged;
 SELECT during FROM int_jit_seen;
 SHOW jit;
 -- without the trigger's SET, the session's own setting comes back
@@ -130,9 +134,12 @@ SET idem.outbox_topic = 'int-jit';
 SELECT idem_execute('int-j2', 'SELECT 1 AS one') ->> 'rowcount';
 RESET idem.outbox_topic;
 DROP TRIGGER int_jit_note ON idem.outbox;
-SELECT idem_outbox_fail(event_id, lease_token, 'int', retry_after => '1 h') IS NOT NULL AS failed FROM idem_outbox_claim('int-jit');
+SELECT count(idem_outbox_ack(event_id, lease_token)) AS acked FROM idem_outbox_claim('int-jit');
+SELECT idem_outbox_purge() AS purged;
 SHOW jit;
 RESET jit;
+RESET idem.outbox_keep_delivered;
+RESET idem.outbox_retention;
 DROP FUNCTION int_jit_note();
 DROP TABLE int_jit_seen;
 DELETE FROM idem.outbox WHERE topic = 'int-jit';
