@@ -33,8 +33,9 @@
 #  - the shard's node is killed between a call's business write and its
 #    commit: the call fails, nothing of it remains, the retry executes once
 #  - the tenant's shard group moves while 3 entry nodes x 4 clients call
-#    and retry 3000 of its keys: no key executes twice, one key record per
-#    row, and every key replays through every entry node after the move
+#    and retry 3000 of its keys, once blocking writes and once by logical
+#    replication: no key executes twice, one key record per row, and every
+#    key replays through every entry node after the move
 #  - 3 entry nodes x 16 clients on 50 hot keys over 8 tenants: every
 #    (tenant, key) has exactly one row and one key record
 #  - idem.ttl set on idem_citus_call (ALTER FUNCTION) holds on the shard's
@@ -149,6 +150,9 @@ listen_addresses = '127.0.0.1'
 max_connections = 160
 max_prepared_transactions = 100
 citus.shard_count = 8
+wal_level = logical
+max_wal_senders = 10
+max_replication_slots = 10
 ));
 	$node->start;
 	$node->safe_psql('postgres', 'CREATE EXTENSION citus');
@@ -487,14 +491,19 @@ SELECT (SELECT xmin FROM idem.citus_keys_$keys_shard WHERE tenant = 1 AND key = 
 
 # --- the tenant's shard group moves while 3 entry nodes x 4 clients call
 # and retry 3000 keys of the tenant: each key executes once, wherever the
-# shard is, and every key's retry after the move replays
+# shard is, and every key's retry after the move replays; a move that
+# blocks writes, then one by logical replication (the rebalancer's way when
+# every table of the group has a replica identity), whose catch-up copies
+# the key records and rows written on the old node during the move
+sub storm_move
 {
+	my ($mode, $p) = @_;
 	my ($from, $shard_now) = placement(1);
 	my ($dest) = grep { $_->port != $from->port && $_ != $coord } ($w1, $w2);
-	my $storm = PostgreSQL::Test::Utils::tempdir() . '/storm.sql';
+	my $storm = PostgreSQL::Test::Utils::tempdir() . "/$p.sql";
 	PostgreSQL::Test::Utils::append_to_file(
 		$storm, qq{\\set k random(1, 3000)
-SELECT replayed FROM idem_citus_call(1::bigint, 'storm-:k', 'INSERT INTO payments VALUES (\$1, \$2, \$3) RETURNING tenant_id, note', 1::bigint, 'storm-:k', 1);
+SELECT replayed FROM idem_citus_call(1::bigint, '$p-:k', 'INSERT INTO payments VALUES (\$1, \$2, \$3) RETURNING tenant_id, note', 1::bigint, '$p-:k', 1);
 });
 	my @storm;
 	for my $entry (@nodes)
@@ -511,16 +520,16 @@ SELECT replayed FROM idem_citus_call(1::bigint, 'storm-:k', 'INSERT INTO payment
 		push @storm, [ $entry, $h, \$o, \$e ];
 	}
 	$coord->poll_query_until('postgres',
-		"SELECT count(*) > 0 FROM payments WHERE tenant_id = 1 AND note LIKE 'storm-%'")
+		"SELECT count(*) > 0 FROM payments WHERE tenant_id = 1 AND note LIKE '$p-%'")
 	  or die 'the storm did not start';
 	$coord->safe_psql('postgres',
 		"SELECT citus_move_shard_placement($shard_now, '127.0.0.1', "
 		  . $from->port
 		  . ", '127.0.0.1', "
 		  . $dest->port
-		  . ", shard_transfer_mode => 'block_writes')");
+		  . ", shard_transfer_mode => '$mode')");
 	my $moved_at = $coord->safe_psql('postgres',
-		"SELECT count(*) FROM payments WHERE tenant_id = 1 AND note LIKE 'storm-%'");
+		"SELECT count(*) FROM payments WHERE tenant_id = 1 AND note LIKE '$p-%'");
 	my $calls = 0;
 	for my $r (@storm)
 	{
@@ -529,32 +538,36 @@ SELECT replayed FROM idem_citus_call(1::bigint, 'storm-:k', 'INSERT INTO payment
 		$calls += $1 if $$o =~ /number of transactions actually processed: (\d+)/;
 	}
 	is((placement(1))[0]->port, $dest->port,
-		"the shard group moved to " . $dest->name . " during the storm");
-	cmp_ok($calls, '>', 40, "the storm made $calls calls ($moved_at keys done when the move ended)");
+		"$mode: the shard group moved to " . $dest->name . " during the storm");
+	cmp_ok($calls, '>', 40, "$mode: the storm made $calls calls ($moved_at keys done when the move ended)");
 	is( $coord->safe_psql(
-			'postgres', q{
+			'postgres', qq{
 SELECT count(*) FROM (SELECT note FROM payments
- WHERE tenant_id = 1 AND note LIKE 'storm-%' GROUP BY 1 HAVING count(*) > 1) d}),
+ WHERE tenant_id = 1 AND note LIKE '$p-%' GROUP BY 1 HAVING count(*) > 1) d}),
 		'0',
-		'storm during a move: no key executed twice');
+		"$mode: storm during a move: no key executed twice");
 	is( $coord->safe_psql(
-			'postgres', q{
-SELECT (SELECT count(*) FROM payments WHERE tenant_id = 1 AND note LIKE 'storm-%')
-	 = (SELECT count(*) FROM idem.citus_keys WHERE tenant = 1 AND key LIKE 'storm-%')}),
+			'postgres', qq{
+SELECT (SELECT count(*) FROM payments WHERE tenant_id = 1 AND note LIKE '$p-%')
+	 = (SELECT count(*) FROM idem.citus_keys WHERE tenant = 1 AND key LIKE '$p-%')}),
 		't',
-		'... one key record per row');
+		"$mode: one key record per row");
 	my @done = split /,/, $coord->safe_psql('postgres',
-		"SELECT string_agg(note, ',' ORDER BY note) FROM payments WHERE tenant_id = 1 AND note LIKE 'storm-%'");
+		"SELECT string_agg(note, ',' ORDER BY note) FROM payments WHERE tenant_id = 1 AND note LIKE '$p-%'");
 	my $retries = join('', map { "SELECT replayed FROM idem_citus_call(1::bigint, '$_', 'INSERT INTO payments VALUES (\$1, \$2, \$3) RETURNING tenant_id, note', 1::bigint, '$_', 1);\n" } @done);
 	for my $entry (@nodes)
 	{
 		($out, $err) = call($entry, $retries);
 		is(join('', sort { $a cmp $b } split /\n/, $out), 't' x scalar(@done),
-			'after the move, all ' . scalar(@done) . ' keys replay through ' . $entry->name)
+			"$mode: after the move, all " . scalar(@done) . ' keys replay through ' . $entry->name)
 		  or diag($err);
 	}
-	is(rows("note LIKE 'storm-%'"), scalar(@done), '... and no row more');
+	is(rows("note LIKE '$p-%'"), scalar(@done), "$mode: ... and no row more");
 }
+
+storm_move('block_writes', 'storm');
+$coord->safe_psql('postgres', 'ALTER TABLE payments REPLICA IDENTITY FULL');
+storm_move('force_logical', 'lstorm');
 
 # --- 3 entry nodes x 16 clients on 50 hot keys over 8 tenants
 my $clients = 16;
