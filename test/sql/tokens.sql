@@ -64,3 +64,14 @@ SELECT (encode(fingerprint, 'hex') = '7aacb961ebd594ff3c28690053076e420b03451942
 SELECT (idem_execute_ex('tok:insert',
        'insert into tok_t(a,b) values ($1,$2) returning a,b', 1, 'one')).replayed;
 SELECT count(*) FROM tok_t;
+
+-- a session whose first call runs with standard_conforming_strings off:
+-- the numbering is built at the first call, from samples that include
+-- U&'a', which the scanner refuses under that setting; the call must not
+-- fail with it, and its retry replays
+\c
+SET standard_conforming_strings = off;
+SELECT idem_execute('tok:scs-off', 'SELECT $1::int + 1 AS two', 1);
+SELECT (idem_execute_ex('tok:scs-off', 'SELECT $1::int + 1 AS two', 1)).replayed;
+SELECT response FROM idem_call('tok:scs-off-call', 'SELECT 1 AS one');
+RESET standard_conforming_strings;
