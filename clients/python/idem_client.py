@@ -300,6 +300,32 @@ def _array_literal(values):
     return "{" + ",".join(out) + "}"
 
 
+def _literal(value) -> str:
+    """value as an SQL literal: None as NULL, anything else as to_arg's
+    text in an E'' string, its backslashes and quotes doubled (so it reads
+    the same whatever standard_conforming_strings says), and of no type
+    until the statement gives it one, as a parameter's text is."""
+    v = to_arg(value)
+    if v is None:
+        return "NULL"
+    if "\x00" in v:
+        # what psycopg says of a parameter's NUL, rather than a truncated
+        # statement
+        raise psycopg.DataError("PostgreSQL text fields cannot contain NUL (0x00) bytes")
+    return "E'" + v.replace("\\", "\\\\").replace("'", "''") + "'"
+
+
+def _inline(sql: str, params) -> str:
+    """sql (a statement of the helpers', whose only % are its %s
+    placeholders) with params written in as literals.  A workflow worker's
+    statements go so: a statement without parameters takes the simple
+    query protocol, which costs psycopg (pure Python) a fraction of its
+    work per parameter and the server its extended protocol's messages;
+    none is a named prepared statement, so PgBouncer in transaction mode
+    needs no prepare_threshold=None for them."""
+    return sql % tuple(_literal(p) for p in params)
+
+
 def _call_query(key, run_id, step_name, sql, args, outbox_topic, ttl, wait, lease_token, fold):
     """The idem_call statement and its parameters; fold: a worker's
     complete_step, complete_result (JSON text) and start_step, those not
@@ -329,12 +355,12 @@ def _call_result(out, fold):
 def _call(conn, key, run_id, step_name, sql, args, outbox_topic, ttl, wait, lease_token=None,
           fold=None):
     """idem_call on conn, or on the cursor conn (a workflow worker's, kept
-    for its connection)."""
+    for its connection: the statement _inline'd)."""
     query, params = _call_query(key, run_id, step_name, sql, args, outbox_topic, ttl, wait,
                                 lease_token, fold)
     try:
         if isinstance(conn, psycopg.Cursor):
-            out = conn.execute(query, params).fetchone()
+            out = conn.execute(_inline(query, params), prepare=False).fetchone()
         else:
             with conn.cursor() as cur:
                 cur.execute(query, params)
@@ -352,9 +378,12 @@ async def _acall(conn, key, run_id, step_name, sql, args, outbox_topic, ttl, wai
     """_call on an AsyncConnection, or on an AsyncCursor of one."""
     query, params = _call_query(key, run_id, step_name, sql, args, outbox_topic, ttl, wait,
                                 lease_token, fold)
-    cur = conn if isinstance(conn, psycopg.AsyncCursor) else conn.cursor()
+    if isinstance(conn, psycopg.AsyncCursor):
+        cur, query, params, prepare = conn, _inline(query, params), None, False
+    else:
+        cur, prepare = conn.cursor(), None
     try:
-        await cur.execute(query, params)
+        await cur.execute(query, params, prepare=prepare)
         out = await cur.fetchone()
     except psycopg.Error as e:
         err = _translate(e)

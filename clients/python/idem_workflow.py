@@ -82,9 +82,10 @@ __all__ = ["Workflow", "Worker", "AsyncWorker", "Context", "AsyncContext", "Star
 
 _log = logging.getLogger("idem_client.workflow")
 
-# the claim's jsonb as text, parsed with Decimal numbers
-_CLAIM = ("SELECT run_id, input::text, steps, next_step, attempt, lease_token::text,"
-          " results::text, started_step, started_attempts"
+# a claimed run as one JSON array, parsed with Decimal numbers: one column
+# for psycopg to read instead of nine (a text[] among them)
+_CLAIM = ("SELECT json_build_array(run_id, input, steps, next_step, attempt, lease_token,"
+          " results, started_step, started_attempts)::text"
           " FROM idem_run_claim(%s, max_runs => %s, lease => %s::interval, worker => %s,"
           " wait => %s::interval)")
 # the run is over for this worker: someone else holds it, or it is not running
@@ -383,9 +384,10 @@ class _Runs:
         wait = f"{self.poll} seconds" if i == len(queues) - 1 and not got else None
         return (q, want, f"{self.lease} seconds", self.name, wait)
 
-    def _claimed(self, q, r) -> _Claimed:
-        return _Claimed(self.by_queue[q], r[0], _loads(r[1]), r[2], r[3], r[4], r[5],
-                        _loads(r[6]) or {}, r[7], r[8])
+    def _claimed(self, q, row) -> _Claimed:
+        r = _idem.loads(row[0])
+        return _Claimed(self.by_queue[q], r[0], r[1], r[2], r[3], r[4], r[5], r[6] or {}, r[7],
+                        r[8])
 
     def _claimable(self) -> Optional[int]:
         """How many runs a claim would take now, or None when it should wait
@@ -683,7 +685,8 @@ class Worker(_Runs):
                     self._close(conn)
                     conn = self._open()
                 if type(ask) is _Sql:
-                    sent = _cursor(conn).execute(ask.sql, ask.params).fetchone()
+                    sent = _cursor(conn).execute(_idem._inline(ask.sql, ask.params),
+                                                 prepare=False).fetchone()
                 else:
                     ask.ctx.conn = conn
                     sent = ask.fn(ask.ctx)
@@ -738,8 +741,9 @@ class Worker(_Runs):
                 for i, q in enumerate(queues):
                     if free - got <= 0:
                         break
-                    rows = _cursor(conn).execute(
-                        _CLAIM, self._claim_params(queues, i, q, free - got, got)).fetchall()
+                    rows = _cursor(conn).execute(_idem._inline(
+                        _CLAIM, self._claim_params(queues, i, q, free - got, got)),
+                        prepare=False).fetchall()
                     for r in rows:
                         self._hand_over(self._claimed(q, r))
                     got += len(rows)
@@ -792,7 +796,9 @@ class Worker(_Runs):
                 try:
                     if conn is None:
                         conn = self._open()
-                    conn.execute(self._EXTEND, (run_id, token, f"{self.lease} seconds"))
+                    conn.execute(_idem._inline(self._EXTEND, (run_id, token,
+                                                              f"{self.lease} seconds")),
+                                 prepare=False)
                 except psycopg.OperationalError:
                     self._close(conn)
                     conn = None
@@ -853,7 +859,7 @@ class AsyncWorker(_Runs):
                     conn = await self._open()
                 if type(ask) is _Sql:
                     cur = _cursor(conn)
-                    await cur.execute(ask.sql, ask.params)
+                    await cur.execute(_idem._inline(ask.sql, ask.params), prepare=False)
                     sent = await cur.fetchone()
                 else:
                     ask.ctx.conn = conn
@@ -915,7 +921,9 @@ class AsyncWorker(_Runs):
                     if free - got <= 0:
                         break
                     cur = _cursor(conn)
-                    await cur.execute(_CLAIM, self._claim_params(queues, i, q, free - got, got))
+                    await cur.execute(_idem._inline(
+                        _CLAIM, self._claim_params(queues, i, q, free - got, got)),
+                        prepare=False)
                     rows = await cur.fetchall()
                     for r in rows:
                         self._hand_over(self._claimed(q, r))
@@ -965,7 +973,8 @@ class AsyncWorker(_Runs):
                 try:
                     if conn is None:
                         conn = await self._open()
-                    await conn.execute(self._EXTEND, (run_id, token, f"{self.lease} seconds"))
+                    await conn.execute(_idem._inline(self._EXTEND, (
+                        run_id, token, f"{self.lease} seconds")), prepare=False)
                 except psycopg.OperationalError:
                     await self._close(conn)
                     conn = None
