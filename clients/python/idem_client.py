@@ -305,9 +305,9 @@ def _literal(value) -> str:
     text in an E'' string, its backslashes and quotes doubled (so it reads
     the same whatever standard_conforming_strings says), and of no type
     until the statement gives it one, as a parameter's text is."""
-    v = to_arg(value)
-    if v is None:
+    if value is None:
         return "NULL"
+    v = value if type(value) is str else to_arg(value)
     if "\x00" in v:
         # what psycopg says of a parameter's NUL, rather than a truncated
         # statement
@@ -323,19 +323,19 @@ def _inline(sql: str, params) -> str:
     work per parameter and the server its extended protocol's messages;
     none is a named prepared statement, so PgBouncer in transaction mode
     needs no prepare_threshold=None for them."""
-    return sql % tuple(_literal(p) for p in params)
+    return sql % tuple(map(_literal, params))
 
 
 def _call_query(key, run_id, step_name, sql, args, outbox_topic, ttl, wait, lease_token, fold):
     """The idem_call statement and its parameters; fold: a worker's
     complete_step, complete_result (JSON text) and start_step, those not
     None."""
-    options = {"outbox_topic": outbox_topic, "ttl": _ttl(ttl), "wait": _wait(wait),
-               "run_id": run_id, "step": step_name, "lease_token": lease_token}
-    if fold:
-        options.update(fold)
-    present = tuple(o for o in _OPTIONS if options.get(o) is not None)
-    return _call_sql(present), [key, sql, _array_literal(args)] + [options[o] for o in present]
+    values = (outbox_topic, _ttl(ttl), _wait(wait), run_id, step_name, lease_token) + (
+        (fold.get("complete_step"), fold.get("complete_result"), fold.get("start_step"))
+        if fold else (None, None, None))     # in _OPTIONS' order
+    present = tuple(o for o, v in zip(_OPTIONS, values) if v is not None)
+    return _call_sql(present), [key, sql, _array_literal(args)] + [v for v in values
+                                                                    if v is not None]
 
 
 def _call_result(out, fold):

@@ -612,7 +612,7 @@ class _Runs:
 
     @staticmethod
     def _usable(conn):
-        return conn is not None and not conn.closed and not conn.broken
+        return conn is not None and not conn.closed     # (broken is closed too)
 
     @staticmethod
     def _ask(run, sent, thrown):
