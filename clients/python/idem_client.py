@@ -317,13 +317,34 @@ def _literal(value) -> str:
 
 def _inline(sql: str, params) -> str:
     """sql (a statement of the helpers', whose only % are its %s
-    placeholders) with params written in as literals.  A workflow worker's
-    statements go so: a statement without parameters takes the simple
-    query protocol, which costs psycopg (pure Python) a fraction of its
-    work per parameter and the server its extended protocol's messages;
-    none is a named prepared statement, so PgBouncer in transaction mode
-    needs no prepare_threshold=None for them."""
+    placeholders) with params written in as literals."""
     return sql % tuple(map(_literal, params))
+
+
+def _statement(cur, sql: str, params):
+    """A workflow worker's statement on cur: execute's query, params and
+    prepare.  On a connection that prepares nothing (prepare_threshold
+    None, as behind PgBouncer in transaction mode) the values are written
+    in: a statement without parameters takes the simple query protocol,
+    which spares psycopg (pure Python) its work per parameter and the
+    server the extended protocol's messages.  A connection that prepares
+    keeps the parameters, so that each statement's text stays the same and
+    the server plans it once."""
+    if cur.connection.prepare_threshold is None:
+        return _inline(sql, params), None, False
+    return sql, params, None
+
+
+def _execute(cur, sql: str, params):
+    """cur.execute of _statement's; returns cur."""
+    query, params, prepare = _statement(cur, sql, params)
+    return cur.execute(query, params, prepare=prepare)
+
+
+async def _aexecute(cur, sql: str, params):
+    """_execute on an AsyncCursor."""
+    query, params, prepare = _statement(cur, sql, params)
+    return await cur.execute(query, params, prepare=prepare)
 
 
 def _call_query(key, run_id, step_name, sql, args, outbox_topic, ttl, wait, lease_token, fold):
@@ -355,12 +376,12 @@ def _call_result(out, fold):
 def _call(conn, key, run_id, step_name, sql, args, outbox_topic, ttl, wait, lease_token=None,
           fold=None):
     """idem_call on conn, or on the cursor conn (a workflow worker's, kept
-    for its connection: the statement _inline'd)."""
+    for its connection: the statement _statement's)."""
     query, params = _call_query(key, run_id, step_name, sql, args, outbox_topic, ttl, wait,
                                 lease_token, fold)
     try:
         if isinstance(conn, psycopg.Cursor):
-            out = conn.execute(_inline(query, params), prepare=False).fetchone()
+            out = _execute(conn, query, params).fetchone()
         else:
             with conn.cursor() as cur:
                 cur.execute(query, params)
@@ -379,7 +400,7 @@ async def _acall(conn, key, run_id, step_name, sql, args, outbox_topic, ttl, wai
     query, params = _call_query(key, run_id, step_name, sql, args, outbox_topic, ttl, wait,
                                 lease_token, fold)
     if isinstance(conn, psycopg.AsyncCursor):
-        cur, query, params, prepare = conn, _inline(query, params), None, False
+        cur, (query, params, prepare) = conn, _statement(conn, query, params)
     else:
         cur, prepare = conn.cursor(), None
     try:

@@ -685,8 +685,7 @@ class Worker(_Runs):
                     self._close(conn)
                     conn = self._open()
                 if type(ask) is _Sql:
-                    sent = _cursor(conn).execute(_idem._inline(ask.sql, ask.params),
-                                                 prepare=False).fetchone()
+                    sent = _idem._execute(_cursor(conn), ask.sql, ask.params).fetchone()
                 else:
                     ask.ctx.conn = conn
                     sent = ask.fn(ask.ctx)
@@ -741,9 +740,8 @@ class Worker(_Runs):
                 for i, q in enumerate(queues):
                     if free - got <= 0:
                         break
-                    rows = _cursor(conn).execute(_idem._inline(
-                        _CLAIM, self._claim_params(queues, i, q, free - got, got)),
-                        prepare=False).fetchall()
+                    rows = _idem._execute(_cursor(conn), _CLAIM, self._claim_params(
+                        queues, i, q, free - got, got)).fetchall()
                     for r in rows:
                         self._hand_over(self._claimed(q, r))
                     got += len(rows)
@@ -796,9 +794,8 @@ class Worker(_Runs):
                 try:
                     if conn is None:
                         conn = self._open()
-                    conn.execute(_idem._inline(self._EXTEND, (run_id, token,
-                                                              f"{self.lease} seconds")),
-                                 prepare=False)
+                    _idem._execute(_cursor(conn), self._EXTEND,
+                                   (run_id, token, f"{self.lease} seconds"))
                 except psycopg.OperationalError:
                     self._close(conn)
                     conn = None
@@ -859,7 +856,7 @@ class AsyncWorker(_Runs):
                     conn = await self._open()
                 if type(ask) is _Sql:
                     cur = _cursor(conn)
-                    await cur.execute(_idem._inline(ask.sql, ask.params), prepare=False)
+                    await _idem._aexecute(cur, ask.sql, ask.params)
                     sent = await cur.fetchone()
                 else:
                     ask.ctx.conn = conn
@@ -921,9 +918,8 @@ class AsyncWorker(_Runs):
                     if free - got <= 0:
                         break
                     cur = _cursor(conn)
-                    await cur.execute(_idem._inline(
-                        _CLAIM, self._claim_params(queues, i, q, free - got, got)),
-                        prepare=False)
+                    await _idem._aexecute(cur, _CLAIM, self._claim_params(
+                        queues, i, q, free - got, got))
                     rows = await cur.fetchall()
                     for r in rows:
                         self._hand_over(self._claimed(q, r))
@@ -973,8 +969,8 @@ class AsyncWorker(_Runs):
                 try:
                     if conn is None:
                         conn = await self._open()
-                    await conn.execute(_idem._inline(self._EXTEND, (
-                        run_id, token, f"{self.lease} seconds")), prepare=False)
+                    await _idem._aexecute(_cursor(conn), self._EXTEND,
+                                          (run_id, token, f"{self.lease} seconds"))
                 except psycopg.OperationalError:
                     await self._close(conn)
                     conn = None

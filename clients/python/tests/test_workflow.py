@@ -413,7 +413,8 @@ TRICKY = ["it's", "back\\slash\\", "\\'; SELECT 1; --", '"{a,b}"', "% %s %(x)s $
 @pytest.mark.parametrize("kind", ["threads", "asyncio"])
 @pytest.mark.parametrize("conforming", ["on", "off"])
 def test_values_reach_the_server_as_written(cluster, admin, queue, kind, conforming):
-    """A worker writes its statements' values into them as literals: quotes,
+    """A worker on a connection that prepares nothing (prepare_threshold
+    None) writes its statements' values into them as literals: quotes,
     backslashes, placeholders and braces in a run id, its input, a step's
     arguments and results reach the server and come back as written, also
     on a session with standard_conforming_strings off (where a backslash in
@@ -453,10 +454,13 @@ def test_values_reach_the_server_as_written(cluster, admin, queue, kind, conform
     for run_id, s in runs.items():
         wf.start(admin, run_id, input={"s": s})
     dsn = cluster.dsn() + f" options='-c standard_conforming_strings={conforming}'"
+    statements = []
     if kind == "asyncio":
-        w = RunningAsync((dsn, {}), [wf], concurrency=2, lease=5, poll=0.1)
+        w = RunningAsync((dsn, {"prepare_threshold": None}), [wf], concurrency=2, lease=5,
+                         poll=0.1)
     else:
-        w = Running(lambda: psycopg.connect(dsn), [wf], concurrency=2, lease=5, poll=0.1)
+        w = Running(counting(lambda: psycopg.connect(dsn, prepare_threshold=None), statements),
+                    [wf], concurrency=2, lease=5, poll=0.1)
     until(lambda: statuses(admin, queue) == {"failed": len(runs)}, 30, "the runs failed at nul")
     w.finish()
     for run_id, s in runs.items():
@@ -473,6 +477,9 @@ def test_values_reach_the_server_as_written(cluster, admin, queue, kind, conform
         errors = admin.execute("SELECT error FROM idem_run_attempts WHERE run_id = %s",
                                (run_id,)).fetchall()
         assert errors and all("DataError" in e and "NUL" in e for e, in errors)
+    if kind == "threads":
+        # the values were in the statements, E'' strings
+        assert any("idem_step_complete(E'" in q for q in statements)
 
 
 def test_a_step_that_raises_after_its_call_does_not_record_its_neighbour_again(
