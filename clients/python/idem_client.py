@@ -158,8 +158,14 @@ _BY_SQLSTATE = {c.sqlstate: c for c in (KeyReused, InProgress, NestedKey,
                                          EventNotFound, LeaseLost)}
 
 
+# what json.dumps writes for a str, without its layers of calls
+_json_str = json.encoder.encode_basestring_ascii
+
+
 def _json(o, out):
-    if isinstance(o, decimal.Decimal):
+    if type(o) is str:
+        out.append(_json_str(o))
+    elif isinstance(o, decimal.Decimal):
         if not o.is_finite():
             raise ValueError(f"{o} has no JSON number")
         out.append(str(o))      # 25.00, 1E+3, -1.5E-9: all JSON numbers
@@ -168,7 +174,7 @@ def _json(o, out):
         for i, (k, v) in enumerate(o.items()):
             if i:
                 out.append(", ")
-            out.append(json.dumps(k if isinstance(k, str) else str(k)))
+            out.append(_json_str(k if isinstance(k, str) else str(k)))
             out.append(": ")
             _json(v, out)
         out.append("}")

@@ -58,7 +58,8 @@ point, is replaced by any other after its lease.
   are handed back (idem_run_release: due at once, the attempt not counted).
 - Every call is one statement in autocommit, so workers work through
   PgBouncer in transaction mode (connect with prepare_threshold=None
-  before PgBouncer 1.21).
+  before PgBouncer 1.21).  On a connection that prepares nothing the
+  worker writes its statements' values in as literals (_idem._statement).
 """
 
 import asyncio
