@@ -4,7 +4,8 @@ failures and Retry-After go through the runtime's policy, a slow step keeps
 its lease, a taken-over run stops its holder, SIGTERM drains, and worker
 processes SIGKILLed at random leave every effect exactly once and every
 attempt on record; AsyncWorker (asyncio) the same for its runs, failures,
-drain and kills."""
+drain and kills; values written into a worker's statements reach the
+server as written."""
 
 import asyncio
 import datetime
@@ -467,9 +468,9 @@ def test_values_reach_the_server_as_written(cluster, admin, queue, kind, conform
         got = {st: (state, r and idem.loads(r)) for st, state, r in admin.execute(
             "SELECT step, state, response::text FROM idem_run_steps(%s)", (run_id,))}
         if conforming == "on":
-            assert got["echo"] == ("completed", {
-                "rows": [{"a": s, "b": run_id, "c": s.split(" "), "d": Decimal("-1.50")}], "rowcount": 1,
-                "command": "SELECT"}), run_id
+            row = {"a": s, "b": run_id, "c": s.split(" "), "d": Decimal("-1.50")}
+            assert got["echo"] == ("completed", {"rows": [row], "rowcount": 1,
+                                                 "command": "SELECT"}), run_id
         key = admin.execute("SELECT idem_step_key(%s, 'label')", (run_id,)).fetchone()[0]
         assert got["label"] == ("completed", {"s": s, "key": key}), run_id
         assert got["note"] == ("completed", [s, run_id, Decimal("2.50")]), run_id
