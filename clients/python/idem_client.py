@@ -158,8 +158,14 @@ _BY_SQLSTATE = {c.sqlstate: c for c in (KeyReused, InProgress, NestedKey,
                                          EventNotFound, LeaseLost)}
 
 
+# what json.dumps writes for a str, without its layers of calls
+_json_str = json.encoder.encode_basestring_ascii
+
+
 def _json(o, out):
-    if isinstance(o, decimal.Decimal):
+    if type(o) is str:
+        out.append(_json_str(o))
+    elif isinstance(o, decimal.Decimal):
         if not o.is_finite():
             raise ValueError(f"{o} has no JSON number")
         out.append(str(o))      # 25.00, 1E+3, -1.5E-9: all JSON numbers
@@ -168,7 +174,7 @@ def _json(o, out):
         for i, (k, v) in enumerate(o.items()):
             if i:
                 out.append(", ")
-            out.append(json.dumps(k if isinstance(k, str) else str(k)))
+            out.append(_json_str(k if isinstance(k, str) else str(k)))
             out.append(": ")
             _json(v, out)
         out.append("}")
@@ -300,16 +306,63 @@ def _array_literal(values):
     return "{" + ",".join(out) + "}"
 
 
+def _literal(value) -> str:
+    """value as an SQL literal: None as NULL, anything else as to_arg's
+    text in an E'' string, its backslashes and quotes doubled (so it reads
+    the same whatever standard_conforming_strings says), and of no type
+    until the statement gives it one, as a parameter's text is."""
+    if value is None:
+        return "NULL"
+    v = value if type(value) is str else to_arg(value)
+    if "\x00" in v:
+        # what psycopg says of a parameter's NUL, rather than a truncated
+        # statement
+        raise psycopg.DataError("PostgreSQL text fields cannot contain NUL (0x00) bytes")
+    return "E'" + v.replace("\\", "\\\\").replace("'", "''") + "'"
+
+
+def _inline(sql: str, params) -> str:
+    """sql (a statement of the helpers', whose only % are its %s
+    placeholders) with params written in as literals."""
+    return sql % tuple(map(_literal, params))
+
+
+def _statement(cur, sql: str, params):
+    """A workflow worker's statement on cur: execute's query, params and
+    prepare.  On a connection that prepares nothing (prepare_threshold
+    None, as behind PgBouncer in transaction mode) the values are written
+    in: a statement without parameters takes the simple query protocol,
+    which spares psycopg (pure Python) its work per parameter and the
+    server the extended protocol's messages.  A connection that prepares
+    keeps the parameters, so that each statement's text stays the same and
+    the server plans it once."""
+    if cur.connection.prepare_threshold is None:
+        return _inline(sql, params), None, False
+    return sql, params, None
+
+
+def _execute(cur, sql: str, params):
+    """cur.execute of _statement's; returns cur."""
+    query, params, prepare = _statement(cur, sql, params)
+    return cur.execute(query, params, prepare=prepare)
+
+
+async def _aexecute(cur, sql: str, params):
+    """_execute on an AsyncCursor."""
+    query, params, prepare = _statement(cur, sql, params)
+    return await cur.execute(query, params, prepare=prepare)
+
+
 def _call_query(key, run_id, step_name, sql, args, outbox_topic, ttl, wait, lease_token, fold):
     """The idem_call statement and its parameters; fold: a worker's
     complete_step, complete_result (JSON text) and start_step, those not
     None."""
-    options = {"outbox_topic": outbox_topic, "ttl": _ttl(ttl), "wait": _wait(wait),
-               "run_id": run_id, "step": step_name, "lease_token": lease_token}
-    if fold:
-        options.update(fold)
-    present = tuple(o for o in _OPTIONS if options.get(o) is not None)
-    return _call_sql(present), [key, sql, _array_literal(args)] + [options[o] for o in present]
+    values = (outbox_topic, _ttl(ttl), _wait(wait), run_id, step_name, lease_token) + (
+        (fold.get("complete_step"), fold.get("complete_result"), fold.get("start_step"))
+        if fold else (None, None, None))     # in _OPTIONS' order
+    present = tuple(o for o, v in zip(_OPTIONS, values) if v is not None)
+    return _call_sql(present), [key, sql, _array_literal(args)] + [v for v in values
+                                                                    if v is not None]
 
 
 def _call_result(out, fold):
@@ -329,12 +382,12 @@ def _call_result(out, fold):
 def _call(conn, key, run_id, step_name, sql, args, outbox_topic, ttl, wait, lease_token=None,
           fold=None):
     """idem_call on conn, or on the cursor conn (a workflow worker's, kept
-    for its connection)."""
+    for its connection: the statement _statement's)."""
     query, params = _call_query(key, run_id, step_name, sql, args, outbox_topic, ttl, wait,
                                 lease_token, fold)
     try:
         if isinstance(conn, psycopg.Cursor):
-            out = conn.execute(query, params).fetchone()
+            out = _execute(conn, query, params).fetchone()
         else:
             with conn.cursor() as cur:
                 cur.execute(query, params)
@@ -352,9 +405,12 @@ async def _acall(conn, key, run_id, step_name, sql, args, outbox_topic, ttl, wai
     """_call on an AsyncConnection, or on an AsyncCursor of one."""
     query, params = _call_query(key, run_id, step_name, sql, args, outbox_topic, ttl, wait,
                                 lease_token, fold)
-    cur = conn if isinstance(conn, psycopg.AsyncCursor) else conn.cursor()
+    if isinstance(conn, psycopg.AsyncCursor):
+        cur, (query, params, prepare) = conn, _statement(conn, query, params)
+    else:
+        cur, prepare = conn.cursor(), None
     try:
-        await cur.execute(query, params)
+        await cur.execute(query, params, prepare=prepare)
         out = await cur.fetchone()
     except psycopg.Error as e:
         err = _translate(e)

@@ -58,7 +58,8 @@ point, is replaced by any other after its lease.
   are handed back (idem_run_release: due at once, the attempt not counted).
 - Every call is one statement in autocommit, so workers work through
   PgBouncer in transaction mode (connect with prepare_threshold=None
-  before PgBouncer 1.21).
+  before PgBouncer 1.21).  On a connection that prepares nothing the
+  worker writes its statements' values in as literals (_idem._statement).
 """
 
 import asyncio
@@ -82,9 +83,10 @@ __all__ = ["Workflow", "Worker", "AsyncWorker", "Context", "AsyncContext", "Star
 
 _log = logging.getLogger("idem_client.workflow")
 
-# the claim's jsonb as text, parsed with Decimal numbers
-_CLAIM = ("SELECT run_id, input::text, steps, next_step, attempt, lease_token::text,"
-          " results::text, started_step, started_attempts"
+# a claimed run as one JSON array, parsed with Decimal numbers: one column
+# for psycopg to read instead of nine (a text[] among them)
+_CLAIM = ("SELECT json_build_array(run_id, input, steps, next_step, attempt, lease_token,"
+          " results, started_step, started_attempts)::text"
           " FROM idem_run_claim(%s, max_runs => %s, lease => %s::interval, worker => %s,"
           " wait => %s::interval)")
 # the run is over for this worker: someone else holds it, or it is not running
@@ -383,9 +385,10 @@ class _Runs:
         wait = f"{self.poll} seconds" if i == len(queues) - 1 and not got else None
         return (q, want, f"{self.lease} seconds", self.name, wait)
 
-    def _claimed(self, q, r) -> _Claimed:
-        return _Claimed(self.by_queue[q], r[0], _loads(r[1]), r[2], r[3], r[4], r[5],
-                        _loads(r[6]) or {}, r[7], r[8])
+    def _claimed(self, q, row) -> _Claimed:
+        r = _idem.loads(row[0])
+        return _Claimed(self.by_queue[q], r[0], r[1], r[2], r[3], r[4], r[5], r[6] or {}, r[7],
+                        r[8])
 
     def _claimable(self) -> Optional[int]:
         """How many runs a claim would take now, or None when it should wait
@@ -610,7 +613,7 @@ class _Runs:
 
     @staticmethod
     def _usable(conn):
-        return conn is not None and not conn.closed and not conn.broken
+        return conn is not None and not conn.closed     # (broken is closed too)
 
     @staticmethod
     def _ask(run, sent, thrown):
@@ -683,7 +686,7 @@ class Worker(_Runs):
                     self._close(conn)
                     conn = self._open()
                 if type(ask) is _Sql:
-                    sent = _cursor(conn).execute(ask.sql, ask.params).fetchone()
+                    sent = _idem._execute(_cursor(conn), ask.sql, ask.params).fetchone()
                 else:
                     ask.ctx.conn = conn
                     sent = ask.fn(ask.ctx)
@@ -738,8 +741,8 @@ class Worker(_Runs):
                 for i, q in enumerate(queues):
                     if free - got <= 0:
                         break
-                    rows = _cursor(conn).execute(
-                        _CLAIM, self._claim_params(queues, i, q, free - got, got)).fetchall()
+                    rows = _idem._execute(_cursor(conn), _CLAIM, self._claim_params(
+                        queues, i, q, free - got, got)).fetchall()
                     for r in rows:
                         self._hand_over(self._claimed(q, r))
                     got += len(rows)
@@ -792,7 +795,8 @@ class Worker(_Runs):
                 try:
                     if conn is None:
                         conn = self._open()
-                    conn.execute(self._EXTEND, (run_id, token, f"{self.lease} seconds"))
+                    _idem._execute(_cursor(conn), self._EXTEND,
+                                   (run_id, token, f"{self.lease} seconds"))
                 except psycopg.OperationalError:
                     self._close(conn)
                     conn = None
@@ -853,7 +857,7 @@ class AsyncWorker(_Runs):
                     conn = await self._open()
                 if type(ask) is _Sql:
                     cur = _cursor(conn)
-                    await cur.execute(ask.sql, ask.params)
+                    await _idem._aexecute(cur, ask.sql, ask.params)
                     sent = await cur.fetchone()
                 else:
                     ask.ctx.conn = conn
@@ -915,7 +919,8 @@ class AsyncWorker(_Runs):
                     if free - got <= 0:
                         break
                     cur = _cursor(conn)
-                    await cur.execute(_CLAIM, self._claim_params(queues, i, q, free - got, got))
+                    await _idem._aexecute(cur, _CLAIM, self._claim_params(
+                        queues, i, q, free - got, got))
                     rows = await cur.fetchall()
                     for r in rows:
                         self._hand_over(self._claimed(q, r))
@@ -965,7 +970,8 @@ class AsyncWorker(_Runs):
                 try:
                     if conn is None:
                         conn = await self._open()
-                    await conn.execute(self._EXTEND, (run_id, token, f"{self.lease} seconds"))
+                    await _idem._aexecute(_cursor(conn), self._EXTEND,
+                                          (run_id, token, f"{self.lease} seconds"))
                 except psycopg.OperationalError:
                     await self._close(conn)
                     conn = None

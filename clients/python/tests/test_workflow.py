@@ -4,7 +4,8 @@ failures and Retry-After go through the runtime's policy, a slow step keeps
 its lease, a taken-over run stops its holder, SIGTERM drains, and worker
 processes SIGKILLed at random leave every effect exactly once and every
 attempt on record; AsyncWorker (asyncio) the same for its runs, failures,
-drain and kills."""
+drain and kills; values written into a worker's statements reach the
+server as written."""
 
 import asyncio
 import datetime
@@ -404,6 +405,82 @@ def test_external_steps_ride_on_the_database_steps_calls(connect, admin, queue):
     assert len(calls) == 3
     assert "start_step" in calls[0] and "complete_step" in calls[1]
     assert "complete_step" not in calls[2]
+
+
+TRICKY = ["it's", "back\\slash\\", "\\'; SELECT 1; --", '"{a,b}"', "% %s %(x)s $1", "é ✓ \x1f",
+          ""]
+
+
+@pytest.mark.parametrize("kind", ["threads", "asyncio"])
+@pytest.mark.parametrize("conforming", ["on", "off"])
+def test_values_reach_the_server_as_written(cluster, admin, queue, kind, conforming):
+    """A worker on a connection that prepares nothing (prepare_threshold
+    None) writes its statements' values into them as literals: quotes,
+    backslashes, placeholders and braces in a run id, its input, a step's
+    arguments and results reach the server and come back as written, also
+    on a session with standard_conforming_strings off (where a backslash in
+    a plain '' string escapes; idem_call refuses such a session, so there
+    the steps are an external one and one that writes nothing); a NUL fails
+    the step, as psycopg's parameters do."""
+    steps = ["echo", "label", "note", "nul"] if conforming == "on" else ["label", "note", "nul"]
+    wf = idem.Workflow(queue, steps=steps)
+
+    def echo_args(ctx):
+        return ("SELECT $1::text AS a, $2::text AS b, $3::jsonb AS c, $4::numeric AS d",
+                ctx.input["s"], ctx.run_id, ctx.input["s"].split(" "), Decimal("-1.50"))
+
+    def label(ctx):
+        return {"s": ctx.input["s"], "key": ctx.key}
+
+    def note(ctx):
+        return [ctx.input["s"], ctx.run_id, Decimal("2.50")]
+    if kind == "asyncio":
+        async def echo(ctx):
+            return await ctx.execute(*echo_args(ctx))
+
+        async def nul(ctx):
+            return await ctx.execute("SELECT $1::text", "a\x00b")
+    else:
+        def echo(ctx):
+            return ctx.execute(*echo_args(ctx))
+
+        def nul(ctx):
+            return ctx.execute("SELECT $1::text", "a\x00b")
+    if conforming == "on":
+        wf.step("echo")(echo)
+    wf.external("label")(label)
+    wf.step("note")(note)
+    wf.step("nul")(nul)
+    runs = {f"{queue}:{i}:{s}": s for i, s in enumerate(TRICKY)}
+    for run_id, s in runs.items():
+        wf.start(admin, run_id, input={"s": s})
+    dsn = cluster.dsn() + f" options='-c standard_conforming_strings={conforming}'"
+    statements = []
+    if kind == "asyncio":
+        w = RunningAsync((dsn, {"prepare_threshold": None}), [wf], concurrency=2, lease=5,
+                         poll=0.1)
+    else:
+        w = Running(counting(lambda: psycopg.connect(dsn, prepare_threshold=None), statements),
+                    [wf], concurrency=2, lease=5, poll=0.1)
+    until(lambda: statuses(admin, queue) == {"failed": len(runs)}, 30, "the runs failed at nul")
+    w.finish()
+    for run_id, s in runs.items():
+        got = {st: (state, r and idem.loads(r)) for st, state, r in admin.execute(
+            "SELECT step, state, response::text FROM idem_run_steps(%s)", (run_id,))}
+        if conforming == "on":
+            row = {"a": s, "b": run_id, "c": s.split(" "), "d": Decimal("-1.50")}
+            assert got["echo"] == ("completed", {"rows": [row], "rowcount": 1,
+                                                 "command": "SELECT"}), run_id
+        key = admin.execute("SELECT idem_step_key(%s, 'label')", (run_id,)).fetchone()[0]
+        assert got["label"] == ("completed", {"s": s, "key": key}), run_id
+        assert got["note"] == ("completed", [s, run_id, Decimal("2.50")]), run_id
+        assert got["nul"][0] == "pending"      # the run failed there
+        errors = admin.execute("SELECT error FROM idem_run_attempts WHERE run_id = %s",
+                               (run_id,)).fetchall()
+        assert errors and all("DataError" in e and "NUL" in e for e, in errors)
+    if kind == "threads":
+        # the values were in the statements, E'' strings
+        assert any("idem_step_complete(E'" in q for q in statements)
 
 
 def test_a_step_that_raises_after_its_call_does_not_record_its_neighbour_again(
