@@ -670,6 +670,7 @@ claim_into(const char *topic, int32 max_events, int64 lease_us, Oid caller,
 	IndexScanDesc scan;
 	ScanKeyData skey[2];
 	Snapshot	snap;
+	Snapshot	runsnap = NULL;
 	CommandId	cid;
 	int			lockflags;
 	MemoryContext rowcxt;
@@ -742,9 +743,18 @@ claim_into(const char *topic, int32 max_events, int64 lease_us, Oid caller,
 				MemoryContextSwitchTo(oldcxt);
 				runidx = index_open(run_oid, AccessShareLock);
 				probe = table_slot_create(rel, NULL);
+
+				/*
+				 * The run's earlier events as committed now, at every
+				 * isolation level: a transaction snapshot taken before a
+				 * dead letter was requeued would not see it pending, and
+				 * the claim would lease its successors ahead of it.
+				 */
+				runsnap = IsolationUsesXactSnapshot() ?
+					RegisterSnapshot(GetLatestSnapshot()) : snap;
 				MemoryContextSwitchTo(rowcxt);
 			}
-			if (held_back_by_run(rel, runidx, snap, probe, values, nulls))
+			if (held_back_by_run(rel, runidx, runsnap, probe, values, nulls))
 			{
 				MemoryContextSwitchTo(oldcxt);
 				continue;
@@ -803,6 +813,8 @@ claim_into(const char *topic, int32 max_events, int64 lease_us, Oid caller,
 	ExecDropSingleTupleTableSlot(locked);
 	if (runidx != NULL)
 	{
+		if (runsnap != snap)
+			UnregisterSnapshot(runsnap);
 		ExecDropSingleTupleTableSlot(probe);
 		index_close(runidx, NoLock);
 	}
