@@ -156,9 +156,10 @@ response_receive(TupleTableSlot *slot, DestReceiver *self)
 	if (r->nrows == r->maxrows)
 	{
 		r->maxrows = r->maxrows == 0 ? 16 : r->maxrows * 2;
+		/* empty rows under a raised limit: more than 1 GB of pointers */
 		r->rows = r->rows == NULL ?
 			palloc(r->maxrows * sizeof(Jsonb *)) :
-			repalloc(r->rows, r->maxrows * sizeof(Jsonb *));
+			repalloc_huge(r->rows, r->maxrows * sizeof(Jsonb *));
 	}
 	r->rows[r->nrows++] = (Jsonb *) datumCopy(JsonbPGetDatum(j), false, -1);
 	MemoryContextSwitchTo(oldcxt);
