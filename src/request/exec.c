@@ -128,6 +128,7 @@ run_statement(IdemStatement *stmt, IdemRequest *req)
 	MemoryContextSwitchTo(callercxt);
 	response = idem_build_response(idem_statement_command(stmt),
 								   SPI_processed, rows);
+	rows->rDestroy(rows);
 	idem_check_response_size(response, "idem_execute() response");
 	/* a statement around this one (a nested call) goes on running */
 	checking_statement = false;

@@ -102,7 +102,7 @@ check_column_names(TupleDesc tupdesc)
 typedef struct ResponseReceiver
 {
 	DestReceiver pub;
-	MemoryContext cxt;			/* the rows' */
+	MemoryContext cxt;			/* the rows', until rDestroy */
 	MemoryContext rowcxt;		/* each row's rendering, emptied after it */
 	TupleDesc	tupdesc;		/* blessed; NULL until the result starts */
 	Jsonb	  **rows;
@@ -175,12 +175,17 @@ response_shutdown(DestReceiver *self)
 static void
 response_destroy(DestReceiver *self)
 {
+	ResponseReceiver *r = (ResponseReceiver *) self;
+
+	MemoryContextDelete(r->cxt);
+	pfree(r);
 }
 
 /*
  * idem_response_receiver
  *		A receiver for a business statement's result, in
- *		CurrentMemoryContext, for idem_build_response().
+ *		CurrentMemoryContext, for idem_build_response(); its rDestroy frees
+ *		the rows once the response is built.
  */
 DestReceiver *
 idem_response_receiver(void)
@@ -193,7 +198,8 @@ idem_response_receiver(void)
 	r->pub.rDestroy = response_destroy;
 	/* neither SPI's tuple table nor a client: SPI leaves it alone */
 	r->pub.mydest = DestNone;
-	r->cxt = CurrentMemoryContext;
+	r->cxt = AllocSetContextCreate(CurrentMemoryContext, "idem response rows",
+								   ALLOCSET_DEFAULT_SIZES);
 	return &r->pub;
 }
 
