@@ -655,7 +655,7 @@ DECLARE
 		10000);
 	retention interval := COALESCE(pg_catalog.current_setting(
 		'idem.run_retention', true), '0')::interval;
-	cutoff timestamptz := pg_catalog.now() OPERATOR(pg_catalog.-) retention;
+	cutoff pg_catalog.timestamptz := pg_catalog.now() OPERATOR(pg_catalog.-) retention;
 	n bigint;
 BEGIN
 	LOOP
@@ -679,7 +679,7 @@ BEGIN
 		PERFORM @extschema@.idem_run_purge(cutoff);
 		COMMIT;
 		IF pg_catalog.to_regprocedure(
-			'@extschema@.idem_citus_run_purge(timestamptz)') IS NOT NULL THEN
+			'@extschema@.idem_citus_run_purge(pg_catalog.timestamptz)') IS NOT NULL THEN
 			PERFORM @extschema@.idem_citus_run_purge(cutoff);
 			COMMIT;
 		END IF;

@@ -780,6 +780,7 @@ claim_rel(ClaimState *cs, OutboxRel *r)
 	IndexScanDesc scan;
 	ScanKeyData skey[2];
 	Snapshot	snap;
+	Snapshot	runsnap = NULL;
 	CommandId	cid;
 	int			lockflags;
 	MemoryContext rowcxt;
@@ -838,9 +839,18 @@ claim_rel(ClaimState *cs, OutboxRel *r)
 				MemoryContextSwitchTo(oldcxt);
 				runidx = index_open(r->run, AccessShareLock);
 				probe = table_slot_create(rel, NULL);
+
+				/*
+				 * The run's earlier events as committed now, at every
+				 * isolation level: a transaction snapshot taken before a
+				 * dead letter was requeued would not see it pending, and
+				 * the claim would lease its successors ahead of it.
+				 */
+				runsnap = IsolationUsesXactSnapshot() ?
+					RegisterSnapshot(GetLatestSnapshot()) : snap;
 				MemoryContextSwitchTo(rowcxt);
 			}
-			if (held_back_by_run(r, rel, runidx, snap, probe, values, nulls))
+			if (held_back_by_run(r, rel, runidx, runsnap, probe, values, nulls))
 			{
 				MemoryContextSwitchTo(oldcxt);
 				continue;
@@ -903,6 +913,8 @@ claim_rel(ClaimState *cs, OutboxRel *r)
 	ExecDropSingleTupleTableSlot(locked);
 	if (runidx != NULL)
 	{
+		if (runsnap != snap)
+			UnregisterSnapshot(runsnap);
 		ExecDropSingleTupleTableSlot(probe);
 		index_close(runidx, NoLock);
 	}

@@ -17,6 +17,7 @@
 #include "postgres.h"
 
 #include "executor/spi.h"
+#include "nodes/params.h"
 
 #include "request/request.h"
 
@@ -71,6 +72,30 @@ idem_check_not_inflight(IdemRequest *req)
 }
 
 /*
+ * The arguments of req for plan, as SPI_execute_plan() passes them.
+ */
+static ParamListInfo
+plan_params(SPIPlanPtr plan, IdemRequest *req)
+{
+	int			nargs = SPI_getargcount(plan);
+	ParamListInfo params;
+
+	if (nargs == 0)
+		return NULL;
+	params = makeParamList(nargs);
+	for (int i = 0; i < nargs; i++)
+	{
+		ParamExternData *prm = &params->params[i];
+
+		prm->value = req->values[i];
+		prm->isnull = req->nulls != NULL && req->nulls[i] == 'n';
+		prm->pflags = PARAM_FLAG_CONST;
+		prm->ptype = SPI_getargtypeid(plan, i);
+	}
+	return params;
+}
+
+/*
  * Run the business statement and return its response, built in the
  * caller's memory context.
  */
@@ -78,6 +103,8 @@ static Jsonb *
 run_statement(IdemStatement *stmt, IdemRequest *req)
 {
 	MemoryContext callercxt = CurrentMemoryContext;
+	DestReceiver *rows = idem_response_receiver();
+	SPIExecuteOptions options = {0};
 	SPIPlanPtr	plan;
 	Jsonb	   *response;
 	int			rc;
@@ -89,7 +116,9 @@ run_statement(IdemStatement *stmt, IdemRequest *req)
 
 	plan = idem_statement_plan(stmt);
 	checking_statement = false;
-	rc = SPI_execute_plan(plan, req->values, req->nulls, false, 0);
+	options.params = plan_params(plan, req);
+	options.dest = rows;
+	rc = SPI_execute_plan_extended(plan, &options);
 	if (rc < 0)
 		elog(ERROR, "SPI_execute_plan failed: %s", SPI_result_code_string(rc));
 	checking_statement = true;
@@ -98,7 +127,8 @@ run_statement(IdemStatement *stmt, IdemRequest *req)
 
 	MemoryContextSwitchTo(callercxt);
 	response = idem_build_response(idem_statement_command(stmt),
-								   SPI_processed, SPI_tuptable);
+								   SPI_processed, rows);
+	rows->rDestroy(rows);
 	idem_check_response_size(response, "idem_execute() response");
 	/* a statement around this one (a nested call) goes on running */
 	checking_statement = false;

@@ -52,8 +52,9 @@ extern Jsonb *idem_execute_caching_errors(IdemStatement *stmt,
 
 
 /* response.c: the response document */
+extern DestReceiver *idem_response_receiver(void);
 extern Jsonb *idem_build_response(const char *command, uint64 processed,
-								  SPITupleTable *tuptable);
+								  DestReceiver *rows);
 
 extern void idem_check_response_size(Jsonb *response, const char *what);
 

@@ -23,6 +23,7 @@
 #include "catalog/pg_type.h"
 #include "funcapi.h"
 #include "nodes/makefuncs.h"
+#include "utils/datum.h"
 #include "utils/fmgroids.h"
 #include "utils/jsonb.h"
 #include "utils/memutils.h"
@@ -91,44 +92,145 @@ check_column_names(TupleDesc tupdesc)
 	}
 }
 
-static void
-push_rows(JsonbParseState **state, SPITupleTable *tuptable, uint64 nrows)
+/*
+ * The rows of a statement's result as they are produced, each rendered
+ * at once and the result's tuple discarded, so that a statement returning
+ * more than idem.max_response_size is refused when its rows pass the
+ * limit, instead of after the executor and the response being built have
+ * held all of them in memory.
+ */
+typedef struct ResponseReceiver
 {
-	TupleDesc	tupdesc;
+	DestReceiver pub;
+	MemoryContext cxt;			/* the rows', until rDestroy */
+	MemoryContext rowcxt;		/* each row's rendering, emptied after it */
+	TupleDesc	tupdesc;		/* blessed; NULL until the result starts */
+	Jsonb	  **rows;
+	uint64		nrows;
+	uint64		maxrows;
+	Size		size;			/* of the rows' containers */
+} ResponseReceiver;
 
-	if (tuptable != NULL)
-		check_column_names(tuptable->tupdesc);
-	pushJsonbValue(state, WJB_BEGIN_ARRAY, NULL);
-	if (tuptable != NULL && nrows > 0)
+static void
+response_startup(DestReceiver *self, int operation, TupleDesc typeinfo)
+{
+	ResponseReceiver *r = (ResponseReceiver *) self;
+	MemoryContext oldcxt = MemoryContextSwitchTo(r->cxt);
+
+	if (!to_jsonb_record_ready)
+		init_to_jsonb_record();
+	/* a registered record type, so to_jsonb can look the columns up */
+	r->tupdesc = BlessTupleDesc(CreateTupleDescCopy(typeinfo));
+	r->rowcxt = AllocSetContextCreate(r->cxt, "idem response row",
+									  ALLOCSET_DEFAULT_SIZES);
+	MemoryContextSwitchTo(oldcxt);
+}
+
+static bool
+response_receive(TupleTableSlot *slot, DestReceiver *self)
+{
+	ResponseReceiver *r = (ResponseReceiver *) self;
+	MemoryContext oldcxt = MemoryContextSwitchTo(r->rowcxt);
+	bool		should_free;
+	HeapTuple	tuple = ExecFetchSlotHeapTuple(slot, false, &should_free);
+	Datum		row = heap_copy_tuple_as_datum(tuple, r->tupdesc);
+	Jsonb	   *j = DatumGetJsonbP(FunctionCall1(&to_jsonb_record, row));
+
+	/*
+	 * A row's container is copied whole into the response's array, so the
+	 * response is at least as large as its rows' containers together.
+	 */
+	r->size += VARSIZE(j) - VARHDRSZ;
+	if (r->size > (Size) idem_max_response_size)
+		ereport(ERROR,
+				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+				 errmsg("idem_execute() response is too large"),
+				 errdetail_plural("The first %llu row takes %zu bytes; idem.max_response_size is %d bytes.",
+								  "The first %llu rows take %zu bytes; idem.max_response_size is %d bytes.",
+								  (unsigned long) r->nrows + 1,
+								  (unsigned long long) r->nrows + 1, r->size,
+								  idem_max_response_size),
+				 idem_errhint(ERRCODE_PROGRAM_LIMIT_EXCEEDED, "Return fewer rows or columns, or raise idem.max_response_size.")));
+
+	MemoryContextSwitchTo(r->cxt);
+	if (r->nrows == r->maxrows)
 	{
-		if (!to_jsonb_record_ready)
-			init_to_jsonb_record();
+		r->maxrows = r->maxrows == 0 ? 16 : r->maxrows * 2;
+		/* empty rows under a raised limit: more than 1 GB of pointers */
+		r->rows = r->rows == NULL ?
+			palloc(r->maxrows * sizeof(Jsonb *)) :
+			repalloc_huge(r->rows, r->maxrows * sizeof(Jsonb *));
+	}
+	r->rows[r->nrows++] = (Jsonb *) datumCopy(JsonbPGetDatum(j), false, -1);
+	MemoryContextSwitchTo(oldcxt);
+	MemoryContextReset(r->rowcxt);
+	return true;
+}
 
-		/* a registered record type, so to_jsonb can look the columns up */
-		tupdesc = BlessTupleDesc(CreateTupleDescCopy(tuptable->tupdesc));
-		for (uint64 i = 0; i < nrows; i++)
-		{
-			Datum		row = heap_copy_tuple_as_datum(tuptable->vals[i], tupdesc);
-			Jsonb	   *j = DatumGetJsonbP(FunctionCall1(&to_jsonb_record, row));
-			JsonbValue	v;
+static void
+response_shutdown(DestReceiver *self)
+{
+}
 
-			v.type = jbvBinary;
-			v.val.binary.data = &j->root;
-			v.val.binary.len = VARSIZE(j) - VARHDRSZ;
-			pushJsonbValue(state, WJB_ELEM, &v);
-		}
+static void
+response_destroy(DestReceiver *self)
+{
+	ResponseReceiver *r = (ResponseReceiver *) self;
+
+	MemoryContextDelete(r->cxt);
+	pfree(r);
+}
+
+/*
+ * idem_response_receiver
+ *		A receiver for a business statement's result, in
+ *		CurrentMemoryContext, for idem_build_response(); its rDestroy frees
+ *		the rows once the response is built.
+ */
+DestReceiver *
+idem_response_receiver(void)
+{
+	ResponseReceiver *r = palloc0(sizeof(ResponseReceiver));
+
+	r->pub.receiveSlot = response_receive;
+	r->pub.rStartup = response_startup;
+	r->pub.rShutdown = response_shutdown;
+	r->pub.rDestroy = response_destroy;
+	/* neither SPI's tuple table nor a client: SPI leaves it alone */
+	r->pub.mydest = DestNone;
+	r->cxt = AllocSetContextCreate(CurrentMemoryContext, "idem response rows",
+								   ALLOCSET_DEFAULT_SIZES);
+	return &r->pub;
+}
+
+static void
+push_rows(JsonbParseState **state, ResponseReceiver *r)
+{
+	if (r->tupdesc != NULL)
+		check_column_names(r->tupdesc);
+	pushJsonbValue(state, WJB_BEGIN_ARRAY, NULL);
+	for (uint64 i = 0; i < r->nrows; i++)
+	{
+		JsonbValue	v;
+
+		v.type = jbvBinary;
+		v.val.binary.data = &r->rows[i]->root;
+		v.val.binary.len = VARSIZE(r->rows[i]) - VARHDRSZ;
+		pushJsonbValue(state, WJB_ELEM, &v);
 	}
 	pushJsonbValue(state, WJB_END_ARRAY, NULL);
 }
 
 /*
  * idem_build_response
- *		The jsonb response for a statement that processed nrows rows and
- *		returned tuptable (NULL without RETURNING), in CurrentMemoryContext.
+ *		The jsonb response for a statement that processed that many rows,
+ *		with the rows it returned that the receiver from
+ *		idem_response_receiver() holds (none without RETURNING), in
+ *		CurrentMemoryContext.
  */
 Jsonb *
 idem_build_response(const char *command, uint64 processed,
-					SPITupleTable *tuptable)
+					DestReceiver *rows)
 {
 	JsonbParseState *state = NULL;
 	JsonbValue	v;
@@ -137,7 +239,7 @@ idem_build_response(const char *command, uint64 processed,
 	pushJsonbValue(&state, WJB_BEGIN_OBJECT, NULL);
 
 	push_key(&state, "rows");
-	push_rows(&state, tuptable, tuptable ? processed : 0);
+	push_rows(&state, (ResponseReceiver *) rows);
 
 	push_key(&state, "command");
 	v.type = jbvString;

@@ -420,7 +420,7 @@ create_tenant_objects(const char *nsp, const char *typname, const char *coltype,
 	 * Citus commits it in two phases.
 	 */
 	appendStringInfo(&sql,
-					 "CREATE OR REPLACE FUNCTION %s.idem_citus_run_purge(finished_before timestamptz)"
+					 "CREATE OR REPLACE FUNCTION %s.idem_citus_run_purge(finished_before pg_catalog.timestamptz)"
 					 " RETURNS bigint LANGUAGE plpgsql STRICT"
 					 " SET search_path = pg_catalog, pg_temp AS $purge$"
 					 " DECLARE c record; done text[]; step_keys text[]; n bigint := 0;"
@@ -450,7 +450,7 @@ create_tenant_objects(const char *nsp, const char *typname, const char *coltype,
 					 "  END LOOP;"
 					 "  RETURN n;"
 					 " END $purge$;"
-					 "REVOKE ALL ON FUNCTION %s.idem_citus_run_purge(timestamptz) FROM PUBLIC",
+					 "REVOKE ALL ON FUNCTION %s.idem_citus_run_purge(pg_catalog.timestamptz) FROM PUBLIC",
 					 nsp, nsp, nsp);
 	run_sql(sql.data, 0, NULL, NULL, SPI_OK_UTILITY);
 

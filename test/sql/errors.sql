@@ -69,6 +69,15 @@ SELECT idem_execute('err:2', 'SELECT ledger_fail()');
 SET idem.max_response_size = '1kB';
 SELECT idem_execute('err:3', 'INSERT INTO ledger(amount) VALUES (1) RETURNING repeat(''x'', 2000) AS big');
 \echo :LAST_ERROR_SQLSTATE
+-- refused once its rows pass the limit, not after holding all of them:
+-- 20 MB of rows against 64 kB stop at the 64th row, and nothing is recorded
+SET idem.max_response_size = '64kB';
+SELECT idem_execute('err:3', 'SELECT g, repeat(''x'', 1000) AS big FROM generate_series(1, 20000) AS g');
+\echo :LAST_ERROR_SQLSTATE
+SET idem.max_response_size = '1kB';
+SELECT idem_execute('err:3', 'SELECT g FROM generate_series(1, 200) AS g');
+\echo :LAST_ERROR_SQLSTATE
+SELECT count(*) AS recorded FROM idem.keys WHERE key = 'err:3';
 RESET idem.max_response_size;
 -- (the range in the message gains units in 17: the SQLSTATE alone)
 \set VERBOSITY sqlstate

@@ -441,6 +441,10 @@ SELECT idem_outbox_ack_batch(array_agg(event_id), (array_agg(token))[1:4]) FROM 
 SELECT idem_outbox_ack_batch(array_agg(event_id), array_agg(token) || NULL::uuid) FROM ob_claimed WHERE who = 'b';
 SELECT idem_outbox_ack_batch(array_agg(event_id), NULL::uuid[]) FROM ob_claimed WHERE who = 'b';
 SELECT idem_outbox_ack_batch(array_agg(event_id) || array_agg(event_id), array_agg(token) || array_agg(token)) FROM ob_claimed WHERE who = 'b';
+-- a batch of more than one dimension, or of more events than a claim leases
+SELECT idem_outbox_ack_batch(ARRAY[array_agg(event_id)], ARRAY[array_agg(token)]) FROM ob_claimed WHERE who = 'b';
+SELECT idem_outbox_ack_batch(array_agg(event_id) || array_fill(gen_random_uuid(), ARRAY[10000]),
+	   array_agg(token) || array_fill(gen_random_uuid(), ARRAY[10000])) FROM ob_claimed WHERE who = 'b';
 \set VERBOSITY default
 SELECT (SELECT digest FROM ob_digest) = :'before_digest' AS outbox_unchanged;
 SELECT idem_outbox_ack_batch('{}'::uuid[], '{}'::uuid[]) AS none;

@@ -78,6 +78,16 @@ RESET search_path;
 RESET ROLE;
 SELECT key, owner::regrole, expires_at > now() AS live
   FROM idem.keys WHERE key = 'sec:3';
+-- nor of the procedure a superuser's cron job CALLs, which cannot carry
+-- a search_path of its own: a type it names is not taken from such a schema
+SET ROLE regress_idem_bob;
+CREATE FUNCTION evil.spy(pg_catalog.timestamptz) RETURNS boolean LANGUAGE plpgsql AS $$
+BEGIN RAISE NOTICE 'captured as %', current_user; RETURN true; END $$;
+CREATE DOMAIN evil.timestamptz AS pg_catalog.timestamptz CHECK (evil.spy(VALUE));
+RESET ROLE;
+SET search_path = evil, public, pg_catalog;
+CALL idem_purge_all();
+RESET search_path;
 SELECT topic FROM idem.outbox WHERE key = 'sec:3';
 
 -- pg_locks shows every key lock to every role; the hash in it is keyed by
