@@ -662,7 +662,9 @@ def test_sigkill_at_random_points_exactly_once(route, admin, queue, tmp_path, ki
     for p in procs.values():
         assert p.wait(40) == 0
     check_exactly_once(admin, queue, n, carrier)
-    assert kills == 8
+    # up to 8 kills while the runs last: a faster worker may finish the
+    # 30 runs before the eighth, but not before half of them
+    assert kills >= 4, f"only {kills} workers were killed"
     # every claim a worker logged (before working on it) is on record
     with open(logs) as f:
         logged = {tuple(line.split()[1:3]) for line in f if line.startswith("claim ")}
