@@ -575,10 +575,30 @@ SELECT idem_run_cancel('nest-1', repeat('x', 65536));
 RESET ROLE;
 SELECT status, length(last_error) FROM idem_runs WHERE run_id = 'nest-1';
 
+-- a claim inside the caller's transaction block is that transaction's: its
+-- lease and its attempt commit with it, and a rollback (a worker killed
+-- before its commit) leaves the run due, unclaimed, with no attempt on record
+SELECT idem_queue_create('rltx', producers => '{regress_rl_app}', workers => '{regress_rl_agent}');
+SET ROLE regress_rl_app;
+SELECT created FROM idem_run_begin('tx-1', steps => ARRAY['a'], queue => 'rltx');
+RESET ROLE;
+BEGIN;
+SET LOCAL ROLE regress_rl_agent;
+SELECT run_id, attempt FROM idem_run_claim('rltx', 1, '30 s', 'tx-worker-1');
+RESET ROLE;
+SELECT status, state, holder FROM idem_runs WHERE run_id = 'tx-1';
+ROLLBACK;
+SELECT status, state, holder FROM idem_runs WHERE run_id = 'tx-1';
+SELECT count(*) AS attempts FROM idem_run_attempts WHERE run_id = 'tx-1';
+SET ROLE regress_rl_agent;
+SELECT run_id, attempt FROM idem_run_claim('rltx', 1, '30 s', 'tx-worker-2');
+RESET ROLE;
+SELECT claim, worker, outcome FROM idem_run_attempts WHERE run_id = 'tx-1';
+
 -- cleanup
 DELETE FROM idem.outbox WHERE topic = 'rl_payments';
 DELETE FROM idem.outbox_topics WHERE topic = 'rl_payments';
-DELETE FROM idem.runs WHERE queue IN ('rl', 'rl1', 'rlfair', 'rlfair2', 'rlfair3', 'rlgrant', 'rlop', 'rlpub', 'rlnest');
+DELETE FROM idem.runs WHERE queue IN ('rl', 'rl1', 'rlfair', 'rlfair2', 'rlfair3', 'rlgrant', 'rlop', 'rlpub', 'rlnest', 'rltx');
 DELETE FROM idem.keys WHERE owner = 'regress_rl_other'::regrole;
 DELETE FROM idem.keys WHERE owner = 'regress_rl_app'::regrole;
 DELETE FROM idem.queues;
