@@ -204,7 +204,44 @@ SELECT idem_step('up:run:3', 'e', 'SELECT 1/$1::int AS n', 0);
 SELECT step, attempts FROM idem_run_steps('up:run:3');
 RESET ROLE;
 
+-- an administrator's privileges on the 1.1 functions and views that the
+-- update replaces pass on to their replacements: what was revoked from
+-- PUBLIC stays revoked, what was granted stays granted; and they stay the
+-- administrator's, not the extension's initial ones (pg_init_privs as a
+-- new installation's), so that pg_dump keeps them
+CREATE DATABASE idem_acl_1_1;
+\c idem_acl_1_1
+CREATE EXTENSION idem VERSION '1.1';
+REVOKE EXECUTE ON FUNCTION idem_run_begin(text, text[], jsonb) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION idem_run_begin(text, text[], jsonb) TO regress_idem_alice;
+REVOKE EXECUTE ON FUNCTION idem_execute(text, text, VARIADIC text[]) FROM PUBLIC;
+REVOKE SELECT ON idem_stats FROM PUBLIC;
+GRANT SELECT ON idem_stats TO regress_idem_bob WITH GRANT OPTION;
+ALTER EXTENSION idem UPDATE;
+\set acl_of 'SELECT pg_catalog.array_agg(pg_catalog.format($$%s %s%s$$, CASE a.grantee WHEN 0 THEN $$PUBLIC$$ ELSE a.grantee::regrole::text END, a.privilege_type, CASE WHEN a.is_grantable THEN $$*$$ ELSE $$$$ END) ORDER BY 1) FROM pg_catalog.aclexplode'
+SELECT p.oid::regprocedure AS function,
+	   (:acl_of(coalesce(p.proacl, acldefault('f', p.proowner))) a WHERE a.grantee <> p.proowner) AS privileges,
+	   (SELECT count(*) FROM pg_init_privs i WHERE i.objoid = p.oid) AS initial
+  FROM pg_proc p
+ WHERE p.proname IN ('idem_run_begin', 'idem_execute', 'idem_call', 'idem_stats')
+ ORDER BY p.oid::regprocedure::text;
+SELECT c.relname AS view,
+	   (:acl_of(c.relacl) a WHERE a.grantee <> c.relowner) AS privileges,
+	   (:acl_of(i.initprivs) a WHERE a.grantee <> c.relowner) AS initial
+  FROM pg_class c LEFT JOIN pg_init_privs i ON i.objoid = c.oid
+ WHERE c.relname IN ('idem_stats', 'idem_stats_roles') ORDER BY 1;
+SELECT count(*) AS renamed_left FROM pg_proc WHERE proname LIKE 'idem\_1\_1\_%';
+SET ROLE regress_idem_bob;
+SELECT idem_run_begin('acl:1');
+SELECT idem_execute('acl:1', 'SELECT $1 AS a', 'x');
+SELECT count(*) FROM idem_stats;
+SET ROLE regress_idem_alice;
+SELECT created FROM idem_run_begin('acl:1');
+SELECT count(*) FROM idem_stats;
+RESET ROLE;
+
 \c :regress_db
+DROP DATABASE idem_acl_1_1;
 DROP DATABASE idem_fresh;
 DROP DATABASE idem_from_1_1;
 DROP DATABASE idem_upgrade;
