@@ -794,6 +794,15 @@ BEGIN
 			INSERT INTO pg_catalog.pg_init_privs (objoid, classoid, objsubid, privtype, initprivs)
 			VALUES (m.new, m.cls, 0, 'e', init);
 		END IF;
+		-- PostgreSQL 17 and later make the roles of initial privileges
+		-- depend on the object (deptype 'i'), which DROP ROLE would trip on
+		DELETE FROM pg_catalog.pg_shdepend d
+		 WHERE d.dbid OPERATOR(pg_catalog.=) (SELECT b.oid FROM pg_catalog.pg_database b
+												WHERE b.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())
+		   AND d.classid OPERATOR(pg_catalog.=) m.cls AND d.objid OPERATOR(pg_catalog.=) m.new
+		   AND d.objsubid OPERATOR(pg_catalog.=) 0 AND d.deptype OPERATOR(pg_catalog.=) 'i'
+		   AND d.refobjid NOT IN (SELECT a.grantee FROM pg_catalog.aclexplode(init) a
+								  UNION SELECT a.grantor FROM pg_catalog.aclexplode(init) a);
 	END LOOP;
 END
 $$;
