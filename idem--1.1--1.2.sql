@@ -770,7 +770,8 @@ BEGIN
 		  ) v(cls, kind, old, new)
 	LOOP
 		-- as installed (the ACL as the installation script left it): nothing to pass on
-		CONTINUE WHEN m.acl IS NOT DISTINCT FROM m.old_init;
+		CONTINUE WHEN (m.acl IS NULL AND m.old_init IS NULL)
+			OR m.acl OPERATOR(pg_catalog.=) m.old_init;
 		SELECT i.initprivs, true INTO init, had_init
 		  FROM pg_catalog.pg_init_privs i
 		 WHERE i.classoid OPERATOR(pg_catalog.=) m.cls AND i.objoid OPERATOR(pg_catalog.=) m.new
@@ -801,8 +802,9 @@ BEGIN
 												WHERE b.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())
 		   AND d.classid OPERATOR(pg_catalog.=) m.cls AND d.objid OPERATOR(pg_catalog.=) m.new
 		   AND d.objsubid OPERATOR(pg_catalog.=) 0 AND d.deptype OPERATOR(pg_catalog.=) 'i'
-		   AND d.refobjid NOT IN (SELECT a.grantee FROM pg_catalog.aclexplode(init) a
-								  UNION SELECT a.grantor FROM pg_catalog.aclexplode(init) a);
+		   AND NOT EXISTS (SELECT FROM pg_catalog.aclexplode(init) a
+							WHERE d.refobjid OPERATOR(pg_catalog.=) a.grantee
+							   OR d.refobjid OPERATOR(pg_catalog.=) a.grantor);
 	END LOOP;
 END
 $$;

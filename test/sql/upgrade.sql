@@ -217,7 +217,27 @@ GRANT EXECUTE ON FUNCTION idem_run_begin(text, text[], jsonb) TO regress_idem_al
 REVOKE EXECUTE ON FUNCTION idem_execute(text, text, VARIADIC text[]) FROM PUBLIC;
 REVOKE SELECT ON idem_stats FROM PUBLIC;
 GRANT SELECT ON idem_stats TO regress_idem_bob WITH GRANT OPTION;
+-- a role that may create objects in the extension's schema sets traps:
+-- operators that match the update's comparisons more closely than
+-- pg_catalog's, which would run as the superuser who updates; none runs
+CREATE ROLE regress_idem_trapper;
+GRANT CREATE ON SCHEMA public TO regress_idem_trapper;
+CREATE TABLE trap_log (who text, what text);
+GRANT INSERT ON trap_log TO regress_idem_trapper;
+SET ROLE regress_idem_trapper;
+CREATE FUNCTION trap_acl(aclitem[], aclitem[]) RETURNS boolean LANGUAGE plpgsql
+	AS $$BEGIN INSERT INTO public.trap_log VALUES (current_user, 'aclitem[] ='); RETURN false; END$$;
+CREATE OPERATOR = (LEFTARG = aclitem[], RIGHTARG = aclitem[], FUNCTION = trap_acl);
+CREATE FUNCTION trap_role(regrole, regrole) RETURNS boolean LANGUAGE plpgsql
+	AS $$BEGIN INSERT INTO public.trap_log VALUES (current_user, 'regrole ='); RETURN false; END$$;
+CREATE OPERATOR = (LEFTARG = regrole, RIGHTARG = regrole, FUNCTION = trap_role);
+RESET ROLE;
+SET search_path = public, pg_catalog;
 ALTER EXTENSION idem UPDATE;
+RESET search_path;
+DROP OWNED BY regress_idem_trapper;
+DROP ROLE regress_idem_trapper;
+SELECT * FROM trap_log;
 \set acl_of 'SELECT pg_catalog.array_agg(pg_catalog.format($$%s %s%s$$, CASE a.grantee WHEN 0 THEN $$PUBLIC$$ ELSE a.grantee::regrole::text END, a.privilege_type, CASE WHEN a.is_grantable THEN $$*$$ ELSE $$$$ END) ORDER BY 1) FROM pg_catalog.aclexplode'
 SELECT p.oid::regprocedure AS function,
 	   (:acl_of(coalesce(p.proacl, acldefault('f', p.proowner))) a WHERE a.grantee <> p.proowner) AS privileges,
