@@ -163,6 +163,18 @@ VALUES (idem_step_key('up:run:3', 'e'), 'regress_idem_alice',
 		'2026-12-02 13:21:00+00', '2099-01-01 00:00:00+00', 2);
 INSERT INTO idem.runs (run_id, owner, steps, status, started_at, done_steps, attempts)
 VALUES ('up:run:3', 'regress_idem_alice', '{e,f}', 'running', '2026-12-02 13:21:00+00', '{e}', '{1}');
+-- outbox events in 1.1's states, in 1.1's table shape: pending (one of a
+-- run's step), leased under a lease that holds, leased under one that
+-- ran out, and a dead letter; alice consumes the topic
+INSERT INTO idem.outbox_topics (topic, publishers, consumers, created_at)
+VALUES ('up11', '{regress_idem_bob}', '{regress_idem_alice}', '2026-12-02 13:21:00+00');
+COPY idem.outbox (event_id, key, owner, topic, payload, created_at, run_id, step, state, attempts, next_attempt_at, lease_token, leased_by, lease_holder, last_error, delivered_at) FROM stdin;
+0b0b0b0b-0000-4000-8000-000000000001	up:ev:1	regress_idem_bob	up11	{"n": 1}	2026-12-02 13:21:00+00	\N	\N	pending	0	2026-12-02 13:21:00+00	\N	\N	\N	\N	\N
+0b0b0b0b-0000-4000-8000-000000000002	up:ev:2	regress_idem_bob	up11	{"n": 2}	2026-12-02 13:21:01+00	\N	\N	leased	1	2099-01-01 00:00:00+00	1e1e1e1e-0000-4000-8000-000000000002	regress_idem_alice	w1	\N	\N
+0b0b0b0b-0000-4000-8000-000000000003	up:ev:3	regress_idem_bob	up11	{"n": 3}	2026-12-02 13:21:02+00	\N	\N	leased	1	2026-12-02 13:22:00+00	1e1e1e1e-0000-4000-8000-000000000003	regress_idem_alice	w1	\N	\N
+0b0b0b0b-0000-4000-8000-000000000004	up:ev:4	regress_idem_bob	up11	{"n": 4}	2026-12-02 13:21:03+00	\N	\N	dead	10	2026-12-02 13:21:03+00	\N	\N	\N	failed ten times	\N
+0b0b0b0b-0000-4000-8000-000000000005	idem.step:up\\:run\\:1:b	regress_idem_alice	up11	{"n": 5}	2026-12-02 13:21:04+00	up:run:1	b	pending	0	2026-12-02 13:21:04+00	\N	\N	\N	\N	\N
+\.
 -- until the update the 1.2 library refuses the 1.1 definitions, and says
 -- to update them: not to reinstall, which would drop every record
 SELECT idem_execute('up:1.1', 'SELECT 1');
@@ -173,6 +185,24 @@ SELECT extversion FROM pg_extension WHERE extname = 'idem';
 \i test/fixtures/describe-idem.sql
 \set ECHO all
 SELECT :'upgraded' = :'idem_objects' AS same_objects_from_1_1;
+-- 1.1's events after the update: the lease that holds still fences (an
+-- ack under another token is refused, its own token acks it), the pending
+-- events and the one whose lease ran out are claimed (that one's second
+-- attempt), the run's event in its step's place, the dead letter stays dead
+SELECT event_id, run_position FROM idem.outbox WHERE run_id IS NOT NULL;
+GRANT EXECUTE ON FUNCTION idem_outbox_claim(text, integer, interval, text, interval),
+	idem_outbox_ack(uuid, uuid) TO regress_idem_alice;
+SET ROLE regress_idem_alice;
+SELECT idem_outbox_ack('0b0b0b0b-0000-4000-8000-000000000002', '1e1e1e1e-0000-4000-8000-000000000003');
+\echo :LAST_ERROR_SQLSTATE
+SELECT idem_outbox_ack('0b0b0b0b-0000-4000-8000-000000000002', '1e1e1e1e-0000-4000-8000-000000000002');
+BEGIN;
+SELECT key, attempt, payload FROM idem_outbox_claim('up11', 10) ORDER BY key;
+ROLLBACK;
+RESET ROLE;
+SELECT event_id, state, attempts, last_error FROM idem.outbox WHERE topic = 'up11' ORDER BY event_id;
+REVOKE EXECUTE ON FUNCTION idem_outbox_claim(text, integer, interval, text, interval),
+	idem_outbox_ack(uuid, uuid) FROM regress_idem_alice;
 -- a record a run lists as a completed step never expires after the
 -- update, as the ones 1.2 writes: each step replays, never runs again,
 -- and the run goes on and completes with its steps' records
