@@ -175,9 +175,18 @@ COPY idem.outbox (event_id, key, owner, topic, payload, created_at, run_id, step
 0b0b0b0b-0000-4000-8000-000000000004	up:ev:4	regress_idem_bob	up11	{"n": 4}	2026-12-02 13:21:03+00	\N	\N	dead	10	2026-12-02 13:21:03+00	\N	\N	\N	failed ten times	\N
 0b0b0b0b-0000-4000-8000-000000000005	idem.step:up\\:run\\:1:b	regress_idem_alice	up11	{"n": 5}	2026-12-02 13:21:04+00	up:run:1	b	pending	0	2026-12-02 13:21:04+00	\N	\N	\N	\N	\N
 \.
+-- an update rolled back leaves 1.1's definitions: the session that used
+-- the updated ones inside the transaction is refused again after it
+BEGIN;
+ALTER EXTENSION idem UPDATE;
+SELECT idem_execute('up:rolled-back', 'SELECT 1 AS one') ->> 'command' AS updated_inside;
+SELECT idem_queue_create('up:rolled-back');
+ROLLBACK;
+SELECT extversion FROM pg_extension WHERE extname = 'idem';
 -- until the update the 1.2 library refuses the 1.1 definitions, and says
 -- to update them: not to reinstall, which would drop every record
 SELECT idem_execute('up:1.1', 'SELECT 1');
+SELECT idem_outbox_claim('up11');
 SELECT idem_purge();
 ALTER EXTENSION idem UPDATE;
 SELECT extversion FROM pg_extension WHERE extname = 'idem';
