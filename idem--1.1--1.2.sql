@@ -714,6 +714,7 @@ DECLARE
 	m record;
 	e record;
 	init pg_catalog.aclitem[];
+	acl pg_catalog.aclitem[];
 	had_init boolean;
 BEGIN
 	FOR m IN
@@ -772,6 +773,9 @@ BEGIN
 		-- as installed (the ACL as the installation script left it): nothing to pass on
 		CONTINUE WHEN (m.acl IS NULL AND m.old_init IS NULL)
 			OR m.acl OPERATOR(pg_catalog.=) m.old_init;
+		-- (no ACL of its own but initial privileges: the default's)
+		acl := COALESCE(m.acl, pg_catalog.acldefault(
+			CASE WHEN m.kind OPERATOR(pg_catalog.=) 'FUNCTION' THEN 'f' ELSE 'r' END::pg_catalog."char", m.owner));
 		SELECT i.initprivs, true INTO init, had_init
 		  FROM pg_catalog.pg_init_privs i
 		 WHERE i.classoid OPERATOR(pg_catalog.=) m.cls AND i.objoid OPERATOR(pg_catalog.=) m.new
@@ -779,7 +783,7 @@ BEGIN
 		EXECUTE pg_catalog.format('REVOKE ALL ON %s %s FROM PUBLIC', m.kind, m.name);
 		FOR e IN
 			SELECT a.grantee, a.privilege_type, a.is_grantable
-			  FROM pg_catalog.aclexplode(m.acl) a
+			  FROM pg_catalog.aclexplode(acl) a
 			 WHERE a.grantee OPERATOR(pg_catalog.<>) m.owner
 		LOOP
 			EXECUTE pg_catalog.format('GRANT %s ON %s %s TO %s%s',
