@@ -224,6 +224,8 @@ SELECT idem_run_complete('up:run:1');
 SELECT status FROM idem_run_status('up:run:1');
 SELECT step, attempts FROM idem_run_steps('up:run:1') ORDER BY step;
 SELECT idem_step('up:run:2', 'x', 'SELECT $1::int AS n', 3) -> 'rows' AS x_replays;
+-- 1.1's runs are alice's own rows of the operators' views
+SELECT run_id, status, queue, state FROM idem_runs ORDER BY run_id;
 RESET ROLE;
 SELECT idem_purge() AS purged;
 SELECT count(*) AS step_records FROM idem.keys;
