@@ -279,7 +279,8 @@ AS 'MODULE_PATHNAME', 'idem_queue_revoke'
 LANGUAGE C VOLATILE PARALLEL UNSAFE;
 
 -- idem_run_begin with a queue and a run's own retry policy.
-DROP FUNCTION @extschema@.idem_run_begin(text, text[], pg_catalog.jsonb);
+ALTER FUNCTION @extschema@.idem_run_begin(text, text[], pg_catalog.jsonb)
+	RENAME TO idem_1_1_run_begin;
 CREATE FUNCTION @extschema@.idem_run_begin(run_id text,
 	steps text[] DEFAULT NULL, input pg_catalog.jsonb DEFAULT NULL,
 	queue text DEFAULT NULL, max_attempts integer DEFAULT NULL,
@@ -316,8 +317,8 @@ LANGUAGE C VOLATILE PARALLEL UNSAFE;
 -- idem_call with the lease token a queued run's steps need, and the
 -- bookkeeping of the external steps around a worker's step (the completion
 -- of the one before, the start of the one after) in the step's transaction.
-DROP FUNCTION @extschema@.idem_call(text, text, text[], text, interval,
-	boolean, text, text);
+ALTER FUNCTION @extschema@.idem_call(text, text, text[], text, interval,
+	boolean, text, text) RENAME TO idem_1_1_call;
 CREATE FUNCTION @extschema@.idem_call(key text, sql text,
 	args text[] DEFAULT '{}'::pg_catalog.text[],
 	outbox_topic text DEFAULT NULL, ttl interval DEFAULT NULL,
@@ -331,7 +332,8 @@ RETURNS record
 AS 'MODULE_PATHNAME', 'idem_call'
 LANGUAGE C VOLATILE PARALLEL UNSAFE;
 
-DROP FUNCTION @extschema@.idem_step_complete(text, text, pg_catalog.jsonb);
+ALTER FUNCTION @extschema@.idem_step_complete(text, text, pg_catalog.jsonb)
+	RENAME TO idem_1_1_step_complete;
 CREATE FUNCTION @extschema@.idem_step_complete(run_id text, step text,
 	result pg_catalog.jsonb, lease_token uuid DEFAULT NULL)
 RETURNS pg_catalog.jsonb
@@ -374,14 +376,14 @@ LANGUAGE C VOLATILE PARALLEL UNSAFE;
 -- Operators' verbs: an administrator fails or resumes another role's run
 -- by naming its owner, as it cancels or retries one; each verb that
 -- changes a run is audited, with the role that acted.
-DROP FUNCTION @extschema@.idem_run_fail(text, text);
+ALTER FUNCTION @extschema@.idem_run_fail(text, text) RENAME TO idem_1_1_run_fail;
 CREATE FUNCTION @extschema@.idem_run_fail(run_id text, reason text,
 	owner pg_catalog.regrole DEFAULT NULL)
 RETURNS pg_catalog.text
 AS 'MODULE_PATHNAME', 'idem_run_fail'
 LANGUAGE C VOLATILE PARALLEL UNSAFE;
 
-DROP FUNCTION @extschema@.idem_run_resume(text);
+ALTER FUNCTION @extschema@.idem_run_resume(text) RENAME TO idem_1_1_run_resume;
 CREATE FUNCTION @extschema@.idem_run_resume(run_id text,
 	owner pg_catalog.regrole DEFAULT NULL)
 RETURNS pg_catalog.text
@@ -462,9 +464,9 @@ REVOKE ALL ON FUNCTION @extschema@.idem_queue_grant(text, regrole, text) FROM PU
 REVOKE ALL ON FUNCTION @extschema@.idem_queue_revoke(text, regrole, text) FROM PUBLIC;
 
 -- idem_stats: the runtime's counters.
-DROP VIEW @extschema@.idem_stats;
-DROP VIEW @extschema@.idem_stats_roles;
-DROP FUNCTION @extschema@.idem_stats(boolean);
+ALTER VIEW @extschema@.idem_stats RENAME TO idem_1_1_stats_view;
+ALTER VIEW @extschema@.idem_stats_roles RENAME TO idem_1_1_stats_roles_view;
+ALTER FUNCTION @extschema@.idem_stats(boolean) RENAME TO idem_1_1_stats;
 CREATE FUNCTION @extschema@.idem_stats(
 	by_role boolean DEFAULT false,
 	OUT dbid oid,
@@ -550,10 +552,14 @@ CREATE TYPE @extschema@.idem_untyped (
 	CATEGORY = 'S'
 );
 
-DROP FUNCTION @extschema@.idem_execute(text, text, VARIADIC text[]);
-DROP FUNCTION @extschema@.idem_execute_ex(text, text, VARIADIC text[]);
-DROP FUNCTION @extschema@.idem_step(text, text, text, VARIADIC text[]);
-DROP FUNCTION @extschema@.idem_dry_run(text, text, VARIADIC text[]);
+ALTER FUNCTION @extschema@.idem_execute(text, text, VARIADIC text[])
+	RENAME TO idem_1_1_execute;
+ALTER FUNCTION @extschema@.idem_execute_ex(text, text, VARIADIC text[])
+	RENAME TO idem_1_1_execute_ex;
+ALTER FUNCTION @extschema@.idem_step(text, text, text, VARIADIC text[])
+	RENAME TO idem_1_1_step;
+ALTER FUNCTION @extschema@.idem_dry_run(text, text, VARIADIC text[])
+	RENAME TO idem_1_1_dry_run;
 
 CREATE FUNCTION @extschema@.idem_execute(key text, sql text,
 	VARIADIC args @extschema@.idem_untyped[])
@@ -694,3 +700,128 @@ $$;
 -- functions write idem.outbox, as its owner, and each sets one of pending,
 -- leased, delivered and dead (tested in outbox_delivery and outbox_ack).
 ALTER TABLE idem.outbox DROP CONSTRAINT outbox_state_check;
+
+-- The functions and views this update replaces (renamed idem_1_1_* above)
+-- pass an administrator's GRANTs and REVOKEs on to their replacements,
+-- which would otherwise come with a new installation's privileges: a
+-- function revoked from PUBLIC would be executable by every role again.
+-- Granted here, during the update, the privileges would also be recorded as
+-- the extension's initial ones (pg_init_privs), which pg_dump leaves out of
+-- a dump; the initial ones are put back to a new installation's, so that a
+-- dump restores the administrator's.
+DO $$
+DECLARE
+	m record;
+	e record;
+	init pg_catalog.aclitem[];
+	acl pg_catalog.aclitem[];
+	had_init boolean;
+BEGIN
+	FOR m IN
+		SELECT v.cls, v.kind, v.old, v.new,
+			   (pg_catalog.pg_identify_object(v.cls, v.new, 0)).identity AS name,
+			   CASE WHEN v.cls OPERATOR(pg_catalog.=) 'pg_catalog.pg_proc'::pg_catalog.regclass
+					THEN (SELECT p.proacl FROM pg_catalog.pg_proc p WHERE p.oid OPERATOR(pg_catalog.=) v.old)
+					ELSE (SELECT c.relacl FROM pg_catalog.pg_class c WHERE c.oid OPERATOR(pg_catalog.=) v.old)
+			   END AS acl,
+			   CASE WHEN v.cls OPERATOR(pg_catalog.=) 'pg_catalog.pg_proc'::pg_catalog.regclass
+					THEN (SELECT p.proowner FROM pg_catalog.pg_proc p WHERE p.oid OPERATOR(pg_catalog.=) v.new)
+					ELSE (SELECT c.relowner FROM pg_catalog.pg_class c WHERE c.oid OPERATOR(pg_catalog.=) v.new)
+			   END AS owner,
+			   (SELECT i.initprivs FROM pg_catalog.pg_init_privs i
+				 WHERE i.classoid OPERATOR(pg_catalog.=) v.cls AND i.objoid OPERATOR(pg_catalog.=) v.old
+				   AND i.objsubid OPERATOR(pg_catalog.=) 0) AS old_init
+		  FROM (VALUES
+			('pg_catalog.pg_proc'::pg_catalog.regclass, 'FUNCTION',
+			 '@extschema@.idem_1_1_run_begin(text, text[], pg_catalog.jsonb)'::pg_catalog.regprocedure::pg_catalog.oid,
+			 '@extschema@.idem_run_begin(text, text[], pg_catalog.jsonb, text, integer, interval, interval, text)'::pg_catalog.regprocedure::pg_catalog.oid),
+			('pg_catalog.pg_proc', 'FUNCTION',
+			 '@extschema@.idem_1_1_call(text, text, text[], text, interval, boolean, text, text)'::pg_catalog.regprocedure::pg_catalog.oid,
+			 '@extschema@.idem_call(text, text, text[], text, interval, boolean, text, text, uuid, text, pg_catalog.jsonb, text)'::pg_catalog.regprocedure::pg_catalog.oid),
+			('pg_catalog.pg_proc', 'FUNCTION',
+			 '@extschema@.idem_1_1_step_complete(text, text, pg_catalog.jsonb)'::pg_catalog.regprocedure::pg_catalog.oid,
+			 '@extschema@.idem_step_complete(text, text, pg_catalog.jsonb, uuid)'::pg_catalog.regprocedure::pg_catalog.oid),
+			('pg_catalog.pg_proc', 'FUNCTION',
+			 '@extschema@.idem_1_1_run_fail(text, text)'::pg_catalog.regprocedure::pg_catalog.oid,
+			 '@extschema@.idem_run_fail(text, text, pg_catalog.regrole)'::pg_catalog.regprocedure::pg_catalog.oid),
+			('pg_catalog.pg_proc', 'FUNCTION',
+			 '@extschema@.idem_1_1_run_resume(text)'::pg_catalog.regprocedure::pg_catalog.oid,
+			 '@extschema@.idem_run_resume(text, pg_catalog.regrole)'::pg_catalog.regprocedure::pg_catalog.oid),
+			('pg_catalog.pg_proc', 'FUNCTION',
+			 '@extschema@.idem_1_1_stats(boolean)'::pg_catalog.regprocedure::pg_catalog.oid,
+			 '@extschema@.idem_stats(boolean)'::pg_catalog.regprocedure::pg_catalog.oid),
+			('pg_catalog.pg_class', 'TABLE',
+			 '@extschema@.idem_1_1_stats_view'::pg_catalog.regclass::pg_catalog.oid,
+			 '@extschema@.idem_stats'::pg_catalog.regclass::pg_catalog.oid),
+			('pg_catalog.pg_class', 'TABLE',
+			 '@extschema@.idem_1_1_stats_roles_view'::pg_catalog.regclass::pg_catalog.oid,
+			 '@extschema@.idem_stats_roles'::pg_catalog.regclass::pg_catalog.oid),
+			('pg_catalog.pg_proc', 'FUNCTION',
+			 '@extschema@.idem_1_1_execute(text, text, text[])'::pg_catalog.regprocedure::pg_catalog.oid,
+			 '@extschema@.idem_execute(text, text, @extschema@.idem_untyped[])'::pg_catalog.regprocedure::pg_catalog.oid),
+			('pg_catalog.pg_proc', 'FUNCTION',
+			 '@extschema@.idem_1_1_execute_ex(text, text, text[])'::pg_catalog.regprocedure::pg_catalog.oid,
+			 '@extschema@.idem_execute_ex(text, text, @extschema@.idem_untyped[])'::pg_catalog.regprocedure::pg_catalog.oid),
+			('pg_catalog.pg_proc', 'FUNCTION',
+			 '@extschema@.idem_1_1_step(text, text, text, text[])'::pg_catalog.regprocedure::pg_catalog.oid,
+			 '@extschema@.idem_step(text, text, text, @extschema@.idem_untyped[])'::pg_catalog.regprocedure::pg_catalog.oid),
+			('pg_catalog.pg_proc', 'FUNCTION',
+			 '@extschema@.idem_1_1_dry_run(text, text, text[])'::pg_catalog.regprocedure::pg_catalog.oid,
+			 '@extschema@.idem_dry_run(text, text, @extschema@.idem_untyped[])'::pg_catalog.regprocedure::pg_catalog.oid)
+		  ) v(cls, kind, old, new)
+	LOOP
+		-- as installed (the ACL as the installation script left it): nothing to pass on
+		CONTINUE WHEN (m.acl IS NULL AND m.old_init IS NULL)
+			OR m.acl OPERATOR(pg_catalog.=) m.old_init;
+		-- (no ACL of its own but initial privileges: the default's)
+		acl := COALESCE(m.acl, pg_catalog.acldefault(
+			CASE WHEN m.kind OPERATOR(pg_catalog.=) 'FUNCTION' THEN 'f' ELSE 'r' END::pg_catalog."char", m.owner));
+		SELECT i.initprivs, true INTO init, had_init
+		  FROM pg_catalog.pg_init_privs i
+		 WHERE i.classoid OPERATOR(pg_catalog.=) m.cls AND i.objoid OPERATOR(pg_catalog.=) m.new
+		   AND i.objsubid OPERATOR(pg_catalog.=) 0;
+		EXECUTE pg_catalog.format('REVOKE ALL ON %s %s FROM PUBLIC', m.kind, m.name);
+		FOR e IN
+			SELECT a.grantee, a.privilege_type, a.is_grantable
+			  FROM pg_catalog.aclexplode(acl) a
+			 WHERE a.grantee OPERATOR(pg_catalog.<>) m.owner
+		LOOP
+			EXECUTE pg_catalog.format('GRANT %s ON %s %s TO %s%s',
+				e.privilege_type, m.kind, m.name,
+				CASE WHEN e.grantee OPERATOR(pg_catalog.=) 0 THEN 'PUBLIC'
+					 ELSE pg_catalog.quote_ident(e.grantee::pg_catalog.regrole::pg_catalog.text) END,
+				CASE WHEN e.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END);
+		END LOOP;
+		DELETE FROM pg_catalog.pg_init_privs i
+		 WHERE i.classoid OPERATOR(pg_catalog.=) m.cls AND i.objoid OPERATOR(pg_catalog.=) m.new
+		   AND i.objsubid OPERATOR(pg_catalog.=) 0;
+		IF had_init THEN
+			INSERT INTO pg_catalog.pg_init_privs (objoid, classoid, objsubid, privtype, initprivs)
+			VALUES (m.new, m.cls, 0, 'e', init);
+		END IF;
+		-- PostgreSQL 17 and later make the roles of initial privileges
+		-- depend on the object (deptype 'i'), which DROP ROLE would trip on
+		DELETE FROM pg_catalog.pg_shdepend d
+		 WHERE d.dbid OPERATOR(pg_catalog.=) (SELECT b.oid FROM pg_catalog.pg_database b
+												WHERE b.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())
+		   AND d.classid OPERATOR(pg_catalog.=) m.cls AND d.objid OPERATOR(pg_catalog.=) m.new
+		   AND d.objsubid OPERATOR(pg_catalog.=) 0 AND d.deptype OPERATOR(pg_catalog.=) 'i'
+		   AND NOT EXISTS (SELECT FROM pg_catalog.aclexplode(init) a
+							WHERE d.refobjid OPERATOR(pg_catalog.=) a.grantee
+							   OR d.refobjid OPERATOR(pg_catalog.=) a.grantor);
+	END LOOP;
+END
+$$;
+DROP VIEW @extschema@.idem_1_1_stats_view;
+DROP VIEW @extschema@.idem_1_1_stats_roles_view;
+DROP FUNCTION @extschema@.idem_1_1_stats(boolean);
+DROP FUNCTION @extschema@.idem_1_1_run_begin(text, text[], pg_catalog.jsonb);
+DROP FUNCTION @extschema@.idem_1_1_call(text, text, text[], text, interval,
+	boolean, text, text);
+DROP FUNCTION @extschema@.idem_1_1_step_complete(text, text, pg_catalog.jsonb);
+DROP FUNCTION @extschema@.idem_1_1_run_fail(text, text);
+DROP FUNCTION @extschema@.idem_1_1_run_resume(text);
+DROP FUNCTION @extschema@.idem_1_1_execute(text, text, VARIADIC text[]);
+DROP FUNCTION @extschema@.idem_1_1_execute_ex(text, text, VARIADIC text[]);
+DROP FUNCTION @extschema@.idem_1_1_step(text, text, text, VARIADIC text[]);
+DROP FUNCTION @extschema@.idem_1_1_dry_run(text, text, VARIADIC text[]);

@@ -93,6 +93,13 @@ struct Latch;
 /* The longest wait of a claim: it holds a snapshot, as any statement does. */
 #define IDEM_MAX_WAIT_S			3600
 
+/*
+ * Most arguments a statement is given: what a client can bind in the
+ * extended protocol.  Only a VARIADIC array can pass more, and it is
+ * refused before it is unpacked.
+ */
+#define IDEM_MAX_ARGS			65535
+
 /* Most steps a run declares or completes. */
 #define IDEM_MAX_RUN_STEPS		1000
 

@@ -15,8 +15,10 @@
 #include "postgres.h"
 
 #include "catalog/pg_type.h"
+#include "miscadmin.h"
 #include "utils/acl.h"
 #include "utils/array.h"
+#include "utils/builtins.h"
 #include "utils/syscache.h"
 
 #include "common/common.h"
@@ -63,14 +65,21 @@ idem_check_role_exists(Oid role)
 /*
  * idem_roles_arg
  *		A regrole[] argument: not null, one dimension, no null element,
- *		every element a role.
+ *		every element a role.  Returns it with each role once, in the order
+ *		of its first appearance, as idem_queue_grant() and
+ *		idem_outbox_grant() keep a list: a role listed many times would
+ *		make every membership test of the list read it as many times.
  */
 Datum
 idem_roles_arg(FunctionCallInfo fcinfo, int argno, const char *name)
 {
 	ArrayType  *arr;
 	Datum	   *roles;
+	Oid		   *sorted;
+	bool	   *kept;
 	int			n;
+	int			nsorted = 0;
+	int			nkept = 0;
 
 	idem_arg_not_null(fcinfo, argno, name);
 	arr = PG_GETARG_ARRAYTYPE_P(argno);
@@ -86,7 +95,35 @@ idem_roles_arg(FunctionCallInfo fcinfo, int argno, const char *name)
 				 idem_errhint(ERRCODE_NULL_VALUE_NOT_ALLOWED, NULL)));
 	deconstruct_array(arr, REGROLEOID, sizeof(Oid), true, TYPALIGN_INT,
 					  &roles, NULL, &n);
+	sorted = palloc(Max(n, 1) * sizeof(Oid));
 	for (int i = 0; i < n; i++)
-		idem_check_role_exists(DatumGetObjectId(roles[i]));
-	return PointerGetDatum(arr);
+		sorted[i] = DatumGetObjectId(roles[i]);
+	qsort(sorted, n, sizeof(Oid), oid_cmp);
+	for (int i = 0; i < n; i++)
+	{
+		CHECK_FOR_INTERRUPTS();
+		if (nsorted == 0 || sorted[nsorted - 1] != sorted[i])
+		{
+			idem_check_role_exists(sorted[i]);
+			sorted[nsorted++] = sorted[i];
+		}
+	}
+	if (nsorted == n)
+		return PointerGetDatum(arr);
+
+	kept = palloc0(nsorted * sizeof(bool));
+	for (int i = 0; i < n; i++)
+	{
+		Oid			role = DatumGetObjectId(roles[i]);
+		Oid		   *at = bsearch(&role, sorted, nsorted, sizeof(Oid), oid_cmp);
+		int			k = at - sorted;
+
+		if (!kept[k])
+		{
+			kept[k] = true;
+			roles[nkept++] = roles[i];
+		}
+	}
+	return PointerGetDatum(construct_array(roles, nkept, REGROLEOID,
+										   sizeof(Oid), true, TYPALIGN_INT));
 }

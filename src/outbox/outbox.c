@@ -1394,6 +1394,12 @@ idem_outbox_ack(PG_FUNCTION_ARGS)
 	PG_RETURN_VOID();
 }
 
+/*
+ * A uuid[] argument of at most OUTBOX_MAX_CLAIM elements, counted from its
+ * dimensions before it is unpacked: unpacked, an array of millions of
+ * elements takes a pointer and a flag per element before the limit could
+ * refuse it.
+ */
 static Datum *
 uuid_array_arg(FunctionCallInfo fcinfo, int argno, const char *name, int *n)
 {
@@ -1407,6 +1413,14 @@ uuid_array_arg(FunctionCallInfo fcinfo, int argno, const char *name, int *n)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("%s must be a one-dimensional array", name),
+				 idem_errhint(ERRCODE_INVALID_PARAMETER_VALUE, NULL)));
+	if (ArrayGetNItems(ARR_NDIM(arr), ARR_DIMS(arr)) > OUTBOX_MAX_CLAIM)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("at most %d events can be acknowledged at once",
+						OUTBOX_MAX_CLAIM),
+				 errdetail("%s has %d elements.", name,
+						   ArrayGetNItems(ARR_NDIM(arr), ARR_DIMS(arr))),
 				 idem_errhint(ERRCODE_INVALID_PARAMETER_VALUE, NULL)));
 	deconstruct_array(arr, UUIDOID, UUID_LEN, false, TYPALIGN_CHAR,
 					  &elems, &nulls, n);
@@ -1448,12 +1462,6 @@ idem_outbox_ack_batch(PG_FUNCTION_ARGS)
 				 errmsg("event_ids and lease_tokens must have the same length"),
 				 errdetail("There are %d event ids and %d lease tokens.",
 						   nids, ntokens),
-				 idem_errhint(ERRCODE_INVALID_PARAMETER_VALUE, NULL)));
-	if (nids > OUTBOX_MAX_CLAIM)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("at most %d events can be acknowledged at once",
-						OUTBOX_MAX_CLAIM),
 				 idem_errhint(ERRCODE_INVALID_PARAMETER_VALUE, NULL)));
 	idem_check_can_write("idem_outbox_ack()");
 	if (nids == 0)

@@ -1114,31 +1114,31 @@ hash_array_value(idem_sha256_ctx ctx, Datum value)
 	ArrayType  *arr = DatumGetArrayTypeP(value);
 	Oid			elemtype = ARR_ELEMTYPE(arr);
 	int32		ndim = ARR_NDIM(arr);
-	int16		typlen;
-	bool		typbyval;
-	char		typalign;
-	Datum	   *elems;
-	bool	   *nulls;
-	int			nelems;
+	ArrayIterator it;
+	Datum		elem;
+	bool		isnull;
 
 	update_typident(ctx, elemtype);
 	idem_sha256_update(ctx, &ndim, sizeof(ndim));
 	idem_sha256_update(ctx, ARR_DIMS(arr), ndim * sizeof(int));
 	idem_sha256_update(ctx, ARR_LBOUND(arr), ndim * sizeof(int));
 
-	get_typlenbyvalalign(elemtype, &typlen, &typbyval, &typalign);
-	deconstruct_array(arr, elemtype, typlen, typbyval, typalign,
-					  &elems, &nulls, &nelems);
-	for (int i = 0; i < nelems; i++)
+	/*
+	 * Element by element, not unpacked first: an argument of millions of
+	 * elements would take a pointer and a flag per element more, and the
+	 * loop must be cancellable.
+	 */
+	it = array_create_iterator(arr, 0, NULL);
+	while (array_iterate(it, &elem, &isnull))
 	{
-		char		isnull = nulls[i];
+		char		flag = isnull;
 
-		idem_sha256_update(ctx, &isnull, 1);
+		CHECK_FOR_INTERRUPTS();
+		idem_sha256_update(ctx, &flag, 1);
 		if (!isnull)
-			hash_datum(ctx, elemtype, elems[i]);
+			hash_datum(ctx, elemtype, elem);
 	}
-	pfree(elems);
-	pfree(nulls);
+	array_free_iterator(it);
 }
 
 /*
@@ -1278,7 +1278,10 @@ hash_datum(idem_sha256_ctx ctx, Oid typid, Datum value)
 							   DatumGetMultirangeTypeP(value), &count, &ranges);
 		idem_sha256_update(ctx, &count, sizeof(count));
 		for (int i = 0; i < count; i++)
+		{
+			CHECK_FOR_INTERRUPTS();
 			hash_range_value(ctx, typcache->rngtype, ranges[i]);
+		}
 	}
 	else
 		hash_scalar(ctx, basetype, typlen, typbyval, value);

@@ -114,6 +114,15 @@ SELECT idem_execute('fp:11', 'SELECT $1::text AS s', VARIADIC ARRAY[['1', '2'], 
 SELECT idem_execute('fp:11', 'SELECT $1 AS a', ARRAY[[1, 2], [3, 4]]);
 SELECT idem_execute('fp:11', 'SELECT $1 AS a', ARRAY[1, 2, 3, 4]);
 \echo :LAST_ERROR_SQLSTATE
+-- a VARIADIC array of more arguments than a client can bind (65,535) is
+-- refused from its dimensions, before it is unpacked (54000); one of
+-- 65,535 is unpacked and checked against the statement
+SELECT idem_execute('fp:11a', 'SELECT $1 AS a', VARIADIC array_fill(1, ARRAY[65536]));
+\echo :LAST_ERROR_SQLSTATE
+SELECT idem_call('fp:11a', 'SELECT $1 AS a', array_fill('1'::text, ARRAY[65536]));
+\echo :LAST_ERROR_SQLSTATE
+SELECT idem_execute('fp:11a', 'SELECT $1 AS a', VARIADIC array_fill(1, ARRAY[65535]));
+\echo :LAST_ERROR_SQLSTATE
 
 -- Records written by idem 1.1 (fingerprint version 2) did not hash an
 -- anonymous record's field names: such a record is refused, never

@@ -51,6 +51,11 @@ SELECT idem_outbox_grant('mail', 'regress_ob_publishers', 'publish');	-- no dupl
 RESET ROLE;
 SELECT topic, publishers, consumers FROM idem.outbox_topics
  WHERE topic IN ('pay', 'mail') ORDER BY topic;
+-- a role listed more than once is kept once, as granting twice does
+SELECT idem_outbox_create_topic('dups', publishers => '{regress_ob_producer,regress_ob_publishers,regress_ob_producer}',
+								consumers => array_fill('regress_ob_consumer'::regrole, ARRAY[100000]));
+SELECT publishers, consumers FROM idem.outbox_topics WHERE topic = 'dups';
+DELETE FROM idem.outbox_topics WHERE topic = 'dups';
 \set VERBOSITY terse
 SELECT idem_outbox_create_topic('pay');
 SELECT idem_outbox_grant('nope', 'regress_ob_producer', 'publish');

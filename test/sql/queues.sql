@@ -55,6 +55,13 @@ SELECT idem_queue_revoke('returns', 'regress_rq_other', 'signal');
 SELECT signallers FROM idem.queues WHERE queue = 'returns';
 -- a dropped role's OID may still be revoked
 SELECT idem_queue_revoke('returns', 987654321::regrole, 'signal');
+-- a list that names a role more than once keeps it once, in the order of
+-- its first appearance, as granting twice does: every claim tests its
+-- worker against the list, which 100,000 copies of one role made slow
+SELECT idem_queue_create('dups', producers => '{regress_rq_other,regress_rq_app,regress_rq_other}',
+	workers => array_fill('regress_rq_agent'::regrole, ARRAY[100000]));
+SELECT producers, workers FROM idem.queues WHERE queue = 'dups';
+DELETE FROM idem.queues WHERE queue = 'dups';
 
 -- enqueue: the producer's run, due at once
 SET ROLE regress_rq_app;

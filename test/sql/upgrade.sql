@@ -163,9 +163,30 @@ VALUES (idem_step_key('up:run:3', 'e'), 'regress_idem_alice',
 		'2026-12-02 13:21:00+00', '2099-01-01 00:00:00+00', 2);
 INSERT INTO idem.runs (run_id, owner, steps, status, started_at, done_steps, attempts)
 VALUES ('up:run:3', 'regress_idem_alice', '{e,f}', 'running', '2026-12-02 13:21:00+00', '{e}', '{1}');
+-- outbox events in 1.1's states, in 1.1's table shape: pending (one of a
+-- run's step), leased under a lease that holds, leased under one that
+-- ran out, and a dead letter; alice consumes the topic
+INSERT INTO idem.outbox_topics (topic, publishers, consumers, created_at)
+VALUES ('up11', '{regress_idem_bob}', '{regress_idem_alice}', '2026-12-02 13:21:00+00');
+COPY idem.outbox (event_id, key, owner, topic, payload, created_at, run_id, step, state, attempts, next_attempt_at, lease_token, leased_by, lease_holder, last_error, delivered_at) FROM stdin;
+0b0b0b0b-0000-4000-8000-000000000001	up:ev:1	regress_idem_bob	up11	{"n": 1}	2026-12-02 13:21:00+00	\N	\N	pending	0	2026-12-02 13:21:00+00	\N	\N	\N	\N	\N
+0b0b0b0b-0000-4000-8000-000000000002	up:ev:2	regress_idem_bob	up11	{"n": 2}	2026-12-02 13:21:01+00	\N	\N	leased	1	2099-01-01 00:00:00+00	1e1e1e1e-0000-4000-8000-000000000002	regress_idem_alice	w1	\N	\N
+0b0b0b0b-0000-4000-8000-000000000003	up:ev:3	regress_idem_bob	up11	{"n": 3}	2026-12-02 13:21:02+00	\N	\N	leased	1	2026-12-02 13:22:00+00	1e1e1e1e-0000-4000-8000-000000000003	regress_idem_alice	w1	\N	\N
+0b0b0b0b-0000-4000-8000-000000000004	up:ev:4	regress_idem_bob	up11	{"n": 4}	2026-12-02 13:21:03+00	\N	\N	dead	10	2026-12-02 13:21:03+00	\N	\N	\N	failed ten times	\N
+0b0b0b0b-0000-4000-8000-000000000005	idem.step:up\\:run\\:1:b	regress_idem_alice	up11	{"n": 5}	2026-12-02 13:21:04+00	up:run:1	b	pending	0	2026-12-02 13:21:04+00	\N	\N	\N	\N	\N
+\.
+-- an update rolled back leaves 1.1's definitions: the session that used
+-- the updated ones inside the transaction is refused again after it
+BEGIN;
+ALTER EXTENSION idem UPDATE;
+SELECT idem_execute('up:rolled-back', 'SELECT 1 AS one') ->> 'command' AS updated_inside;
+SELECT idem_queue_create('up:rolled-back');
+ROLLBACK;
+SELECT extversion FROM pg_extension WHERE extname = 'idem';
 -- until the update the 1.2 library refuses the 1.1 definitions, and says
 -- to update them: not to reinstall, which would drop every record
 SELECT idem_execute('up:1.1', 'SELECT 1');
+SELECT idem_outbox_claim('up11');
 SELECT idem_purge();
 ALTER EXTENSION idem UPDATE;
 SELECT extversion FROM pg_extension WHERE extname = 'idem';
@@ -173,6 +194,24 @@ SELECT extversion FROM pg_extension WHERE extname = 'idem';
 \i test/fixtures/describe-idem.sql
 \set ECHO all
 SELECT :'upgraded' = :'idem_objects' AS same_objects_from_1_1;
+-- 1.1's events after the update: the lease that holds still fences (an
+-- ack under another token is refused, its own token acks it), the pending
+-- events and the one whose lease ran out are claimed (that one's second
+-- attempt), the run's event in its step's place, the dead letter stays dead
+SELECT event_id, run_position FROM idem.outbox WHERE run_id IS NOT NULL;
+GRANT EXECUTE ON FUNCTION idem_outbox_claim(text, integer, interval, text, interval),
+	idem_outbox_ack(uuid, uuid) TO regress_idem_alice;
+SET ROLE regress_idem_alice;
+SELECT idem_outbox_ack('0b0b0b0b-0000-4000-8000-000000000002', '1e1e1e1e-0000-4000-8000-000000000003');
+\echo :LAST_ERROR_SQLSTATE
+SELECT idem_outbox_ack('0b0b0b0b-0000-4000-8000-000000000002', '1e1e1e1e-0000-4000-8000-000000000002');
+BEGIN;
+SELECT key, attempt, payload FROM idem_outbox_claim('up11', 10) ORDER BY key;
+ROLLBACK;
+RESET ROLE;
+SELECT event_id, state, attempts, last_error FROM idem.outbox WHERE topic = 'up11' ORDER BY event_id;
+REVOKE EXECUTE ON FUNCTION idem_outbox_claim(text, integer, interval, text, interval),
+	idem_outbox_ack(uuid, uuid) FROM regress_idem_alice;
 -- a record a run lists as a completed step never expires after the
 -- update, as the ones 1.2 writes: each step replays, never runs again,
 -- and the run goes on and completes with its steps' records
@@ -185,6 +224,8 @@ SELECT idem_run_complete('up:run:1');
 SELECT status FROM idem_run_status('up:run:1');
 SELECT step, attempts FROM idem_run_steps('up:run:1') ORDER BY step;
 SELECT idem_step('up:run:2', 'x', 'SELECT $1::int AS n', 3) -> 'rows' AS x_replays;
+-- 1.1's runs are alice's own rows of the operators' views
+SELECT run_id, status, queue, state FROM idem_runs ORDER BY run_id;
 RESET ROLE;
 SELECT idem_purge() AS purged;
 SELECT count(*) AS step_records FROM idem.keys;
@@ -204,7 +245,68 @@ SELECT idem_step('up:run:3', 'e', 'SELECT 1/$1::int AS n', 0);
 SELECT step, attempts FROM idem_run_steps('up:run:3');
 RESET ROLE;
 
+-- an administrator's privileges on the 1.1 functions and views that the
+-- update replaces pass on to their replacements: what was revoked from
+-- PUBLIC stays revoked, what was granted stays granted; and they stay the
+-- administrator's, not the extension's initial ones (pg_init_privs as a
+-- new installation's), so that pg_dump keeps them
+CREATE DATABASE idem_acl_1_1;
+\c idem_acl_1_1
+CREATE EXTENSION idem VERSION '1.1';
+REVOKE EXECUTE ON FUNCTION idem_run_begin(text, text[], jsonb) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION idem_run_begin(text, text[], jsonb) TO regress_idem_alice;
+REVOKE EXECUTE ON FUNCTION idem_execute(text, text, VARIADIC text[]) FROM PUBLIC;
+REVOKE SELECT ON idem_stats FROM PUBLIC;
+GRANT SELECT ON idem_stats TO regress_idem_bob WITH GRANT OPTION;
+-- a role that may create objects in the extension's schema sets traps:
+-- operators that match the update's comparisons more closely than
+-- pg_catalog's, which would run as the superuser who updates; none runs
+CREATE ROLE regress_idem_trapper;
+GRANT CREATE ON SCHEMA public TO regress_idem_trapper;
+CREATE TABLE trap_log (who text, what text);
+GRANT INSERT ON trap_log TO regress_idem_trapper;
+SET ROLE regress_idem_trapper;
+CREATE FUNCTION trap_acl(aclitem[], aclitem[]) RETURNS boolean LANGUAGE plpgsql
+	AS $$BEGIN INSERT INTO public.trap_log VALUES (current_user, 'aclitem[] ='); RETURN false; END$$;
+CREATE OPERATOR = (LEFTARG = aclitem[], RIGHTARG = aclitem[], FUNCTION = trap_acl);
+CREATE FUNCTION trap_role(regrole, regrole) RETURNS boolean LANGUAGE plpgsql
+	AS $$BEGIN INSERT INTO public.trap_log VALUES (current_user, 'regrole ='); RETURN false; END$$;
+CREATE OPERATOR = (LEFTARG = regrole, RIGHTARG = regrole, FUNCTION = trap_role);
+RESET ROLE;
+SET search_path = public, pg_catalog;
+ALTER EXTENSION idem UPDATE;
+RESET search_path;
+DROP OWNED BY regress_idem_trapper;
+DROP ROLE regress_idem_trapper;
+SELECT * FROM trap_log;
+\set acl_of 'SELECT pg_catalog.array_agg(pg_catalog.format($$%s %s%s$$, CASE a.grantee WHEN 0 THEN $$PUBLIC$$ ELSE a.grantee::regrole::text END, a.privilege_type, CASE WHEN a.is_grantable THEN $$*$$ ELSE $$$$ END) ORDER BY 1) FROM pg_catalog.aclexplode'
+SELECT p.oid::regprocedure AS function,
+	   (:acl_of(coalesce(p.proacl, acldefault('f', p.proowner))) a WHERE a.grantee <> p.proowner) AS privileges,
+	   (SELECT count(*) FROM pg_init_privs i WHERE i.objoid = p.oid) AS initial
+  FROM pg_proc p
+ WHERE p.proname IN ('idem_run_begin', 'idem_execute', 'idem_call', 'idem_stats')
+ ORDER BY p.oid::regprocedure::text;
+SELECT c.relname AS view,
+	   (:acl_of(c.relacl) a WHERE a.grantee <> c.relowner) AS privileges,
+	   (:acl_of(i.initprivs) a WHERE a.grantee <> c.relowner) AS initial
+  FROM pg_class c LEFT JOIN pg_init_privs i ON i.objoid = c.oid
+ WHERE c.relname IN ('idem_stats', 'idem_stats_roles') ORDER BY 1;
+SELECT count(*) AS renamed_left FROM pg_proc WHERE proname LIKE 'idem\_1\_1\_%';
+-- (on PostgreSQL 17 and later, no role depends on an initial privilege
+-- the update made and put back)
+SELECT count(*) AS initial_privilege_roles FROM pg_shdepend
+ WHERE deptype = 'i' AND refobjid IN ('regress_idem_alice'::regrole, 'regress_idem_bob'::regrole);
+SET ROLE regress_idem_bob;
+SELECT idem_run_begin('acl:1');
+SELECT idem_execute('acl:1', 'SELECT $1 AS a', 'x');
+SELECT count(*) FROM idem_stats;
+SET ROLE regress_idem_alice;
+SELECT created FROM idem_run_begin('acl:1');
+SELECT count(*) FROM idem_stats;
+RESET ROLE;
+
 \c :regress_db
+DROP DATABASE idem_acl_1_1;
 DROP DATABASE idem_fresh;
 DROP DATABASE idem_from_1_1;
 DROP DATABASE idem_upgrade;

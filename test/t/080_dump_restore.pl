@@ -16,12 +16,16 @@
 #    too) resumes where it stopped: its completed step replays, the next one
 #    executes and completes it.  idem_key() and idem_state_hash() give the
 #    same strings as in the source, also for values of types the restore
-#    re-creates under new OIDs.
+#    re-creates under new OIDs.  A queue's run leased for an hour stays
+#    leased (a claim takes only the queue's other run, whose signal stored
+#    before the dump is received); once its lease is over it is claimed
+#    again, its completed step replays and the next executes.
 # 2. Restored into a fresh cluster (roles from pg_dumpall --globals-only,
 #    so they get new OIDs there): keys written by the bootstrap superuser
 #    (always OID 10) replay, and keys written by an ordinary role replay for
 #    that role and no other: idem.keys.owner is a regrole, which pg_dump
-#    writes as the role's name, so the restore maps it to the new OID.
+#    writes as the role's name, so the restore maps it to the new OID; so
+#    do a queue's role lists (regrole[]).
 
 use strict;
 use warnings FATAL => 'all';
@@ -77,6 +81,24 @@ SET ROLE app;
 SELECT status FROM idem_run_begin('run-1', steps => ARRAY['pack', 'ship']);
 SELECT idem_step('run-1', 'pack', 'INSERT INTO shipped (run, step) VALUES ($1, $2) RETURNING id, step', 'run-1', 'pack');
 });
+# a queue whose role lists name app and zed; a run of app's leased to zed
+# for an hour after its first step, and another with a signal stored
+# before any wait for it
+$node->safe_psql(
+	'src', q{
+CREATE TABLE dispatched (id serial PRIMARY KEY, run text NOT NULL, step text NOT NULL);
+GRANT INSERT, SELECT ON dispatched TO zed; GRANT USAGE ON SEQUENCE dispatched_id_seq TO zed;
+SELECT idem_queue_create('dispatch', producers => '{app}', workers => '{zed}', signallers => '{app}');
+SET ROLE app;
+SELECT status FROM idem_run_begin('qrun-1', steps => ARRAY['pack', 'ship'], queue => 'dispatch');
+SET ROLE zed;
+SELECT lease_token AS tok FROM idem_run_claim('dispatch', 1, '1 hour', 'before dump') \gset
+SELECT (idem_call(NULL, 'INSERT INTO dispatched (run, step) VALUES ($1, $2) RETURNING step',
+	ARRAY['qrun-1', 'pack'], run_id => 'qrun-1', step => 'pack', lease_token => :'tok')).replayed;
+SET ROLE app;
+SELECT status FROM idem_run_begin('qrun-2', steps => ARRAY['approve', 'ship'], queue => 'dispatch');
+SELECT idem_run_signal('qrun-2', 'approve', '{"by": "boss"}');
+});
 my $derived_sql = q{
 SELECT idem_key('adjust', c.id, c.m, c.c, c.at, idem_state_hash(c)) FROM claims c;
 SELECT idem_state_hash(c.m) || ' ' || idem_state_hash(c.c) FROM claims c;
@@ -99,7 +121,7 @@ my $src_state = $node->safe_psql('src', $full_sql);
 my $src_owners = $node->safe_psql('src', $owner_sql);
 my %src_keys =
   query_map($node, 'src', "SELECT key, response::text || '|' || created_at FROM idem.keys");
-is(scalar(keys %src_keys), 12, 'source has 12 key records (one a step)');
+is(scalar(keys %src_keys), 13, 'source has 13 key records (two of them steps)');
 
 $node->command_ok(
 	[ 'pg_dump', '-Fc', '-f', "$tmp/src.dump", '-d', 'src' ],
@@ -158,8 +180,8 @@ sub check_restored
 			$db,
 			"SELECT (SELECT count(*) FROM idem.keys), (SELECT count(*) FROM idem.outbox), (SELECT count(*) FROM biz)"
 		),
-		'13|13|13',
-		"$label: 13 key records, the 11 restored outbox rows plus 2, 13 business rows"
+		'14|13|13',
+		"$label: 14 key records, the 11 restored outbox rows plus 2, 13 business rows"
 	);
 
 	is($n->safe_psql($db, $derived_sql), $src_derived,
@@ -171,6 +193,29 @@ sub check_restored
 		'running ship', "$label: the run is where it stopped");
 	$n->safe_psql($db, "SET ROLE app;\n" . sprintf($step_sql, 'pack', 'pack'));
 	$n->safe_psql($db, "SET ROLE app;\n" . sprintf($step_sql, 'ship', 'ship'));
+	# the queue, its leased run and its stored signal
+	is( $n->safe_psql($db,
+			"SELECT producers::text || ' ' || workers::text || ' ' || signallers::text FROM idem.queues WHERE queue = 'dispatch'"),
+		'{app} {zed} {app}', "$label: the queue's lists name the same roles");
+	is( $n->safe_psql(
+			$db,
+			"SET ROLE zed;\nSELECT run_id, lease_token AS tok FROM idem_run_claim('dispatch', 10, '1 min', 'after restore') \\gset\n"
+			  . "SELECT :'run_id' || ' ' || state || ' ' || payload FROM idem_run_await(:'run_id', 'approve', :'tok')"),
+		'qrun-2 signalled {"by": "boss"}',
+		"$label: the leased run stays leased; the other is claimed, and its stored signal received");
+	$n->safe_psql($db,
+		"UPDATE idem.runs SET due_at = now() - interval '1 s' WHERE run_id = 'qrun-1'");
+	my $qstep =
+	  q{SELECT (idem_call(NULL, 'INSERT INTO dispatched (run, step) VALUES ($1, $2) RETURNING step', ARRAY['qrun-1', '%s'], run_id => 'qrun-1', step => '%s', lease_token => :'tok')).replayed;};
+	is( $n->safe_psql(
+			$db,
+			"SET ROLE zed;\nSELECT lease_token AS tok FROM idem_run_claim('dispatch', 1, '1 min', 'after lease') \\gset\n"
+			  . sprintf($qstep, 'pack', 'pack') . "\n"
+			  . sprintf($qstep, 'ship', 'ship') . "\n"
+			  . "SELECT string_agg(step, ',' ORDER BY id) FROM dispatched"),
+		"t\nf\npack,ship",
+		"$label: after its lease the run is claimed again, its completed step replays, the next executes"
+	);
 	is( $n->safe_psql(
 			$db,
 			"SET ROLE app;\nSELECT status FROM idem_run_status('run-1');\n"
