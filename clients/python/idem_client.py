@@ -366,17 +366,18 @@ def _call_query(key, run_id, step_name, sql, args, outbox_topic, ttl, wait, leas
 
 
 def _call_result(out, fold):
-    """The Result of idem_call's row, and with a start_step the started
-    step's (key, attempt)."""
+    """The Result of idem_call's row; for a worker's call (fold not None)
+    (Result, the started step's (key, attempt) or None, the response as
+    the run records it)."""
     replayed, micros, text = out[0].split(_SEP, 2)
     first = _EPOCH + datetime.timedelta(microseconds=int(micros))
     response = loads(text)
     if "error" in response and "command" not in response:
         raise CachedError(response["error"], replayed == "true")
     result = Result(response["rows"], response["rowcount"], replayed == "true", first)
-    if fold and fold.get("start_step") is not None:
-        return result, (out[1], out[2])
-    return result
+    if fold is None:
+        return result
+    return result, ((out[1], out[2]) if fold.get("start_step") is not None else None), response
 
 
 def _call(conn, key, run_id, step_name, sql, args, outbox_topic, ttl, wait, lease_token=None,

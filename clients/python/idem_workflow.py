@@ -264,9 +264,8 @@ class Context:
                 self._spec.outbox_topic, None, None, self.lease_token, self._fold)
 
     def _executed(self, r) -> _idem.Result:
-        if self._fold and "start_step" in self._fold:
-            r, self._started = r
-        self._response = {"rows": r.rows, "rowcount": r.rowcount}
+        # the whole response, as a resumed run reads it in its results
+        r, self._started, self._response = r
         return r
 
     def execute(self, sql: str, *args) -> _idem.Result:
@@ -516,7 +515,7 @@ class _Runs:
             if nxt is not None and nxt.external:
                 fold["start_step"] = nxt.name
             ctx = self._context(c.run_id, spec.name, c.input, results, attempt, c.token, None,
-                                self.name, spec, fold=fold or None)
+                                self.name, spec, fold=fold)
             try:
                 value = yield _Fn(spec.fn, ctx)
             finally:

@@ -338,6 +338,42 @@ def test_transient_sqlstate_is_retried_by_the_runtime(connect, admin, queue):
     assert "conflict" in errors[0] and errors[-1] is None
 
 
+def test_results_read_back_on_resume_are_those_seen_before(connect, admin, queue):
+    """What each step returned, as the next steps see it in ctx.results,
+    is what a resumed run reads back from the database: a database step's
+    whole response (its command too), Decimals, dates, big integers,
+    non-str keys, None; by _complete, by a result held for the next call,
+    and by a step that writes nothing."""
+    wf = idem.Workflow(queue, steps=["db", "ext", "held", "quiet", "none", "look"])
+    seen = {}
+    wf.step("db")(lambda ctx: ctx.execute("SELECT $1::numeric AS amount, 2 AS n",
+                                          Decimal("25.00")))
+    wf.external("ext")(lambda ctx: {
+        "amount": Decimal("1.50"), "at": datetime.datetime(2026, 1, 2, 3, 4, 5),
+        "big": 10**30, 1: "an int key", "pair": (1, 2), "nothing": None, "s": "it's \\ \u00e9"})
+    wf.external("held")(lambda ctx: "a plain string")       # held for quiet's call
+    wf.step("quiet")(lambda ctx: [Decimal("0.10"), None])
+    wf.external("none")(lambda ctx: None)
+
+    @wf.external("look")
+    def look(ctx):
+        seen[ctx.attempt] = dict(ctx.results)
+        if ctx.attempt == 1:
+            raise idem.RetryAfter(0.05)     # the run is claimed again, its results read back
+    conn = connect()
+    conn.autocommit = True
+    wf.start(conn, f"{queue}:values", input={})
+    w = Running(connect, [wf], concurrency=1, lease=5, poll=0.1)
+    until(lambda: statuses(admin, queue) == {"completed": 1}, 20, "the completed run")
+    w.finish()
+    assert sorted(seen) == [1, 2]
+    assert seen[1] == seen[2]
+    assert seen[1]["db"] == {"rows": [{"amount": Decimal("25.00"), "n": 2}], "rowcount": 1,
+                             "command": "SELECT"}
+    assert type(seen[2]["ext"]["amount"]) is Decimal and seen[2]["ext"]["big"] == 10**30
+    assert seen[2]["quiet"] == [Decimal("0.10"), None] and seen[2]["none"] == {}
+
+
 def test_external_steps_ride_on_the_database_steps_calls(connect, admin, queue):
     """The label's start commits with the check and its result with the
     refund (idem_call's start_step, complete_step): the start is on record
