@@ -232,11 +232,22 @@ def to_arg(value: Any) -> Optional[str]:
     return str(value)
 
 
+_MICROSECOND = decimal.Decimal("0.000001")
+
+
 def _ttl(ttl):
+    """An interval's text for seconds (a number or a timedelta) or for an
+    interval's own text."""
     if ttl is None:
         return None
     if isinstance(ttl, datetime.timedelta):
-        return f"{ttl.total_seconds()} seconds"
+        ttl = ttl.total_seconds()
+    if isinstance(ttl, float) and ttl == ttl and abs(ttl) != float("inf"):
+        # without the exponent that repr writes below 1e-4 and interval input
+        # refuses (1e-07), rounded up to the interval's microsecond: a
+        # Retry-After comes back no sooner than asked
+        ttl = decimal.Decimal(repr(ttl)).quantize(_MICROSECOND, rounding=decimal.ROUND_CEILING)
+        return f"{ttl:f} seconds"
     if isinstance(ttl, (int, float)):
         return f"{ttl} seconds"
     return str(ttl)
@@ -793,7 +804,7 @@ def consume(connect: Callable[[], psycopg.Connection], topic: str,
                     handler(event)
                 except RetryAfter as e:
                     report("SELECT idem_outbox_fail(%s, %s, %s, " + RETRY_AFTER + ")",
-                           (event_id, token, str(e), f"{e.seconds} seconds"), event)
+                           (event_id, token, str(e), _ttl(e.seconds)), event)
                 except Exception as e:  # the handler's failure is the event's, not the loop's
                     r = report("SELECT idem_outbox_fail(%s, %s, %s)",
                                (event_id, token, f"{type(e).__name__}: {e}"), event)

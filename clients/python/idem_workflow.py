@@ -571,7 +571,7 @@ class _Runs:
 
     def _fail(self, c: _Claimed, name, e: Exception, p: _Progress):
         if isinstance(e, _idem.RetryAfter):
-            text, after = str(e), f"{e.seconds} seconds"
+            text, after = str(e), _idem._ttl(e.seconds)
         else:
             text, after = f"{type(e).__name__}: {e}".strip(), None
         self._count("failed_steps")

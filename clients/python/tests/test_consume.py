@@ -140,6 +140,23 @@ def test_retry_after_sets_the_next_attempt(cluster, connect, topic, admin, retry
     assert len(loop.seen) == 1   # not due again while the loop ran
 
 
+def test_a_tiny_retry_after_fails_the_event(cluster, connect, topic, admin):
+    """Retry-After 1e-7 s (below 1e-4, Python writes it with an exponent,
+    which interval input refused: the fail was refused and the loop raised
+    it): the event fails, no earlier than asked, and the loop goes on."""
+    publish(connect, topic, "a")
+
+    def handler(event):
+        raise idem.RetryAfter("0.0000001", "mailer 429")
+    before = server_now(admin)
+    loop = Loop(cluster.dsn(), topic, handler)
+    until(lambda: events(admin, topic)["a"]["last_error"] is not None, what="the failure")
+    assert loop.finish() == 0
+    row = events(admin, topic)["a"]
+    assert row["state"] == "pending" and row["last_error"] == "mailer 429"
+    assert row["next_attempt_at"] >= before + SECOND / 1000000
+
+
 def test_other_exception_gets_the_server_backoff(cluster, connect, topic, admin):
     publish(connect, topic, "a")
 

@@ -309,6 +309,29 @@ def test_retry_after_beyond_the_server_limit_is_the_limit(connect, admin, queue)
     assert datetime.timedelta(hours=23) < due <= datetime.timedelta(days=1)
 
 
+@pytest.mark.parametrize("retry_after", [1e-7, "0.00001"])
+def test_a_tiny_retry_after_fails_the_step(connect, admin, queue, retry_after):
+    """A Retry-After below 1e-4 s (written 1e-07 by Python) fails the step
+    and the run goes on; the failure was refused (interval input) and the
+    run came back only after its lease."""
+    wf = idem.Workflow(queue, steps=["label"])
+
+    @wf.external("label")
+    def label(ctx):
+        if ctx.attempt == 1:
+            raise idem.RetryAfter(retry_after, "carrier 503")
+        return {"label": "l-1"}
+    conn = connect()
+    conn.autocommit = True
+    wf.start(conn, f"{queue}:tiny", input={})
+    w = Running(connect, [wf], concurrency=1, lease=30, poll=0.1)
+    until(lambda: statuses(admin, queue) == {"completed": 1}, 10, "the completed run")
+    w.finish()
+    assert [r[:2] for r in admin.execute(
+        "SELECT outcome, error FROM idem_run_attempts WHERE run_id = %s ORDER BY claim",
+        (f"{queue}:tiny",))] == [("step_failed", "carrier 503"), ("completed", None)]
+
+
 def test_transient_sqlstate_is_retried_by_the_runtime(connect, admin, queue):
     """A serialization failure (40001, advice 'retry') in a step: the step
     fails, the runtime brings the run back, the retry executes once."""
