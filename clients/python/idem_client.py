@@ -188,7 +188,9 @@ def _json(o, out):
     elif isinstance(o, (datetime.datetime, datetime.date, datetime.time)):
         out.append(json.dumps(o.isoformat()))
     else:
-        out.append(json.dumps(o))
+        # NaN and the infinities have no JSON number: json.dumps would write
+        # NaN, which the server's json input refuses
+        out.append(json.dumps(o, allow_nan=False))
 
 
 def dumps(value: Any) -> str:

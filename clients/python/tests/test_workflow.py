@@ -332,6 +332,32 @@ def test_a_tiny_retry_after_fails_the_step(connect, admin, queue, retry_after):
         (f"{queue}:tiny",))] == [("step_failed", "carrier 503"), ("completed", None)]
 
 
+def test_a_result_without_json_fails_its_step(connect, admin, queue):
+    """An external step returning NaN (no JSON number) fails at once with
+    the client's ValueError, though its result is held for the next step's
+    call: json.dumps wrote NaN, the next call's complete_result was refused,
+    its failure too, and the run came back only after its lease."""
+    wf = idem.Workflow(queue, steps=["quote", "pay"])
+
+    @wf.external("quote")
+    def quote(ctx):
+        return {"rate": float("nan") if ctx.attempt == 1 else Decimal("1.25")}
+    wf.step("pay")(lambda ctx: ctx.execute("SELECT $1::numeric AS rate",
+                                           ctx.results["quote"]["rate"]))
+    conn = connect()
+    conn.autocommit = True
+    wf.start(conn, f"{queue}:nan", input={})
+    w = Running(connect, [wf], concurrency=1, lease=30, poll=0.1)
+    until(lambda: statuses(admin, queue) == {"completed": 1}, 10, "the completed run")
+    w.finish()
+    (o1, e1, s1), (o2, _, _) = admin.execute(
+        "SELECT outcome, error, step FROM idem_run_attempts WHERE run_id = %s ORDER BY claim",
+        (f"{queue}:nan",)).fetchall()
+    assert (o1, s1, o2) == ("step_failed", "quote", "completed") and e1.startswith("ValueError")
+    with pytest.raises(ValueError):
+        idem.dumps([float("inf")])
+
+
 def test_transient_sqlstate_is_retried_by_the_runtime(connect, admin, queue):
     """A serialization failure (40001, advice 'retry') in a step: the step
     fails, the runtime brings the run back, the retry executes once."""
