@@ -56,6 +56,8 @@ point, is replaced by any other after its lease.
   their steps run (a slow external call keeps its run); SIGTERM or SIGINT
   (or ``stop``) drains: no more claims, running steps finish, their runs
   are handed back (idem_run_release: due at once, the attempt not counted).
+  A step raising a BaseException that is no Exception (SystemExit,
+  KeyboardInterrupt, CancelledError) drains it too, and run() raises it.
 - Every call is one statement in autocommit, so workers work through
   PgBouncer in transaction mode (connect with prepare_threshold=None
   before PgBouncer 1.21).  On a connection that prepares nothing the
@@ -333,6 +335,12 @@ class _Sql(NamedTuple):
     params: tuple
 
 
+class _Interrupted(Exception):
+    """Thrown into a run whose step raised a BaseException that is no
+    Exception (SystemExit, KeyboardInterrupt, asyncio.CancelledError): the
+    run is handed back and the worker stops; run() raises the original."""
+
+
 class _Fn(NamedTuple):
     """A step function for the driver to call with its context, on the
     run's connection; it sends back the return value (awaited, if it is a
@@ -371,6 +379,7 @@ class _Runs:
         self._active: Dict[str, dict] = {}    # run_id -> {"token", "lost"}
         self._work: List[_Claimed] = []
         self._claims_over = False
+        self._interrupt: Optional[BaseException] = None  # what run() raises once drained
         self._run_time: Optional[float] = None          # a run's, moving average (s)
 
     def _count(self, what, n=1):
@@ -481,6 +490,9 @@ class _Runs:
                 # claims it at once and learns
                 _log.warning("idem worker %s: run %s step %s: %s", self.name, c.run_id, name,
                              str(e).strip())
+                yield from self._release(c, p)
+                return
+            except _Interrupted:
                 yield from self._release(c, p)
                 return
             except Exception as e:
@@ -623,6 +635,16 @@ class _Runs:
         except StopIteration:
             return None
 
+    def _interrupted(self, e: BaseException) -> Exception:
+        """A step (or the driver) raised e, a BaseException that is no
+        Exception: stop (drain), and keep e for run() to raise; what to
+        throw into the run."""
+        with self._lock:
+            if self._interrupt is None:
+                self._interrupt = e
+        self.stop.set()
+        return _Interrupted(repr(e))
+
     def _raised(self, e: Exception, conn) -> Exception:
         """e, raised while doing an ask on conn, to throw into the run:
         marked when the connection broke, which the driver opens again for
@@ -691,6 +713,10 @@ class Worker(_Runs):
                     sent = ask.fn(ask.ctx)
             except Exception as e:
                 thrown = self._raised(e, conn)
+            except BaseException as e:
+                # the connection may be mid-statement: the next ask opens another
+                self._close(conn)
+                thrown = self._interrupted(e)
         return conn
 
     # -- the loop ----------------------------------------------------------
@@ -720,6 +746,8 @@ class Worker(_Runs):
                 t.join()
             for sig, old in restore:
                 signal.signal(sig, old)
+        if self._interrupt is not None:
+            raise self._interrupt
         return dict(self.stats)
 
     def _claim_loop(self):
@@ -865,6 +893,10 @@ class AsyncWorker(_Runs):
                         sent = await sent
             except Exception as e:
                 thrown = self._raised(e, conn)
+            except BaseException as e:
+                # the connection may be mid-statement: the next ask opens another
+                await self._close(conn)
+                thrown = self._interrupted(e)
         return conn
 
     async def _pause(self, event: asyncio.Event, seconds: float):
@@ -897,6 +929,8 @@ class AsyncWorker(_Runs):
             await asyncio.gather(*tasks, return_exceptions=True)
             for sig in signals:
                 loop.remove_signal_handler(sig)
+        if self._interrupt is not None:
+            raise self._interrupt
         return dict(self.stats)
 
     async def _claim_loop(self):

@@ -651,6 +651,55 @@ def test_a_taken_over_run_stops_its_holder(connect, admin, queue):
                                         " ORDER BY claim", (f"{queue}:t",))] == ["lease_expired", None]
 
 
+@pytest.mark.parametrize("kind", ["threads", "asyncio"])
+def test_a_step_raising_systemexit_stops_its_worker(route, admin, queue, kind):
+    """SystemExit (KeyboardInterrupt, CancelledError: a BaseException, no
+    Exception) from a step stops the worker: its runs are handed back and
+    run() raises it.  It killed the executor, whose runs stayed held under
+    a heartbeat, for ever, and run() never returned."""
+    dsn, kw = route
+    wf = idem.Workflow(queue, steps=["a"])
+    ran = []
+
+    def a(ctx):
+        ran.append(ctx.run_id)
+        raise SystemExit(3)
+
+    async def a_async(ctx):
+        return a(ctx)
+    wf.external("a")(a if kind == "threads" else a_async)
+    for r in ("r1", "r2"):
+        wf.start(admin, f"{queue}:{r}", input={})
+    out = []
+    if kind == "threads":
+        w = idem.Worker(lambda: psycopg.connect(dsn, **kw), [wf], concurrency=1, lease=30,
+                        poll=0.1, stop=threading.Event())
+        run = w.run
+    else:
+        w = idem.AsyncWorker(lambda: psycopg.AsyncConnection.connect(dsn, **kw), [wf],
+                             concurrency=1, lease=30, poll=0.1, stop=asyncio.Event())
+
+        def run():
+            return asyncio.run(w.run())
+
+    def go():
+        try:
+            out.append(run())
+        except BaseException as e:
+            out.append(e)
+    t = threading.Thread(target=go, daemon=True)
+    t.start()
+    t.join(15)
+    assert not t.is_alive(), "the worker did not stop"
+    assert type(out[0]) is SystemExit and out[0].code == 3
+    assert len(ran) == 1
+    # handed back (due now, unleased), the other run not held either
+    assert admin.execute("SELECT count(*) FROM idem_runs WHERE queue = %s AND status = 'running'"
+                         " AND lease_until IS NULL", (queue,)).fetchone()[0] == 2
+    assert admin.execute("SELECT outcome FROM idem_run_attempts WHERE run_id = %s",
+                         (ran[0],)).fetchall() == [("released",)]
+
+
 def worker_proc(dsn, carrier_url, queue, name, log, concurrency=2, lease=1.0, extra=()):
     return subprocess.Popen([sys.executable, os.path.join(HERE, "workflow_worker.py"),
                              "--dsn", dsn, "--carrier", carrier_url, "--queue", queue,
