@@ -113,8 +113,29 @@ function toArg(v) {
   if (v === null || v === undefined) return null;
   if (typeof v === 'string') return v;
   if (v instanceof Date) return v.toISOString();
-  if (typeof v === 'object') return JSON.stringify(v);
+  if (typeof v === 'object') return toJson(v);
   return String(v);
+}
+
+// The JSON text of a value: JSON.stringify's, with a BigInt as the exact
+// number it is (JSON.stringify throws on one), read back as parseExact
+// reads numbers.  A workflow's input and results are written with it: a
+// string is a JSON string there, not toArg's text.
+function toJson(v) {
+  if (typeof v === 'bigint') return v.toString();
+  try {
+    return JSON.stringify(v);
+  } catch (e) {
+    if (!(e instanceof TypeError) || !/BigInt/.test(e.message)) throw e;
+  }
+  if (typeof v.toJSON === 'function') return toJson(v.toJSON());
+  if (Array.isArray(v)) return `[${v.map((x) => toJson(x) ?? 'null').join(',')}]`;
+  const members = [];
+  for (const [k, x] of Object.entries(v)) {
+    const t = toJson(x);
+    if (t !== undefined) members.push(`${JSON.stringify(k)}:${t}`);
+  }
+  return `{${members.join(',')}}`;
 }
 
 function translate(err) {
@@ -523,7 +544,7 @@ const { KeyReused, InProgress, NestedKey, RunNotFound, StepUndeclared, RunNotRun
   EventNotFound, LeaseLost } = errors;
 // listed one by one so that ES modules can import them by name
 module.exports = { execute, step, retry, retryAdvice, consume, RetryAfter, RETRY_AFTER, sqlstateOf, parseExact,
-  toArg, translate, IdemError, KeyReused, InProgress, NestedKey, RunNotFound, StepUndeclared,
+  toArg, toJson, translate, IdemError, KeyReused, InProgress, NestedKey, RunNotFound, StepUndeclared,
   RunNotRunning, OutOfSequence, EventNotFound, LeaseLost, CachedError };
 // the workflow layer (workflow.js) is built on the above
 const workflow = require('./workflow.js');

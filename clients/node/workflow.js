@@ -82,7 +82,7 @@ class Workflow {
       const r = await client.query('SELECT status, next_step, created FROM idem_run_begin($1, steps => $2::text[],' +
         ' input => $3::jsonb, queue => $4, max_attempts => $5::integer, backoff_base => $6::interval,' +
         ' backoff_cap => $7::interval, jitter => $8)',
-      [runId, this.steps, input === null ? null : lib().toArg(input), this.queue, this.runMaxAttempts(),
+      [runId, this.steps, input === null || input === undefined ? null : lib().toJson(input), this.queue, this.runMaxAttempts(),
         seconds(backoffBase), seconds(backoffCap), jitter]);
       const row = r.rows[0];
       return { status: row.status, nextStep: row.next_step, created: row.created };
@@ -380,7 +380,7 @@ class Worker {
     const value = await def.fn(ctx);
     if (next && !next.external) {
       // recorded with the next step (or before whatever comes instead)
-      const text = lib().toArg(value === undefined || value === null ? {} : value);
+      const text = lib().toJson(value === undefined || value === null ? {} : value);
       p.pending = [def.name, text];
       return lib().parseExact(text);
     }
@@ -396,7 +396,7 @@ class Worker {
   }
 
   async #complete(client, c, name, value, text) {
-    if (text === undefined) text = lib().toArg(value === undefined || value === null ? {} : value);
+    if (text === undefined) text = lib().toJson(value === undefined || value === null ? {} : value);
     await client.query('SELECT idem_step_complete($1, $2, $3::jsonb, lease_token => $4::uuid)', [c.runId, name, text, c.token]);
     return lib().parseExact(text);
   }

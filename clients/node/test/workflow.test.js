@@ -184,6 +184,36 @@ for (const target of ['direct', 'pgbouncer']) {
       assert.equal(mine.filter((t) => t.includes('idem_call')).length, 3);
     });
 
+    it('input and results are JSON as written, and read back on resume as first seen', async () => {
+      // a string, a Date, a BigInt: toArg's text was no JSON (a string, a
+      // Date: the jsonb cast refused it) or threw (a BigInt in an object)
+      const q = await freshQueue();
+      const wf = new idem.Workflow(q, { steps: ['str', 'date', 'big', 'none', 'look'] });
+      const seen = {};
+      wf.external('str', async () => 'a plain string')
+        .external('date', async () => new Date(Date.UTC(2026, 0, 2)))
+        .external('big', async () => ({ big: 10n ** 30n, small: 7n, list: [1n] }))
+        .external('none', async () => undefined)
+        .external('look', async (ctx) => {
+          seen[ctx.attempt] = { input: ctx.input, results: { ...ctx.results } };
+          if (ctx.attempt === 1) throw new idem.RetryAfter(0.05); // claimed again, results read back
+          return null;
+        });
+      const run = `${q}:values`;
+      const c = await connect();
+      await wf.start(c, run, { input: 'plain input' });
+      await c.end();
+      const ac = new AbortController();
+      const w = new idem.Worker(connect, [wf], { concurrency: 1, lease: 5, poll: 0.1, signal: ac.signal, log: { warn() {}, error() {} } }).run();
+      await until(async () => (await one('SELECT status FROM idem_runs WHERE run_id = $1', [run])).status === 'completed', 20, 'the completed run');
+      ac.abort();
+      await w;
+      assert.deepEqual(Object.keys(seen), ['1', '2']);
+      assert.deepEqual(seen[1], seen[2]);
+      assert.deepEqual(seen[2], { input: 'plain input', results: { str: 'a plain string', date: '2026-01-02T00:00:00.000Z',
+        big: { big: '1000000000000000000000000000000', small: 7, list: [1] }, none: {} } });
+    });
+
     it('a step that throws after its call does not record its neighbour again', async () => {
       const q = await freshQueue();
       const wf = new idem.Workflow(q, { steps: ['label', 'refund'] });
