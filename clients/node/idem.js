@@ -167,6 +167,8 @@ async function call(client, key, runId, stepName, sql, args, opts) {
     firstExecutedAt: row.first_executed_at };
   // a worker's start_step: the started step's key and attempt (null: it had completed)
   if (opts.startStep) out.started = { key: row.started_key, attempt: row.started_attempt };
+  // a worker's step: the whole response, as the run records it
+  if (opts.keepResponse) out.response = response;
   return out;
 }
 

@@ -118,10 +118,12 @@ class Context {
     if (this.def.external) throw new Error(`step ${this.step} is external: it does not execute SQL`);
     if (this.response) throw new Error(`step ${this.step} already executed its statement`);
     const r = await lib().step(this.client, this.runId, this.step, sql, args,
-      { outboxTopic: this.def.outboxTopic, leaseToken: this.leaseToken, ...this.fold });
+      { outboxTopic: this.def.outboxTopic, leaseToken: this.leaseToken, ...this.fold, keepResponse: true });
     this.started = r.started || null;
+    // the result the next steps see: the response a resumed run reads back (its command too)
+    this.response = r.response;
     delete r.started;
-    this.response = { rows: r.rows, rowcount: r.rowcount };
+    delete r.response;
     return r;
   }
 }

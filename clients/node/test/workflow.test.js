@@ -186,11 +186,13 @@ for (const target of ['direct', 'pgbouncer']) {
 
     it('input and results are JSON as written, and read back on resume as first seen', async () => {
       // a string, a Date, a BigInt: toArg's text was no JSON (a string, a
-      // Date: the jsonb cast refused it) or threw (a BigInt in an object)
+      // Date: the jsonb cast refused it) or threw (a BigInt in an object);
+      // a database step's response lacked its command before the resume
       const q = await freshQueue();
-      const wf = new idem.Workflow(q, { steps: ['str', 'date', 'big', 'none', 'look'] });
+      const wf = new idem.Workflow(q, { steps: ['db', 'str', 'date', 'big', 'none', 'look'] });
       const seen = {};
-      wf.external('str', async () => 'a plain string')
+      wf.step('db', (ctx) => ctx.execute('SELECT $1::numeric AS amount', ['25.00']))
+        .external('str', async () => 'a plain string')
         .external('date', async () => new Date(Date.UTC(2026, 0, 2)))
         .external('big', async () => ({ big: 10n ** 30n, small: 7n, list: [1n] }))
         .external('none', async () => undefined)
@@ -210,7 +212,7 @@ for (const target of ['direct', 'pgbouncer']) {
       await w;
       assert.deepEqual(Object.keys(seen), ['1', '2']);
       assert.deepEqual(seen[1], seen[2]);
-      assert.deepEqual(seen[2], { input: 'plain input', results: { str: 'a plain string', date: '2026-01-02T00:00:00.000Z',
+      assert.deepEqual(seen[2], { input: 'plain input', results: { db: { rows: [{ amount: '25.00' }], rowcount: 1, command: 'SELECT' }, str: 'a plain string', date: '2026-01-02T00:00:00.000Z',
         big: { big: '1000000000000000000000000000000', small: 7, list: [1] }, none: {} } });
     });
 
