@@ -323,7 +323,8 @@ class Worker {
         this.stats.steps++;
         attempt = 1; // a completed step starts the count again
       } catch (e) {
-        if (STOP_STATES.has(e.code)) { this.stats.lost++; return client; }
+        // (a step may throw anything, null and undefined too)
+        if (STOP_STATES.has(e?.code)) { this.stats.lost++; return client; }
         if (Worker.#broken(e)) {
           // whether the step committed is the database's to say: hand the run back
           if (client) client.end().catch(() => {});

@@ -216,6 +216,27 @@ for (const target of ['direct', 'pgbouncer']) {
         big: { big: '1000000000000000000000000000000', small: 7, list: [1] }, none: {} } });
     });
 
+    it('a step throwing null or undefined fails, the worker goes on', async () => {
+      // reading the thrown value's code threw in the worker: an unhandled
+      // rejection, which ends the process
+      const q = await freshQueue();
+      const wf = new idem.Workflow(q, { steps: ['a'] });
+      wf.external('a', async (ctx) => {
+        if (ctx.attempt === 1) throw ctx.runId.endsWith(':null') ? null : undefined;
+        return {};
+      });
+      const c = await connect();
+      for (const r of ['null', 'undefined']) await wf.start(c, `${q}:${r}`, { input: {} });
+      await c.end();
+      const ac = new AbortController();
+      const w = new idem.Worker(connect, [wf], { concurrency: 1, lease: 5, poll: 0.1, signal: ac.signal, log: { warn() {}, error() {} } }).run();
+      await until(async () => (await statuses(q)).completed === 2, 20, 'the completed runs');
+      ac.abort();
+      await w;
+      const errors = (await env.admin.query("SELECT run_id, error FROM idem_run_attempts WHERE run_id LIKE $1 || ':%' AND outcome = 'step_failed' ORDER BY run_id", [q])).rows;
+      assert.deepEqual(errors.map((r) => r.error), ['null', 'undefined']);
+    });
+
     it('a step that throws after its call does not record its neighbour again', async () => {
       const q = await freshQueue();
       const wf = new idem.Workflow(q, { steps: ['label', 'refund'] });
