@@ -138,6 +138,19 @@ function toJson(v) {
   return `{${members.join(',')}}`;
 }
 
+// An interval's text for seconds (a number; anything else is taken as an
+// interval's own text): fixed-point, as interval input refuses the exponent
+// JavaScript writes below 1e-6 (1e-7), rounded up to the interval's
+// microsecond, so that a Retry-After comes back no sooner than asked.
+function interval(s) {
+  if (s === null || s === undefined) return null;
+  if (typeof s !== 'number') return s;
+  if (!Number.isFinite(s)) return `${s} seconds`;
+  let t = s.toFixed(6);
+  if (Number(t) < s) t = (Number(t) + 1e-6).toFixed(6);
+  return `${t} seconds`;
+}
+
 function translate(err) {
   const cls = err && bySqlstate[err.code];
   return cls ? new cls(err.message, { detail: err.detail, hint: err.hint, cause: err }) : err;
@@ -150,7 +163,7 @@ const CALL = 'SELECT response::text AS response, replayed, first_executed_at, st
   ' complete_step => $10, complete_result => $11::jsonb, start_step => $12)';
 
 async function call(client, key, runId, stepName, sql, args, opts) {
-  const ttl = typeof opts.ttl === 'number' ? `${opts.ttl} seconds` : opts.ttl;
+  const ttl = interval(opts.ttl);
   const wait = opts.wait === undefined || opts.wait === null ? null : String(Boolean(opts.wait));
   let res;
   try {
@@ -521,7 +534,7 @@ async function consume(connect, topic, handler, { maxEvents = 10, lease = 30, co
           if (await report('SELECT idem_outbox_ack($1, $2)', [r.event_id, r.lease_token], event)) acked++;
         } else if (failure instanceof RetryAfter) {
           await report(`SELECT idem_outbox_fail($1, $2, $3, ${RETRY_AFTER(4)})`,
-            [r.event_id, r.lease_token, failure.message, `${failure.seconds} seconds`], event);
+            [r.event_id, r.lease_token, failure.message, interval(failure.seconds)], event);
         } else {
           // a thrown non-Error (a string, undefined) is still the event's failure
           const text = failure instanceof Error ? `${failure.name}: ${failure.message}` : String(failure);
@@ -546,7 +559,7 @@ const { KeyReused, InProgress, NestedKey, RunNotFound, StepUndeclared, RunNotRun
   EventNotFound, LeaseLost } = errors;
 // listed one by one so that ES modules can import them by name
 module.exports = { execute, step, retry, retryAdvice, consume, RetryAfter, RETRY_AFTER, sqlstateOf, parseExact,
-  toArg, toJson, translate, IdemError, KeyReused, InProgress, NestedKey, RunNotFound, StepUndeclared,
+  toArg, toJson, interval, translate, IdemError, KeyReused, InProgress, NestedKey, RunNotFound, StepUndeclared,
   RunNotRunning, OutOfSequence, EventNotFound, LeaseLost, CachedError };
 // the workflow layer (workflow.js) is built on the above
 const workflow = require('./workflow.js');

@@ -41,7 +41,7 @@ const CLAIM = 'SELECT run_id, input::text AS input, steps, next_step, attempt, l
 const STOP_STATES = new Set(['ID412', 'ID423', 'ID404']);
 // a run claimed ahead of a free executor should start within this (s)
 const AHEAD_WAIT = 0.1;
-const seconds = (s) => (s === null || s === undefined ? null : typeof s === 'number' ? `${s} seconds` : s);
+const seconds = (s) => lib().interval(s);
 
 class Workflow {
   constructor(name, { steps, queue = null, maxAttempts = null } = {}) {
@@ -408,7 +408,7 @@ class Worker {
     const RetryAfter = lib().RetryAfter;
     const text = err instanceof RetryAfter ? err.message
       : err instanceof Error ? `${err.name}: ${err.message}` : String(err);
-    const after = err instanceof RetryAfter ? `${err.seconds} seconds` : null;
+    const after = err instanceof RetryAfter ? lib().interval(err.seconds) : null;
     this.stats.failedSteps++;
     try {
       if (!client) client = await this.#open();

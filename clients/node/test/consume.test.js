@@ -137,6 +137,19 @@ describe('consume', () => {
     });
   }
 
+  it('fails with a Retry-After below 1e-6 s (written 1e-7, which interval input refused)', async () => {
+    const t = await freshTopic();
+    await publish(t, 'a');
+    const before = await serverNow();
+    const l = loop(t, () => { throw new idem.RetryAfter(1e-7, 'mailer 429'); });
+    await until(async () => (await events(t)).a.last_error !== null, 'the failure');
+    assert.equal(await l.finish(), 0);
+    const row = (await events(t)).a;
+    assert.equal(row.state, 'pending');
+    assert.equal(row.last_error, 'mailer 429');
+    assert.ok(row.next_attempt_at >= before);
+  });
+
   it("leaves any other error's retry to the server's backoff", async () => {
     const t = await freshTopic();
     await publish(t, 'a');

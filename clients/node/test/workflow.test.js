@@ -237,6 +237,27 @@ for (const target of ['direct', 'pgbouncer']) {
       assert.deepEqual(errors.map((r) => r.error), ['null', 'undefined']);
     });
 
+    it('a Retry-After below 1e-6 s fails the step (written 1e-7, which interval input refused)', async () => {
+      // the failure was lost and the run came back only after its lease
+      const q = await freshQueue();
+      const wf = new idem.Workflow(q, { steps: ['label'] });
+      wf.external('label', async (ctx) => {
+        if (ctx.attempt === 1) throw new idem.RetryAfter(1e-7, 'carrier 503');
+        return {};
+      });
+      const run = `${q}:tiny`;
+      const c = await connect();
+      await wf.start(c, run, { input: {} });
+      await c.end();
+      const ac = new AbortController();
+      const w = new idem.Worker(connect, [wf], { concurrency: 1, lease: 30, poll: 0.1, signal: ac.signal, log: { warn() {}, error() {} } }).run();
+      await until(async () => (await one('SELECT status FROM idem_runs WHERE run_id = $1', [run])).status === 'completed', 10, 'the completed run');
+      ac.abort();
+      await w;
+      assert.deepEqual((await env.admin.query('SELECT outcome, error FROM idem_run_attempts WHERE run_id = $1 ORDER BY claim', [run])).rows,
+        [{ outcome: 'step_failed', error: 'carrier 503' }, { outcome: 'completed', error: null }]);
+    });
+
     it('a step that throws after its call does not record its neighbour again', async () => {
       const q = await freshQueue();
       const wf = new idem.Workflow(q, { steps: ['label', 'refund'] });
