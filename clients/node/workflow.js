@@ -135,6 +135,8 @@ class Worker {
     if (!(prefetch >= 0)) throw new TypeError('prefetch must be at least 0');
     this.connect = connect;
     this.byQueue = new Map(workflows.map((w) => [w.queue, w]));
+    // a claim of the queue cannot tell whose run it took
+    if (this.byQueue.size !== workflows.length) throw new TypeError('one workflow per queue: two of the workflows run on the same queue');
     this.concurrency = concurrency;
     this.prefetch = prefetch;
     this.runTime = null; // a run's, moving average (s)

@@ -366,6 +366,9 @@ class _Runs:
         self.connect = connect
         self.workflows = list(workflows)
         self.by_queue = {wf.queue: wf for wf in self.workflows}
+        if len(self.by_queue) != len(self.workflows):
+            # a claim of the queue cannot tell whose run it took
+            raise ValueError("one workflow per queue: two of the workflows run on the same queue")
         self.concurrency = concurrency
         self.prefetch = prefetch
         self.lease = lease

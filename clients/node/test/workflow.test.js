@@ -74,6 +74,14 @@ function countingConnect(connect, sent) {
   };
 }
 
+describe('Worker', () => {
+  it('refuses two workflows on one queue (the second took the first\'s place)', () => {
+    const a = new idem.Workflow('returns', { steps: ['a'] });
+    const b = new idem.Workflow('returns2', { steps: ['b'], queue: 'returns' });
+    assert.throws(() => new idem.Worker(async () => null, [a, b]), /one workflow per queue/);
+  });
+});
+
 for (const target of ['direct', 'pgbouncer']) {
   describe(target, () => {
     const connect = async () => { const c = new pg.Client(env.targets[target]); await c.connect(); return c; };

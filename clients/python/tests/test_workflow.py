@@ -161,6 +161,17 @@ def check_completed(admin, queue, n, carrier, stats):
     assert rec is not None and idem.loads(rec[0]) == {"to": "c3", "amount": Decimal("25.00")}
 
 
+def test_one_workflow_per_queue():
+    """Two workflows on one queue in a worker: refused.  The second took the
+    first's place, and the first's runs failed at steps it had no function
+    for."""
+    a, b = idem.Workflow("returns", steps=["a"]), idem.Workflow("returns2", steps=["b"],
+                                                                queue="returns")
+    for cls in (idem.Worker, idem.AsyncWorker):
+        with pytest.raises(ValueError, match="one workflow per queue"):
+            cls(psycopg.connect, [a, b])
+
+
 def test_runs_complete_with_each_effect_once(connect, admin, queue):
     carrier = Carrier()
     wf = returns_workflow.make(carrier.url, queue=queue)
