@@ -210,12 +210,31 @@ def dumps(value: Any) -> str:
 _decoder = json.JSONDecoder(parse_float=decimal.Decimal)
 
 
+def _int(text: str):
+    try:
+        return int(text)
+    except ValueError:
+        # more digits than int() reads (sys.get_int_max_str_digits)
+        return decimal.Decimal(text)
+
+
+# for a text with such an integer: a numeric column or a run's input may
+# hold one, and a ValueError from the worker's claim ended the worker
+_big_decoder = json.JSONDecoder(parse_float=decimal.Decimal, parse_int=_int)
+
+
 def loads(text: str) -> Any:
     """json.loads keeping JSON numbers with a fraction or exponent exact,
-    as Decimal (integers stay int)."""
+    as Decimal (integers stay int, but for one longer than int() reads,
+    4300 digits by default: a Decimal)."""
     if not isinstance(text, str):
-        return json.loads(text, parse_float=decimal.Decimal)     # bytes
-    return _decoder.decode(text)
+        text = text.decode(json.detect_encoding(text), "surrogatepass")   # as json.loads
+    try:
+        return _decoder.decode(text)
+    except json.JSONDecodeError:
+        raise
+    except ValueError:
+        return _big_decoder.decode(text)
 
 
 def to_arg(value: Any) -> Optional[str]:

@@ -118,6 +118,18 @@ def test_delivers_and_acks(cluster, connect, topic, admin):
     assert all(r["attempts"] == 1 for r in rows.values())
 
 
+def test_delivers_an_integer_longer_than_int_reads(cluster, connect, topic, admin):
+    """A payload with an integer of 5001 digits (a numeric column may hold
+    one): read as an exact Decimal; int() refused it (ValueError, more than
+    sys.get_int_max_str_digits) and consume() raised out of its loop."""
+    big = 10 ** 5000
+    publish(connect, topic, "a", amount="1" + "0" * 5000)
+    loop = Loop(cluster.dsn(), topic)
+    until(lambda: len(loop.seen) == 1, what="the delivery")
+    assert loop.finish() == 1
+    assert loop.seen[0]["payload"]["rows"][0]["amount"] == big
+
+
 # Retry-After decides, attempt 1's backoff window being 1 s: exactly 20 s;
 # one later than idem.outbox_max_retry_after (1 day) allows is as late as
 # allowed (it was refused, and the failure lost)

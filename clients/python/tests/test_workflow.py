@@ -343,6 +343,24 @@ def test_a_tiny_retry_after_fails_the_step(connect, admin, queue, retry_after):
         (f"{queue}:tiny",))] == [("step_failed", "carrier 503"), ("completed", None)]
 
 
+def test_a_run_with_an_integer_longer_than_int_reads(connect, admin, queue):
+    """A run whose input holds an integer of 5001 digits (begun in SQL:
+    jsonb writes 1e5000 out in full) runs, the integer an exact Decimal;
+    int() refused it in the claim (ValueError) and Worker.run() raised:
+    each worker that claimed the run ended."""
+    wf = idem.Workflow(queue, steps=["echo"])
+    wf.external("echo")(lambda ctx: {"n": ctx.input["n"]})
+    admin.execute("SELECT idem_run_begin(%s, steps => ARRAY['echo'], input => '{\"n\": 1e5000}',"
+                  " queue => %s)", (f"{queue}:big", queue))
+    w = Running(connect, [wf], concurrency=1, lease=5, poll=0.1)
+    until(lambda: statuses(admin, queue) == {"completed": 1} or not w.thread.is_alive(), 10,
+          "the completed run")
+    assert w.finish()["completed"] == 1
+    response = admin.execute("SELECT response::text FROM idem_run_steps(%s)",
+                             (f"{queue}:big",)).fetchone()[0]
+    assert idem.loads(response) == {"n": 10 ** 5000}
+
+
 def test_a_result_without_json_fails_its_step(connect, admin, queue):
     """An external step returning NaN (no JSON number) fails at once with
     the client's ValueError, though its result is held for the next step's
