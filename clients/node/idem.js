@@ -60,6 +60,10 @@ class CachedError extends IdemError {
 }
 errors.CachedError = CachedError;
 
+// a JSON number, matched where the parse is (sticky), however long: a
+// numeric may have thousands of digits
+const NUMBER = /-?\d+(\.\d+)?([eE][+-]?\d+)?/y;
+
 function parseExact(text) {
   let i = 0;
   const ws = () => { while (' \t\n\r'.includes(text[i])) i++; };
@@ -93,7 +97,8 @@ function parseExact(text) {
     for (const [word, v] of [['true', true], ['false', false], ['null', null]]) {
       if (text.startsWith(word, i)) { i += word.length; return v; }
     }
-    const m = /^-?\d+(\.\d+)?([eE][+-]?\d+)?/.exec(text.slice(i, i + 400));
+    NUMBER.lastIndex = i;
+    const m = NUMBER.exec(text);
     if (!m) throw new SyntaxError(`bad JSON at ${i}`);
     i += m[0].length;
     const n = Number(m[0]);
