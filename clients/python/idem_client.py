@@ -573,6 +573,21 @@ RETRY_AFTER = ("LEAST(%s::interval,"
                " pg_catalog.current_setting('idem.outbox_max_retry_after')::interval)")
 
 
+def _failure_text(e: BaseException) -> str:
+    """What a handler's or a step's exception is recorded as (last_error):
+    a RetryAfter's message, anything else's type and message; with a NUL
+    and a lone surrogate (a byte str decoded with surrogateescape) written
+    as escapes, which a text value cannot hold: the report of the failure
+    failed with them."""
+    try:
+        text = str(e)
+    except Exception:
+        text = object.__repr__(e)
+    if not isinstance(e, RetryAfter):
+        text = f"{type(e).__name__}: {text}"
+    return text.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def _retry_after_seconds(value) -> float:
     if value is None or value == "":
         return 0.0
@@ -825,10 +840,10 @@ def consume(connect: Callable[[], psycopg.Connection], topic: str,
                     handler(event)
                 except RetryAfter as e:
                     report("SELECT idem_outbox_fail(%s, %s, %s, " + RETRY_AFTER + ")",
-                           (event_id, token, str(e), _ttl(e.seconds)), event)
+                           (event_id, token, _failure_text(e), _ttl(e.seconds)), event)
                 except Exception as e:  # the handler's failure is the event's, not the loop's
                     r = report("SELECT idem_outbox_fail(%s, %s, %s)",
-                               (event_id, token, f"{type(e).__name__}: {e}"), event)
+                               (event_id, token, _failure_text(e)), event)
                     if r is not None and r[0] is None:
                         _log.error("idem consumer: event %s is dead after attempt %s: %s",
                                    key, attempt, e)

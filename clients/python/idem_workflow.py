@@ -588,10 +588,8 @@ class _Runs:
         return _loads(text)
 
     def _fail(self, c: _Claimed, name, e: Exception, p: _Progress):
-        if isinstance(e, _idem.RetryAfter):
-            text, after = str(e), _idem._ttl(e.seconds)
-        else:
-            text, after = f"{type(e).__name__}: {e}".strip(), None
+        text = _idem._failure_text(e).strip()
+        after = _idem._ttl(e.seconds) if isinstance(e, _idem.RetryAfter) else None
         self._count("failed_steps")
         try:
             # the external step before it completed, whatever this one did
@@ -808,6 +806,13 @@ class Worker(_Runs):
             began = time.monotonic()
             try:
                 conn = self._drive(conn, self._run(c))
+            except Exception:
+                # what a run's driving raised (its failure could not be
+                # recorded, a bug): the run comes back after its lease, and
+                # the executor goes on, or its next runs would be held for ever
+                _log.exception("idem worker %s: run %s abandoned", self.name, c.run_id)
+                self._close(conn)
+                conn = None
             finally:
                 with self._lock:
                     # the claim loop wakes only when it has a claim to make:
@@ -992,6 +997,11 @@ class AsyncWorker(_Runs):
             began = loop.time()
             try:
                 conn = await self._drive(conn, self._run(c))
+            except Exception:
+                # as Worker's: the run comes back after its lease
+                _log.exception("idem worker %s: run %s abandoned", self.name, c.run_id)
+                await self._close(conn)
+                conn = None
             finally:
                 if self._ended(c, loop.time() - began):
                     self._room.set()

@@ -188,6 +188,21 @@ def test_other_exception_gets_the_server_backoff(cluster, connect, topic, admin)
     assert before + 45 * SECOND <= row["next_attempt_at"] <= after + 45 * SECOND
 
 
+def test_an_exception_text_a_string_cannot_hold(cluster, connect, topic, admin):
+    """A handler's exception with a NUL and a lone surrogate in its message
+    fails the event, the characters escaped; the fail was refused and
+    consume() raised it (the NUL), or raised UnicodeEncodeError (the
+    surrogate)."""
+    publish(connect, topic, "a")
+
+    def handler(event):
+        raise ValueError("bad \x00 byte in \udc80.txt")
+    loop = Loop(cluster.dsn(), topic, handler)
+    until(lambda: events(admin, topic)["a"]["last_error"] is not None, what="the failure")
+    assert loop.finish() == 0
+    assert events(admin, topic)["a"]["last_error"] == "ValueError: bad \\x00 byte in \\udc80.txt"
+
+
 def test_stop_ends_a_long_idle_wait_at_once(cluster, topic):
     loop = Loop(cluster.dsn(), topic, idle=60)
     time.sleep(0.5)   # in its first wait by now

@@ -387,6 +387,33 @@ def test_a_result_without_json_fails_its_step(connect, admin, queue):
         idem.dumps([float("inf")])
 
 
+@pytest.mark.parametrize("message, recorded", [
+    ("bad \x00 byte", "ValueError: bad \\x00 byte"),
+    ("file \udc80.txt", "ValueError: file \\udc80.txt")], ids=["nul", "surrogate"])
+def test_an_exception_text_a_string_cannot_hold(connect, admin, queue, message, recorded):
+    """An exception whose message holds a NUL or a lone surrogate (bytes
+    decoded with surrogateescape) fails its step, the characters escaped:
+    the failure was refused (NUL: lost until the lease ended) or raised out
+    of the executor (the surrogate: its next runs held for ever)."""
+    wf = idem.Workflow(queue, steps=["a"])
+
+    @wf.external("a")
+    def a(ctx):
+        if ctx.attempt == 1:
+            raise ValueError(message)
+        return {}
+    conn = connect()
+    conn.autocommit = True
+    for r in ("r1", "r2"):
+        wf.start(conn, f"{queue}:{r}", input={})
+    w = Running(connect, [wf], concurrency=1, lease=30, poll=0.1)
+    until(lambda: statuses(admin, queue) == {"completed": 2}, 10, "the completed runs")
+    w.finish()
+    assert [r[0] for r in admin.execute(
+        "SELECT error FROM idem_run_attempts WHERE run_id LIKE %s AND outcome = 'step_failed'",
+        (f"{queue}:%",))] == [recorded, recorded]
+
+
 def test_transient_sqlstate_is_retried_by_the_runtime(connect, admin, queue):
     """A serialization failure (40001, advice 'retry') in a step: the step
     fails, the runtime brings the run back, the retry executes once."""
