@@ -268,6 +268,20 @@ class RetryAfter extends Error {
     this.seconds = retryAfterSeconds(seconds);
   }
 }
+// What a handler's or a step's throw is recorded as (last_error): a
+// RetryAfter's message, an Error's name and message, anything else (a
+// string, undefined) as text; a NUL, which a text value cannot hold (the
+// report of the failure failed with it), as an escape.
+function failureText(err) {
+  let text;
+  try {
+    text = err instanceof RetryAfter ? err.message : err instanceof Error ? `${err.name}: ${err.message}` : String(err);
+  } catch (e) {
+    text = Object.prototype.toString.call(err); // no string of its own: Object.create(null)
+  }
+  return text.replace(/\0/g, '\\x00');
+}
+
 // Longer than any server accepts: RETRY_AFTER caps it at the server's
 // idem.outbox_max_retry_after, so a far Retry-After (a year, a date in 2099,
 // Infinity) is "as late as allowed", never a refused failure.
@@ -539,10 +553,10 @@ async function consume(connect, topic, handler, { maxEvents = 10, lease = 30, co
           if (await report('SELECT idem_outbox_ack($1, $2)', [r.event_id, r.lease_token], event)) acked++;
         } else if (failure instanceof RetryAfter) {
           await report(`SELECT idem_outbox_fail($1, $2, $3, ${RETRY_AFTER(4)})`,
-            [r.event_id, r.lease_token, failure.message, interval(failure.seconds)], event);
+            [r.event_id, r.lease_token, failureText(failure), interval(failure.seconds)], event);
         } else {
           // a thrown non-Error (a string, undefined) is still the event's failure
-          const text = failure instanceof Error ? `${failure.name}: ${failure.message}` : String(failure);
+          const text = failureText(failure);
           const due = await report('SELECT idem_outbox_fail($1, $2, $3) AS due',
             [r.event_id, r.lease_token, text], event);
           if (due && due.due === null) {
@@ -564,7 +578,7 @@ const { KeyReused, InProgress, NestedKey, RunNotFound, StepUndeclared, RunNotRun
   EventNotFound, LeaseLost } = errors;
 // listed one by one so that ES modules can import them by name
 module.exports = { execute, step, retry, retryAdvice, consume, RetryAfter, RETRY_AFTER, sqlstateOf, parseExact,
-  toArg, toJson, interval, translate, IdemError, KeyReused, InProgress, NestedKey, RunNotFound, StepUndeclared,
+  toArg, toJson, interval, failureText, translate, IdemError, KeyReused, InProgress, NestedKey, RunNotFound, StepUndeclared,
   RunNotRunning, OutOfSequence, EventNotFound, LeaseLost, CachedError };
 // the workflow layer (workflow.js) is built on the above
 const workflow = require('./workflow.js');

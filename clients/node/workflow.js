@@ -408,8 +408,7 @@ class Worker {
 
   async #fail(client, c, name, err, p) {
     const RetryAfter = lib().RetryAfter;
-    const text = err instanceof RetryAfter ? err.message
-      : err instanceof Error ? `${err.name}: ${err.message}` : String(err);
+    const text = lib().failureText(err);
     const after = err instanceof RetryAfter ? lib().interval(err.seconds) : null;
     this.stats.failedSteps++;
     try {

@@ -176,6 +176,15 @@ describe('consume', () => {
     assert.equal(row.last_error, 'mailer down');
   });
 
+  it('fails the event when the handler throws a NUL in its message (escaped: the fail was refused)', async () => {
+    const t = await freshTopic();
+    await publish(t, 'a');
+    const l = loop(t, () => { throw new Error('bad \0 byte'); });
+    await until(async () => (await events(t)).a.last_error !== null, 'the failure');
+    assert.equal(await l.finish(), 0);
+    assert.equal((await events(t)).a.last_error, 'Error: bad \\x00 byte');
+  });
+
   it('stops a long idle wait at once on abort', async () => {
     const t = await freshTopic();
     const l = loop(t, undefined, { idle: 60 });

@@ -266,6 +266,28 @@ for (const target of ['direct', 'pgbouncer']) {
         [{ outcome: 'step_failed', error: 'carrier 503' }, { outcome: 'completed', error: null }]);
     });
 
+    it('a step throwing a NUL in its message or an object with no string fails, the worker goes on', async () => {
+      // the NUL's failure was refused (lost until the lease ended);
+      // String(Object.create(null)) threw in the executor: an unhandled
+      // rejection, which ends the process
+      const q = await freshQueue();
+      const wf = new idem.Workflow(q, { steps: ['a'] });
+      wf.external('a', async (ctx) => {
+        if (ctx.attempt === 1) throw ctx.runId.endsWith(':nul') ? new Error('bad \0 byte') : Object.create(null);
+        return {};
+      });
+      const c = await connect();
+      for (const r of ['nul', 'bare']) await wf.start(c, `${q}:${r}`, { input: {} });
+      await c.end();
+      const ac = new AbortController();
+      const w = new idem.Worker(connect, [wf], { concurrency: 1, lease: 30, poll: 0.1, signal: ac.signal, log: { warn() {}, error() {} } }).run();
+      await until(async () => (await statuses(q)).completed === 2, 10, 'the completed runs');
+      ac.abort();
+      await w;
+      const errors = (await env.admin.query("SELECT error FROM idem_run_attempts WHERE run_id LIKE $1 || ':%' AND outcome = 'step_failed' ORDER BY run_id", [q])).rows;
+      assert.deepEqual(errors.map((r) => r.error), ['[object Object]', 'Error: bad \\x00 byte']);
+    });
+
     it('a step that throws after its call does not record its neighbour again', async () => {
       const q = await freshQueue();
       const wf = new idem.Workflow(q, { steps: ['label', 'refund'] });
