@@ -589,12 +589,17 @@ def _failure_text(e: BaseException) -> str:
 
 
 def _retry_after_seconds(value) -> float:
-    if value is None or value == "":
+    if value is None or value == "" or value == b"":
         return 0.0
     if isinstance(value, (int, float, decimal.Decimal)):
-        seconds = float(value)
+        try:
+            seconds = float(value)
+        except OverflowError:   # an int past float's range: as late as allowed
+            seconds = float("inf")
     else:
-        text = str(value).strip()
+        # a header's raw bytes (HTTP header values are ISO-8859-1), not str()'s "b'120'"
+        text = (value.decode("latin-1") if isinstance(value, (bytes, bytearray))
+                else str(value)).strip()
         try:
             seconds = float(text)
         except ValueError:
