@@ -357,6 +357,12 @@ class Worker {
       let value;
       try {
         value = await def.fn(ctx);
+      } catch (e) {
+        if (!ctx.response) throw e;
+        // the step's call committed: the step is completed, which cannot fail
+        // (idem_step_fail refuses it, and the run sat under its lease until it
+        // expired, an attempt counted)
+        this.log.warn(`idem worker ${this.name}: run ${c.runId} step ${def.name} threw after its statement committed (the step is completed): ${lib().failureText(e)}`);
       } finally {
         // the call committed the neighbours' records too, even if fn threw after it
         if (ctx.response) {

@@ -533,6 +533,15 @@ class _Runs:
                                 self.name, spec, fold=fold)
             try:
                 value = yield _Fn(spec.fn, ctx)
+            except Exception as e:
+                if ctx._response is None or isinstance(e, _Interrupted):
+                    raise
+                # the step's call committed: the step is completed, which
+                # cannot fail (idem_step_fail refuses it, and the run sat
+                # under its lease until it expired, an attempt counted)
+                _log.warning("idem worker %s: run %s step %s raised after its statement"
+                             " committed (the step is completed): %s", self.name, c.run_id,
+                             spec.name, _idem._failure_text(e))
             finally:
                 if ctx._response is not None:
                     # the call committed the neighbours' records too, even

@@ -314,6 +314,31 @@ for (const target of ['direct', 'pgbouncer']) {
       assert.deepEqual(steps.map((s) => [s.step, s.attempts]), [['label', 1], ['refund', 1]]);
     });
 
+    it('a step that throws after its statement committed is completed; the run goes on', async () => {
+      // idem_step_fail was refused (a completed step cannot fail) and the run
+      // sat under its lease until it expired, an attempt counted
+      const q = await freshQueue();
+      const wf = new idem.Workflow(q, { steps: ['a', 'b'] });
+      wf.step('a', async (ctx) => {
+        await ctx.execute('UPDATE wf_stock SET on_hand = on_hand + 1 WHERE sku = $1', [q]);
+        throw new Error('after the call');
+      }).step('b', (ctx) => ({ b: ctx.results.a.rowcount }));
+      const run = `${q}:after`;
+      const c = await connect();
+      await wf.start(c, run, { input: {} });
+      await c.end();
+      const ac = new AbortController();
+      const w = new idem.Worker(connect, [wf], { concurrency: 1, lease: 30, poll: 0.1, signal: ac.signal, log: { warn() {}, error() {} } });
+      const done = w.run();
+      await until(async () => (await one('SELECT status FROM idem_runs WHERE run_id = $1', [run])).status === 'completed', 10, 'the completed run');
+      ac.abort();
+      const stats = await done;
+      assert.equal(stats.completed, 1);
+      assert.equal(stats.failedSteps, 0);
+      assert.deepEqual((await env.admin.query('SELECT outcome FROM idem_run_attempts WHERE run_id = $1', [run])).rows.map((r) => r.outcome), ['completed']);
+      assert.equal((await one('SELECT on_hand FROM wf_stock WHERE sku = $1', [q])).on_hand, 1);
+    });
+
     it('a taken-over run stops its holder: fenced, nothing executed, no next step', async () => {
       const q = await freshQueue();
       const wf = new idem.Workflow(q, { steps: ['a', 'b'] });

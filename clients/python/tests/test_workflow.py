@@ -654,6 +654,31 @@ def test_a_step_that_raises_after_its_call_does_not_record_its_neighbour_again(
     assert attempts == {"label": 1, "refund": 1}
 
 
+def test_a_step_that_raises_after_its_call_is_completed(connect, admin, queue):
+    """A database step's function raises after its statement committed, a
+    step after it: the step is completed (it cannot fail) and the run goes
+    on at once; idem_step_fail was refused and the run sat under its lease
+    until it expired, an attempt counted."""
+    wf = idem.Workflow(queue, steps=["a", "b"])
+
+    @wf.step("a")
+    def a(ctx):
+        ctx.execute("UPDATE wf_stock SET on_hand = on_hand + 1 WHERE sku = $1", queue)
+        raise ValueError("after the call")
+    wf.step("b")(lambda ctx: {"b": ctx.results["a"]["rowcount"]})
+    conn = connect()
+    conn.autocommit = True
+    run = f"{queue}:after"
+    wf.start(conn, run, input={})
+    w = Running(connect, [wf], concurrency=1, lease=30, poll=0.1)
+    until(lambda: statuses(admin, queue) == {"completed": 1}, 10, "the completed run")
+    stats = w.finish()
+    assert stats["completed"] == 1 and stats["failed_steps"] == 0
+    assert [r[0] for r in admin.execute("SELECT outcome FROM idem_run_attempts WHERE run_id = %s",
+                                        (run,))] == ["completed"]
+    assert admin.execute("SELECT on_hand FROM wf_stock WHERE sku = %s", (queue,)).fetchone()[0] == 1
+
+
 def test_a_slow_step_keeps_its_lease(connect, admin, queue):
     """Lease 1 s, an external call of 2.5 s, two workers: the heartbeat
     keeps the run with its holder, nobody else claims it, one attempt."""
