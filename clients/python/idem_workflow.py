@@ -47,6 +47,8 @@ point, is replaced by any other after its lease.
   after the runtime's backoff; after the run's last attempt the run is
   ``failed``.  An error whose SQLSTATE idem_retry_advice calls transient
   (40001, 40P01...) goes the same way: the runtime's backoff is the retry.
+  A database step whose function raises after its statement committed is
+  completed (it cannot fail): the exception is logged.
 - ``LeaseLost`` (ID412: the lease expired and another worker took the run)
   or a run no longer running (ID423, cancelled) ends the work on that run
   at once: nothing more is called for it.
