@@ -69,6 +69,7 @@ point, is replaced by any other after its lease.
 import asyncio
 import contextlib
 import inspect
+import json
 import logging
 import os
 import random
@@ -89,7 +90,7 @@ _log = logging.getLogger("idem_client.workflow")
 
 # a claimed run as one JSON array, parsed with Decimal numbers: one column
 # for psycopg to read instead of nine (a text[] among them)
-_CLAIM = ("SELECT json_build_array(run_id, input, steps, next_step, attempt, lease_token,"
+_CLAIM = ("SELECT json_build_array(run_id, next_step, lease_token, input, steps, attempt,"
           " results, started_step, started_attempts)::text"
           " FROM idem_run_claim(%s, max_runs => %s, lease => %s::interval, worker => %s,"
           " wait => %s::interval)")
@@ -400,8 +401,28 @@ class _Runs:
 
     def _claimed(self, q, row) -> _Claimed:
         r = _idem.loads(row[0])
-        return _Claimed(self.by_queue[q], r[0], r[1], r[2], r[3], r[4], r[5], r[6] or {}, r[7],
+        return _Claimed(self.by_queue[q], r[0], r[3], r[4], r[1], r[5], r[2], r[6] or {}, r[7],
                         r[8])
+
+    _FAIL = "SELECT idem_step_fail(%s, %s, %s::uuid, %s)"
+
+    def _unreadable(self, row, e: Exception):
+        """A claimed row that does not parse (an input nested deeper than
+        the decoder's recursion limit: RecursionError): its first values,
+        the run id, its next step and the lease token, for the step to fail
+        with e (it raised out of run(), at each claim of the run); None if
+        they do not parse either."""
+        _log.error("idem worker %s: a claimed run cannot be read: %s", self.name,
+                   _idem._failure_text(e))
+        dec, text, i, head = json.JSONDecoder(), row[0], 1, []
+        try:
+            for _ in range(3):
+                value, i = dec.raw_decode(text, i)
+                head.append(value)
+                i += 2          # json_build_array's ", "
+        except ValueError:
+            return None
+        return tuple(head) + (_idem._failure_text(e)[:2000],)
 
     def _claimable(self) -> Optional[int]:
         """How many runs a claim would take now, or None when it should wait
@@ -786,7 +807,14 @@ class Worker(_Runs):
                     rows = _idem._execute(_cursor(conn), _CLAIM, self._claim_params(
                         queues, i, q, free - got, got)).fetchall()
                     for r in rows:
-                        self._hand_over(self._claimed(q, r))
+                        try:
+                            c = self._claimed(q, r)
+                        except Exception as e:
+                            if (fail := self._unreadable(r, e)) is not None:
+                                self._count("failed_steps")
+                                _idem._execute(_cursor(conn), self._FAIL, fail)
+                            continue
+                        self._hand_over(c)
                     got += len(rows)
                 down = 0
             except psycopg.OperationalError as e:
@@ -978,7 +1006,14 @@ class AsyncWorker(_Runs):
                         queues, i, q, free - got, got))
                     rows = await cur.fetchall()
                     for r in rows:
-                        self._hand_over(self._claimed(q, r))
+                        try:
+                            c = self._claimed(q, r)
+                        except Exception as e:
+                            if (fail := self._unreadable(r, e)) is not None:
+                                self._count("failed_steps")
+                                await _idem._aexecute(_cursor(conn), self._FAIL, fail)
+                            continue
+                        self._hand_over(c)
                     got += len(rows)
                 down = 0
             except psycopg.OperationalError as e:

@@ -361,6 +361,30 @@ def test_a_run_with_an_integer_longer_than_int_reads(connect, admin, queue):
     assert idem.loads(response) == {"n": 10 ** 5000}
 
 
+@pytest.mark.parametrize("kind", ["threads", "asyncio"])
+def test_a_run_nested_deeper_than_the_decoder_reads(route, connect, admin, queue, kind):
+    """A run whose input is nested 5000 deep (begun in SQL) fails its step
+    with the decoder's RecursionError, and the worker goes on with the other
+    runs; the error raised out of run() at each claim of the run, ending
+    every worker that claimed it."""
+    wf = idem.Workflow(queue, steps=["a"])
+
+    async def a(ctx):
+        return {}
+    wf.external("a")(a if kind == "asyncio" else lambda ctx: {})
+    admin.execute("SELECT idem_run_begin(%s, steps => ARRAY['a'], queue => %s,"
+                  " input => (repeat('[', 5000) || repeat(']', 5000))::jsonb)",
+                  (f"{queue}:deep", queue))
+    wf.start(admin, f"{queue}:plain", input={})
+    w = (Running(connect, [wf], concurrency=1, lease=5, poll=0.1) if kind == "threads"
+         else RunningAsync(route, [wf], concurrency=1, lease=5, poll=0.1))
+    until(lambda: statuses(admin, queue) == {"failed": 1, "completed": 1}, 20,
+          "the deep run failed, the other completed")
+    assert w.finish()["completed"] == 1
+    assert "RecursionError" in admin.execute("SELECT last_error FROM idem_runs WHERE run_id = %s",
+                                             (f"{queue}:deep",)).fetchone()[0]
+
+
 def test_a_result_without_json_fails_its_step(connect, admin, queue):
     """An external step returning NaN (no JSON number) fails at once with
     the client's ValueError, though its result is held for the next step's
