@@ -249,9 +249,21 @@ class Worker {
             const r = await client.query(CLAIM, [q, free - got, `${this.lease} seconds`, this.name, wait]);
             for (const row of r.rows) {
               this.stats.claimed++;
-              const c = { wf: this.byQueue.get(q), runId: row.run_id, input: row.input === null ? null : lib().parseExact(row.input),
-                steps: row.steps, nextStep: row.next_step, attempt: row.attempt, token: row.token,
-                results: row.results === null ? {} : lib().parseExact(row.results) };
+              let c;
+              try {
+                c = { wf: this.byQueue.get(q), runId: row.run_id, input: row.input === null ? null : lib().parseExact(row.input),
+                  steps: row.steps, nextStep: row.next_step, attempt: row.attempt, token: row.token,
+                  results: row.results === null ? {} : lib().parseExact(row.results) };
+              } catch (e) {
+                // an input nested deeper than the parser's stack (begun in SQL):
+                // the step fails with it; the claim failed, and the rest of its runs
+                // waited for their leases, at each claim of the run
+                this.log.error(`idem worker ${this.name}: run ${row.run_id} cannot be read: ${lib().failureText(e)}`);
+                this.stats.failedSteps++;
+                await client.query('SELECT idem_step_fail($1, $2, $3::uuid, $4)',
+                  [row.run_id, row.next_step, row.token, lib().failureText(e).slice(0, 2000)]);
+                continue;
+              }
               this.active.set(c.runId, { token: c.token, lost: false });
               queue.push(c);
               const w = idle.shift();

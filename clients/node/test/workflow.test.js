@@ -339,6 +339,25 @@ for (const target of ['direct', 'pgbouncer']) {
       assert.equal((await one('SELECT on_hand FROM wf_stock WHERE sku = $1', [q])).on_hand, 1);
     });
 
+    it('a run nested deeper than the parser reads fails its step; the worker goes on', async () => {
+      // its RangeError failed the claim: the run and the others of that claim
+      // waited for their leases, at each claim of the run
+      const q = await freshQueue();
+      const wf = new idem.Workflow(q, { steps: ['a'] });
+      wf.external('a', async () => ({}));
+      await env.admin.query("SELECT idem_run_begin($1, steps => ARRAY['a'], queue => $2," +
+        " input => (repeat('[', 5000) || repeat(']', 5000))::jsonb)", [`${q}:deep`, q]);
+      const c = await connect();
+      await wf.start(c, `${q}:plain`, { input: {} });
+      await c.end();
+      const ac = new AbortController();
+      const w = new idem.Worker(connect, [wf], { concurrency: 2, lease: 30, poll: 0.1, signal: ac.signal, log: { warn() {}, error() {} } }).run();
+      await until(async () => { const s = await statuses(q); return s.failed === 1 && s.completed === 1; }, 10, 'the deep run failed, the other completed');
+      ac.abort();
+      assert.equal((await w).completed, 1);
+      assert.match((await one('SELECT last_error FROM idem_runs WHERE run_id = $1', [`${q}:deep`])).last_error, /RangeError/);
+    });
+
     it('a taken-over run stops its holder: fenced, nothing executed, no next step', async () => {
       const q = await freshQueue();
       const wf = new idem.Workflow(q, { steps: ['a', 'b'] });
