@@ -539,11 +539,13 @@ async function consume(connect, topic, handler, { maxEvents = 10, lease = 30, co
           break;
         }
         const event = { eventId: r.event_id, key: r.key, topic: r.topic, runId: r.run_id,
-          step: r.step, attempt: r.attempt, createdAt: r.created_at, leaseUntil: r.lease_until,
-          payload: parseExact(r.payload) };
+          step: r.step, attempt: r.attempt, createdAt: r.created_at, leaseUntil: r.lease_until };
         let failed = false;
         let failure;
         try {
+          // a payload that does not parse (nested deeper than the parser's
+          // stack) is the event's failure, not the loop's
+          event.payload = parseExact(r.payload);
           await handler(event);
         } catch (err) {
           failed = true;

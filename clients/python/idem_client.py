@@ -839,9 +839,9 @@ def consume(connect: Callable[[], psycopg.Connection], topic: str,
                     break
                 event = {"event_id": event_id, "key": key, "topic": top, "run_id": run_id,
                          "step": step_name, "attempt": attempt, "created_at": created_at,
-                         "lease_until": lease_until,
-                         "payload": loads(payload)}
+                         "lease_until": lease_until}
                 try:
+                    event["payload"] = loads(payload)
                     handler(event)
                 except RetryAfter as e:
                     report("SELECT idem_outbox_fail(%s, %s, %s, " + RETRY_AFTER + ")",

@@ -185,6 +185,24 @@ describe('consume', () => {
     assert.equal((await events(t)).a.last_error, 'Error: bad \\x00 byte');
   });
 
+  it('fails an event whose payload is nested deeper than the parser reads; the loop goes on', async () => {
+    // its RangeError rejected consume()
+    const t = await freshTopic();
+    const c = new pg.Client(env.targets.direct);
+    await c.connect();
+    await c.query('BEGIN');
+    // (execute would parse the response)
+    await c.query("SELECT 1 FROM idem_call($1, $2, '{}', outbox_topic => $3)",
+      [`${t}:deep`, "SELECT (repeat('[', 5000) || repeat(']', 5000))::jsonb AS deep", t]);
+    await c.query('COMMIT');
+    await c.end();
+    await publish(t, 'b');
+    const l = loop(t);
+    await until(async () => (await events(t)).deep.last_error !== null && l.seen.length === 1, 'the failure and the other delivery');
+    assert.equal(await l.finish(), 1);
+    assert.match((await events(t)).deep.last_error, /RangeError/);
+  });
+
   it('stops a long idle wait at once on abort', async () => {
     const t = await freshTopic();
     const l = loop(t, undefined, { idle: 60 });

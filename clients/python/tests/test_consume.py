@@ -130,6 +130,22 @@ def test_delivers_an_integer_longer_than_int_reads(cluster, connect, topic, admi
     assert loop.seen[0]["payload"]["rows"][0]["amount"] == big
 
 
+def test_a_payload_nested_deeper_than_the_decoder_reads(cluster, connect, topic, admin):
+    """A payload nested 5000 deep (a jsonb column of the business rows)
+    fails its event with the decoder's RecursionError and the loop goes on;
+    the error raised out of consume() at each claim of the event."""
+    with connect() as conn, conn.transaction():     # (execute would parse the response)
+        conn.execute("SELECT 1 FROM idem_call(%s, %s, '{}', outbox_topic => %s)",
+                     (f"{topic}:deep", "SELECT (repeat('[', 5000) || repeat(']', 5000))::jsonb"
+                      " AS deep", topic))
+    publish(connect, topic, "b")
+    loop = Loop(cluster.dsn(), topic)
+    until(lambda: events(admin, topic)["deep"]["last_error"] is not None and len(loop.seen) == 1,
+          what="the failure and the other delivery")
+    assert loop.finish() == 1
+    assert "RecursionError" in events(admin, topic)["deep"]["last_error"]
+
+
 # Retry-After decides, attempt 1's backoff window being 1 s: exactly 20 s;
 # one later than idem.outbox_max_retry_after (1 day) allows is as late as
 # allowed (it was refused, and the failure lost)
