@@ -612,8 +612,8 @@ class _Runs:
             # the run's results it returns are not read: psycopg's jsonb
             # loader is json.loads, whose int() refuses an integer of more
             # than 4300 digits after the step committed
-            yield _Sql("SELECT 1 FROM idem_step_complete(%s, %s, %s::jsonb, lease_token => %s::uuid)",
-                       (c.run_id, name, text, c.token))
+            yield _Sql("SELECT 1 FROM idem_step_complete(%s, %s, %s::jsonb,"
+                       " lease_token => %s::uuid)", (c.run_id, name, text, c.token))
         except psycopg.Error as e:
             raise _translated(e)
         # the result as the database holds it (and a resumed run reads it)
