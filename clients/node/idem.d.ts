@@ -71,6 +71,12 @@ export function parseExact(text: string): Json;
 export function translate(err: unknown): unknown;
 /** The text a value is sent as (null and undefined stay NULL). */
 export function toArg(value: Arg): string | null;
+/** An interval's text for seconds (fixed-point, rounded up to the microsecond); a string is returned as it is. */
+export function interval(seconds: number | string | null | undefined): string | null;
+/** What a handler's or a step's throw is recorded as (a NUL escaped). */
+export function failureText(err: unknown): string;
+/** The JSON text of a value (a BigInt as its exact number), as a workflow's input and results are written. */
+export function toJson(value: unknown): string | undefined;
 
 export interface OutboxEvent {
   eventId: string;

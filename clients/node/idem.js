@@ -60,6 +60,10 @@ class CachedError extends IdemError {
 }
 errors.CachedError = CachedError;
 
+// a JSON number, matched where the parse is (sticky), however long: a
+// numeric may have thousands of digits
+const NUMBER = /-?\d+(\.\d+)?([eE][+-]?\d+)?/y;
+
 function parseExact(text) {
   let i = 0;
   const ws = () => { while (' \t\n\r'.includes(text[i])) i++; };
@@ -93,7 +97,8 @@ function parseExact(text) {
     for (const [word, v] of [['true', true], ['false', false], ['null', null]]) {
       if (text.startsWith(word, i)) { i += word.length; return v; }
     }
-    const m = /^-?\d+(\.\d+)?([eE][+-]?\d+)?/.exec(text.slice(i, i + 400));
+    NUMBER.lastIndex = i;
+    const m = NUMBER.exec(text);
     if (!m) throw new SyntaxError(`bad JSON at ${i}`);
     i += m[0].length;
     const n = Number(m[0]);
@@ -113,8 +118,42 @@ function toArg(v) {
   if (v === null || v === undefined) return null;
   if (typeof v === 'string') return v;
   if (v instanceof Date) return v.toISOString();
-  if (typeof v === 'object') return JSON.stringify(v);
+  if (typeof v === 'object') return toJson(v);
   return String(v);
+}
+
+// The JSON text of a value: JSON.stringify's, with a BigInt as the exact
+// number it is (JSON.stringify throws on one), read back as parseExact
+// reads numbers.  A workflow's input and results are written with it: a
+// string is a JSON string there, not toArg's text.
+function toJson(v) {
+  if (typeof v === 'bigint') return v.toString();
+  try {
+    return JSON.stringify(v);
+  } catch (e) {
+    if (!(e instanceof TypeError) || !/BigInt/.test(e.message)) throw e;
+  }
+  if (typeof v.toJSON === 'function') return toJson(v.toJSON());
+  if (Array.isArray(v)) return `[${v.map((x) => toJson(x) ?? 'null').join(',')}]`;
+  const members = [];
+  for (const [k, x] of Object.entries(v)) {
+    const t = toJson(x);
+    if (t !== undefined) members.push(`${JSON.stringify(k)}:${t}`);
+  }
+  return `{${members.join(',')}}`;
+}
+
+// An interval's text for seconds (a number; anything else is taken as an
+// interval's own text): fixed-point, as interval input refuses the exponent
+// JavaScript writes below 1e-6 (1e-7), rounded up to the interval's
+// microsecond, so that a Retry-After comes back no sooner than asked.
+function interval(s) {
+  if (s === null || s === undefined) return null;
+  if (typeof s !== 'number') return s;
+  if (!Number.isFinite(s)) return `${s} seconds`;
+  let t = s.toFixed(6);
+  if (Number(t) < s) t = (Number(t) + 1e-6).toFixed(6);
+  return `${t} seconds`;
 }
 
 function translate(err) {
@@ -129,7 +168,7 @@ const CALL = 'SELECT response::text AS response, replayed, first_executed_at, st
   ' complete_step => $10, complete_result => $11::jsonb, start_step => $12)';
 
 async function call(client, key, runId, stepName, sql, args, opts) {
-  const ttl = typeof opts.ttl === 'number' ? `${opts.ttl} seconds` : opts.ttl;
+  const ttl = interval(opts.ttl);
   const wait = opts.wait === undefined || opts.wait === null ? null : String(Boolean(opts.wait));
   let res;
   try {
@@ -146,6 +185,8 @@ async function call(client, key, runId, stepName, sql, args, opts) {
     firstExecutedAt: row.first_executed_at };
   // a worker's start_step: the started step's key and attempt (null: it had completed)
   if (opts.startStep) out.started = { key: row.started_key, attempt: row.started_attempt };
+  // a worker's step: the whole response, as the run records it
+  if (opts.keepResponse) out.response = response;
   return out;
 }
 
@@ -227,6 +268,20 @@ class RetryAfter extends Error {
     this.seconds = retryAfterSeconds(seconds);
   }
 }
+// What a handler's or a step's throw is recorded as (last_error): a
+// RetryAfter's message, an Error's name and message, anything else (a
+// string, undefined) as text; a NUL, which a text value cannot hold (the
+// report of the failure failed with it), as an escape.
+function failureText(err) {
+  let text;
+  try {
+    text = err instanceof RetryAfter ? err.message : err instanceof Error ? `${err.name}: ${err.message}` : String(err);
+  } catch (e) {
+    text = Object.prototype.toString.call(err); // no string of its own: Object.create(null)
+  }
+  return text.replace(/\0/g, '\\x00');
+}
+
 // Longer than any server accepts: RETRY_AFTER caps it at the server's
 // idem.outbox_max_retry_after, so a far Retry-After (a year, a date in 2099,
 // Infinity) is "as late as allowed", never a refused failure.
@@ -484,11 +539,13 @@ async function consume(connect, topic, handler, { maxEvents = 10, lease = 30, co
           break;
         }
         const event = { eventId: r.event_id, key: r.key, topic: r.topic, runId: r.run_id,
-          step: r.step, attempt: r.attempt, createdAt: r.created_at, leaseUntil: r.lease_until,
-          payload: parseExact(r.payload) };
+          step: r.step, attempt: r.attempt, createdAt: r.created_at, leaseUntil: r.lease_until };
         let failed = false;
         let failure;
         try {
+          // a payload that does not parse (nested deeper than the parser's
+          // stack) is the event's failure, not the loop's
+          event.payload = parseExact(r.payload);
           await handler(event);
         } catch (err) {
           failed = true;
@@ -498,10 +555,10 @@ async function consume(connect, topic, handler, { maxEvents = 10, lease = 30, co
           if (await report('SELECT idem_outbox_ack($1, $2)', [r.event_id, r.lease_token], event)) acked++;
         } else if (failure instanceof RetryAfter) {
           await report(`SELECT idem_outbox_fail($1, $2, $3, ${RETRY_AFTER(4)})`,
-            [r.event_id, r.lease_token, failure.message, `${failure.seconds} seconds`], event);
+            [r.event_id, r.lease_token, failureText(failure), interval(failure.seconds)], event);
         } else {
           // a thrown non-Error (a string, undefined) is still the event's failure
-          const text = failure instanceof Error ? `${failure.name}: ${failure.message}` : String(failure);
+          const text = failureText(failure);
           const due = await report('SELECT idem_outbox_fail($1, $2, $3) AS due',
             [r.event_id, r.lease_token, text], event);
           if (due && due.due === null) {
@@ -523,7 +580,7 @@ const { KeyReused, InProgress, NestedKey, RunNotFound, StepUndeclared, RunNotRun
   EventNotFound, LeaseLost } = errors;
 // listed one by one so that ES modules can import them by name
 module.exports = { execute, step, retry, retryAdvice, consume, RetryAfter, RETRY_AFTER, sqlstateOf, parseExact,
-  toArg, translate, IdemError, KeyReused, InProgress, NestedKey, RunNotFound, StepUndeclared,
+  toArg, toJson, interval, failureText, translate, IdemError, KeyReused, InProgress, NestedKey, RunNotFound, StepUndeclared,
   RunNotRunning, OutOfSequence, EventNotFound, LeaseLost, CachedError };
 // the workflow layer (workflow.js) is built on the above
 const workflow = require('./workflow.js');

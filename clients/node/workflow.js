@@ -41,7 +41,7 @@ const CLAIM = 'SELECT run_id, input::text AS input, steps, next_step, attempt, l
 const STOP_STATES = new Set(['ID412', 'ID423', 'ID404']);
 // a run claimed ahead of a free executor should start within this (s)
 const AHEAD_WAIT = 0.1;
-const seconds = (s) => (s === null || s === undefined ? null : typeof s === 'number' ? `${s} seconds` : s);
+const seconds = (s) => lib().interval(s);
 
 class Workflow {
   constructor(name, { steps, queue = null, maxAttempts = null } = {}) {
@@ -82,7 +82,7 @@ class Workflow {
       const r = await client.query('SELECT status, next_step, created FROM idem_run_begin($1, steps => $2::text[],' +
         ' input => $3::jsonb, queue => $4, max_attempts => $5::integer, backoff_base => $6::interval,' +
         ' backoff_cap => $7::interval, jitter => $8)',
-      [runId, this.steps, input === null ? null : lib().toArg(input), this.queue, this.runMaxAttempts(),
+      [runId, this.steps, input === null || input === undefined ? null : lib().toJson(input), this.queue, this.runMaxAttempts(),
         seconds(backoffBase), seconds(backoffCap), jitter]);
       const row = r.rows[0];
       return { status: row.status, nextStep: row.next_step, created: row.created };
@@ -118,10 +118,12 @@ class Context {
     if (this.def.external) throw new Error(`step ${this.step} is external: it does not execute SQL`);
     if (this.response) throw new Error(`step ${this.step} already executed its statement`);
     const r = await lib().step(this.client, this.runId, this.step, sql, args,
-      { outboxTopic: this.def.outboxTopic, leaseToken: this.leaseToken, ...this.fold });
+      { outboxTopic: this.def.outboxTopic, leaseToken: this.leaseToken, ...this.fold, keepResponse: true });
     this.started = r.started || null;
+    // the result the next steps see: the response a resumed run reads back (its command too)
+    this.response = r.response;
     delete r.started;
-    this.response = { rows: r.rows, rowcount: r.rowcount };
+    delete r.response;
     return r;
   }
 }
@@ -133,6 +135,8 @@ class Worker {
     if (!(prefetch >= 0)) throw new TypeError('prefetch must be at least 0');
     this.connect = connect;
     this.byQueue = new Map(workflows.map((w) => [w.queue, w]));
+    // a claim of the queue cannot tell whose run it took
+    if (this.byQueue.size !== workflows.length) throw new TypeError('one workflow per queue: two of the workflows run on the same queue');
     this.concurrency = concurrency;
     this.prefetch = prefetch;
     this.runTime = null; // a run's, moving average (s)
@@ -245,9 +249,21 @@ class Worker {
             const r = await client.query(CLAIM, [q, free - got, `${this.lease} seconds`, this.name, wait]);
             for (const row of r.rows) {
               this.stats.claimed++;
-              const c = { wf: this.byQueue.get(q), runId: row.run_id, input: row.input === null ? null : lib().parseExact(row.input),
-                steps: row.steps, nextStep: row.next_step, attempt: row.attempt, token: row.token,
-                results: row.results === null ? {} : lib().parseExact(row.results) };
+              let c;
+              try {
+                c = { wf: this.byQueue.get(q), runId: row.run_id, input: row.input === null ? null : lib().parseExact(row.input),
+                  steps: row.steps, nextStep: row.next_step, attempt: row.attempt, token: row.token,
+                  results: row.results === null ? {} : lib().parseExact(row.results) };
+              } catch (e) {
+                // an input nested deeper than the parser's stack (begun in SQL):
+                // the step fails with it; the claim failed, and the rest of its runs
+                // waited for their leases, at each claim of the run
+                this.log.error(`idem worker ${this.name}: run ${row.run_id} cannot be read: ${lib().failureText(e)}`);
+                this.stats.failedSteps++;
+                await client.query('SELECT idem_step_fail($1, $2, $3::uuid, $4)',
+                  [row.run_id, row.next_step, row.token, lib().failureText(e).slice(0, 2000)]);
+                continue;
+              }
               this.active.set(c.runId, { token: c.token, lost: false });
               queue.push(c);
               const w = idle.shift();
@@ -321,7 +337,8 @@ class Worker {
         this.stats.steps++;
         attempt = 1; // a completed step starts the count again
       } catch (e) {
-        if (STOP_STATES.has(e.code)) { this.stats.lost++; return client; }
+        // (a step may throw anything, null and undefined too)
+        if (STOP_STATES.has(e?.code)) { this.stats.lost++; return client; }
         if (Worker.#broken(e)) {
           // whether the step committed is the database's to say: hand the run back
           if (client) client.end().catch(() => {});
@@ -352,6 +369,12 @@ class Worker {
       let value;
       try {
         value = await def.fn(ctx);
+      } catch (e) {
+        if (!ctx.response) throw e;
+        // the step's call committed: the step is completed, which cannot fail
+        // (idem_step_fail refuses it, and the run sat under its lease until it
+        // expired, an attempt counted)
+        this.log.warn(`idem worker ${this.name}: run ${c.runId} step ${def.name} threw after its statement committed (the step is completed): ${lib().failureText(e)}`);
       } finally {
         // the call committed the neighbours' records too, even if fn threw after it
         if (ctx.response) {
@@ -380,7 +403,7 @@ class Worker {
     const value = await def.fn(ctx);
     if (next && !next.external) {
       // recorded with the next step (or before whatever comes instead)
-      const text = lib().toArg(value === undefined || value === null ? {} : value);
+      const text = lib().toJson(value === undefined || value === null ? {} : value);
       p.pending = [def.name, text];
       return lib().parseExact(text);
     }
@@ -396,16 +419,15 @@ class Worker {
   }
 
   async #complete(client, c, name, value, text) {
-    if (text === undefined) text = lib().toArg(value === undefined || value === null ? {} : value);
+    if (text === undefined) text = lib().toJson(value === undefined || value === null ? {} : value);
     await client.query('SELECT idem_step_complete($1, $2, $3::jsonb, lease_token => $4::uuid)', [c.runId, name, text, c.token]);
     return lib().parseExact(text);
   }
 
   async #fail(client, c, name, err, p) {
     const RetryAfter = lib().RetryAfter;
-    const text = err instanceof RetryAfter ? err.message
-      : err instanceof Error ? `${err.name}: ${err.message}` : String(err);
-    const after = err instanceof RetryAfter ? `${err.seconds} seconds` : null;
+    const text = lib().failureText(err);
+    const after = err instanceof RetryAfter ? lib().interval(err.seconds) : null;
     this.stats.failedSteps++;
     try {
       if (!client) client = await this.#open();

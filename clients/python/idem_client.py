@@ -188,7 +188,9 @@ def _json(o, out):
     elif isinstance(o, (datetime.datetime, datetime.date, datetime.time)):
         out.append(json.dumps(o.isoformat()))
     else:
-        out.append(json.dumps(o))
+        # NaN and the infinities have no JSON number: json.dumps would write
+        # NaN, which the server's json input refuses
+        out.append(json.dumps(o, allow_nan=False))
 
 
 def dumps(value: Any) -> str:
@@ -208,12 +210,31 @@ def dumps(value: Any) -> str:
 _decoder = json.JSONDecoder(parse_float=decimal.Decimal)
 
 
+def _int(text: str):
+    try:
+        return int(text)
+    except ValueError:
+        # more digits than int() reads (sys.get_int_max_str_digits)
+        return decimal.Decimal(text)
+
+
+# for a text with such an integer: a numeric column or a run's input may
+# hold one, and a ValueError from the worker's claim ended the worker
+_big_decoder = json.JSONDecoder(parse_float=decimal.Decimal, parse_int=_int)
+
+
 def loads(text: str) -> Any:
     """json.loads keeping JSON numbers with a fraction or exponent exact,
-    as Decimal (integers stay int)."""
+    as Decimal (integers stay int, but for one longer than int() reads,
+    4300 digits by default: a Decimal)."""
     if not isinstance(text, str):
-        return json.loads(text, parse_float=decimal.Decimal)     # bytes
-    return _decoder.decode(text)
+        text = text.decode(json.detect_encoding(text), "surrogatepass")   # as json.loads
+    try:
+        return _decoder.decode(text)
+    except json.JSONDecodeError:
+        raise
+    except ValueError:
+        return _big_decoder.decode(text)
 
 
 def to_arg(value: Any) -> Optional[str]:
@@ -232,11 +253,22 @@ def to_arg(value: Any) -> Optional[str]:
     return str(value)
 
 
+_MICROSECOND = decimal.Decimal("0.000001")
+
+
 def _ttl(ttl):
+    """An interval's text for seconds (a number or a timedelta) or for an
+    interval's own text."""
     if ttl is None:
         return None
     if isinstance(ttl, datetime.timedelta):
-        return f"{ttl.total_seconds()} seconds"
+        ttl = ttl.total_seconds()
+    if isinstance(ttl, float) and ttl == ttl and abs(ttl) != float("inf"):
+        # without the exponent that repr writes below 1e-4 and interval input
+        # refuses (1e-07), rounded up to the interval's microsecond: a
+        # Retry-After comes back no sooner than asked
+        ttl = decimal.Decimal(repr(ttl)).quantize(_MICROSECOND, rounding=decimal.ROUND_CEILING)
+        return f"{ttl:f} seconds"
     if isinstance(ttl, (int, float)):
         return f"{ttl} seconds"
     return str(ttl)
@@ -366,17 +398,18 @@ def _call_query(key, run_id, step_name, sql, args, outbox_topic, ttl, wait, leas
 
 
 def _call_result(out, fold):
-    """The Result of idem_call's row, and with a start_step the started
-    step's (key, attempt)."""
+    """The Result of idem_call's row; for a worker's call (fold not None)
+    (Result, the started step's (key, attempt) or None, the response as
+    the run records it)."""
     replayed, micros, text = out[0].split(_SEP, 2)
     first = _EPOCH + datetime.timedelta(microseconds=int(micros))
     response = loads(text)
     if "error" in response and "command" not in response:
         raise CachedError(response["error"], replayed == "true")
     result = Result(response["rows"], response["rowcount"], replayed == "true", first)
-    if fold and fold.get("start_step") is not None:
-        return result, (out[1], out[2])
-    return result
+    if fold is None:
+        return result
+    return result, ((out[1], out[2]) if fold.get("start_step") is not None else None), response
 
 
 def _call(conn, key, run_id, step_name, sql, args, outbox_topic, ttl, wait, lease_token=None,
@@ -540,13 +573,33 @@ RETRY_AFTER = ("LEAST(%s::interval,"
                " pg_catalog.current_setting('idem.outbox_max_retry_after')::interval)")
 
 
+def _failure_text(e: BaseException) -> str:
+    """What a handler's or a step's exception is recorded as (last_error):
+    a RetryAfter's message, anything else's type and message; with a NUL
+    and a lone surrogate (a byte str decoded with surrogateescape) written
+    as escapes, which a text value cannot hold: the report of the failure
+    failed with them."""
+    try:
+        text = str(e)
+    except Exception:
+        text = object.__repr__(e)
+    if not isinstance(e, RetryAfter):
+        text = f"{type(e).__name__}: {text}"
+    return text.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def _retry_after_seconds(value) -> float:
-    if value is None or value == "":
+    if value is None or value == "" or value == b"":
         return 0.0
     if isinstance(value, (int, float, decimal.Decimal)):
-        seconds = float(value)
+        try:
+            seconds = float(value)
+        except OverflowError:   # an int past float's range: as late as allowed
+            seconds = float("inf")
     else:
-        text = str(value).strip()
+        # a header's raw bytes (HTTP header values are ISO-8859-1), not str()'s "b'120'"
+        text = (value.decode("latin-1") if isinstance(value, (bytes, bytearray))
+                else str(value)).strip()
         try:
             seconds = float(text)
         except ValueError:
@@ -786,16 +839,16 @@ def consume(connect: Callable[[], psycopg.Connection], topic: str,
                     break
                 event = {"event_id": event_id, "key": key, "topic": top, "run_id": run_id,
                          "step": step_name, "attempt": attempt, "created_at": created_at,
-                         "lease_until": lease_until,
-                         "payload": loads(payload)}
+                         "lease_until": lease_until}
                 try:
+                    event["payload"] = loads(payload)
                     handler(event)
                 except RetryAfter as e:
                     report("SELECT idem_outbox_fail(%s, %s, %s, " + RETRY_AFTER + ")",
-                           (event_id, token, str(e), f"{e.seconds} seconds"), event)
+                           (event_id, token, _failure_text(e), _ttl(e.seconds)), event)
                 except Exception as e:  # the handler's failure is the event's, not the loop's
                     r = report("SELECT idem_outbox_fail(%s, %s, %s)",
-                               (event_id, token, f"{type(e).__name__}: {e}"), event)
+                               (event_id, token, _failure_text(e)), event)
                     if r is not None and r[0] is None:
                         _log.error("idem consumer: event %s is dead after attempt %s: %s",
                                    key, attempt, e)

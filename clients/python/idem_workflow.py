@@ -47,6 +47,8 @@ point, is replaced by any other after its lease.
   after the runtime's backoff; after the run's last attempt the run is
   ``failed``.  An error whose SQLSTATE idem_retry_advice calls transient
   (40001, 40P01...) goes the same way: the runtime's backoff is the retry.
+  A database step whose function raises after its statement committed is
+  completed (it cannot fail): the exception is logged.
 - ``LeaseLost`` (ID412: the lease expired and another worker took the run)
   or a run no longer running (ID423, cancelled) ends the work on that run
   at once: nothing more is called for it.
@@ -56,6 +58,8 @@ point, is replaced by any other after its lease.
   their steps run (a slow external call keeps its run); SIGTERM or SIGINT
   (or ``stop``) drains: no more claims, running steps finish, their runs
   are handed back (idem_run_release: due at once, the attempt not counted).
+  A step raising a BaseException that is no Exception (SystemExit,
+  KeyboardInterrupt, CancelledError) drains it too, and run() raises it.
 - Every call is one statement in autocommit, so workers work through
   PgBouncer in transaction mode (connect with prepare_threshold=None
   before PgBouncer 1.21).  On a connection that prepares nothing the
@@ -65,6 +69,7 @@ point, is replaced by any other after its lease.
 import asyncio
 import contextlib
 import inspect
+import json
 import logging
 import os
 import random
@@ -85,7 +90,7 @@ _log = logging.getLogger("idem_client.workflow")
 
 # a claimed run as one JSON array, parsed with Decimal numbers: one column
 # for psycopg to read instead of nine (a text[] among them)
-_CLAIM = ("SELECT json_build_array(run_id, input, steps, next_step, attempt, lease_token,"
+_CLAIM = ("SELECT json_build_array(run_id, next_step, lease_token, input, steps, attempt,"
           " results, started_step, started_attempts)::text"
           " FROM idem_run_claim(%s, max_runs => %s, lease => %s::interval, worker => %s,"
           " wait => %s::interval)")
@@ -264,9 +269,8 @@ class Context:
                 self._spec.outbox_topic, None, None, self.lease_token, self._fold)
 
     def _executed(self, r) -> _idem.Result:
-        if self._fold and "start_step" in self._fold:
-            r, self._started = r
-        self._response = {"rows": r.rows, "rowcount": r.rowcount}
+        # the whole response, as a resumed run reads it in its results
+        r, self._started, self._response = r
         return r
 
     def execute(self, sql: str, *args) -> _idem.Result:
@@ -334,6 +338,12 @@ class _Sql(NamedTuple):
     params: tuple
 
 
+class _Interrupted(Exception):
+    """Thrown into a run whose step raised a BaseException that is no
+    Exception (SystemExit, KeyboardInterrupt, asyncio.CancelledError): the
+    run is handed back and the worker stops; run() raises the original."""
+
+
 class _Fn(NamedTuple):
     """A step function for the driver to call with its context, on the
     run's connection; it sends back the return value (awaited, if it is a
@@ -359,6 +369,9 @@ class _Runs:
         self.connect = connect
         self.workflows = list(workflows)
         self.by_queue = {wf.queue: wf for wf in self.workflows}
+        if len(self.by_queue) != len(self.workflows):
+            # a claim of the queue cannot tell whose run it took
+            raise ValueError("one workflow per queue: two of the workflows run on the same queue")
         self.concurrency = concurrency
         self.prefetch = prefetch
         self.lease = lease
@@ -372,6 +385,7 @@ class _Runs:
         self._active: Dict[str, dict] = {}    # run_id -> {"token", "lost"}
         self._work: List[_Claimed] = []
         self._claims_over = False
+        self._interrupt: Optional[BaseException] = None  # what run() raises once drained
         self._run_time: Optional[float] = None          # a run's, moving average (s)
 
     def _count(self, what, n=1):
@@ -387,8 +401,28 @@ class _Runs:
 
     def _claimed(self, q, row) -> _Claimed:
         r = _idem.loads(row[0])
-        return _Claimed(self.by_queue[q], r[0], r[1], r[2], r[3], r[4], r[5], r[6] or {}, r[7],
+        return _Claimed(self.by_queue[q], r[0], r[3], r[4], r[1], r[5], r[2], r[6] or {}, r[7],
                         r[8])
+
+    _FAIL = "SELECT idem_step_fail(%s, %s, %s::uuid, %s)"
+
+    def _unreadable(self, row, e: Exception):
+        """A claimed row that does not parse (an input nested deeper than
+        the decoder's recursion limit: RecursionError): its first values,
+        the run id, its next step and the lease token, for the step to fail
+        with e (it raised out of run(), at each claim of the run); None if
+        they do not parse either."""
+        _log.error("idem worker %s: a claimed run cannot be read: %s", self.name,
+                   _idem._failure_text(e))
+        dec, text, i, head = json.JSONDecoder(), row[0], 1, []
+        try:
+            for _ in range(3):
+                value, i = dec.raw_decode(text, i)
+                head.append(value)
+                i += 2          # json_build_array's ", "
+        except ValueError:
+            return None
+        return tuple(head) + (_idem._failure_text(e)[:2000],)
 
     def _claimable(self) -> Optional[int]:
         """How many runs a claim would take now, or None when it should wait
@@ -484,6 +518,9 @@ class _Runs:
                              str(e).strip())
                 yield from self._release(c, p)
                 return
+            except _Interrupted:
+                yield from self._release(c, p)
+                return
             except Exception as e:
                 yield from self._failed(c, name, e, p)
                 return
@@ -516,9 +553,18 @@ class _Runs:
             if nxt is not None and nxt.external:
                 fold["start_step"] = nxt.name
             ctx = self._context(c.run_id, spec.name, c.input, results, attempt, c.token, None,
-                                self.name, spec, fold=fold or None)
+                                self.name, spec, fold=fold)
             try:
                 value = yield _Fn(spec.fn, ctx)
+            except Exception as e:
+                if ctx._response is None or isinstance(e, _Interrupted):
+                    raise
+                # the step's call committed: the step is completed, which
+                # cannot fail (idem_step_fail refuses it, and the run sat
+                # under its lease until it expired, an attempt counted)
+                _log.warning("idem worker %s: run %s step %s raised after its statement"
+                             " committed (the step is completed): %s", self.name, c.run_id,
+                             spec.name, _idem._failure_text(e))
             finally:
                 if ctx._response is not None:
                     # the call committed the neighbours' records too, even
@@ -563,18 +609,19 @@ class _Runs:
         if text is None:
             text = _idem.dumps({} if value is None else value)
         try:
-            yield _Sql("SELECT idem_step_complete(%s, %s, %s::jsonb, lease_token => %s::uuid)",
-                       (c.run_id, name, text, c.token))
+            # the run's results it returns are not read: psycopg's jsonb
+            # loader is json.loads, whose int() refuses an integer of more
+            # than 4300 digits after the step committed
+            yield _Sql("SELECT 1 FROM idem_step_complete(%s, %s, %s::jsonb,"
+                       " lease_token => %s::uuid)", (c.run_id, name, text, c.token))
         except psycopg.Error as e:
             raise _translated(e)
         # the result as the database holds it (and a resumed run reads it)
         return _loads(text)
 
     def _fail(self, c: _Claimed, name, e: Exception, p: _Progress):
-        if isinstance(e, _idem.RetryAfter):
-            text, after = str(e), f"{e.seconds} seconds"
-        else:
-            text, after = f"{type(e).__name__}: {e}".strip(), None
+        text = _idem._failure_text(e).strip()
+        after = _idem._ttl(e.seconds) if isinstance(e, _idem.RetryAfter) else None
         self._count("failed_steps")
         try:
             # the external step before it completed, whatever this one did
@@ -623,6 +670,16 @@ class _Runs:
             return run.send(sent) if thrown is None else run.throw(thrown)
         except StopIteration:
             return None
+
+    def _interrupted(self, e: BaseException) -> Exception:
+        """A step (or the driver) raised e, a BaseException that is no
+        Exception: stop (drain), and keep e for run() to raise; what to
+        throw into the run."""
+        with self._lock:
+            if self._interrupt is None:
+                self._interrupt = e
+        self.stop.set()
+        return _Interrupted(repr(e))
 
     def _raised(self, e: Exception, conn) -> Exception:
         """e, raised while doing an ask on conn, to throw into the run:
@@ -692,6 +749,10 @@ class Worker(_Runs):
                     sent = ask.fn(ask.ctx)
             except Exception as e:
                 thrown = self._raised(e, conn)
+            except BaseException as e:
+                # the connection may be mid-statement: the next ask opens another
+                self._close(conn)
+                thrown = self._interrupted(e)
         return conn
 
     # -- the loop ----------------------------------------------------------
@@ -721,6 +782,8 @@ class Worker(_Runs):
                 t.join()
             for sig, old in restore:
                 signal.signal(sig, old)
+        if self._interrupt is not None:
+            raise self._interrupt
         return dict(self.stats)
 
     def _claim_loop(self):
@@ -744,7 +807,14 @@ class Worker(_Runs):
                     rows = _idem._execute(_cursor(conn), _CLAIM, self._claim_params(
                         queues, i, q, free - got, got)).fetchall()
                     for r in rows:
-                        self._hand_over(self._claimed(q, r))
+                        try:
+                            c = self._claimed(q, r)
+                        except Exception as e:
+                            if (fail := self._unreadable(r, e)) is not None:
+                                self._count("failed_steps")
+                                _idem._execute(_cursor(conn), self._FAIL, fail)
+                            continue
+                        self._hand_over(c)
                     got += len(rows)
                 down = 0
             except psycopg.OperationalError as e:
@@ -775,6 +845,13 @@ class Worker(_Runs):
             began = time.monotonic()
             try:
                 conn = self._drive(conn, self._run(c))
+            except Exception:
+                # what a run's driving raised (its failure could not be
+                # recorded, a bug): the run comes back after its lease, and
+                # the executor goes on, or its next runs would be held for ever
+                _log.exception("idem worker %s: run %s abandoned", self.name, c.run_id)
+                self._close(conn)
+                conn = None
             finally:
                 with self._lock:
                     # the claim loop wakes only when it has a claim to make:
@@ -866,6 +943,10 @@ class AsyncWorker(_Runs):
                         sent = await sent
             except Exception as e:
                 thrown = self._raised(e, conn)
+            except BaseException as e:
+                # the connection may be mid-statement: the next ask opens another
+                await self._close(conn)
+                thrown = self._interrupted(e)
         return conn
 
     async def _pause(self, event: asyncio.Event, seconds: float):
@@ -898,6 +979,8 @@ class AsyncWorker(_Runs):
             await asyncio.gather(*tasks, return_exceptions=True)
             for sig in signals:
                 loop.remove_signal_handler(sig)
+        if self._interrupt is not None:
+            raise self._interrupt
         return dict(self.stats)
 
     async def _claim_loop(self):
@@ -923,7 +1006,14 @@ class AsyncWorker(_Runs):
                         queues, i, q, free - got, got))
                     rows = await cur.fetchall()
                     for r in rows:
-                        self._hand_over(self._claimed(q, r))
+                        try:
+                            c = self._claimed(q, r)
+                        except Exception as e:
+                            if (fail := self._unreadable(r, e)) is not None:
+                                self._count("failed_steps")
+                                await _idem._aexecute(_cursor(conn), self._FAIL, fail)
+                            continue
+                        self._hand_over(c)
                     got += len(rows)
                 down = 0
             except psycopg.OperationalError as e:
@@ -953,6 +1043,11 @@ class AsyncWorker(_Runs):
             began = loop.time()
             try:
                 conn = await self._drive(conn, self._run(c))
+            except Exception:
+                # as Worker's: the run comes back after its lease
+                _log.exception("idem worker %s: run %s abandoned", self.name, c.run_id)
+                await self._close(conn)
+                conn = None
             finally:
                 if self._ended(c, loop.time() - began):
                     self._room.set()

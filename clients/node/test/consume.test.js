@@ -137,6 +137,19 @@ describe('consume', () => {
     });
   }
 
+  it('fails with a Retry-After below 1e-6 s (written 1e-7, which interval input refused)', async () => {
+    const t = await freshTopic();
+    await publish(t, 'a');
+    const before = await serverNow();
+    const l = loop(t, () => { throw new idem.RetryAfter(1e-7, 'mailer 429'); });
+    await until(async () => (await events(t)).a.last_error !== null, 'the failure');
+    assert.equal(await l.finish(), 0);
+    const row = (await events(t)).a;
+    assert.equal(row.state, 'pending');
+    assert.equal(row.last_error, 'mailer 429');
+    assert.ok(row.next_attempt_at >= before);
+  });
+
   it("leaves any other error's retry to the server's backoff", async () => {
     const t = await freshTopic();
     await publish(t, 'a');
@@ -161,6 +174,33 @@ describe('consume', () => {
     const row = (await events(t)).a;
     assert.equal(row.state, 'pending');
     assert.equal(row.last_error, 'mailer down');
+  });
+
+  it('fails the event when the handler throws a NUL in its message (escaped: the fail was refused)', async () => {
+    const t = await freshTopic();
+    await publish(t, 'a');
+    const l = loop(t, () => { throw new Error('bad \0 byte'); });
+    await until(async () => (await events(t)).a.last_error !== null, 'the failure');
+    assert.equal(await l.finish(), 0);
+    assert.equal((await events(t)).a.last_error, 'Error: bad \\x00 byte');
+  });
+
+  it('fails an event whose payload is nested deeper than the parser reads; the loop goes on', async () => {
+    // its RangeError rejected consume()
+    const t = await freshTopic();
+    const c = new pg.Client(env.targets.direct);
+    await c.connect();
+    await c.query('BEGIN');
+    // (execute would parse the response)
+    await c.query("SELECT 1 FROM idem_call($1, $2, '{}', outbox_topic => $3)",
+      [`${t}:deep`, "SELECT (repeat('[', 5000) || repeat(']', 5000))::jsonb AS deep", t]);
+    await c.query('COMMIT');
+    await c.end();
+    await publish(t, 'b');
+    const l = loop(t);
+    await until(async () => (await events(t)).deep.last_error !== null && l.seen.length === 1, 'the failure and the other delivery');
+    assert.equal(await l.finish(), 1);
+    assert.match((await events(t)).deep.last_error, /RangeError/);
   });
 
   it('stops a long idle wait at once on abort', async () => {

@@ -66,6 +66,17 @@ for (const target of ['direct', 'pgbouncer']) {
       assert.equal(await count(t), 1);
     });
 
+    it('returns numerics of any length exact', async () => {
+      // a number was read from its first 400 characters only: the rest was
+      // taken for more values (an array's) or failed the parse
+      const c = await connect();
+      const big = `1${'0'.repeat(5000)}`;
+      const frac = `0.${'3'.repeat(600)}`;
+      const r = await tx(c, () => idem.execute(c, `long:${target}`, 'SELECT $1::numeric AS n, v FROM (VALUES ($2::numeric)) AS t (v)', [big, frac]));
+      assert.deepEqual(r.rows, [{ n: big, v: frac }]);
+      assert.deepEqual(idem.parseExact(`[${big}.5, 1]`), [`${big}.5`, 1]);
+    });
+
     it('raises KeyReused for another request under the key', async () => {
       const t = await freshTable();
       const c = await connect();

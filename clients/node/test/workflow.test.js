@@ -74,6 +74,14 @@ function countingConnect(connect, sent) {
   };
 }
 
+describe('Worker', () => {
+  it('refuses two workflows on one queue (the second took the first\'s place)', () => {
+    const a = new idem.Workflow('returns', { steps: ['a'] });
+    const b = new idem.Workflow('returns2', { steps: ['b'], queue: 'returns' });
+    assert.throws(() => new idem.Worker(async () => null, [a, b]), /one workflow per queue/);
+  });
+});
+
 for (const target of ['direct', 'pgbouncer']) {
   describe(target, () => {
     const connect = async () => { const c = new pg.Client(env.targets[target]); await c.connect(); return c; };
@@ -184,6 +192,102 @@ for (const target of ['direct', 'pgbouncer']) {
       assert.equal(mine.filter((t) => t.includes('idem_call')).length, 3);
     });
 
+    it('input and results are JSON as written, and read back on resume as first seen', async () => {
+      // a string, a Date, a BigInt: toArg's text was no JSON (a string, a
+      // Date: the jsonb cast refused it) or threw (a BigInt in an object);
+      // a database step's response lacked its command before the resume
+      const q = await freshQueue();
+      const wf = new idem.Workflow(q, { steps: ['db', 'str', 'date', 'big', 'none', 'look'] });
+      const seen = {};
+      wf.step('db', (ctx) => ctx.execute('SELECT $1::numeric AS amount', ['25.00']))
+        .external('str', async () => 'a plain string')
+        .external('date', async () => new Date(Date.UTC(2026, 0, 2)))
+        .external('big', async () => ({ big: 10n ** 30n, small: 7n, list: [1n] }))
+        .external('none', async () => undefined)
+        .external('look', async (ctx) => {
+          seen[ctx.attempt] = { input: ctx.input, results: { ...ctx.results } };
+          if (ctx.attempt === 1) throw new idem.RetryAfter(0.05); // claimed again, results read back
+          return null;
+        });
+      const run = `${q}:values`;
+      const c = await connect();
+      await wf.start(c, run, { input: 'plain input' });
+      await c.end();
+      const ac = new AbortController();
+      const w = new idem.Worker(connect, [wf], { concurrency: 1, lease: 5, poll: 0.1, signal: ac.signal, log: { warn() {}, error() {} } }).run();
+      await until(async () => (await one('SELECT status FROM idem_runs WHERE run_id = $1', [run])).status === 'completed', 20, 'the completed run');
+      ac.abort();
+      await w;
+      assert.deepEqual(Object.keys(seen), ['1', '2']);
+      assert.deepEqual(seen[1], seen[2]);
+      assert.deepEqual(seen[2], { input: 'plain input', results: { db: { rows: [{ amount: '25.00' }], rowcount: 1, command: 'SELECT' }, str: 'a plain string', date: '2026-01-02T00:00:00.000Z',
+        big: { big: '1000000000000000000000000000000', small: 7, list: [1] }, none: {} } });
+    });
+
+    it('a step throwing null or undefined fails, the worker goes on', async () => {
+      // reading the thrown value's code threw in the worker: an unhandled
+      // rejection, which ends the process
+      const q = await freshQueue();
+      const wf = new idem.Workflow(q, { steps: ['a'] });
+      wf.external('a', async (ctx) => {
+        if (ctx.attempt === 1) throw ctx.runId.endsWith(':null') ? null : undefined;
+        return {};
+      });
+      const c = await connect();
+      for (const r of ['null', 'undefined']) await wf.start(c, `${q}:${r}`, { input: {} });
+      await c.end();
+      const ac = new AbortController();
+      const w = new idem.Worker(connect, [wf], { concurrency: 1, lease: 5, poll: 0.1, signal: ac.signal, log: { warn() {}, error() {} } }).run();
+      await until(async () => (await statuses(q)).completed === 2, 20, 'the completed runs');
+      ac.abort();
+      await w;
+      const errors = (await env.admin.query("SELECT run_id, error FROM idem_run_attempts WHERE run_id LIKE $1 || ':%' AND outcome = 'step_failed' ORDER BY run_id", [q])).rows;
+      assert.deepEqual(errors.map((r) => r.error), ['null', 'undefined']);
+    });
+
+    it('a Retry-After below 1e-6 s fails the step (written 1e-7, which interval input refused)', async () => {
+      // the failure was lost and the run came back only after its lease
+      const q = await freshQueue();
+      const wf = new idem.Workflow(q, { steps: ['label'] });
+      wf.external('label', async (ctx) => {
+        if (ctx.attempt === 1) throw new idem.RetryAfter(1e-7, 'carrier 503');
+        return {};
+      });
+      const run = `${q}:tiny`;
+      const c = await connect();
+      await wf.start(c, run, { input: {} });
+      await c.end();
+      const ac = new AbortController();
+      const w = new idem.Worker(connect, [wf], { concurrency: 1, lease: 30, poll: 0.1, signal: ac.signal, log: { warn() {}, error() {} } }).run();
+      await until(async () => (await one('SELECT status FROM idem_runs WHERE run_id = $1', [run])).status === 'completed', 10, 'the completed run');
+      ac.abort();
+      await w;
+      assert.deepEqual((await env.admin.query('SELECT outcome, error FROM idem_run_attempts WHERE run_id = $1 ORDER BY claim', [run])).rows,
+        [{ outcome: 'step_failed', error: 'carrier 503' }, { outcome: 'completed', error: null }]);
+    });
+
+    it('a step throwing a NUL in its message or an object with no string fails, the worker goes on', async () => {
+      // the NUL's failure was refused (lost until the lease ended);
+      // String(Object.create(null)) threw in the executor: an unhandled
+      // rejection, which ends the process
+      const q = await freshQueue();
+      const wf = new idem.Workflow(q, { steps: ['a'] });
+      wf.external('a', async (ctx) => {
+        if (ctx.attempt === 1) throw ctx.runId.endsWith(':nul') ? new Error('bad \0 byte') : Object.create(null);
+        return {};
+      });
+      const c = await connect();
+      for (const r of ['nul', 'bare']) await wf.start(c, `${q}:${r}`, { input: {} });
+      await c.end();
+      const ac = new AbortController();
+      const w = new idem.Worker(connect, [wf], { concurrency: 1, lease: 30, poll: 0.1, signal: ac.signal, log: { warn() {}, error() {} } }).run();
+      await until(async () => (await statuses(q)).completed === 2, 10, 'the completed runs');
+      ac.abort();
+      await w;
+      const errors = (await env.admin.query("SELECT error FROM idem_run_attempts WHERE run_id LIKE $1 || ':%' AND outcome = 'step_failed' ORDER BY run_id", [q])).rows;
+      assert.deepEqual(errors.map((r) => r.error), ['[object Object]', 'Error: bad \\x00 byte']);
+    });
+
     it('a step that throws after its call does not record its neighbour again', async () => {
       const q = await freshQueue();
       const wf = new idem.Workflow(q, { steps: ['label', 'refund'] });
@@ -208,6 +312,50 @@ for (const target of ['direct', 'pgbouncer']) {
       assert.equal(sent.filter((t) => t.includes('idem_step_complete')).length, 0);
       const steps = (await env.admin.query('SELECT step, attempts FROM idem_run_steps($1)', [run])).rows;
       assert.deepEqual(steps.map((s) => [s.step, s.attempts]), [['label', 1], ['refund', 1]]);
+    });
+
+    it('a step that throws after its statement committed is completed; the run goes on', async () => {
+      // idem_step_fail was refused (a completed step cannot fail) and the run
+      // sat under its lease until it expired, an attempt counted
+      const q = await freshQueue();
+      const wf = new idem.Workflow(q, { steps: ['a', 'b'] });
+      wf.step('a', async (ctx) => {
+        await ctx.execute('UPDATE wf_stock SET on_hand = on_hand + 1 WHERE sku = $1', [q]);
+        throw new Error('after the call');
+      }).step('b', (ctx) => ({ b: ctx.results.a.rowcount }));
+      const run = `${q}:after`;
+      const c = await connect();
+      await wf.start(c, run, { input: {} });
+      await c.end();
+      const ac = new AbortController();
+      const w = new idem.Worker(connect, [wf], { concurrency: 1, lease: 30, poll: 0.1, signal: ac.signal, log: { warn() {}, error() {} } });
+      const done = w.run();
+      await until(async () => (await one('SELECT status FROM idem_runs WHERE run_id = $1', [run])).status === 'completed', 10, 'the completed run');
+      ac.abort();
+      const stats = await done;
+      assert.equal(stats.completed, 1);
+      assert.equal(stats.failedSteps, 0);
+      assert.deepEqual((await env.admin.query('SELECT outcome FROM idem_run_attempts WHERE run_id = $1', [run])).rows.map((r) => r.outcome), ['completed']);
+      assert.equal((await one('SELECT on_hand FROM wf_stock WHERE sku = $1', [q])).on_hand, 1);
+    });
+
+    it('a run nested deeper than the parser reads fails its step; the worker goes on', async () => {
+      // its RangeError failed the claim: the run and the others of that claim
+      // waited for their leases, at each claim of the run
+      const q = await freshQueue();
+      const wf = new idem.Workflow(q, { steps: ['a'] });
+      wf.external('a', async () => ({}));
+      await env.admin.query("SELECT idem_run_begin($1, steps => ARRAY['a'], queue => $2," +
+        " input => (repeat('[', 5000) || repeat(']', 5000))::jsonb)", [`${q}:deep`, q]);
+      const c = await connect();
+      await wf.start(c, `${q}:plain`, { input: {} });
+      await c.end();
+      const ac = new AbortController();
+      const w = new idem.Worker(connect, [wf], { concurrency: 2, lease: 30, poll: 0.1, signal: ac.signal, log: { warn() {}, error() {} } }).run();
+      await until(async () => { const s = await statuses(q); return s.failed === 1 && s.completed === 1; }, 10, 'the deep run failed, the other completed');
+      ac.abort();
+      assert.equal((await w).completed, 1);
+      assert.match((await one('SELECT last_error FROM idem_runs WHERE run_id = $1', [`${q}:deep`])).last_error, /RangeError/);
     });
 
     it('a taken-over run stops its holder: fenced, nothing executed, no next step', async () => {

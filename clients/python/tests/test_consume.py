@@ -118,6 +118,34 @@ def test_delivers_and_acks(cluster, connect, topic, admin):
     assert all(r["attempts"] == 1 for r in rows.values())
 
 
+def test_delivers_an_integer_longer_than_int_reads(cluster, connect, topic, admin):
+    """A payload with an integer of 5001 digits (a numeric column may hold
+    one): read as an exact Decimal; int() refused it (ValueError, more than
+    sys.get_int_max_str_digits) and consume() raised out of its loop."""
+    big = 10 ** 5000
+    publish(connect, topic, "a", amount="1" + "0" * 5000)
+    loop = Loop(cluster.dsn(), topic)
+    until(lambda: len(loop.seen) == 1, what="the delivery")
+    assert loop.finish() == 1
+    assert loop.seen[0]["payload"]["rows"][0]["amount"] == big
+
+
+def test_a_payload_nested_deeper_than_the_decoder_reads(cluster, connect, topic, admin):
+    """A payload nested 5000 deep (a jsonb column of the business rows)
+    fails its event with the decoder's RecursionError and the loop goes on;
+    the error raised out of consume() at each claim of the event."""
+    with connect() as conn, conn.transaction():     # (execute would parse the response)
+        conn.execute("SELECT 1 FROM idem_call(%s, %s, '{}', outbox_topic => %s)",
+                     (f"{topic}:deep", "SELECT (repeat('[', 5000) || repeat(']', 5000))::jsonb"
+                      " AS deep", topic))
+    publish(connect, topic, "b")
+    loop = Loop(cluster.dsn(), topic)
+    until(lambda: events(admin, topic)["deep"]["last_error"] is not None and len(loop.seen) == 1,
+          what="the failure and the other delivery")
+    assert loop.finish() == 1
+    assert "RecursionError" in events(admin, topic)["deep"]["last_error"]
+
+
 # Retry-After decides, attempt 1's backoff window being 1 s: exactly 20 s;
 # one later than idem.outbox_max_retry_after (1 day) allows is as late as
 # allowed (it was refused, and the failure lost)
@@ -140,6 +168,23 @@ def test_retry_after_sets_the_next_attempt(cluster, connect, topic, admin, retry
     assert len(loop.seen) == 1   # not due again while the loop ran
 
 
+def test_a_tiny_retry_after_fails_the_event(cluster, connect, topic, admin):
+    """Retry-After 1e-7 s (below 1e-4, Python writes it with an exponent,
+    which interval input refused: the fail was refused and the loop raised
+    it): the event fails, no earlier than asked, and the loop goes on."""
+    publish(connect, topic, "a")
+
+    def handler(event):
+        raise idem.RetryAfter("0.0000001", "mailer 429")
+    before = server_now(admin)
+    loop = Loop(cluster.dsn(), topic, handler)
+    until(lambda: events(admin, topic)["a"]["last_error"] is not None, what="the failure")
+    assert loop.finish() == 0
+    row = events(admin, topic)["a"]
+    assert row["state"] == "pending" and row["last_error"] == "mailer 429"
+    assert row["next_attempt_at"] >= before + SECOND / 1000000
+
+
 def test_other_exception_gets_the_server_backoff(cluster, connect, topic, admin):
     publish(connect, topic, "a")
 
@@ -157,6 +202,21 @@ def test_other_exception_gets_the_server_backoff(cluster, connect, topic, admin)
     assert row["state"] == "pending"
     assert row["last_error"] == "ConnectionRefusedError: mailer down"
     assert before + 45 * SECOND <= row["next_attempt_at"] <= after + 45 * SECOND
+
+
+def test_an_exception_text_a_string_cannot_hold(cluster, connect, topic, admin):
+    """A handler's exception with a NUL and a lone surrogate in its message
+    fails the event, the characters escaped; the fail was refused and
+    consume() raised it (the NUL), or raised UnicodeEncodeError (the
+    surrogate)."""
+    publish(connect, topic, "a")
+
+    def handler(event):
+        raise ValueError("bad \x00 byte in \udc80.txt")
+    loop = Loop(cluster.dsn(), topic, handler)
+    until(lambda: events(admin, topic)["a"]["last_error"] is not None, what="the failure")
+    assert loop.finish() == 0
+    assert events(admin, topic)["a"]["last_error"] == "ValueError: bad \\x00 byte in \\udc80.txt"
 
 
 def test_stop_ends_a_long_idle_wait_at_once(cluster, topic):

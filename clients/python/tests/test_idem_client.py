@@ -2,6 +2,7 @@
 in transaction mode (the dsn fixture runs each test both ways)."""
 
 import asyncio
+import datetime
 import threading
 from decimal import Decimal
 
@@ -277,6 +278,23 @@ def test_never_advice_is_not_retried(connect, table):
     with pytest.raises(psycopg.errors.InvalidTextRepresentation):
         idem.retry(connect, tx, base=0.01)
     assert calls == [1]
+
+
+def test_retry_after_values():
+    """A Retry-After's odd values: never sooner than asked, capped, and a
+    header's raw bytes and an int past float's range read (str(b"120") was
+    no number nor date, float(10**400) raised OverflowError: either way the
+    step or event failed at the server's backoff, sooner than asked)."""
+    cap = idem._RETRY_AFTER_MAX_S
+    for value, seconds in [(b"120", 120.0), (bytearray(b" 7 "), 7.0), (10 ** 400, cap),
+                           ("1e400", cap), ("-5", 0.0), (float("nan"), 0.0), (None, 0.0),
+                           ("Wed, 21 Oct 2015 07:28:00 GMT", 0.0), (b"", 0.0)]:
+        assert idem.RetryAfter(value).seconds == seconds, value
+    assert 86000 < idem.RetryAfter(
+        (datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(days=1))
+        .strftime("%a, %d %b %Y %H:%M:%S GMT").encode()).seconds <= 86400
+    with pytest.raises(ValueError):
+        idem.RetryAfter("soon")
 
 
 def test_backoff_is_full_jitter(monkeypatch, connect, table, admin):

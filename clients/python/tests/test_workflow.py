@@ -161,6 +161,17 @@ def check_completed(admin, queue, n, carrier, stats):
     assert rec is not None and idem.loads(rec[0]) == {"to": "c3", "amount": Decimal("25.00")}
 
 
+def test_one_workflow_per_queue():
+    """Two workflows on one queue in a worker: refused.  The second took the
+    first's place, and the first's runs failed at steps it had no function
+    for."""
+    a, b = idem.Workflow("returns", steps=["a"]), idem.Workflow("returns2", steps=["b"],
+                                                                queue="returns")
+    for cls in (idem.Worker, idem.AsyncWorker):
+        with pytest.raises(ValueError, match="one workflow per queue"):
+            cls(psycopg.connect, [a, b])
+
+
 def test_runs_complete_with_each_effect_once(connect, admin, queue):
     carrier = Carrier()
     wf = returns_workflow.make(carrier.url, queue=queue)
@@ -309,6 +320,124 @@ def test_retry_after_beyond_the_server_limit_is_the_limit(connect, admin, queue)
     assert datetime.timedelta(hours=23) < due <= datetime.timedelta(days=1)
 
 
+@pytest.mark.parametrize("retry_after", [1e-7, "0.00001"])
+def test_a_tiny_retry_after_fails_the_step(connect, admin, queue, retry_after):
+    """A Retry-After below 1e-4 s (written 1e-07 by Python) fails the step
+    and the run goes on; the failure was refused (interval input) and the
+    run came back only after its lease."""
+    wf = idem.Workflow(queue, steps=["label"])
+
+    @wf.external("label")
+    def label(ctx):
+        if ctx.attempt == 1:
+            raise idem.RetryAfter(retry_after, "carrier 503")
+        return {"label": "l-1"}
+    conn = connect()
+    conn.autocommit = True
+    wf.start(conn, f"{queue}:tiny", input={})
+    w = Running(connect, [wf], concurrency=1, lease=30, poll=0.1)
+    until(lambda: statuses(admin, queue) == {"completed": 1}, 10, "the completed run")
+    w.finish()
+    assert [r[:2] for r in admin.execute(
+        "SELECT outcome, error FROM idem_run_attempts WHERE run_id = %s ORDER BY claim",
+        (f"{queue}:tiny",))] == [("step_failed", "carrier 503"), ("completed", None)]
+
+
+def test_a_run_with_an_integer_longer_than_int_reads(connect, admin, queue):
+    """A run whose input holds an integer of 5001 digits (begun in SQL:
+    jsonb writes 1e5000 out in full) runs, the integer an exact Decimal;
+    int() refused it in the claim (ValueError) and Worker.run() raised:
+    each worker that claimed the run ended."""
+    wf = idem.Workflow(queue, steps=["echo"])
+    wf.external("echo")(lambda ctx: {"n": ctx.input["n"]})
+    admin.execute("SELECT idem_run_begin(%s, steps => ARRAY['echo'], input => '{\"n\": 1e5000}',"
+                  " queue => %s)", (f"{queue}:big", queue))
+    w = Running(connect, [wf], concurrency=1, lease=5, poll=0.1)
+    until(lambda: statuses(admin, queue) == {"completed": 1} or not w.thread.is_alive(), 10,
+          "the completed run")
+    assert w.finish()["completed"] == 1
+    response = admin.execute("SELECT response::text FROM idem_run_steps(%s)",
+                             (f"{queue}:big",)).fetchone()[0]
+    assert idem.loads(response) == {"n": 10 ** 5000}
+
+
+@pytest.mark.parametrize("kind", ["threads", "asyncio"])
+def test_a_run_nested_deeper_than_the_decoder_reads(route, connect, admin, queue, kind):
+    """A run whose input is nested 5000 deep (begun in SQL) fails its step
+    with the decoder's RecursionError, and the worker goes on with the other
+    runs; the error raised out of run() at each claim of the run, ending
+    every worker that claimed it."""
+    wf = idem.Workflow(queue, steps=["a"])
+
+    async def a(ctx):
+        return {}
+    wf.external("a")(a if kind == "asyncio" else lambda ctx: {})
+    admin.execute("SELECT idem_run_begin(%s, steps => ARRAY['a'], queue => %s,"
+                  " input => (repeat('[', 5000) || repeat(']', 5000))::jsonb)",
+                  (f"{queue}:deep", queue))
+    wf.start(admin, f"{queue}:plain", input={})
+    w = (Running(connect, [wf], concurrency=1, lease=5, poll=0.1) if kind == "threads"
+         else RunningAsync(route, [wf], concurrency=1, lease=5, poll=0.1))
+    until(lambda: statuses(admin, queue) == {"failed": 1, "completed": 1}, 20,
+          "the deep run failed, the other completed")
+    assert w.finish()["completed"] == 1
+    assert "RecursionError" in admin.execute("SELECT last_error FROM idem_runs WHERE run_id = %s",
+                                             (f"{queue}:deep",)).fetchone()[0]
+
+
+def test_a_result_without_json_fails_its_step(connect, admin, queue):
+    """An external step returning NaN (no JSON number) fails at once with
+    the client's ValueError, though its result is held for the next step's
+    call: json.dumps wrote NaN, the next call's complete_result was refused,
+    its failure too, and the run came back only after its lease."""
+    wf = idem.Workflow(queue, steps=["quote", "pay"])
+
+    @wf.external("quote")
+    def quote(ctx):
+        return {"rate": float("nan") if ctx.attempt == 1 else Decimal("1.25")}
+    wf.step("pay")(lambda ctx: ctx.execute("SELECT $1::numeric AS rate",
+                                           ctx.results["quote"]["rate"]))
+    conn = connect()
+    conn.autocommit = True
+    wf.start(conn, f"{queue}:nan", input={})
+    w = Running(connect, [wf], concurrency=1, lease=30, poll=0.1)
+    until(lambda: statuses(admin, queue) == {"completed": 1}, 10, "the completed run")
+    w.finish()
+    (o1, e1, s1), (o2, _, _) = admin.execute(
+        "SELECT outcome, error, step FROM idem_run_attempts WHERE run_id = %s ORDER BY claim",
+        (f"{queue}:nan",)).fetchall()
+    assert (o1, s1, o2) == ("step_failed", "quote", "completed") and e1.startswith("ValueError")
+    with pytest.raises(ValueError):
+        idem.dumps([float("inf")])
+
+
+@pytest.mark.parametrize("message, recorded", [
+    ("bad \x00 byte", "ValueError: bad \\x00 byte"),
+    ("file \udc80.txt", "ValueError: file \\udc80.txt")], ids=["nul", "surrogate"])
+def test_an_exception_text_a_string_cannot_hold(connect, admin, queue, message, recorded):
+    """An exception whose message holds a NUL or a lone surrogate (bytes
+    decoded with surrogateescape) fails its step, the characters escaped:
+    the failure was refused (NUL: lost until the lease ended) or raised out
+    of the executor (the surrogate: its next runs held for ever)."""
+    wf = idem.Workflow(queue, steps=["a"])
+
+    @wf.external("a")
+    def a(ctx):
+        if ctx.attempt == 1:
+            raise ValueError(message)
+        return {}
+    conn = connect()
+    conn.autocommit = True
+    for r in ("r1", "r2"):
+        wf.start(conn, f"{queue}:{r}", input={})
+    w = Running(connect, [wf], concurrency=1, lease=30, poll=0.1)
+    until(lambda: statuses(admin, queue) == {"completed": 2}, 10, "the completed runs")
+    w.finish()
+    assert [r[0] for r in admin.execute(
+        "SELECT error FROM idem_run_attempts WHERE run_id LIKE %s AND outcome = 'step_failed'",
+        (f"{queue}:%",))] == [recorded, recorded]
+
+
 def test_transient_sqlstate_is_retried_by_the_runtime(connect, admin, queue):
     """A serialization failure (40001, advice 'retry') in a step: the step
     fails, the runtime brings the run back, the retry executes once."""
@@ -336,6 +465,42 @@ def test_transient_sqlstate_is_retried_by_the_runtime(connect, admin, queue):
     errors = [r[0] for r in admin.execute("SELECT error FROM idem_run_attempts WHERE run_id = %s"
                                           " ORDER BY claim", (f"{queue}:pay",))]
     assert "conflict" in errors[0] and errors[-1] is None
+
+
+def test_results_read_back_on_resume_are_those_seen_before(connect, admin, queue):
+    """What each step returned, as the next steps see it in ctx.results,
+    is what a resumed run reads back from the database: a database step's
+    whole response (its command too), Decimals, dates, big integers,
+    non-str keys, None; by _complete, by a result held for the next call,
+    and by a step that writes nothing."""
+    wf = idem.Workflow(queue, steps=["db", "ext", "held", "quiet", "none", "look"])
+    seen = {}
+    wf.step("db")(lambda ctx: ctx.execute("SELECT $1::numeric AS amount, 2 AS n",
+                                          Decimal("25.00")))
+    wf.external("ext")(lambda ctx: {
+        "amount": Decimal("1.50"), "at": datetime.datetime(2026, 1, 2, 3, 4, 5),
+        "big": 10**30, 1: "an int key", "pair": (1, 2), "nothing": None, "s": "it's \\ \u00e9"})
+    wf.external("held")(lambda ctx: "a plain string")       # held for quiet's call
+    wf.step("quiet")(lambda ctx: [Decimal("0.10"), None])
+    wf.external("none")(lambda ctx: None)
+
+    @wf.external("look")
+    def look(ctx):
+        seen[ctx.attempt] = dict(ctx.results)
+        if ctx.attempt == 1:
+            raise idem.RetryAfter(0.05)     # the run is claimed again, its results read back
+    conn = connect()
+    conn.autocommit = True
+    wf.start(conn, f"{queue}:values", input={})
+    w = Running(connect, [wf], concurrency=1, lease=5, poll=0.1)
+    until(lambda: statuses(admin, queue) == {"completed": 1}, 20, "the completed run")
+    w.finish()
+    assert sorted(seen) == [1, 2]
+    assert seen[1] == seen[2]
+    assert seen[1]["db"] == {"rows": [{"amount": Decimal("25.00"), "n": 2}], "rowcount": 1,
+                             "command": "SELECT"}
+    assert type(seen[2]["ext"]["amount"]) is Decimal and seen[2]["ext"]["big"] == 10**30
+    assert seen[2]["quiet"] == [Decimal("0.10"), None] and seen[2]["none"] == {}
 
 
 def test_external_steps_ride_on_the_database_steps_calls(connect, admin, queue):
@@ -513,6 +678,31 @@ def test_a_step_that_raises_after_its_call_does_not_record_its_neighbour_again(
     assert attempts == {"label": 1, "refund": 1}
 
 
+def test_a_step_that_raises_after_its_call_is_completed(connect, admin, queue):
+    """A database step's function raises after its statement committed, a
+    step after it: the step is completed (it cannot fail) and the run goes
+    on at once; idem_step_fail was refused and the run sat under its lease
+    until it expired, an attempt counted."""
+    wf = idem.Workflow(queue, steps=["a", "b"])
+
+    @wf.step("a")
+    def a(ctx):
+        ctx.execute("UPDATE wf_stock SET on_hand = on_hand + 1 WHERE sku = $1", queue)
+        raise ValueError("after the call")
+    wf.step("b")(lambda ctx: {"b": ctx.results["a"]["rowcount"]})
+    conn = connect()
+    conn.autocommit = True
+    run = f"{queue}:after"
+    wf.start(conn, run, input={})
+    w = Running(connect, [wf], concurrency=1, lease=30, poll=0.1)
+    until(lambda: statuses(admin, queue) == {"completed": 1}, 10, "the completed run")
+    stats = w.finish()
+    assert stats["completed"] == 1 and stats["failed_steps"] == 0
+    assert [r[0] for r in admin.execute("SELECT outcome FROM idem_run_attempts WHERE run_id = %s",
+                                        (run,))] == ["completed"]
+    assert admin.execute("SELECT on_hand FROM wf_stock WHERE sku = %s", (queue,)).fetchone()[0] == 1
+
+
 def test_a_slow_step_keeps_its_lease(connect, admin, queue):
     """Lease 1 s, an external call of 2.5 s, two workers: the heartbeat
     keeps the run with its holder, nobody else claims it, one attempt."""
@@ -564,6 +754,55 @@ def test_a_taken_over_run_stops_its_holder(connect, admin, queue):
     assert admin.execute("SELECT on_hand FROM wf_stock WHERE sku = %s", (queue,)).fetchone()[0] == 0
     assert [r[0] for r in admin.execute("SELECT outcome FROM idem_run_attempts WHERE run_id = %s"
                                         " ORDER BY claim", (f"{queue}:t",))] == ["lease_expired", None]
+
+
+@pytest.mark.parametrize("kind", ["threads", "asyncio"])
+def test_a_step_raising_systemexit_stops_its_worker(route, admin, queue, kind):
+    """SystemExit (KeyboardInterrupt, CancelledError: a BaseException, no
+    Exception) from a step stops the worker: its runs are handed back and
+    run() raises it.  It killed the executor, whose runs stayed held under
+    a heartbeat, for ever, and run() never returned."""
+    dsn, kw = route
+    wf = idem.Workflow(queue, steps=["a"])
+    ran = []
+
+    def a(ctx):
+        ran.append(ctx.run_id)
+        raise SystemExit(3)
+
+    async def a_async(ctx):
+        return a(ctx)
+    wf.external("a")(a if kind == "threads" else a_async)
+    for r in ("r1", "r2"):
+        wf.start(admin, f"{queue}:{r}", input={})
+    out = []
+    if kind == "threads":
+        w = idem.Worker(lambda: psycopg.connect(dsn, **kw), [wf], concurrency=1, lease=30,
+                        poll=0.1, stop=threading.Event())
+        run = w.run
+    else:
+        w = idem.AsyncWorker(lambda: psycopg.AsyncConnection.connect(dsn, **kw), [wf],
+                             concurrency=1, lease=30, poll=0.1, stop=asyncio.Event())
+
+        def run():
+            return asyncio.run(w.run())
+
+    def go():
+        try:
+            out.append(run())
+        except BaseException as e:
+            out.append(e)
+    t = threading.Thread(target=go, daemon=True)
+    t.start()
+    t.join(15)
+    assert not t.is_alive(), "the worker did not stop"
+    assert type(out[0]) is SystemExit and out[0].code == 3
+    assert len(ran) == 1
+    # handed back (due now, unleased), the other run not held either
+    assert admin.execute("SELECT count(*) FROM idem_runs WHERE queue = %s AND status = 'running'"
+                         " AND lease_until IS NULL", (queue,)).fetchone()[0] == 2
+    assert admin.execute("SELECT outcome FROM idem_run_attempts WHERE run_id = %s",
+                         (ran[0],)).fetchall() == [("released",)]
 
 
 def worker_proc(dsn, carrier_url, queue, name, log, concurrency=2, lease=1.0, extra=()):
