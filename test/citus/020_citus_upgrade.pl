@@ -29,6 +29,13 @@
 #  - a shard group moved after the upgrade carries its tenants' records:
 #    retries replay through every entry node, a new call and a run's step
 #    run on the new node, its event is delivered there
+#  - a database whose tenant is text of collation "C" (Citus 13 registers
+#    its group under the default collation, and Citus 14's
+#    citus_finish_citus_upgrade() moves the tables to a new group, leaving
+#    idem's functions delegated by the old one): a call through another
+#    node than the tenant's is IDC01, writing nothing; once the colocation
+#    is declared again, every tenant function is delegated by the tables'
+#    group and the retries replay through every entry node
 
 use strict;
 use warnings FATAL => 'all';
@@ -181,6 +188,40 @@ is(count_of('payments'), 48, "Citus $from: one row per call and step");
 		'... neither wrote a row');
 }
 
+# a text tenant of collation "C", in a database of its own: Citus 14's
+# citus_finish_citus_upgrade() takes a table whose distribution column's
+# collation is not its colocation group's out of the group
+citus_database('tc', @nodes);
+$coord->safe_psql(
+	'tc', q{
+CREATE EXTENSION idem;
+CREATE TABLE accounts (tenant text COLLATE "C" NOT NULL, note text NOT NULL);
+SELECT create_distributed_table('accounts', 'tenant');
+SELECT idem_citus_colocate('accounts');
+});
+note('Citus ' . $from . "'s colocation groups in tc (id, collation): "
+	  . $coord->safe_psql('tc',
+		'SELECT string_agg(colocationid || \':\' || distributioncolumncollation, \',\') FROM pg_dist_colocation'));
+my $tc_insert = q{'INSERT INTO accounts VALUES ($1, $2) RETURNING tenant, note'};
+my @tc_tenants = ('acme', 'acme:k', 'Zeta');
+my %tc_first;
+
+sub tc_call
+{
+	my ($node, $t) = @_;
+	my ($ret, $out, $err) = $node->psql('tc',
+		"SELECT replayed, response FROM idem_citus_call('$t'::text, 'c-1', $tc_insert, '$t'::text, 'c-1')",
+		extra_params => [ '-v', 'VERBOSITY=verbose' ]);
+	diag($err) if $err =~ /ERROR/;
+	return $out;
+}
+for my $t (@tc_tenants)
+{
+	my $out = tc_call($w2, $t);
+	like($out, qr/^f\|/, "Citus $from: text tenant '$t' of collation \"C\" executes");
+	$tc_first{$t} = (split /\|/, $out, 2)[1];
+}
+
 my @delivered = map { consume($_, 4) } ($w1, $w2);
 is(scalar(@delivered), 8, "Citus $from: 8 events delivered before the upgrade");
 is(count_of("idem.citus_outbox WHERE state = 'pending'"), 16,
@@ -217,14 +258,50 @@ my %session = map {
 } ($coord, $w1);
 $session{ $_->name }->query('SELECT 1') for ($coord, $w1);
 
-$_->safe_psql('postgres', 'ALTER EXTENSION citus UPDATE') for @nodes;
-$coord->safe_psql('postgres', 'CALL citus_finish_citus_upgrade()');
+# in every database where Citus is installed
+for my $db ('postgres', 'tc')
+{
+	$_->safe_psql($db, 'ALTER EXTENSION citus UPDATE') for @nodes;
+	$coord->safe_psql($db, 'CALL citus_finish_citus_upgrade()');
+}
 is(citus_versions(), join(',', ($to) x 3), "every node runs Citus $to");
 is(count_of("payments WHERE note = 'pay-window'")
 	  . count_of("idem.citus_keys WHERE key = 'pay-window'"),
 	'00', 'the calls Citus refused during the upgrade wrote nothing');
 is(groups('postgres', 'payments'), '1',
 	"Citus $to: idem's tables still in payments' colocation group");
+is(groups('tc', 'accounts'), '1',
+	"Citus $to: and in the group of a text column of collation \"C\"");
+# Citus 13 registered that group under the database's default collation:
+# citus_finish_citus_upgrade() moved its tables to a new group, and left
+# idem's functions delegated by the old one
+{
+	my ($ret, $out, $err) = $coord->psql('tc',
+		"SELECT replayed FROM idem_citus_call('acme'::text, 'c-1', $tc_insert, 'acme'::text, 'c-1')",
+		extra_params => [ '-v', 'VERBOSITY=verbose' ]);
+	is(sqlstate_of($err), 'IDC01',
+		"Citus $to: a call whose function Citus no longer delegates is IDC01");
+	like($err, qr/declared again/, '... asking for the colocation to be declared again');
+	is($coord->safe_psql('tc', 'SELECT count(*) FROM accounts'), '3', '... writing nothing');
+}
+$coord->safe_psql('tc', "SELECT idem_citus_colocate('accounts')");
+is( $coord->safe_psql(
+		'tc', q{
+SELECT count(*) FROM pg_dist_object o JOIN pg_proc f ON f.oid = o.objid
+  JOIN pg_dist_partition p
+    ON p.logicalrelid = 'idem.citus_keys'::regclass AND o.colocationid = p.colocationid
+ WHERE o.classid = 'pg_proc'::regclass AND f.proname LIKE 'idem\_citus\_%'
+   AND o.distribution_argument_index = 0 AND o.force_delegation}),
+	$coord->safe_psql('tc', q{SELECT count(*) FROM pg_proc WHERE proname LIKE 'idem\_citus\_%'
+		AND proargnames[1] = 'tenant'}),
+	"... declared again: every tenant function delegated by idem.citus_keys' group");
+for my $t (@tc_tenants)
+{
+	is(join(',', map { tc_call($_, $t) } @nodes),
+		join(',', ("t|$tc_first{$t}") x 3),
+		"Citus $to: text tenant '$t''s retries replay through every entry node");
+}
+is($coord->safe_psql('tc', 'SELECT count(*) FROM accounts'), '3', '... one row each');
 
 # --- after the upgrade: retries replay through every entry node
 for my $t (@tenants)
