@@ -129,9 +129,10 @@ if [ -n "$need" ]; then
 fi
 
 # The staged build of release $1 for this PostgreSQL (built unless cached):
-# its directory, in $stage.
+# its directory, in $stage ($build is global: the EXIT trap removes it if the
+# build fails).
 stage_citus() {
-	local version=$1 tarball=$vendor/citus-$1.tar.gz patch key build src t
+	local version=$1 tarball=$vendor/citus-$1.tar.gz patch key src t
 	patch=$(patch_of "$version")
 	key=$( {
 		sha256sum "$tarball" | cut -d' ' -f1
