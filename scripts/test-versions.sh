@@ -20,6 +20,13 @@
 #            read-only where the clone looks for it (../shared/vendor), and
 #            the Citus build cache (/var/cache/idem-citus) too unless
 #            --no-cache
+#   citus upgrade
+#            with --citus-upgrade <release> (trixie: PostgreSQL 17, which
+#            both 13.2.2 and 14.0.1 support), in the same root after the
+#            citus part, scripts/test-citus.sh --upgrade-from 13.2.2:
+#            test/citus/020_citus_upgrade.pl makes idem's tenant records
+#            under Citus 13.2.2, upgrades the cluster to 14.0.1 and checks
+#            them (the same mounts)
 #   use      a second root with postgresql-<major> and no compiler, make,
 #            headers or source tree installs that .deb alone and
 #            scripts/check-package.sh exercises it (create, execute, replay,
@@ -28,6 +35,7 @@
 #   scripts/test-versions.sh [--release bookworm|trixie|forky]... [--no-cache]
 #                            [--no-suite bookworm|trixie|forky]...
 #                            [--citus bookworm|trixie|forky]...
+#                            [--citus-upgrade trixie]
 #                            [--parallel-suites] [--keep]
 #
 # --no-suite skips a release's suite and keeps its package parts: .ci/run
@@ -52,6 +60,7 @@ all_releases="bookworm trixie forky"
 releases=""
 no_suite=""
 citus=""
+citus_upgrade=""
 use_cache=1
 parallel_suites=0
 keep=0
@@ -75,6 +84,12 @@ while [ $# -gt 0 ]; do
 			[ $# -ge 2 ] || usage
 			case " $all_releases " in *" $2 "*) citus="$citus $2" ;; *) usage ;; esac
 			shift ;;
+		--citus-upgrade)
+			# the older release must build against the major too: 13.2.2
+			# supports 15 to 17, 14.0.1 16 to 18
+			[ $# -ge 2 ] && [ "$2" = trixie ] || usage
+			citus_upgrade="$citus_upgrade $2"
+			shift ;;
 		--no-cache) use_cache=0 ;;
 		--parallel-suites) parallel_suites=1 ;;
 		--keep) keep=1 ;;
@@ -91,11 +106,11 @@ die() { echo "test-versions: $*" >&2; exit 1; }
 head=$(git -C "$top" rev-parse HEAD)
 citus_cache=/var/cache/idem-citus
 vendor=""
-if [ -n "$citus" ]; then
+if [ -n "$citus$citus_upgrade" ]; then
 	for d in ${CITUS_VENDOR:-} "$top/../shared/vendor" "$top/../../shared/vendor" /work/shared/vendor; do
 		if compgen -G "$d/citus-*.tar.gz" >/dev/null; then vendor=$(cd "$d" && pwd); break; fi
 	done
-	[ -n "$vendor" ] || die "--citus: no vendored Citus sources (set CITUS_VENDOR)"
+	[ -n "$vendor" ] || die "--citus, --citus-upgrade: no vendored Citus sources (set CITUS_VENDOR)"
 fi
 if ! command -v debootstrap >/dev/null; then
 	say "installing debootstrap"
@@ -182,15 +197,16 @@ prove_release() {	# release
 	}
 	# the vendored sources live outside the repository, and the clone has
 	# none: lend them to the root for this part only
-	citus_suite() {
-		local rc=0
+	citus_suite() {	# [test-citus.sh option]...
+		local rc=0 log=$logs/$rel-citus.log
+		[ $# -eq 0 ] || log=$logs/$rel-citus-upgrade.log
 		mkdir -p "$dev/root/shared/vendor"
 		mount --bind -o ro "$vendor" "$dev/root/shared/vendor" || return 1
 		if [ $use_cache -eq 1 ]; then
 			mkdir -p "$citus_cache" "$dev$citus_cache"
 			mount --bind "$citus_cache" "$dev$citus_cache" || return 1
 		fi
-		in_turn "$dev" "$logs/$rel-citus.log" ./scripts/test-citus.sh || rc=1
+		in_turn "$dev" "$log" ./scripts/test-citus.sh "$@" || rc=1
 		# the servers it started must not hold the mounts
 		kill_in_root "$dev"
 		umount "$dev/root/shared/vendor" || rc=1
@@ -236,6 +252,10 @@ prove_release() {	# release
 	esac
 	case " $citus " in
 		*" $rel "*) release_part "citus (scripts/test-citus.sh)" citus_suite || rc=1 ;;
+	esac
+	case " $citus_upgrade " in
+		*" $rel "*) release_part "citus upgrade (--upgrade-from 13.2.2)" \
+			citus_suite --upgrade-from 13.2.2 || rc=1 ;;
 	esac
 	release_part "package (pg_buildext, lintian)" package || return 1
 	remove_root "$dev" || true

@@ -473,8 +473,27 @@ create_tenant_objects(const char *nsp, const char *typname, const char *coltype,
 										 citus_calls[i].args);
 		char	   *old_signature = NULL;
 
+		values[0] = CStringGetTextDatum(signature);
 		if (have_keys && idem_function_exists(signature))
+		{
+			/*
+			 * Kept, but delegated by another colocation group than the
+			 * tables' (Citus moved the tables and not the functions, as
+			 * Citus 14's citus_finish_citus_upgrade() does for a group
+			 * Citus 13 registered under another collation): registered
+			 * again, Citus delegates it to the tenant's node again.
+			 */
+			run_sql("SELECT pg_catalog.create_distributed_function($1::pg_catalog.regprocedure,"
+					" 'tenant', colocate_with => 'idem.citus_keys', force_delegation => true)"
+					" WHERE NOT EXISTS (SELECT FROM pg_catalog.pg_dist_object o,"
+					" pg_catalog.pg_dist_partition p"
+					" WHERE o.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_proc'::pg_catalog.regclass"
+					" AND o.objid OPERATOR(pg_catalog.=) $1::pg_catalog.regprocedure"
+					" AND p.logicalrelid OPERATOR(pg_catalog.=) 'idem.citus_keys'::pg_catalog.regclass"
+					" AND o.colocationid OPERATOR(pg_catalog.=) p.colocationid)",
+					1, types, values, SPI_OK_SELECT);
 			continue;
+		}
 		resetStringInfo(&sql);
 		if (have_keys && citus_calls[i].old_args != NULL)
 			old_signature = psprintf("%s.%s(%s, %s)", nsp, citus_calls[i].name,
@@ -488,7 +507,6 @@ create_tenant_objects(const char *nsp, const char *typname, const char *coltype,
 						 citus_calls[i].params, citus_calls[i].returns,
 						 probin, citus_calls[i].symbol);
 		run_sql(sql.data, 0, NULL, NULL, SPI_OK_UTILITY);
-		values[0] = CStringGetTextDatum(signature);
 		run_sql("SELECT pg_catalog.create_distributed_function($1::pg_catalog.regprocedure,"
 				" 'tenant', colocate_with => 'idem.citus_keys', force_delegation => true)",
 				1, types, values, SPI_OK_SELECT);
@@ -1112,6 +1130,7 @@ tenant_request(FunctionCallInfo fcinfo, const char *fname,
 typedef struct TenantCall
 {
 	const char *fname;
+	Oid			fn_oid;			/* the called function */
 	Oid			keys_rel;
 	Oid			keys_owner;		/* of idem.citus_keys and idem.citus_runs */
 	Oid			tenant_type;
@@ -1127,6 +1146,8 @@ static void
 tenant_arg(FunctionCallInfo fcinfo, const char *fname, TenantCall *tc)
 {
 	tc->fname = fname;
+	tc->fn_oid = fcinfo->flinfo->fn_oid;
+	tc->shard.colocation = 0;
 	tc->callercxt = CurrentMemoryContext;
 	tc->runs_relid = InvalidOid;
 	tc->events.relid = InvalidOid;
@@ -1187,6 +1208,41 @@ tenant_events(TenantCall *tc)
 }
 
 /*
+ * A call that is not on its tenant's node: IDC01 if Citus delegates the
+ * function by another colocation group than idem.citus_keys' (tc->shard's,
+ * read by tenant_shard_local()).  Citus then runs it where it was called,
+ * for every statement shape: the tables moved to another group and the
+ * functions stayed (Citus 14's citus_finish_citus_upgrade() moves a group
+ * that Citus 13 registered under another collation than its distribution
+ * column's), which declaring the colocation again repairs.
+ */
+static void
+check_delegation(TenantCall *tc)
+{
+	Oid			types[1] = {OIDOID};
+	Datum		values[1] = {ObjectIdGetDatum(tc->fn_oid)};
+	bool		isnull;
+	Datum		d;
+
+	run_sql("SELECT colocationid FROM pg_catalog.pg_dist_object"
+			" WHERE classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_proc'::pg_catalog.regclass"
+			" AND objid OPERATOR(pg_catalog.=) $1",
+			1, types, values, SPI_OK_SELECT);
+	if (SPI_processed == 0)
+		return;
+	d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
+	if (isnull || tc->shard.colocation == 0 ||
+		DatumGetUInt32(d) == tc->shard.colocation)
+		return;
+	ereport(ERROR,
+			(errcode(ERRCODE_IDEM_CITUS_NOT_COLOCATED),
+			 errmsg("%s needs idem's colocation declared again", tc->fname),
+			 errdetail("Citus delegates the function by colocation group %u, but idem.citus_keys is in group %u.",
+					   DatumGetUInt32(d), tc->shard.colocation),
+			 idem_errhint(ERRCODE_IDEM_CITUS_NOT_COLOCATED, "An administrator declares the same colocation again with idem_citus_colocate('<distributed table>'); the records stay.")));
+}
+
+/*
  * Connect to SPI (the caller finishes) and find the tenant's shard on this
  * node, locked; with runs, its shard of idem.citus_runs too (co-located:
  * on this node, and kept here by the same lock), and of idem.citus_outbox.
@@ -1198,11 +1254,14 @@ tenant_here(TenantCall *tc, bool runs)
 		elog(ERROR, "SPI_connect failed");
 	if (!tenant_shard_local(tc->keys_rel, tc->keys_owner, tc->tenant_type,
 							tc->tenant, &tc->shard))
+	{
+		check_delegation(tc);
 		ereport(ERROR,
 				(errcode(ERRCODE_IDEM_CITUS_NOT_LOCAL),
 				 errmsg("%s was not delegated to the node of the tenant's shard", tc->fname),
 				 errdetail("Citus delegates a statement that is a lone SELECT of the function or SELECT * FROM it, with constant arguments, not one with other output columns, a CTE, a subquery or INSERT ... SELECT."),
 				 idem_errhint(ERRCODE_IDEM_CITUS_NOT_LOCAL, "Send the call as a statement of its own.")));
+	}
 	if (idem_citus_in_distributed_transaction())
 		ereport(ERROR,
 				(errcode(ERRCODE_IDEM_CITUS_NOT_LOCAL),

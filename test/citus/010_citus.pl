@@ -139,34 +139,14 @@ use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
 
-my @nodes;
-for my $name ('coordinator', 'worker1', 'worker2')
-{
-	my $node = idem_node($name);
-	$node->append_conf(
-		'postgresql.conf', qq(
-shared_preload_libraries = 'citus'
-listen_addresses = '127.0.0.1'
+my @nodes = citus_cluster(q(
 max_connections = 160
-max_prepared_transactions = 100
-citus.shard_count = 8
 wal_level = logical
 max_wal_senders = 10
 max_replication_slots = 10
 ));
-	$node->start;
-	$node->safe_psql('postgres', 'CREATE EXTENSION citus');
-	push @nodes, $node;
-}
 my ($coord, $w1, $w2) = @nodes;
 
-$coord->safe_psql('postgres',
-	"SELECT citus_set_coordinator_host('127.0.0.1', " . $coord->port . ')');
-for my $w ($w1, $w2)
-{
-	$coord->safe_psql('postgres',
-		"SELECT citus_add_node('127.0.0.1', " . $w->port . ')');
-}
 $coord->safe_psql('postgres', 'CREATE EXTENSION idem');
 for my $w ($w1, $w2)
 {
@@ -1251,21 +1231,14 @@ sub call_db
 	return ($out, $err);
 }
 
-sub citus_database
+# a database of its own with Citus and idem on every node
+sub idem_database
 {
 	my ($db) = @_;
-	for my $node (@nodes)
-	{
-		$node->safe_psql('postgres', "CREATE DATABASE $db");
-		$node->safe_psql($db, 'CREATE EXTENSION citus');
-	}
-	$coord->safe_psql($db,
-		"SELECT citus_set_coordinator_host('127.0.0.1', " . $coord->port . ')');
-	$coord->safe_psql($db, "SELECT citus_add_node('127.0.0.1', " . $_->port . ')')
-	  for ($w1, $w2);
+	citus_database($db, @nodes);
 	$coord->safe_psql($db, 'CREATE EXTENSION idem');
 }
-citus_database('tt');
+idem_database('tt');
 $coord->safe_psql('tt', q{
 CREATE TABLE accounts (tenant text NOT NULL, note text NOT NULL);
 SELECT create_distributed_table('accounts', 'tenant');
@@ -1293,7 +1266,7 @@ is($coord->safe_psql('tt', 'SELECT count(*) FROM idem.citus_keys'), '3', 'one ke
 
 # a text distribution column with a collation of its own: Citus co-locates
 # only columns of one collation, so idem's tenant columns take it
-citus_database('tc');
+idem_database('tc');
 $coord->safe_psql('tc', q{
 CREATE TABLE accounts (tenant text COLLATE "C" NOT NULL, note text NOT NULL);
 SELECT create_distributed_table('accounts', 'tenant');
@@ -1856,7 +1829,7 @@ UNION ALL SELECT count(*) FROM idem.citus_keys WHERE key = idem_step_key('order-
 	close $fh;
 	my @blocks = $doc =~ /^```sql-citus\n(.*?)^```$/msg;
 	is(scalar(@blocks), 6, "doc/citus.md has six examples for this test");
-	citus_database('docs');
+	idem_database('docs');
 	my ($ret, $o, $e) = $coord->psql('docs', $blocks[0]);
 	is($e, '', 'doc: the setup runs') or diag($e);
 	($ret, $o, $e) = $coord->psql('docs', $blocks[1]);

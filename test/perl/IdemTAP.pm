@@ -50,6 +50,8 @@ use Time::HiRes qw(usleep);
 
 our @EXPORT = qw(
   idem_node
+  citus_cluster
+  citus_database
   idem_sync_pair
   idem_setup_db
   crash_node
@@ -102,6 +104,65 @@ max_connections = 30
 shared_buffers = 16MB
 ));
 	return $node;
+}
+
+=pod
+
+=item citus_cluster(settings)
+
+A started Citus coordinator and two workers (named coordinator, worker1,
+worker2) on loopback, each with the citus extension in database postgres
+and the given postgresql.conf settings after Citus's own, and the workers
+added to the coordinator's metadata.  Needs Citus installed into the same
+PostgreSQL (scripts/test-citus.sh).  Returns (coordinator, worker1,
+worker2).
+
+=cut
+
+sub citus_cluster
+{
+	my ($settings) = @_;
+	my @nodes;
+	for my $name ('coordinator', 'worker1', 'worker2')
+	{
+		my $node = idem_node($name);
+		$node->append_conf(
+			'postgresql.conf', qq(
+shared_preload_libraries = 'citus'
+listen_addresses = '127.0.0.1'
+max_prepared_transactions = 100
+citus.shard_count = 8
+$settings
+));
+		$node->start;
+		push @nodes, $node;
+	}
+	citus_database('postgres', @nodes);
+	return @nodes;
+}
+
+=pod
+
+=item citus_database(db, coordinator, workers...)
+
+The citus extension in database db (created unless it is postgres) on every
+node, the coordinator's host set and the workers added to its metadata.
+
+=cut
+
+sub citus_database
+{
+	my ($db, $coord, @workers) = @_;
+	for my $node ($coord, @workers)
+	{
+		$node->safe_psql('postgres', "CREATE DATABASE $db") if $db ne 'postgres';
+		$node->safe_psql($db, 'CREATE EXTENSION citus');
+	}
+	$coord->safe_psql($db,
+		"SELECT citus_set_coordinator_host('127.0.0.1', " . $coord->port . ')');
+	$coord->safe_psql($db, "SELECT citus_add_node('127.0.0.1', " . $_->port . ')')
+	  for @workers;
+	return;
 }
 
 =pod
