@@ -55,7 +55,9 @@
 #    longer finds them, and the new node's consumers deliver them, with
 #    those written after; an event leased before a move: its ack on the old
 #    node is IDE04, and the new node delivers it again (attempt 2) once the
-#    lease ran out
+#    lease ran out; a node's idem_outbox_purge() removes the delivered
+#    events of the shards placed there (past idem.outbox_retention), and
+#    not those of another node's
 #  - a worker drained (citus_drain_node) and removed (citus_remove_node)
 #    with 32 tenants' events undelivered: all of them pending on the nodes
 #    that remain, none claimable on the removed worker, and delivered once
@@ -957,10 +959,33 @@ is(events_pending(), '0', '... none left');
 	$verbs_node->safe_psql('postgres',
 		"SET idem.outbox_keep_delivered = on; SELECT idem_outbox_ack('$id', '$tok')");
 	is($state->(), 'delivered 1 boom', '... acknowledged, kept as delivered');
+
+	# a node's idem_outbox_purge() purges the delivered events of the
+	# shards placed there, as its own
+	my ($other) = grep { $_ != $verbs_node && $_ != $coord } ($w1, $w2);
+	is($other->safe_psql('postgres',
+			"SET idem.outbox_retention = 0; SELECT idem_outbox_purge()"),
+		'0', "idem_outbox_purge() on a node without the tenant's shard: nothing");
+	is($verbs_node->safe_psql('postgres', 'SELECT idem_outbox_purge()'),
+		'0', "... on the tenant's node, within idem.outbox_retention: nothing");
+	is($state->(), 'delivered 1 boom', '... the event kept');
+	is($verbs_node->safe_psql('postgres',
+			"SET idem.outbox_retention = 0; SELECT idem_outbox_purge(), idem_outbox_purge()"),
+		'1|0', "... past it: the delivered tenant event, counted once");
+	is($state->(), '', '... and removed from its shard');
+
+	($out, $err) = event_calls($coord, 142, 142);
+	is($out, 'f', 'ev-142 (tenant ' . (301 + 142 % 16) . ') executes') or diag($err);
+	my $ev142 = (placement(301 + 142 % 16))[0];
+	($id, $tok) = split /\|/, $ev142->safe_psql('postgres',
+		"SELECT event_id, lease_token FROM idem_outbox_claim('refunds', 10, '30 s', 'verbs')");
+	$ev142->safe_psql('postgres',
+		"SET idem.outbox_keep_delivered = on; SELECT idem_outbox_ack('$id', '$tok')");
 	cmp_ok($coord->safe_psql('postgres',
 			"SET idem.outbox_retention = 0; SELECT idem_citus_purge()"),
-		'>=', 1, 'idem_citus_purge() counts the delivered tenant event');
-	is($state->(), '', '... and removed it from its shard');
+		'>=', 1, 'idem_citus_purge() counts a delivered tenant event');
+	is($coord->safe_psql('postgres', "SELECT count(*) FROM idem.citus_outbox WHERE key = 'ev-142'"),
+		'0', '... and removed it from its shard');
 }
 
 # --- idem_citus_call_with(): idem_call() for a tenant, its arguments as
