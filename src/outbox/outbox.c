@@ -495,6 +495,7 @@ typedef struct OutboxRel
 	Oid			run;
 	Oid			delivered;		/* a shard's delivered events (the purge's) */
 	bool		tenant;			/* a shard of idem.citus_outbox */
+	int64		shardid;		/* the shard's, if tenant */
 	int			natts;
 } OutboxRel;
 
@@ -518,14 +519,78 @@ shard_index(Oid nsp, const char *index, int64 shardid)
 }
 
 /*
+ * What verbs learn of the shards of idem.citus_outbox placed here, kept
+ * across them: the shards' relations and indexes, in the order of their
+ * ids, read again once idem_citus_generation() says that Citus changed the
+ * table's shards or their placements.  Reading them costs two catalog
+ * scans per shard of the table (its placement, and this node's group).
+ */
+typedef struct TenantRels
+{
+	MemoryContext cxt;			/* the list and its OutboxRels */
+	List	   *rels;
+	uint64		generation;		/* of the list */
+} TenantRels;
+
+static TenantRels tenant_rels = {NULL, NIL, 0};
+
+/*
+ * Read the shards of events placed here into tenant_rels.  The list is
+ * built in a context of the transaction's, kept only once complete: an
+ * error on the way leaves the previous list, to be read again.
+ */
+static void
+read_tenant_rels(Oid nsp, Oid events)
+{
+	MemoryContext cxt = AllocSetContextCreate(CurrentMemoryContext,
+											  "idem outbox shards",
+											  ALLOCSET_SMALL_SIZES);
+	MemoryContext old = MemoryContextSwitchTo(cxt);
+	List	   *rels = NIL;
+	ListCell   *lc;
+
+	foreach(lc, idem_citus_local_shards(events))
+	{
+		int64		shardid = *(int64 *) lfirst(lc);
+		char		name[NAMEDATALEN];
+		Oid			relid;
+		OutboxRel  *r;
+
+		snprintf(name, sizeof(name), "citus_outbox_" INT64_FORMAT, shardid);
+		relid = get_relname_relid(name, nsp);
+		if (!OidIsValid(relid))
+			continue;
+		r = palloc0(sizeof(OutboxRel));
+		r->shardid = shardid;
+		r->relid = relid;
+		r->pkey = shard_index(nsp, "citus_outbox_pkey", shardid);
+		r->due = shard_index(nsp, "citus_outbox_due_idx", shardid);
+		r->run = shard_index(nsp, "citus_outbox_run_idx", shardid);
+		r->delivered = shard_index(nsp, "citus_outbox_delivered_idx", shardid);
+		r->tenant = true;
+		r->natts = Natts_tenant_event;
+		rels = lappend(rels, r);
+	}
+	MemoryContextSwitchTo(old);
+	MemoryContextSetParent(cxt, TopMemoryContext);
+	if (tenant_rels.cxt != NULL)
+		MemoryContextDelete(tenant_rels.cxt);
+	tenant_rels.cxt = cxt;
+	tenant_rels.rels = rels;
+}
+
+/*
  * The relations this node delivers events from: idem.outbox first, then
  * the shards of idem.citus_outbox placed here, in the order of their ids.
- * Each shard's Citus metadata lock is taken before its placement is read
- * again: a move or split of its shard group waits for this transaction
- * before it switches the group to another node, so no verb changes an
- * event on a node that no longer holds it (Citus's deferred drop keeps
- * the old shard's relation a while; it is not listed), and a shard moved
- * here since is found by the next verb.
+ * Each shard's Citus metadata lock is taken, and the invalidations that
+ * arrived meanwhile processed, before the list is trusted: a move or split
+ * of its shard group waits for this transaction before it switches the
+ * group to another node, and one that switched it before the lock was
+ * granted has invalidated the list, which is then read again (and the
+ * shards it names locked).  So no verb changes an event on a node that no
+ * longer holds it (Citus's deferred drop keeps the old shard's relation a
+ * while; it is not listed), and a shard moved here since is found by the
+ * next verb.
  */
 static List *
 outbox_rels(void)
@@ -544,30 +609,22 @@ outbox_rels(void)
 	events = OidIsValid(nsp) ? get_relname_relid("citus_outbox", nsp) : InvalidOid;
 	if (!OidIsValid(events))
 		return rels;
-	foreach(lc, idem_citus_local_shards(events))
+	for (;;)
 	{
-		int64		shardid = *(int64 *) lfirst(lc);
-		char		name[NAMEDATALEN];
-		Oid			relid;
+		/* read before the catalog is: a change during the reads voids them */
+		uint64		generation = idem_citus_generation(events);
 
-		idem_outbox_lock_shard(shardid);
-		if (!idem_citus_shard_local(shardid))
-			continue;
-		snprintf(name, sizeof(name), "citus_outbox_" INT64_FORMAT, shardid);
-		relid = get_relname_relid(name, nsp);
-		if (!OidIsValid(relid))
-			continue;
-		r = palloc0(sizeof(OutboxRel));
-		r->relid = relid;
-		r->pkey = shard_index(nsp, "citus_outbox_pkey", shardid);
-		r->due = shard_index(nsp, "citus_outbox_due_idx", shardid);
-		r->run = shard_index(nsp, "citus_outbox_run_idx", shardid);
-		r->delivered = shard_index(nsp, "citus_outbox_delivered_idx", shardid);
-		r->tenant = true;
-		r->natts = Natts_tenant_event;
-		rels = lappend(rels, r);
+		if (tenant_rels.generation != generation)
+		{
+			read_tenant_rels(nsp, events);
+			tenant_rels.generation = generation;
+		}
+		foreach(lc, tenant_rels.rels)
+			idem_outbox_lock_shard(((OutboxRel *) lfirst(lc))->shardid);
+		if (tenant_rels.generation == idem_citus_generation(events))
+			break;
 	}
-	return rels;
+	return list_concat(rels, tenant_rels.rels);
 }
 
 /* Open r's relation, its shape checked */
