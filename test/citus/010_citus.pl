@@ -55,9 +55,10 @@
 #    longer finds them, and the new node's consumers deliver them, with
 #    those written after; an event leased before a move: its ack on the old
 #    node is IDE04, and the new node delivers it again (attempt 2) once the
-#    lease ran out; a node's idem_outbox_purge() removes the delivered
-#    events of the shards placed there (past idem.outbox_retention), and
-#    not those of another node's
+#    lease ran out; a move waits for a claim's transaction on the shard's
+#    node (its session's list of shards read by an earlier claim); a
+#    node's idem_outbox_purge() removes the delivered events of the shards
+#    placed there (past idem.outbox_retention), and not another node's
 #  - the retry storm's move again (blocking writes, then by logical
 #    replication), its calls writing events while two consumers per node
 #    claim them and acknowledge them in a later transaction: each event
@@ -498,6 +499,19 @@ SELECT (SELECT xmin FROM idem.citus_keys_$keys_shard WHERE tenant = 1 AND key = 
 	is(rows("note = 'k-kill'"), '1', '... one row');
 }
 
+# A move back to a node keeps failing while the shard an earlier move left
+# there awaits its deferred drop: drop them now.
+sub clean_orphans
+{
+	for my $try (1 .. 60)
+	{
+		$coord->psql('postgres', 'CALL citus_cleanup_orphaned_resources()');
+		last if $coord->safe_psql('postgres',
+			'SELECT count(*) = 0 FROM pg_dist_cleanup') eq 't';
+		sleep(1);
+	}
+}
+
 # --- the tenant's shard group moves while 3 entry nodes x 4 clients call
 # and retry 3000 keys of the tenant: each key executes once, wherever the
 # shard is, and every key's retry after the move replays; a move that
@@ -518,15 +532,7 @@ sub storm_move
 {
 	my ($mode, $p, %opt) = @_;
 	my $t = $opt{tenant} // 1;
-	# a move back to a node keeps failing while the shard an earlier move
-	# left there awaits its deferred drop
-	for my $try (1 .. 60)
-	{
-		$coord->psql('postgres', 'CALL citus_cleanup_orphaned_resources()');
-		last if $coord->safe_psql('postgres',
-			'SELECT count(*) = 0 FROM pg_dist_cleanup') eq 't';
-		sleep(1);
-	}
+	clean_orphans();
 	my ($from, $shard_now) = placement($t);
 	my ($dest) = grep { $_->port != $from->port && $_ != $coord } ($w1, $w2);
 	# the call of key $k (a pgbench variable or a key)
@@ -1019,6 +1025,31 @@ is("$again_id $attempt", "$lease_id 2", '... claimed there again once the lease 
 ($out, $err) = call($old_node, "SELECT idem_outbox_ack('$again_id', '$again_token')");
 is($err, '', '... and acknowledged there') or diag($err);
 is(events_pending(), '0', '... none left');
+
+# a verb's transaction keeps its node's shards of idem.citus_outbox: a
+# move waits for it, also when its session listed them in an earlier verb
+{
+	my ($node, $shard) = placement($mover);
+	my ($other) = grep { $_ != $node && $_ != $coord } ($w1, $w2);
+	clean_orphans();
+	my ($h) = start_call($node,
+		"SELECT count(*) FROM idem_outbox_claim('refunds', 1, '30 s');"
+		  . " BEGIN; SELECT count(*) FROM idem_outbox_claim('refunds', 1, '30 s');"
+		  . " SELECT pg_sleep(4); COMMIT;");
+	$node->poll_query_until('postgres',
+		"SELECT count(*) > 0 FROM pg_stat_activity WHERE wait_event = 'PgSleep' AND query LIKE '%pg_sleep(4)%'")
+	  or die 'the claim did not start';
+	my ($move) = start_call($coord,
+		"SELECT citus_move_shard_placement($shard, '127.0.0.1', " . $node->port
+		  . ", '127.0.0.1', " . $other->port . ", shard_transfer_mode => 'block_writes')");
+	ok( $node->poll_query_until('postgres',
+			"SELECT count(*) > 0 FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"),
+		"a move waits for a claim's transaction on the shard's node, whose session listed the shards before");
+	is((placement($mover))[0]->port, $node->port, '... the shard group still there meanwhile');
+	$h->finish;
+	$move->finish;
+	is((placement($mover))[0]->port, $other->port, '... and moved once the claim committed');
+}
 
 # the other verbs on a tenant's event, on its node: extend, fail to a dead
 # letter, requeue, release, and an ack that keeps it delivered for
