@@ -609,9 +609,10 @@ REVOKE ALL ON FUNCTION @extschema@.idem_citus_colocate(regclass) FROM PUBLIC;
 -- idem.keys only.  plpgsql resolves the table when the statement first
 -- runs, so it need not exist before then.  Tenant outbox events delivered
 -- and kept (idem.outbox_keep_delivered) are in idem.citus_outbox, on the
--- shards, where no node's idem_outbox_purge() looks: they go here too,
--- once idem.outbox_retention (as this node has it; 7 days, its default,
--- where idem's library is not loaded yet) has passed, and count.
+-- shards, which each node's idem_outbox_purge() reaches for the shards
+-- placed there: they go here too, all shards at once, once
+-- idem.outbox_retention (as this node has it; 7 days, its default, where
+-- idem's library is not loaded yet) has passed, and count.
 CREATE FUNCTION @extschema@.idem_citus_purge()
 RETURNS bigint
 LANGUAGE plpgsql

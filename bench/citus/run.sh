@@ -8,8 +8,21 @@
 # or as postgres.
 #
 #   bench/citus/run.sh [--seconds N] [--rounds N] [--clients N] [--keep]
+#   bench/citus/run.sh --claims [--events N] [--rounds N] [--keep]
 #
 # --keep leaves the cluster running (its folder and ports are printed).
+#
+# --claims measures an outbox consumer on a node instead: 64 shards (32 on
+# each worker), N tenant events (default 20000) written to the shards of
+# idem.citus_outbox on worker 1, and as many to idem.outbox of a fourth
+# server without Citus (port PORT+3); one session on each claims and
+# acknowledges them all (half in claims of 1 event, a quarter in claims of
+# 10 acknowledged one by one, a quarter in claims of 10 acknowledged with
+# idem_outbox_ack_batch(); each claim and its acks one transaction), then
+# makes 5000 claims that find nothing (a consumer polling an empty topic).  Each figure is the consuming
+# backend's CPU time (utime + stime, from /proc) per claim, in
+# microseconds, with the load average; rounds alternate the two servers.
+# Results go to bench/citus/results/latest-claims.txt.
 #
 # Workloads, all from the coordinator, pgbench -n -M prepared, a random
 # tenant of 1000 per transaction, fresh keys:
@@ -36,11 +49,15 @@ rounds=3
 clients=4
 port=${PORT:-5510}
 keep=0
+claims=0
+events=20000
 while [ $# -gt 0 ]; do
 	case "$1" in
 		--seconds) seconds=$2; shift ;;
 		--rounds) rounds=$2; shift ;;
 		--clients) clients=$2; shift ;;
+		--claims) claims=1 ;;
+		--events) events=$2; shift ;;
 		--keep) keep=1 ;;
 		*) sed -n '/^#   bench\/citus\/run.sh/p' "$0" | sed 's/^# *//' >&2; exit 2 ;;
 	esac
@@ -52,31 +69,37 @@ as_pg() { if [ "$(id -u)" -eq 0 ]; then runuser -u postgres -- "$@"; else "$@"; 
 work=$(mktemp -d /tmp/idem-citus-bench.XXXXXX)
 chown postgres: "$work" 2>/dev/null || true
 cleanup() {
-	if [ $keep = 1 ]; then echo "kept: $work (ports $port-$((port + 2)))" >&2; return; fi
-	for i in 0 1 2; do
+	if [ $keep = 1 ]; then echo "kept: $work (ports $port-$((port + 3)))" >&2; return; fi
+	for i in 0 1 2 3; do
 		[ -d "$work/n$i" ] && as_pg "$bindir/pg_ctl" -D "$work/n$i" -m immediate stop >/dev/null 2>&1 || true
 	done
 	rm -rf "$work"
 }
 trap cleanup EXIT
 
-for i in 0 1 2; do
+shard_count=8
+[ $claims = 0 ] || shard_count=64
+# node 3, for --claims only, is a server without Citus
+for i in 0 1 2 $([ $claims = 0 ] || echo 3); do
 	as_pg "$bindir/initdb" -D "$work/n$i" -A trust --encoding=UTF8 --no-locale >/dev/null
 	cat >>"$work/n$i/postgresql.conf" <<EOF
 port = $((port + i))
 listen_addresses = '127.0.0.1'
 unix_socket_directories = '$work'
-shared_preload_libraries = 'citus'
+$([ $i = 3 ] || echo "shared_preload_libraries = 'citus'")
 max_connections = 100
 max_prepared_transactions = 100
 shared_buffers = 128MB
 synchronous_commit = off
-citus.shard_count = 8
+citus.shard_count = $shard_count
 EOF
 	as_pg "$bindir/pg_ctl" -D "$work/n$i" -l "$work/n$i.log" -w start >/dev/null
-	as_pg "$bindir/psql" -X -q -h 127.0.0.1 -p $((port + i)) -d postgres -c 'CREATE EXTENSION citus'
+	[ $i = 3 ] || as_pg "$bindir/psql" -X -q -h 127.0.0.1 -p $((port + i)) -d postgres -c 'CREATE EXTENSION citus'
 done
 psql_c() { as_pg "$bindir/psql" -X -q -At -h 127.0.0.1 -p "$port" -d postgres -v ON_ERROR_STOP=1 "$@"; }
+median() { tr ' ' '\n' | grep . | sort -g | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
+# the first line of a summary: what ran, when, on what
+title() { echo "$1, $(date -u +%FT%TZ), $("$PG_CONFIG" --version), Citus $(psql_c -c "SELECT extversion FROM pg_extension WHERE extname='citus'")"; }
 psql_c -c "SELECT citus_set_coordinator_host('127.0.0.1', $port)" >/dev/null
 psql_c -c "SELECT citus_add_node('127.0.0.1', $((port + 1)))" >/dev/null
 psql_c -c "SELECT citus_add_node('127.0.0.1', $((port + 2)))" >/dev/null
@@ -107,6 +130,115 @@ $$;
 SELECT create_distributed_function('ins(bigint, text, int)', 'tenant',
 	colocate_with => 'payments', force_delegation => true);
 EOF
+
+if [ $claims = 1 ]; then
+	# one consumer session per measurement: the backend's CPU ticks (from
+	# /proc, utime + stime) around n claims of batch events, each claim
+	# and its acks one transaction
+	psql_n() { local n=$1; shift; as_pg "$bindir/psql" -X -q -At -h 127.0.0.1 -p $((port + n)) -d postgres -v ON_ERROR_STOP=1 "$@"; }
+	consumer_sql=$(cat <<'EOF'
+CREATE PROCEDURE bench_consume(n int, batch int, batched boolean) LANGUAGE plpgsql AS $$
+DECLARE
+	e record;
+	ids uuid[];
+	tokens uuid[];
+BEGIN
+	FOR i IN 1 .. n LOOP
+		IF batched THEN
+			SELECT array_agg(event_id), array_agg(lease_token) INTO ids, tokens
+			  FROM idem_outbox_claim('bench', batch, '10 min');
+			IF ids IS NOT NULL THEN
+				PERFORM idem_outbox_ack_batch(ids, tokens);
+			END IF;
+		ELSE
+			FOR e IN SELECT event_id, lease_token FROM idem_outbox_claim('bench', batch, '10 min') LOOP
+				PERFORM idem_outbox_ack(e.event_id, e.lease_token);
+			END LOOP;
+		END IF;
+		COMMIT;
+	END LOOP;
+END $$;
+CREATE FUNCTION bench_cpu() RETURNS bigint LANGUAGE sql AS $$
+	SELECT split_part(s, ' ', 14)::bigint + split_part(s, ' ', 15)::bigint
+	  FROM pg_read_file('/proc/self/stat') s $$;
+EOF
+)
+	psql_c -c "SELECT run_command_on_all_nodes(\$\$SELECT idem_outbox_create_topic('bench')\$\$)" >/dev/null
+	psql_c -c "$consumer_sql"
+	psql_n 3 -c "CREATE EXTENSION idem" -c "SELECT idem_outbox_create_topic('bench')" -c "$consumer_sql" >/dev/null
+	# tenants whose shards are on worker 1: its 32 shards, each with events
+	tenants=$(psql_c -c "SELECT array_agg(t) FROM generate_series(1, 2000) t
+		WHERE (SELECT nodeport FROM citus_shards WHERE shardid =
+			get_shard_id_for_distribution_column('idem.citus_outbox', t::bigint)) = $((port + 1))")
+	[ "$(psql_n 1 -c "SELECT count(DISTINCT get_shard_id_for_distribution_column('idem.citus_outbox', t)) FROM unnest('$tenants'::bigint[]) t")" = 32 ] ||
+		{ echo "worker 1 does not hold 32 shards' tenants" >&2; exit 1; }
+	fill() {
+		if [ "$1" = citus ]; then
+			psql_c -c "INSERT INTO idem.citus_outbox (event_id, key, owner, topic, payload, created_at,
+					state, attempts, next_attempt_at, tenant, owner_name)
+				SELECT gen_random_uuid(), 'e' || i, 'postgres'::regrole, 'bench', '{}', now(),
+					'pending', 0, now(), ('$tenants'::bigint[])[1 + i % cardinality('$tenants'::bigint[])], 'postgres'
+				  FROM generate_series(1, $events) i"
+			psql_n 1 -c VACUUM
+		else
+			psql_n 3 -c "INSERT INTO idem.outbox (event_id, key, owner, topic, payload, created_at,
+					state, attempts, next_attempt_at)
+				SELECT gen_random_uuid(), 'e' || i, 'postgres'::regrole, 'bench', '{}', now(),
+					'pending', 0, now()
+				  FROM generate_series(1, $events) i" -c VACUUM
+		fi
+	}
+	# CPU microseconds per claim of n claims of batch events on node, each
+	# event acknowledged by itself, or with the batch ack if batched
+	measure() {
+		local node=$1 n=$2 batch=$3 batched=${4:-false} ticks
+		ticks=$(psql_n "$node" -v n="$n" -v batch="$batch" -v batched="$batched" <<'EOF'
+SELECT bench_cpu() AS c0 \gset
+CALL bench_consume(:n, :batch, :batched);
+SELECT bench_cpu() - :c0;
+EOF
+)
+		echo "$ticks * 1000000 / $(getconf CLK_TCK) / $n" | bc
+	}
+	declare -A us
+	for r in $(seq 1 "$rounds"); do
+		for s in citus plain; do
+			node=$([ $s = citus ] && echo 1 || echo 3)
+			fill $s
+			for b in 1 10 10b; do
+				[ $b = 1 ] && n=$((events / 2)) || n=$((events / 40))
+				u=$(measure $node $n ${b%b} $([ $b = 10b ] && echo true))
+				echo "round $r $s claim $b + ack: $u us CPU per claim"
+				us[$s-$b]="${us[$s-$b]:-} $u"
+			done
+			if [ $s = citus ]; then
+				left=$(psql_c -c "SELECT count(*) FROM idem.citus_outbox WHERE topic = 'bench'")
+			else
+				left=$(psql_n 3 -c "SELECT count(*) FROM idem.outbox WHERE topic = 'bench'")
+			fi
+			[ "$left" = 0 ] || { echo "$s: $left events left undelivered" >&2; exit 1; }
+			psql_n $node -c VACUUM
+			u=$(measure $node 5000 10)
+			echo "round $r $s empty claim: $u us CPU per claim"
+			us[$s-empty]="${us[$s-empty]:-} $u"
+		done
+		loads="${loads:-} $(cut -d' ' -f1 /proc/loadavg)"
+	done
+	mkdir -p "$top/bench/citus/results"
+	{
+		title "idem outbox consumer on a Citus node"
+		echo "worker 1 of coordinator + 2 workers, 64 shards (32 on worker 1), against a server without Citus; $events events per round, $rounds rounds, $(nproc) cores (shared), load after each round:$loads"
+		echo "backend CPU (utime + stime) per claim, microseconds, median (rounds)"
+		for k in 1 10 10b empty; do
+			c=$(echo "${us[citus-$k]}" | median)
+			p=$(echo "${us[plain-$k]}" | median)
+			printf '%-22s citus %6s (%s)  plain %6s (%s)  ratio %.2f\n' \
+				"$(case $k in empty) echo 'empty claim (10)' ;; 10b) echo 'claim 10 + ack_batch' ;; *) echo "claim $k + ack" ;; esac)" \
+				"$c" "$(echo ${us[citus-$k]})" "$p" "$(echo ${us[plain-$k]})" "$(echo "$c / $p" | bc -l)"
+		done
+	} | tee "$top/bench/citus/results/latest-claims.txt"
+	exit 0
+fi
 
 cat >"$work/plain.sql" <<'EOF'
 \set t random(1, 1000)
@@ -148,10 +280,9 @@ for r in $(seq 1 "$rounds"); do
 	loads="${loads:-} $(cut -d' ' -f1 /proc/loadavg)"
 done
 
-median() { tr ' ' '\n' | grep . | sort -g | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
 mkdir -p "$top/bench/citus/results"
 {
-	echo "idem on Citus, $(date -u +%FT%TZ), $("$PG_CONFIG" --version), Citus $(psql_c -c "SELECT extversion FROM pg_extension WHERE extname='citus'")"
+	title "idem on Citus"
 	echo "coordinator + 2 workers on loopback, $clients clients, $rounds rounds x ${seconds}s, synchronous_commit=off, $(nproc) cores (shared)"
 	p=$(echo "${tps[plain]}" | median)
 	wr=$(echo "${tps[wrapper]}" | median)

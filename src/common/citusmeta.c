@@ -27,6 +27,7 @@
 #include "catalog/namespace.h"
 #include "catalog/pg_namespace.h"
 #include "utils/fmgroids.h"
+#include "utils/inval.h"
 #include "utils/lsyscache.h"
 
 #include "common/common.h"
@@ -199,4 +200,72 @@ idem_citus_local_shards(Oid relid)
 	list_free(all);
 	list_sort(here, shardid_cmp);
 	return here;
+}
+
+/*
+ * What idem_citus_generation() watches: a few of idem's Citus tables, each
+ * with the number of its present state.
+ */
+#define CITUS_WATCHED 4
+
+typedef struct CitusWatched
+{
+	Oid			relid;
+	uint64		generation;
+} CitusWatched;
+
+static CitusWatched citus_watched[CITUS_WATCHED];
+static uint64 citus_generations = 0;
+static bool citus_watch_callback = false;
+
+static void
+citus_relcache_changed(Datum arg, Oid relid)
+{
+	for (int i = 0; i < CITUS_WATCHED; i++)
+	{
+		if (OidIsValid(citus_watched[i].relid) &&
+			(relid == InvalidOid || relid == citus_watched[i].relid))
+			citus_watched[i].generation = ++citus_generations;
+	}
+}
+
+/*
+ * idem_citus_generation
+ *		A number for the present state of the shards of the distributed
+ *		table relid and of their placements, as far as this backend has
+ *		processed invalidations: Citus invalidates the table's relcache
+ *		entry whenever its rows in pg_dist_shard or pg_dist_placement
+ *		change (triggers on its catalog), which gives it a new number.
+ *		What was read of those under another number is to be read again.
+ *		A number is never given twice, to any relation.
+ *
+ * One relcache callback serves every caller: PostgreSQL has room for ten,
+ * which Citus shares.
+ */
+uint64
+idem_citus_generation(Oid relid)
+{
+	int			slot = -1;
+
+	if (!citus_watch_callback)
+	{
+		CacheRegisterRelcacheCallback(citus_relcache_changed, (Datum) 0);
+		citus_watch_callback = true;
+	}
+	for (int i = 0; i < CITUS_WATCHED; i++)
+	{
+		if (citus_watched[i].relid == relid)
+			return citus_watched[i].generation;
+		if (slot < 0 && !OidIsValid(citus_watched[i].relid))
+			slot = i;
+	}
+	if (slot < 0)
+	{
+		/* all taken (tables dropped and made again): forget them all */
+		memset(citus_watched, 0, sizeof(citus_watched));
+		slot = 0;
+	}
+	citus_watched[slot].relid = relid;
+	citus_watched[slot].generation = ++citus_generations;
+	return citus_watched[slot].generation;
 }

@@ -58,6 +58,7 @@ extern bool idem_citus_owns(Oid relid);
 extern bool idem_citus_coordinator(void);
 extern bool idem_citus_shard_local(int64 shardid);
 extern List *idem_citus_local_shards(Oid relid);
+extern uint64 idem_citus_generation(Oid relid);
 
 /* grants.c: role lists that grant the use of topics and queues */
 extern bool idem_role_in(Oid role, Datum array);

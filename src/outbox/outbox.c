@@ -493,7 +493,9 @@ typedef struct OutboxRel
 	Oid			pkey;
 	Oid			due;
 	Oid			run;
+	Oid			delivered;		/* a shard's delivered events (the purge's) */
 	bool		tenant;			/* a shard of idem.citus_outbox */
+	int64		shardid;		/* the shard's, if tenant */
 	int			natts;
 } OutboxRel;
 
@@ -517,14 +519,78 @@ shard_index(Oid nsp, const char *index, int64 shardid)
 }
 
 /*
+ * What verbs learn of the shards of idem.citus_outbox placed here, kept
+ * across them: the shards' relations and indexes, in the order of their
+ * ids, read again once idem_citus_generation() says that Citus changed the
+ * table's shards or their placements.  Reading them costs two catalog
+ * scans per shard of the table (its placement, and this node's group).
+ */
+typedef struct TenantRels
+{
+	MemoryContext cxt;			/* the list and its OutboxRels */
+	List	   *rels;
+	uint64		generation;		/* of the list */
+} TenantRels;
+
+static TenantRels tenant_rels = {NULL, NIL, 0};
+
+/*
+ * Read the shards of events placed here into tenant_rels.  The list is
+ * built in a context of the transaction's, kept only once complete: an
+ * error on the way leaves the previous list, to be read again.
+ */
+static void
+read_tenant_rels(Oid nsp, Oid events)
+{
+	MemoryContext cxt = AllocSetContextCreate(CurrentMemoryContext,
+											  "idem outbox shards",
+											  ALLOCSET_SMALL_SIZES);
+	MemoryContext old = MemoryContextSwitchTo(cxt);
+	List	   *rels = NIL;
+	ListCell   *lc;
+
+	foreach(lc, idem_citus_local_shards(events))
+	{
+		int64		shardid = *(int64 *) lfirst(lc);
+		char		name[NAMEDATALEN];
+		Oid			relid;
+		OutboxRel  *r;
+
+		snprintf(name, sizeof(name), "citus_outbox_" INT64_FORMAT, shardid);
+		relid = get_relname_relid(name, nsp);
+		if (!OidIsValid(relid))
+			continue;
+		r = palloc0(sizeof(OutboxRel));
+		r->shardid = shardid;
+		r->relid = relid;
+		r->pkey = shard_index(nsp, "citus_outbox_pkey", shardid);
+		r->due = shard_index(nsp, "citus_outbox_due_idx", shardid);
+		r->run = shard_index(nsp, "citus_outbox_run_idx", shardid);
+		r->delivered = shard_index(nsp, "citus_outbox_delivered_idx", shardid);
+		r->tenant = true;
+		r->natts = Natts_tenant_event;
+		rels = lappend(rels, r);
+	}
+	MemoryContextSwitchTo(old);
+	MemoryContextSetParent(cxt, TopMemoryContext);
+	if (tenant_rels.cxt != NULL)
+		MemoryContextDelete(tenant_rels.cxt);
+	tenant_rels.cxt = cxt;
+	tenant_rels.rels = rels;
+}
+
+/*
  * The relations this node delivers events from: idem.outbox first, then
  * the shards of idem.citus_outbox placed here, in the order of their ids.
- * Each shard's Citus metadata lock is taken before its placement is read
- * again: a move or split of its shard group waits for this transaction
- * before it switches the group to another node, so no verb changes an
- * event on a node that no longer holds it (Citus's deferred drop keeps
- * the old shard's relation a while; it is not listed), and a shard moved
- * here since is found by the next verb.
+ * Each shard's Citus metadata lock is taken, and the invalidations that
+ * arrived meanwhile processed, before the list is trusted: a move or split
+ * of its shard group waits for this transaction before it switches the
+ * group to another node, and one that switched it before the lock was
+ * granted has invalidated the list, which is then read again (and the
+ * shards it names locked).  So no verb changes an event on a node that no
+ * longer holds it (Citus's deferred drop keeps the old shard's relation a
+ * while; it is not listed), and a shard moved here since is found by the
+ * next verb.
  */
 static List *
 outbox_rels(void)
@@ -543,29 +609,22 @@ outbox_rels(void)
 	events = OidIsValid(nsp) ? get_relname_relid("citus_outbox", nsp) : InvalidOid;
 	if (!OidIsValid(events))
 		return rels;
-	foreach(lc, idem_citus_local_shards(events))
+	for (;;)
 	{
-		int64		shardid = *(int64 *) lfirst(lc);
-		char		name[NAMEDATALEN];
-		Oid			relid;
+		/* read before the catalog is: a change during the reads voids them */
+		uint64		generation = idem_citus_generation(events);
 
-		idem_outbox_lock_shard(shardid);
-		if (!idem_citus_shard_local(shardid))
-			continue;
-		snprintf(name, sizeof(name), "citus_outbox_" INT64_FORMAT, shardid);
-		relid = get_relname_relid(name, nsp);
-		if (!OidIsValid(relid))
-			continue;
-		r = palloc0(sizeof(OutboxRel));
-		r->relid = relid;
-		r->pkey = shard_index(nsp, "citus_outbox_pkey", shardid);
-		r->due = shard_index(nsp, "citus_outbox_due_idx", shardid);
-		r->run = shard_index(nsp, "citus_outbox_run_idx", shardid);
-		r->tenant = true;
-		r->natts = Natts_tenant_event;
-		rels = lappend(rels, r);
+		if (tenant_rels.generation != generation)
+		{
+			read_tenant_rels(nsp, events);
+			tenant_rels.generation = generation;
+		}
+		foreach(lc, tenant_rels.rels)
+			idem_outbox_lock_shard(((OutboxRel *) lfirst(lc))->shardid);
+		if (tenant_rels.generation == idem_citus_generation(events))
+			break;
 	}
-	return rels;
+	return list_concat(rels, tenant_rels.rels);
 }
 
 /* Open r's relation, its shape checked */
@@ -753,6 +812,21 @@ typedef struct ClaimState
 } ClaimState;
 
 /*
+ * Lock the event a scan found in slot into locked, unless another
+ * transaction holds it (a claim or purge skips it, as SKIP LOCKED would).
+ */
+static bool
+lock_unless_held(Relation rel, TupleTableSlot *slot, Snapshot snap,
+				 TupleTableSlot *locked, CommandId cid, int lockflags)
+{
+	ItemPointerData tid = slot->tts_tid;
+	TM_FailureData tmfd;
+
+	return table_tuple_lock(rel, &tid, snap, locked, cid, LockTupleExclusive,
+							LockWaitSkip, lockflags, &tmfd) == TM_Ok;
+}
+
+/*
  * The claim's work in one relation, until cs->max_events are leased.
  *
  * What "SELECT ... ORDER BY next_attempt_at FOR UPDATE SKIP LOCKED" and an
@@ -804,8 +878,6 @@ claim_rel(ClaimState *cs, OutboxRel *r)
 	while (cs->claimed < (uint64) cs->max_events &&
 		   index_getnext_slot(scan, ForwardScanDirection, slot))
 	{
-		ItemPointerData tid = slot->tts_tid;
-		TM_FailureData tmfd;
 		MemoryContext oldcxt;
 		Datum		values[Natts_tenant_event];
 		bool		nulls[Natts_tenant_event];
@@ -814,8 +886,7 @@ claim_rel(ClaimState *cs, OutboxRel *r)
 		HeapTuple	newtup;
 
 		CHECK_FOR_INTERRUPTS();
-		if (table_tuple_lock(rel, &tid, snap, locked, cid, LockTupleExclusive,
-							 LockWaitSkip, lockflags, &tmfd) != TM_Ok)
+		if (!lock_unless_held(rel, slot, snap, locked, cid, lockflags))
 			continue;
 
 		MemoryContextReset(rowcxt);
@@ -1714,29 +1785,99 @@ idem_outbox_channel(PG_FUNCTION_ARGS)
  */
 
 /*
+ * Delete up to limit events of r, a shard of idem.citus_outbox placed
+ * here, delivered at or before cutoff, the oldest first, skipping those
+ * another transaction holds, as q_purge does in idem.outbox.  Citus
+ * refuses a statement on a shard's relation, so the rows are deleted as
+ * an ack deletes them.
+ */
+static int64
+purge_shard(OutboxRel *r, TimestampTz cutoff, int64 limit)
+{
+	Relation	rel = open_outbox_rel(r);
+	Relation	idx = index_open(r->delivered, AccessShareLock);
+	TupleTableSlot *slot = table_slot_create(rel, NULL);
+	TupleTableSlot *locked = table_slot_create(rel, NULL);
+	IndexScanDesc scan;
+	ScanKeyData skey;
+	Snapshot	snap;
+	CommandId	cid;
+	int			lockflags;
+	int64		deleted = 0;
+
+	CommandCounterIncrement();
+	snap = RegisterSnapshot(GetTransactionSnapshot());
+	cid = GetCurrentCommandId(true);
+	lockflags = IsolationUsesXactSnapshot() ? 0 : TUPLE_LOCK_FLAG_FIND_LAST_VERSION;
+	ScanKeyInit(&skey, 1, BTLessEqualStrategyNumber, F_TIMESTAMPTZ_LE,
+				TimestampTzGetDatum(cutoff));
+	scan = index_beginscan(rel, idx, snap, NULL, 1, 0);
+	index_rescan(scan, &skey, 1, NULL, 0);
+	while (deleted < limit && index_getnext_slot(scan, ForwardScanDirection, slot))
+	{
+		bool		isnull;
+		Datum		at;
+
+		CHECK_FOR_INTERRUPTS();
+		if (!lock_unless_held(rel, slot, snap, locked, cid, lockflags))
+			continue;
+		/* the version locked, which a requeue may have changed since */
+		at = slot_getattr(locked, Anum_outbox_delivered_at, &isnull);
+		if (isnull || DatumGetTimestampTz(at) > cutoff ||
+			!state_is(slot_getattr(locked, Anum_outbox_state, &isnull), "delivered"))
+			continue;
+		idem_delete_outbox_row(rel, &locked->tts_tid);
+		deleted++;
+	}
+	index_endscan(scan);
+	UnregisterSnapshot(snap);
+	ExecDropSingleTupleTableSlot(slot);
+	ExecDropSingleTupleTableSlot(locked);
+	index_close(idx, NoLock);
+	table_close(rel, NoLock);
+	CommandCounterIncrement();
+	return deleted;
+}
+
+/*
  * idem_outbox_purge_delivered
  *		Delete up to batch_size events delivered more than
  *		idem.outbox_retention ago; return how many.
  *
- * Pending, leased and dead events are never purged.  Rows another purge
- * has locked are skipped, so concurrent purges share the work.  Needs a
- * transaction with a snapshot, as any SPI caller.
+ * From idem.outbox, and then from the shards of idem.citus_outbox placed
+ * on this node, under their metadata locks as a claim takes them: a
+ * node's purge (and its purge worker) keeps the tenants' delivered events
+ * there in check as it does its own.  Pending, leased and dead events are
+ * never purged.  Rows another purge has locked are skipped, so concurrent
+ * purges share the work.  Needs a transaction with a snapshot, as any SPI
+ * caller.
  */
 int64
 idem_outbox_purge_delivered(int batch_size)
 {
 	IdemOwnerSPI	spi;
+	TimestampTz cutoff = GetCurrentTimestamp() -
+		(int64) idem_outbox_retention * USECS_PER_SEC;
 	Datum		values[2];
 	char		nulls[2] = {' ', ' '};
 	int64		deleted;
+	ListCell   *lc;
 
-	values[0] = TimestampTzGetDatum(GetCurrentTimestamp() -
-									(int64) idem_outbox_retention * USECS_PER_SEC);
+	values[0] = TimestampTzGetDatum(cutoff);
 	values[1] = Int32GetDatum(batch_size);
 	idem_owner_spi_begin(&spi, idem_catalog_outbox());
 	idem_query_run(&q_purge, values, nulls, 0);
 	deleted = (int64) SPI_processed;
 	idem_owner_spi_end(&spi);
+	foreach(lc, outbox_rels())
+	{
+		OutboxRel  *r = lfirst(lc);
+
+		if (deleted >= batch_size)
+			break;
+		if (r->tenant)
+			deleted += purge_shard(r, cutoff, batch_size - deleted);
+	}
 	idem_stats_count(IDEM_STAT_PURGED_OUTBOX, deleted);
 	return deleted;
 }

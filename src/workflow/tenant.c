@@ -816,8 +816,8 @@ run_shard_sql(RunSql which, Oid relid, Oid keys_owner, Oid tenant_type,
  * calls: its colocation group, and for each shard whether its placement is
  * on this node (and its relation here).  Citus invalidates the table's
  * relcache entry whenever its shards or their placements change (triggers
- * on its catalog), which moves keys_meta_generation on; what was learnt
- * under an earlier generation is read again.  A call takes the shard's
+ * on its catalog), which gives it a new idem_citus_generation(); what was
+ * learnt under an earlier generation is read again.  A call takes the shard's
  * metadata lock before it processes the invalidations that arrived, so
  * what it uses was true when the lock was granted, and stays true until
  * the call commits: a move waits for the lock before it switches the
@@ -834,18 +834,8 @@ typedef struct ShardHere
 #define MAX_SHARDS_HERE 4096
 
 static HTAB *shards_here = NULL;
-static uint64 keys_meta_generation = 1;
-static Oid	keys_meta_relid = InvalidOid;
-static bool keys_meta_callback = false;
 static uint64 colocation_generation = 0;
 static uint32 keys_colocation = 0;
-
-static void
-keys_meta_changed(Datum arg, Oid relid)
-{
-	if (relid == InvalidOid || relid == keys_meta_relid)
-		keys_meta_generation++;
-}
 
 /* Citus's get_shard_id_for_distribution_column(), called in C */
 static FmgrInfo shard_for_value;
@@ -925,16 +915,6 @@ tenant_shard_local(Oid keys_rel, Oid keys_owner, Oid tenant_type,
 		return false;
 	idem_citus_lock_shard(shard->shardid);
 
-	if (!keys_meta_callback)
-	{
-		CacheRegisterRelcacheCallback(keys_meta_changed, (Datum) 0);
-		keys_meta_callback = true;
-	}
-	if (keys_meta_relid != keys_rel)
-	{
-		keys_meta_relid = keys_rel;
-		keys_meta_generation++;
-	}
 	if (shards_here == NULL || hash_get_num_entries(shards_here) >= MAX_SHARDS_HERE)
 	{
 		if (shards_here != NULL)
@@ -944,7 +924,7 @@ tenant_shard_local(Oid keys_rel, Oid keys_owner, Oid tenant_type,
 	}
 
 	/* read before the catalog is: a change during the reads voids them */
-	generation = keys_meta_generation;
+	generation = idem_citus_generation(keys_rel);
 	if (colocation_generation != generation)
 	{
 		keys_colocation = 0;

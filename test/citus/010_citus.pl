@@ -55,7 +55,17 @@
 #    longer finds them, and the new node's consumers deliver them, with
 #    those written after; an event leased before a move: its ack on the old
 #    node is IDE04, and the new node delivers it again (attempt 2) once the
-#    lease ran out
+#    lease ran out; a move waits for a claim's transaction on the shard's
+#    node (its session's list of shards read by an earlier claim); a
+#    node's idem_outbox_purge() removes the delivered events of the shards
+#    placed there (past idem.outbox_retention), and not another node's
+#  - the retry storm's move again (blocking writes, then by logical
+#    replication), its calls writing events while two consumers per node
+#    claim them and acknowledge them in a later transaction: each event
+#    acknowledged exactly once; an event claimed twice only after its ack
+#    on the old node failed with IDE04, its next claim on the new node,
+#    attempt counted; an event written after the move delivered there; the
+#    retries write no event
 #  - a worker drained (citus_drain_node) and removed (citus_remove_node)
 #    with 32 tenants' events undelivered: all of them pending on the nodes
 #    that remain, none claimable on the removed worker, and delivered once
@@ -469,17 +479,10 @@ SELECT (SELECT xmin FROM idem.citus_keys_$keys_shard WHERE tenant = 1 AND key = 
 	is(rows("note = 'k-kill'"), '1', '... one row');
 }
 
-# --- the tenant's shard group moves while 3 entry nodes x 4 clients call
-# and retry 3000 keys of the tenant: each key executes once, wherever the
-# shard is, and every key's retry after the move replays; a move that
-# blocks writes, then one by logical replication (the rebalancer's way when
-# every table of the group has a replica identity), whose catch-up copies
-# the key records and rows written on the old node during the move
-sub storm_move
+# A move back to a node keeps failing while the shard an earlier move left
+# there awaits its deferred drop: drop them now.
+sub clean_orphans
 {
-	my ($mode, $p) = @_;
-	# a move back to a node keeps failing while the shard an earlier move
-	# left there awaits its deferred drop
 	for my $try (1 .. 60)
 	{
 		$coord->psql('postgres', 'CALL citus_cleanup_orphaned_resources()');
@@ -487,13 +490,61 @@ sub storm_move
 			'SELECT count(*) = 0 FROM pg_dist_cleanup') eq 't';
 		sleep(1);
 	}
-	my ($from, $shard_now) = placement(1);
+}
+
+# --- the tenant's shard group moves while 3 entry nodes x 4 clients call
+# and retry 3000 keys of the tenant: each key executes once, wherever the
+# shard is, and every key's retry after the move replays; a move that
+# blocks writes, then one by logical replication (the rebalancer's way when
+# every table of the group has a replica identity), whose catch-up copies
+# the key records and rows written on the old node during the move
+#
+# With events => 1 each call also writes an event of topic storm (the
+# storm on 5000 keys for 12 s, longer than the move by logical replication
+# takes here, so that new keys write events on both sides of its
+# switch-over), and consumers on every node claim and, in a later
+# transaction, acknowledge them during the move and after it (storm_consume,
+# each claim and ack logged in its node's storm_log); doc/citus.md promises
+# each event acknowledged exactly once, and a second delivery only of an
+# event leased on the old node whose ack there came after the move (IDE04),
+# claimed again on the new node once its lease ran out.
+sub storm_move
+{
+	my ($mode, $p, %opt) = @_;
+	my $t = $opt{tenant} // 1;
+	clean_orphans();
+	my ($from, $shard_now) = placement($t);
 	my ($dest) = grep { $_->port != $from->port && $_ != $coord } ($w1, $w2);
+	# the call of key $k (a pgbench variable or a key)
+	my $call_of = sub {
+		my ($k) = @_;
+		return $opt{events}
+		  ? "SELECT replayed FROM idem_citus_call_outbox(${t}::bigint, 'storm', '$k', 'INSERT INTO payments VALUES (\$1, \$2, \$3) RETURNING tenant_id, note', ${t}::bigint, '$k', 1);\n"
+		  : "SELECT replayed FROM idem_citus_call(${t}::bigint, '$k', 'INSERT INTO payments VALUES (\$1, \$2, \$3) RETURNING tenant_id, note', ${t}::bigint, '$k', 1);\n";
+	};
 	my $storm = PostgreSQL::Test::Utils::tempdir() . "/$p.sql";
-	PostgreSQL::Test::Utils::append_to_file(
-		$storm, qq{\\set k random(1, 3000)
-SELECT replayed FROM idem_citus_call(1::bigint, '$p-:k', 'INSERT INTO payments VALUES (\$1, \$2, \$3) RETURNING tenant_id, note', 1::bigint, '$p-:k', 1);
-});
+	PostgreSQL::Test::Utils::append_to_file($storm,
+		"\\set k random(1, " . ($opt{events} ? 5000 : 3000) . ")\n" . $call_of->("$p-:k"));
+	my @consumers;
+	if ($opt{events})
+	{
+		for my $node (@nodes)
+		{
+			$node->safe_psql('postgres', 'TRUNCATE storm_log, storm_stop');
+			for my $c (1 .. 2)
+			{
+				my ($in, $o, $e) = ('', '', '');
+				my $h = IPC::Run::start(
+					[
+						'psql', '-XAtq', '-v', 'ON_ERROR_STOP=1', '-d',
+						$node->connstr('postgres'), '-c',
+						"CALL storm_consume('" . $node->name . "-$c')"
+					],
+					'<', \$in, '>', \$o, '2>', \$e);
+				push @consumers, [ $h, \$e ];
+			}
+		}
+	}
 	my @storm;
 	for my $entry (@nodes)
 	{
@@ -501,7 +552,7 @@ SELECT replayed FROM idem_citus_call(1::bigint, '$p-:k', 'INSERT INTO payments V
 		my $h = IPC::Run::start(
 			[
 				'pgbench', '-n', '-M', 'simple', '-c', 4, '-j', 2,
-				'-T', 6, '-f', $storm, '-h', '127.0.0.1', '-p', $entry->port,
+				'-T', $opt{events} ? 12 : 6, '-f', $storm, '-h', '127.0.0.1', '-p', $entry->port,
 				'postgres'
 			],
 			'>', \$o, '2>', \$e,
@@ -509,7 +560,7 @@ SELECT replayed FROM idem_citus_call(1::bigint, '$p-:k', 'INSERT INTO payments V
 		push @storm, [ $entry, $h, \$o, \$e ];
 	}
 	$coord->poll_query_until('postgres',
-		"SELECT count(*) > 0 FROM payments WHERE tenant_id = 1 AND note LIKE '$p-%'")
+		"SELECT count(*) > 0 FROM payments WHERE tenant_id = $t AND note LIKE '$p-%'")
 	  or die 'the storm did not start';
 	$coord->safe_psql('postgres',
 		"SELECT citus_move_shard_placement($shard_now, '127.0.0.1', "
@@ -518,7 +569,7 @@ SELECT replayed FROM idem_citus_call(1::bigint, '$p-:k', 'INSERT INTO payments V
 		  . $dest->port
 		  . ", shard_transfer_mode => '$mode')");
 	my $moved_at = $coord->safe_psql('postgres',
-		"SELECT count(*) FROM payments WHERE tenant_id = 1 AND note LIKE '$p-%'");
+		"SELECT count(*) FROM payments WHERE tenant_id = $t AND note LIKE '$p-%'");
 	my $calls = 0;
 	for my $r (@storm)
 	{
@@ -526,24 +577,27 @@ SELECT replayed FROM idem_citus_call(1::bigint, '$p-:k', 'INSERT INTO payments V
 		$h->finish;
 		$calls += $1 if $$o =~ /number of transactions actually processed: (\d+)/;
 	}
-	is((placement(1))[0]->port, $dest->port,
+	is((placement($t))[0]->port, $dest->port,
 		"$mode: the shard group moved to " . $dest->name . " during the storm");
+	# an event certainly written after the move, for the new node's consumers
+	($out, $err) = call($from, $call_of->("$p-after"));
+	is($out, 'f', "$mode: a new key after the move executes") or diag($err);
 	cmp_ok($calls, '>', 40, "$mode: the storm made $calls calls ($moved_at keys done when the move ended)");
 	is( $coord->safe_psql(
 			'postgres', qq{
 SELECT count(*) FROM (SELECT note FROM payments
- WHERE tenant_id = 1 AND note LIKE '$p-%' GROUP BY 1 HAVING count(*) > 1) d}),
+ WHERE tenant_id = $t AND note LIKE '$p-%' GROUP BY 1 HAVING count(*) > 1) d}),
 		'0',
 		"$mode: storm during a move: no key executed twice");
 	is( $coord->safe_psql(
 			'postgres', qq{
-SELECT (SELECT count(*) FROM payments WHERE tenant_id = 1 AND note LIKE '$p-%')
-	 = (SELECT count(*) FROM idem.citus_keys WHERE tenant = 1 AND key LIKE '$p-%')}),
+SELECT (SELECT count(*) FROM payments WHERE tenant_id = $t AND note LIKE '$p-%')
+	 = (SELECT count(*) FROM idem.citus_keys WHERE tenant = $t AND key LIKE '$p-%')}),
 		't',
 		"$mode: one key record per row");
 	my @done = split /,/, $coord->safe_psql('postgres',
-		"SELECT string_agg(note, ',' ORDER BY note) FROM payments WHERE tenant_id = 1 AND note LIKE '$p-%'");
-	my $retries = join('', map { "SELECT replayed FROM idem_citus_call(1::bigint, '$_', 'INSERT INTO payments VALUES (\$1, \$2, \$3) RETURNING tenant_id, note', 1::bigint, '$_', 1);\n" } @done);
+		"SELECT string_agg(note, ',' ORDER BY note) FROM payments WHERE tenant_id = $t AND note LIKE '$p-%'");
+	my $retries = join('', map { $call_of->($_) } @done);
 	for my $entry (@nodes)
 	{
 		($out, $err) = call($entry, $retries);
@@ -552,6 +606,56 @@ SELECT (SELECT count(*) FROM payments WHERE tenant_id = 1 AND note LIKE '$p-%')
 		  or diag($err);
 	}
 	is(rows("note LIKE '$p-%'"), scalar(@done), "$mode: ... and no row more");
+	return unless $opt{events};
+
+	# every event acknowledged (acks delete): then the consumers stop
+	ok($coord->poll_query_until('postgres',
+			"SELECT count(*) = 0 FROM idem.citus_outbox WHERE topic = 'storm'"),
+		"$mode: the consumers delivered every event");
+	$_->safe_psql('postgres', 'INSERT INTO storm_stop VALUES (true)') for @nodes;
+	for (@consumers)
+	{
+		my ($h, $e) = @$_;
+		$h->finish;
+		is($$e, '', "$mode: a consumer ran without error");
+	}
+	# event => [claims], [acks], [failed acks]; a claim is "node attempt"
+	my (%ev, @log);
+	for my $node (@nodes)
+	{
+		push @log, map { [ $node->name, split /\|/ ] } split /\n/, $node->safe_psql('postgres',
+			"SELECT extract(epoch FROM at), event_id, what, coalesce(attempt, 0), coalesce(sqlstate, '-') FROM storm_log");
+	}
+	for (sort { $a->[1] <=> $b->[1] } @log)
+	{
+		my ($name, $at, $id, $what, $attempt, $state) = @$_;
+		my $e = $ev{$id} //= { claims => [], acks => 0, failed => [] };
+		push @{ $e->{claims} }, "$name $attempt" if $what eq 'claim';
+		$e->{acks}++ if $what eq 'ack';
+		push @{ $e->{failed} }, "$name $state" if $what eq 'ack failed';
+	}
+	is($coord->safe_psql('postgres',
+			"SELECT count(*) FROM payments WHERE tenant_id = $t AND note LIKE '$p-%'"),
+		scalar(keys %ev), "$mode: one event per executed key, each claimed");
+	is(scalar(grep { $_->{acks} != 1 } values %ev), 0,
+		"$mode: each event acknowledged exactly once");
+	my @failed = map { @{ $_->{failed} } } values %ev;
+	is(join(',', grep { $_ ne $from->name . ' IDE04' } @failed), '',
+		"$mode: every failed ack (" . scalar(@failed) . ') was IDE04, on the node the shard left');
+	is(scalar(grep { @{ $_->{claims} } != 1 + @{ $_->{failed} } } values %ev), 0,
+		"$mode: an event claimed again only after its ack failed so");
+	my @again = grep { @{ $_->{failed} } } values %ev;
+	is(scalar(grep { $_->{claims}[-1] ne $dest->name . ' ' . scalar(@{ $_->{claims} }) } @again), 0,
+		"$mode: ... its next claim on the new node, its attempt counted ("
+		  . scalar(@again) . ' events delivered twice)');
+	is($dest->safe_psql('postgres', "SELECT count(*) FROM storm_log WHERE key = '$p-after'"),
+		'1', "$mode: its event claimed on the new node");
+	my %acks;
+	$acks{ $_->[0] }++ for grep { $_->[3] eq 'ack' } @log;
+	diag("$mode: acks per node: " . join(', ', map { "$_ " . ($acks{$_} // 0) } map { $_->name } @nodes));
+	is($coord->safe_psql('postgres',
+			"SELECT count(*) FROM idem.citus_outbox WHERE topic = 'storm'"),
+		'0', "$mode: the retries after the move wrote no event");
 }
 
 storm_move('block_writes', 'storm');
@@ -902,6 +1006,31 @@ is("$again_id $attempt", "$lease_id 2", '... claimed there again once the lease 
 is($err, '', '... and acknowledged there') or diag($err);
 is(events_pending(), '0', '... none left');
 
+# a verb's transaction keeps its node's shards of idem.citus_outbox: a
+# move waits for it, also when its session listed them in an earlier verb
+{
+	my ($node, $shard) = placement($mover);
+	my ($other) = grep { $_ != $node && $_ != $coord } ($w1, $w2);
+	clean_orphans();
+	my ($h) = start_call($node,
+		"SELECT count(*) FROM idem_outbox_claim('refunds', 1, '30 s');"
+		  . " BEGIN; SELECT count(*) FROM idem_outbox_claim('refunds', 1, '30 s');"
+		  . " SELECT pg_sleep(4); COMMIT;");
+	$node->poll_query_until('postgres',
+		"SELECT count(*) > 0 FROM pg_stat_activity WHERE wait_event = 'PgSleep' AND query LIKE '%pg_sleep(4)%'")
+	  or die 'the claim did not start';
+	my ($move) = start_call($coord,
+		"SELECT citus_move_shard_placement($shard, '127.0.0.1', " . $node->port
+		  . ", '127.0.0.1', " . $other->port . ", shard_transfer_mode => 'block_writes')");
+	ok( $node->poll_query_until('postgres',
+			"SELECT count(*) > 0 FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"),
+		"a move waits for a claim's transaction on the shard's node, whose session listed the shards before");
+	is((placement($mover))[0]->port, $node->port, '... the shard group still there meanwhile');
+	$h->finish;
+	$move->finish;
+	is((placement($mover))[0]->port, $other->port, '... and moved once the claim committed');
+}
+
 # the other verbs on a tenant's event, on its node: extend, fail to a dead
 # letter, requeue, release, and an ack that keeps it delivered for
 # idem_citus_purge()
@@ -937,11 +1066,84 @@ is(events_pending(), '0', '... none left');
 	$verbs_node->safe_psql('postgres',
 		"SET idem.outbox_keep_delivered = on; SELECT idem_outbox_ack('$id', '$tok')");
 	is($state->(), 'delivered 1 boom', '... acknowledged, kept as delivered');
+
+	# a node's idem_outbox_purge() purges the delivered events of the
+	# shards placed there, as its own
+	my ($other) = grep { $_ != $verbs_node && $_ != $coord } ($w1, $w2);
+	is($other->safe_psql('postgres',
+			"SET idem.outbox_retention = 0; SELECT idem_outbox_purge()"),
+		'0', "idem_outbox_purge() on a node without the tenant's shard: nothing");
+	is($verbs_node->safe_psql('postgres', 'SELECT idem_outbox_purge()'),
+		'0', "... on the tenant's node, within idem.outbox_retention: nothing");
+	is($state->(), 'delivered 1 boom', '... the event kept');
+	is($verbs_node->safe_psql('postgres',
+			"SET idem.outbox_retention = 0; SELECT idem_outbox_purge(), idem_outbox_purge()"),
+		'1|0', "... past it: the delivered tenant event, counted once");
+	is($state->(), '', '... and removed from its shard');
+
+	($out, $err) = event_calls($coord, 142, 142);
+	is($out, 'f', 'ev-142 (tenant ' . (301 + 142 % 16) . ') executes') or diag($err);
+	my $ev142 = (placement(301 + 142 % 16))[0];
+	($id, $tok) = split /\|/, $ev142->safe_psql('postgres',
+		"SELECT event_id, lease_token FROM idem_outbox_claim('refunds', 10, '30 s', 'verbs')");
+	$ev142->safe_psql('postgres',
+		"SET idem.outbox_keep_delivered = on; SELECT idem_outbox_ack('$id', '$tok')");
 	cmp_ok($coord->safe_psql('postgres',
 			"SET idem.outbox_retention = 0; SELECT idem_citus_purge()"),
-		'>=', 1, 'idem_citus_purge() counts the delivered tenant event');
-	is($state->(), '', '... and removed it from its shard');
+		'>=', 1, 'idem_citus_purge() counts a delivered tenant event');
+	is($coord->safe_psql('postgres', "SELECT count(*) FROM idem.citus_outbox WHERE key = 'ev-142'"),
+		'0', '... and removed it from its shard');
 }
+
+# --- a shard move during a retry storm whose calls write events, while
+# every node's consumers claim and acknowledge them: each event is
+# acknowledged once, and delivered again only as doc/citus.md says (an
+# ack on the old node after the move, IDE04, then a claim on the new one)
+is($coord->safe_psql('postgres',
+		q{SELECT count(*) FROM run_command_on_all_nodes($$SELECT idem_outbox_create_topic('storm')$$) WHERE success}),
+	'3', 'topic storm registered on every node');
+$coord->safe_psql('postgres', q{
+CREATE PROCEDURE storm_consume(c text) LANGUAGE plpgsql AS $$
+DECLARE
+	e record;
+	ids uuid[];
+	tokens uuid[];
+BEGIN
+	LOOP
+		ids := '{}';
+		tokens := '{}';
+		FOR e IN SELECT * FROM idem_outbox_claim('storm', 10, '5 s', c) LOOP
+			INSERT INTO storm_log VALUES (e.event_id, 'claim', e.attempt, NULL, e.key);
+			ids := ids || e.event_id;
+			tokens := tokens || e.lease_token;
+		END LOOP;
+		COMMIT;
+		IF cardinality(ids) = 0 THEN
+			EXIT WHEN EXISTS (SELECT FROM storm_stop);
+			PERFORM pg_sleep(0.05);
+			CONTINUE;
+		END IF;
+		-- the acks in a transaction of their own, as a consumer that
+		-- delivers the events before it acknowledges them: a move can
+		-- come in between
+		PERFORM pg_sleep(0.02);
+		FOR i IN 1 .. cardinality(ids) LOOP
+			BEGIN
+				PERFORM idem_outbox_ack(ids[i], tokens[i]);
+				INSERT INTO storm_log VALUES (ids[i], 'ack', NULL, NULL, NULL);
+			EXCEPTION WHEN OTHERS THEN
+				INSERT INTO storm_log VALUES (ids[i], 'ack failed', NULL, SQLSTATE, NULL);
+			END;
+		END LOOP;
+		COMMIT;
+	END LOOP;
+END $$});
+$_->safe_psql('postgres', q{
+CREATE TABLE storm_log (event_id uuid, what text, attempt int, sqlstate text,
+	key text, at timestamptz DEFAULT clock_timestamp());
+CREATE TABLE storm_stop (stop boolean)}) for @nodes;
+storm_move('block_writes', 'bestorm', events => 1, tenant => 601);
+storm_move('force_logical', 'lestorm', events => 1, tenant => 601);
 
 # --- idem_citus_call_with(): idem_call() for a tenant, its arguments as
 # text typed by the statement, its options carried to the shard's node
