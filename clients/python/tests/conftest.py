@@ -11,6 +11,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from clusters import Cluster, Bouncer  # noqa: E402
+import nesting  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -80,3 +81,11 @@ def table(admin, request):
     admin.execute(f"CREATE TABLE {name} (id serial PRIMARY KEY, return_id text UNIQUE,"
                   " amount numeric NOT NULL)")
     return name
+
+
+@pytest.fixture(scope="session")
+def undecodable_depth():
+    depth = nesting.undecodable_depth()
+    if depth is None:
+        pytest.skip("this Python decodes JSON nested 200,000 deep")
+    return depth

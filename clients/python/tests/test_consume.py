@@ -20,6 +20,7 @@ import psycopg
 import pytest
 
 import idem_client as idem
+from nesting import deepest_stack, nested_or_skip
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SECOND = datetime.timedelta(seconds=1)
@@ -77,9 +78,12 @@ class Loop:
             self.seen.append(event)
             self.handler(event)
 
+        # named after the topic, for wait_until_sleeping
+        kw_conn = {"application_name": topic, **(connect_kw or {})}
+
         def run():
             try:
-                self.result = idem.consume(lambda: psycopg.connect(dsn, **(connect_kw or {})),
+                self.result = idem.consume(lambda: psycopg.connect(dsn, **kw_conn),
                                            topic, h,
                                            stop=self.stop, **kw)
             except BaseException as e:  # the test asserts the loop did not die
@@ -130,14 +134,21 @@ def test_delivers_an_integer_longer_than_int_reads(cluster, connect, topic, admi
     assert loop.seen[0]["payload"]["rows"][0]["amount"] == big
 
 
-def test_a_payload_nested_deeper_than_the_decoder_reads(cluster, connect, topic, admin):
-    """A payload nested 5000 deep (a jsonb column of the business rows)
-    fails its event with the decoder's RecursionError and the loop goes on;
-    the error raised out of consume() at each claim of the event."""
-    with connect() as conn, conn.transaction():     # (execute would parse the response)
-        conn.execute("SELECT 1 FROM idem_call(%s, %s, '{}', outbox_topic => %s)",
-                     (f"{topic}:deep", "SELECT (repeat('[', 5000) || repeat(']', 5000))::jsonb"
-                      " AS deep", topic))
+def test_a_payload_nested_deeper_than_the_decoder_reads(cluster, connect, topic, admin,
+                                                       undecodable_depth):
+    """A payload nested deeper than the decoder reads (a jsonb column of
+    the business rows) fails its event with the decoder's RecursionError
+    and the loop goes on; the error raised out of consume() at each claim
+    of the event."""
+    d = undecodable_depth
+
+    def make():
+        with connect() as conn, conn.transaction():  # (execute would parse the response)
+            deepest_stack(conn)
+            conn.execute("SELECT 1 FROM idem_call(%s, %s, '{}', outbox_topic => %s)",
+                         (f"{topic}:deep", f"SELECT (repeat('[', {d}) || repeat(']', {d}))::jsonb"
+                          " AS deep", topic))
+    nested_or_skip(d, make)
     publish(connect, topic, "b")
     loop = Loop(cluster.dsn(), topic)
     until(lambda: events(admin, topic)["deep"]["last_error"] is not None and len(loop.seen) == 1,
@@ -228,10 +239,12 @@ def test_stop_ends_a_long_idle_wait_at_once(cluster, topic):
 
 
 def wait_until_sleeping(admin, topic):
-    """The consumer has made its (empty) claim and waits on LISTEN."""
+    """The topic's consumer has made its (empty) claim and waits on
+    LISTEN.  (Any other session idle after a claim, a consumer left by a
+    failed test, is not this one.)"""
     until(lambda: admin.execute(
-        "SELECT count(*) FROM pg_stat_activity WHERE state = 'idle'"
-        " AND query LIKE '%%idem_outbox_claim%%' AND pid <> pg_backend_pid()").fetchone()[0] > 0,
+        "SELECT count(*) FROM pg_stat_activity WHERE state = 'idle' AND application_name = %s"
+        " AND query LIKE '%%idem_outbox_claim%%'", (topic,)).fetchone()[0] > 0,
         what="the consumer's claim")
 
 
@@ -299,7 +312,8 @@ def test_ack_after_the_lease_expired_but_not_taken_over(cluster, topic, admin):
 def consumer_proc(cluster, topic, log, *args):
     return subprocess.Popen([sys.executable, os.path.join(HERE, "outbox_consumer.py"),
                              cluster.dsn(), topic, log, *args],
-                            stdout=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "PGAPPNAME": topic})
 
 
 def lines(path):

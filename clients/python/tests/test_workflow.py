@@ -24,6 +24,7 @@ import pytest
 import idem_client as idem
 import returns_workflow
 from carrier import Carrier
+from nesting import deepest_stack, nested_or_skip
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 _queues = iter(range(1, 10**6))
@@ -362,19 +363,26 @@ def test_a_run_with_an_integer_longer_than_int_reads(connect, admin, queue):
 
 
 @pytest.mark.parametrize("kind", ["threads", "asyncio"])
-def test_a_run_nested_deeper_than_the_decoder_reads(route, connect, admin, queue, kind):
-    """A run whose input is nested 5000 deep (begun in SQL) fails its step
-    with the decoder's RecursionError, and the worker goes on with the other
-    runs; the error raised out of run() at each claim of the run, ending
-    every worker that claimed it."""
+def test_a_run_nested_deeper_than_the_decoder_reads(route, connect, admin, queue, kind,
+                                                    undecodable_depth):
+    """A run whose input is nested deeper than the decoder reads (begun in
+    SQL) fails its step with the decoder's RecursionError, and the worker
+    goes on with the other runs; the error raised out of run() at each
+    claim of the run, ending every worker that claimed it."""
+    d = undecodable_depth
     wf = idem.Workflow(queue, steps=["a"])
 
     async def a(ctx):
         return {}
     wf.external("a")(a if kind == "asyncio" else lambda ctx: {})
-    admin.execute("SELECT idem_run_begin(%s, steps => ARRAY['a'], queue => %s,"
-                  " input => (repeat('[', 5000) || repeat(']', 5000))::jsonb)",
-                  (f"{queue}:deep", queue))
+
+    def make():
+        with admin.transaction():
+            deepest_stack(admin)
+            admin.execute("SELECT idem_run_begin(%s, steps => ARRAY['a'], queue => %s,"
+                          " input => (repeat('[', %s) || repeat(']', %s))::jsonb)",
+                          (f"{queue}:deep", queue, d, d))
+    nested_or_skip(d, make)
     wf.start(admin, f"{queue}:plain", input={})
     w = (Running(connect, [wf], concurrency=1, lease=5, poll=0.1) if kind == "threads"
          else RunningAsync(route, [wf], concurrency=1, lease=5, poll=0.1))
