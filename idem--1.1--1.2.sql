@@ -248,11 +248,22 @@ CREATE TABLE idem.run_signals (
 SELECT pg_catalog.pg_extension_config_dump('idem.run_signals', '');
 
 -- Administrators of runs: every role's rows in idem_runs, and cancel and
--- retry of any role's run.  A cluster-wide role, kept if it exists.
+-- retry of any role's run.  A cluster-wide role, kept if it exists and can
+-- be trusted: a role of that name that can log in, or that a role other
+-- than a superuser granted or administers, may be someone's way to every
+-- role's runs (55000).
+CREATE FUNCTION idem.admin_role_check()
+RETURNS void
+AS 'MODULE_PATHNAME', 'idem_admin_role_check'
+LANGUAGE C VOLATILE PARALLEL SAFE;
+REVOKE ALL ON FUNCTION idem.admin_role_check() FROM PUBLIC;
+
 DO $$
 BEGIN
 	IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname OPERATOR(pg_catalog.=) 'idem_admin') THEN
 		CREATE ROLE idem_admin NOLOGIN;
+	ELSE
+		PERFORM idem.admin_role_check();
 	END IF;
 END
 $$;
@@ -408,20 +419,14 @@ RETURNS text
 AS 'MODULE_PATHNAME', 'idem_run_retry'
 LANGUAGE C VOLATILE PARALLEL UNSAFE;
 
--- Whether the current role sees every role's runs.  idem_admin is the
--- cluster's, not the extension's: an administrator may have dropped it.
+-- Whether the current role sees every role's runs: superusers, members of
+-- pg_monitor and of idem_admin (while it can be trusted: see
+-- idem.admin_role_check).  idem_admin is the cluster's, not the
+-- extension's: an administrator may have dropped it.
 CREATE FUNCTION @extschema@.idem_runs_admin()
 RETURNS boolean
-LANGUAGE sql STABLE PARALLEL SAFE
-SET search_path = pg_catalog, pg_temp
-AS $$
-SELECT r.rolsuper
-	OR pg_catalog.pg_has_role(CURRENT_USER, 'pg_monitor', 'USAGE')
-	OR EXISTS (SELECT FROM pg_catalog.pg_roles a
-		WHERE a.rolname OPERATOR(pg_catalog.=) 'idem_admin'
-		AND pg_catalog.pg_has_role(CURRENT_USER, a.oid, 'USAGE'))
-  FROM pg_catalog.pg_roles r WHERE r.rolname OPERATOR(pg_catalog.=) CURRENT_USER
-$$;
+AS 'MODULE_PATHNAME', 'idem_runs_admin'
+LANGUAGE C STABLE PARALLEL SAFE;
 
 -- Runs for operators: every role's for superusers and members of
 -- pg_monitor or idem_admin, the current role's own otherwise.  An expired

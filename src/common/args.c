@@ -128,17 +128,32 @@ idem_purge_batch_arg(FunctionCallInfo fcinfo, const char *fname)
 
 /*
  * idem_check_variadic_dims
- *		Refuse an array of more than one dimension passed for a list (what
- *		names its elements): flattened, ARRAY[[1, 2], [3, 4]] would be the
- *		same request as ARRAY[1, 2, 3, 4], its shape lost.
+ *		Refuse an array passed for a list (what names its elements) that has
+ *		more than one dimension, or more than IDEM_MAX_ARGS elements (whole
+ *		names what the list makes up).
+ *		Flattened, ARRAY[[1, 2], [3, 4]] would be the same request as
+ *		ARRAY[1, 2, 3, 4], its shape lost.  The bound comes before anything
+ *		is unpacked, so a huge array costs nothing beyond itself; hint says
+ *		how to pass a longer list.
  */
 void
-idem_check_variadic_dims(ArrayType *arr, const char *what)
+idem_check_variadic_dims(ArrayType *arr, const char *what, const char *whole,
+						 const char *hint)
 {
+	int			nitems;
+
 	if (ARR_NDIM(arr) > 1)
 		ereport(ERROR,
 				(errcode(ERRCODE_ARRAY_SUBSCRIPT_ERROR),
 				 errmsg("%s passed as an array must be a one-dimensional array", what),
 				 errdetail("The array has %d dimensions.", ARR_NDIM(arr)),
 				 idem_errhint(ERRCODE_ARRAY_SUBSCRIPT_ERROR, "Pass a multidimensional array as one argument, without VARIADIC.")));
+	nitems = ArrayGetNItems(ARR_NDIM(arr), ARR_DIMS(arr));
+	if (nitems > IDEM_MAX_ARGS)
+		ereport(ERROR,
+				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+				 errmsg("too many %s", what),
+				 errdetail("The array holds %d %s; a %s takes at most %d.",
+						   nitems, what, whole, IDEM_MAX_ARGS),
+				 idem_errhint(ERRCODE_PROGRAM_LIMIT_EXCEEDED, hint)));
 }

@@ -33,7 +33,8 @@ extern void idem_arg_not_null(FunctionCallInfo fcinfo, int argno,
 extern char *idem_name_arg(FunctionCallInfo fcinfo, int argno,
 						   const char *what);
 extern int32 idem_purge_batch_arg(FunctionCallInfo fcinfo, const char *fname);
-extern void idem_check_variadic_dims(ArrayType *arr, const char *what);
+extern void idem_check_variadic_dims(ArrayType *arr, const char *what,
+									 const char *whole, const char *hint);
 
 /* guc.c: the role and idem.* parameters a business statement must keep */
 #define IDEM_OWN_PARAMS_MAX 64
@@ -60,11 +61,12 @@ extern bool idem_citus_shard_local(int64 shardid);
 extern List *idem_citus_local_shards(Oid relid);
 extern uint64 idem_citus_generation(Oid relid);
 
-/* grants.c: role lists that grant the use of topics and queues */
+/* grants.c: role lists that grant the use of topics and queues; idem_admin */
 extern bool idem_role_in(Oid role, Datum array);
 extern Datum idem_roles_arg(FunctionCallInfo fcinfo, int argno,
 							const char *name);
 extern void idem_check_role_exists(Oid role);
+extern Oid	idem_admin_role(void);
 
 /* lease.c: the lease of outbox events and queued runs */
 typedef enum IdemFence

@@ -3,7 +3,14 @@
  * grants.c
  *		Role lists that grant the use of a named object (outbox topics'
  *		publishers and consumers, run queues' producers, workers and
- *		signallers): the membership test and the check of a list argument.
+ *		signallers): the membership test and the check of a list argument;
+ *		and the role idem_admin, whose members act on every role's runs.
+ *
+ * idem_admin is found by name, and CREATE ROLE needs only CREATEROLE: a
+ * role of that name made before the extension, or after an administrator
+ * dropped it, may be someone's way to every role's runs.  It counts only
+ * while it cannot log in and only superusers have granted or administer
+ * it; otherwise it grants nothing, and an install refuses it.
  *
  * Copyright (c) 2026, idem authors
  *
@@ -14,14 +21,19 @@
  */
 #include "postgres.h"
 
+#include "catalog/pg_auth_members.h"
+#include "catalog/pg_authid.h"
 #include "catalog/pg_type.h"
 #include "miscadmin.h"
 #include "utils/acl.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
+#include "utils/catcache.h"
 #include "utils/syscache.h"
 
 #include "common/common.h"
+
+PG_FUNCTION_INFO_V1(idem_admin_role_check);
 
 /*
  * idem_role_in
@@ -126,4 +138,78 @@ idem_roles_arg(FunctionCallInfo fcinfo, int argno, const char *name)
 	}
 	return PointerGetDatum(construct_array(roles, nkept, REGROLEOID,
 										   sizeof(Oid), true, TYPALIGN_INT));
+}
+
+/*
+ * Why the role idem_admin (role) cannot be trusted, or NULL if it can.
+ */
+static char *
+admin_role_distrust(Oid role)
+{
+	HeapTuple	tup;
+	CatCList   *members;
+	char	   *why = NULL;
+
+	tup = SearchSysCache1(AUTHOID, ObjectIdGetDatum(role));
+	if (!HeapTupleIsValid(tup))
+		return NULL;
+	if (((Form_pg_authid) GETSTRUCT(tup))->rolcanlogin)
+		why = pstrdup("The role can log in.");
+	ReleaseSysCache(tup);
+	if (why != NULL)
+		return why;
+
+	members = SearchSysCacheList1(AUTHMEMROLEMEM, ObjectIdGetDatum(role));
+	for (int i = 0; i < members->n_members && why == NULL; i++)
+	{
+		Form_pg_auth_members m =
+			(Form_pg_auth_members) GETSTRUCT(&members->members[i]->tuple);
+
+		/* a dropped grantor (possible before PostgreSQL 16) is no superuser */
+		if (m->admin_option && !superuser_arg(m->member))
+			why = psprintf("Role \"%s\" administers it and is not a superuser.",
+						   GetUserNameFromId(m->member, false));
+		else if (!superuser_arg(m->grantor))
+			why = psprintf("Role \"%s\" was granted it by a role that is not a superuser.",
+						   GetUserNameFromId(m->member, false));
+	}
+	ReleaseSysCacheList(members);
+	return why;
+}
+
+/*
+ * idem_admin_role
+ *		The role idem_admin, or InvalidOid when there is none or it cannot
+ *		be trusted (see the file header).
+ */
+Oid
+idem_admin_role(void)
+{
+	Oid			role = get_role_oid("idem_admin", true);
+
+	if (!OidIsValid(role) || admin_role_distrust(role) != NULL)
+		return InvalidOid;
+	return role;
+}
+
+/*
+ * idem_admin_role_check() returns void
+ *
+ * Called by the install script when a role idem_admin exists already:
+ * refuses to adopt one that cannot be trusted (55000).
+ */
+Datum
+idem_admin_role_check(PG_FUNCTION_ARGS)
+{
+	Oid			role = get_role_oid("idem_admin", true);
+	char	   *why = OidIsValid(role) ? admin_role_distrust(role) : NULL;
+
+	if (why != NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("role \"idem_admin\" exists and cannot be trusted"),
+				 errdetail_internal("%s", why),
+				 idem_errhint(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+							  "Its members act on every role's runs, so only superusers may grant or administer it, and it may not log in. Drop the role, or revoke what a role other than a superuser granted or holds, and try again.")));
+	PG_RETURN_VOID();
 }

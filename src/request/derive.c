@@ -33,6 +33,7 @@
 #include "fmgr.h"
 #include "lib/stringinfo.h"
 #include "mb/pg_wchar.h"
+#include "miscadmin.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/lsyscache.h"
@@ -76,6 +77,7 @@ idem_derive_key(int nparts, const char *const *parts)
 	initStringInfo(&buf);
 	for (int i = 0; i < nparts; i++)
 	{
+		CHECK_FOR_INTERRUPTS();
 		if (i > 0)
 			appendStringInfoChar(&buf, ':');
 		for (const char *p = parts[i]; *p; p++)
@@ -155,7 +157,8 @@ idem_key(PG_FUNCTION_ARGS)
 					 errmsg("key parts must not be null"),
 					 idem_errhint(ERRCODE_NULL_VALUE_NOT_ALLOWED, NULL)));
 		arr = PG_GETARG_ARRAYTYPE_P(0);
-		idem_check_variadic_dims(arr, "key parts");
+		idem_check_variadic_dims(arr, "key parts", "key",
+								 "Pass a list as one part of an array type.");
 		elemtype = ARR_ELEMTYPE(arr);
 		get_typlenbyvalalign(elemtype, &typlen, &typbyval, &typalign);
 		deconstruct_array(arr, elemtype, typlen, typbyval, typalign,
@@ -163,6 +166,7 @@ idem_key(PG_FUNCTION_ARGS)
 		parts = palloc(Max(nparts, 1) * sizeof(char *));
 		for (int i = 0; i < nparts; i++)
 		{
+			CHECK_FOR_INTERRUPTS();
 			if (nulls[i])
 				ereport(ERROR,
 						(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),

@@ -103,15 +103,8 @@ idem_collect_array(ArrayType *arr, bool strings, IdemRequest *req)
 	bool	   *isnull;
 	char	  **texts;
 
-	idem_check_variadic_dims(arr, "arguments");
-	if (ArrayGetNItems(ARR_NDIM(arr), ARR_DIMS(arr)) > IDEM_MAX_ARGS)
-		ereport(ERROR,
-				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
-				 errmsg("too many arguments"),
-				 errdetail("The array holds %d arguments; a statement takes at most %d.",
-						   ArrayGetNItems(ARR_NDIM(arr), ARR_DIMS(arr)),
-						   IDEM_MAX_ARGS),
-				 idem_errhint(ERRCODE_PROGRAM_LIMIT_EXCEEDED, "Pass a list as one argument of an array type.")));
+	idem_check_variadic_dims(arr, "arguments", "statement",
+							 "Pass a list as one argument of an array type.");
 	get_typlenbyvalalign(elemtype, &typlen, &typbyval, &typalign);
 	deconstruct_array(arr, elemtype, typlen, typbyval, typalign,
 					  &req->values, &isnull, &req->nargs);

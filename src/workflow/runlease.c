@@ -35,6 +35,8 @@
 #include "compat.h"
 #include "workflow/workflow.h"
 
+PG_FUNCTION_INFO_V1(idem_runs_admin);
+
 /* A worker's run: by id among queued runs, with whether the token holds it. */
 static IdemQuery q_queued_by_id = {
 	"SELECT owner, lease_token OPERATOR(pg_catalog.=) $2, queue_state, status,"
@@ -521,10 +523,25 @@ idem_run_end_lease_for(IdemRunRow *run, const char *outcome,
 bool
 idem_run_is_admin(Oid role)
 {
-	Oid			admin = get_role_oid("idem_admin", true);
+	Oid			admin = idem_admin_role();
 
 	return superuser_arg(role) ||
 		(OidIsValid(admin) && has_privs_of_role(role, admin));
+}
+
+/*
+ * idem_runs_admin() returns boolean
+ *
+ * Whether the current role sees every role's runs in idem_runs and
+ * idem_run_attempts: administrators, and members of pg_monitor.
+ */
+Datum
+idem_runs_admin(PG_FUNCTION_ARGS)
+{
+	Oid			role = GetUserId();
+
+	PG_RETURN_BOOL(idem_run_is_admin(role) ||
+				   has_privs_of_role(role, ROLE_PG_MONITOR));
 }
 
 /*

@@ -58,6 +58,12 @@ SELECT idem_key(VARIADIC ARRAY[]::text[]);
 \echo :LAST_ERROR_SQLSTATE
 SELECT idem_key(VARIADIC NULL::text[]);
 \echo :LAST_ERROR_SQLSTATE
+-- more parts than a statement takes arguments (65,535) are refused before
+-- they are unpacked (54000); 65,535 make a key, hashed
+SELECT idem_key(VARIADIC array_fill('p'::text, ARRAY[65536]));
+\echo :LAST_ERROR_SQLSTATE
+SELECT length(k), right(k, 65) ~ '^#[0-9a-f]{64}$' AS hashed
+FROM idem_key(VARIADIC array_fill('p'::text, ARRAY[65535])) AS k;
 
 -- idem_state_hash: a row's current content as a revision tag
 CREATE TABLE claims (id int PRIMARY KEY, status text, amount numeric, note jsonb, m mood);

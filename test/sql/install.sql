@@ -80,6 +80,47 @@ CREATE EXTENSION idem;
 DROP SCHEMA idem;
 CREATE EXTENSION idem;
 SELECT count(*) AS keys_after_reinstall FROM idem.keys;
+
+-- nor a role idem_admin that cannot be trusted (55000, nothing installed):
+-- its members act on every role's runs, and CREATE ROLE needs only
+-- CREATEROLE; one only superusers granted and administer is kept (another
+-- database's install made it)
+\set SHOW_CONTEXT never
+DROP EXTENSION idem;
+DROP ROLE idem_admin;
+CREATE ROLE regress_inst_ops;
+CREATE ROLE idem_admin LOGIN;
+CREATE EXTENSION idem;
+\echo :LAST_ERROR_SQLSTATE
+ALTER ROLE idem_admin NOLOGIN;
+GRANT idem_admin TO regress_inst_ops WITH ADMIN OPTION;
+CREATE EXTENSION idem;
+\echo :LAST_ERROR_SQLSTATE
+SELECT count(*) AS installed FROM pg_extension WHERE extname = 'idem';
+DROP ROLE idem_admin;
+-- made by a CREATEROLE role, which granted it to itself (from 16 on, it
+-- holds ADMIN OPTION on what it made too: the error's detail differs)
+CREATE ROLE regress_inst_squatter CREATEROLE;
+SET ROLE regress_inst_squatter;
+SET client_min_messages = warning;
+CREATE ROLE idem_admin;
+GRANT idem_admin TO regress_inst_squatter;
+RESET client_min_messages;
+RESET ROLE;
+\set VERBOSITY terse
+CREATE EXTENSION idem;
+\echo :LAST_ERROR_SQLSTATE
+\set VERBOSITY default
+DROP ROLE idem_admin;
+CREATE ROLE idem_admin;
+GRANT idem_admin TO regress_inst_ops;
+CREATE EXTENSION idem;
+SELECT r.rolname, m.admin_option
+  FROM pg_auth_members m JOIN pg_roles r ON r.oid = m.member
+ WHERE m.roleid = 'idem_admin'::regrole;
+REVOKE idem_admin FROM regress_inst_ops;
+DROP ROLE regress_inst_ops, regress_inst_squatter;
+\set SHOW_CONTEXT errors
 -- the same session keeps working after the reinstall (cached OIDs reset)
 SELECT idem_execute('install:1', 'SELECT 1 AS one') ->> 'rowcount' AS after_reinstall;
 SELECT count(*) AS keys FROM idem.keys;

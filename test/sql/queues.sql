@@ -124,6 +124,24 @@ GRANT idem_admin TO regress_rq_other;
 SET ROLE regress_rq_other;
 SELECT run_id FROM idem_runs ORDER BY 1;
 RESET ROLE;
+-- an idem_admin that cannot be trusted (it can log in, or a role other
+-- than a superuser administers it) grants nothing: not the runs, not
+-- another role's run to cancel (42501)
+ALTER ROLE idem_admin LOGIN;
+SET ROLE regress_rq_other;
+SELECT count(*) AS untrusted_admin_sees FROM idem_runs;
+SELECT idem_run_cancel('o1', owner => 'regress_rq_app');
+\echo :LAST_ERROR_SQLSTATE
+RESET ROLE;
+ALTER ROLE idem_admin NOLOGIN;
+GRANT idem_admin TO regress_rq_app WITH ADMIN OPTION;
+SET ROLE regress_rq_other;
+SELECT count(*) AS untrusted_admin_sees FROM idem_runs;
+RESET ROLE;
+REVOKE idem_admin FROM regress_rq_app;
+SET ROLE regress_rq_other;
+SELECT count(*) > 0 AS trusted_again_sees FROM idem_runs;
+RESET ROLE;
 REVOKE idem_admin FROM regress_rq_other;
 -- the role idem_admin is the cluster's, not the extension's: dropped by an
 -- administrator, every role still sees its own runs and attempts
