@@ -127,7 +127,7 @@ idem_purge_batch_arg(FunctionCallInfo fcinfo, const char *fname)
 }
 
 /*
- * idem_check_variadic_dims
+ * idem_check_variadic_list
  *		Refuse an array passed for a list (what names its elements) that has
  *		more than one dimension, or more than IDEM_MAX_ARGS elements (whole
  *		names what the list makes up).
@@ -137,7 +137,7 @@ idem_purge_batch_arg(FunctionCallInfo fcinfo, const char *fname)
  *		how to pass a longer list.
  */
 void
-idem_check_variadic_dims(ArrayType *arr, const char *what, const char *whole,
+idem_check_variadic_list(ArrayType *arr, const char *what, const char *whole,
 						 const char *hint)
 {
 	int			nitems;

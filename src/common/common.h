@@ -33,7 +33,7 @@ extern void idem_arg_not_null(FunctionCallInfo fcinfo, int argno,
 extern char *idem_name_arg(FunctionCallInfo fcinfo, int argno,
 						   const char *what);
 extern int32 idem_purge_batch_arg(FunctionCallInfo fcinfo, const char *fname);
-extern void idem_check_variadic_dims(ArrayType *arr, const char *what,
+extern void idem_check_variadic_list(ArrayType *arr, const char *what,
 									 const char *whole, const char *hint);
 
 /* guc.c: the role and idem.* parameters a business statement must keep */

@@ -523,10 +523,13 @@ idem_run_end_lease_for(IdemRunRow *run, const char *outcome,
 bool
 idem_run_is_admin(Oid role)
 {
-	Oid			admin = idem_admin_role();
+	Oid			admin;
 
-	return superuser_arg(role) ||
-		(OidIsValid(admin) && has_privs_of_role(role, admin));
+	/* superusers first: the role's trust check reads its memberships */
+	if (superuser_arg(role))
+		return true;
+	admin = idem_admin_role();
+	return OidIsValid(admin) && has_privs_of_role(role, admin);
 }
 
 /*
