@@ -92,6 +92,8 @@ struct Latch;
 
 /* The longest wait of a claim: it holds a snapshot, as any statement does. */
 #define IDEM_MAX_WAIT_S			3600
+/* How often a claim with a wait looks again for what became due by time. */
+#define IDEM_CLAIM_POLL_MS		200
 
 /*
  * Most arguments a statement is given: what a client can bind in the

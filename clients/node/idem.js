@@ -360,10 +360,10 @@ function cancelRequest(client) {
 // NOTIFY).  With wakeup: 'wait' each claim is idem_outbox_claim(...,
 // wait => idle) instead: one that finds nothing waits, in the same
 // statement, until an event of topic commits (whether or not producers
-// send NOTIFY: idem.outbox_notify off) or idle seconds pass (at most 3600),
-// and claims once more.  It needs idem in shared_preload_libraries (without
-// it consume rejects with an IdemError, sqlstate 55000) and READ COMMITTED
-// (the session's default isolation; else 0A000), and holds a server
+// send NOTIFY: idem.outbox_notify off; without idem in
+// shared_preload_libraries the server polls instead) or idle seconds pass
+// (at most 3600), claiming what became due meanwhile.  It needs READ
+// COMMITTED (the session's default isolation; else 0A000), and holds a server
 // connection and a snapshot while it waits; a stop cancels the waiting
 // claim, which then leases nothing.  Stop it with opts.signal (an
 // AbortSignal); without one, SIGTERM and SIGINT stop it (the listeners are
@@ -467,12 +467,6 @@ async function consume(connect, topic, handler, { maxEvents = 10, lease = 30, co
         // statement_timeout or someone else's cancel: claim again
         if (!stopped) log.warn(`idem consumer: wait cancelled: ${err.message}`);
         return [];
-      }
-      if (err.code === '55000') {
-        throw new IdemError("consume({ wakeup: 'wait' }) needs idem in shared_preload_libraries" +
-          ` (the server said: ${err.message}); add idem to shared_preload_libraries and restart` +
-          " the server, or use wakeup: 'notify'",
-        { sqlstate: '55000', detail: err.detail, hint: err.hint, cause: err });
       }
       throw err;
     } finally {

@@ -653,11 +653,11 @@ def consume(connect: Callable[[], psycopg.Connection], topic: str,
     send no NOTIFY).  With ``wakeup="wait"`` each claim is
     ``idem_outbox_claim(..., wait => idle)`` instead: one that finds nothing
     waits, in the same statement, until an event of ``topic`` commits
-    (whether or not producers send NOTIFY: idem.outbox_notify off) or
-    ``idle`` seconds pass (at most 3600), and claims once more.  It needs
-    idem in shared_preload_libraries (without it consume raises IdemError,
-    SQLSTATE 55000) and READ COMMITTED (the session's default isolation;
-    else 0A000), and holds a server connection and a snapshot while it
+    (whether or not producers send NOTIFY: idem.outbox_notify off; without
+    idem in shared_preload_libraries the server polls instead) or ``idle``
+    seconds pass (at most 3600), claiming what became due meanwhile.  It
+    needs READ COMMITTED (the session's default isolation; else 0A000),
+    and holds a server connection and a snapshot while it
     waits; a stop cancels the waiting claim, which then leases nothing.
     ``stop`` is a threading.Event-like object; without
     one, SIGTERM and SIGINT stop the loop (main thread only).  Stopping
@@ -737,14 +737,6 @@ def consume(connect: Callable[[], psycopg.Connection], topic: str,
                 # statement_timeout or someone else's cancel: claim again
                 _log.warning("idem consumer: wait cancelled: %s", e)
             return []
-        except psycopg.errors.ObjectNotInPrerequisiteState as e:
-            # 55000 (an OperationalError too): not preloaded
-            raise IdemError(
-                "consume(wakeup='wait') needs idem in shared_preload_libraries"
-                f" (the server said: {e.diag.message_primary}); add idem to"
-                " shared_preload_libraries and restart the server, or use"
-                " wakeup='notify'", "55000", e.diag.message_detail,
-                e.diag.message_hint) from e
         finally:
             done.set()
             watcher.join()

@@ -721,7 +721,7 @@ check_can_wait(const char *what)
 				 errmsg("%s needs shared memory", what),
 				 errdetail("idem is not in shared_preload_libraries."),
 				 idem_errhint(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
-							  "Add idem to shared_preload_libraries and restart the server, or LISTEN on the topic's idem_outbox_channel() instead.")));
+							  "Add idem to shared_preload_libraries and restart the server, or claim with a wait (idem_outbox_claim(..., wait => ...)), which polls without it.")));
 }
 
 /*
@@ -1010,7 +1010,8 @@ claim_rel(ClaimState *cs, OutboxRel *r)
  */
 static uint64
 claim_into(const char *topic, int32 max_events, int64 lease_us, Oid caller,
-		   const char *consumer, Tuplestorestate *store, TupleDesc tupdesc)
+		   const char *consumer, Tuplestorestate *store, TupleDesc tupdesc,
+		   uint64 *dead)
 {
 	ClaimState	cs;
 	ListCell   *lc;
@@ -1043,7 +1044,73 @@ claim_into(const char *topic, int32 max_events, int64 lease_us, Oid caller,
 
 	idem_stats_count(IDEM_STAT_OUTBOX_CLAIMED, cs.claimed);
 	idem_stats_count(IDEM_STAT_OUTBOX_DEAD, cs.dead);
+	if (dead != NULL)
+		*dead = cs.dead;
 	return cs.claimed;
+}
+
+/*
+ * A claim with a wait: passes of claim_into() until one leases events or
+ * the wait has passed, sleeping between them until the topic is woken
+ * (with shared memory) or IDEM_CLAIM_POLL_MS pass, for events that became
+ * due by time and for a server without shared memory.
+ *
+ * Each pass is a subtransaction, rolled back when it leased nothing and
+ * made no dead letter: an empty pass may still hold an event it locked and
+ * skipped (taken by another consumer after its snapshot, or held back by
+ * its run), whose holder's ack must not wait for this claim's wait to end.
+ * A pass that made dead letters ends the claim, which commits them rather
+ * than keep them locked.  Every pass after the first is checked as a new
+ * claim would be: a consumer whose grant was revoked (or whose topic was
+ * dropped) while it waited leases nothing more.
+ */
+static void
+claim_waiting(const char *topic, int32 max_events, int64 lease_us, Oid caller,
+			  const char *consumer, Tuplestorestate *store,
+			  TupleDesc tupdesc, long wait_ms)
+{
+	TimestampTz deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
+													   wait_ms);
+	MemoryContext passcxt;
+
+	passcxt = AllocSetContextCreate(CurrentMemoryContext, "idem_outbox_claim pass",
+									ALLOCSET_DEFAULT_SIZES);
+	for (int pass = 0;; pass++)
+	{
+		IdemSubxact sx;
+		MemoryContext oldcxt;
+		uint64		claimed;
+		uint64		dead;
+		TimestampTz now;
+
+		if (pass > 0)
+		{
+			AcceptInvalidationMessages();
+			check_topic(topic, caller, TOPIC_CONSUME);
+		}
+		idem_subxact_begin(&sx);
+		oldcxt = MemoryContextSwitchTo(passcxt);
+		PG_TRY();
+		{
+			claimed = claim_into(topic, max_events, lease_us, caller, consumer,
+								 store, tupdesc, &dead);
+		}
+		PG_CATCH();
+		{
+			ReThrowError(idem_subxact_abort(&sx));
+		}
+		PG_END_TRY();
+		MemoryContextSwitchTo(oldcxt);
+		idem_subxact_end(&sx, claimed > 0 || dead > 0);
+		MemoryContextReset(passcxt);
+		if (claimed > 0 || dead > 0)
+			break;
+		now = GetCurrentTimestamp();
+		if (now >= deadline)
+			break;
+		idem_wakeup_sleep(topic, (long) ((deadline - now) / 1000));
+	}
+	MemoryContextDelete(passcxt);
 }
 
 Datum
@@ -1091,7 +1158,6 @@ idem_outbox_claim(PG_FUNCTION_ARGS)
 	check_topic(topic, caller, TOPIC_CONSUME);
 	if (!PG_ARGISNULL(4))
 	{
-		check_can_wait("idem_outbox_claim() with a wait");
 		/* its second claim would see what its first saw */
 		if (IsolationUsesXactSnapshot())
 			ereport(ERROR,
@@ -1117,20 +1183,12 @@ idem_outbox_claim(PG_FUNCTION_ARGS)
 	store = tuplestore_begin_heap(true, false, work_mem);
 	MemoryContextSwitchTo(oldcxt);
 
-	if (claim_into(topic, max_events, lease_us, caller, consumer, store,
-				   tupdesc) == 0 && wait_ms > 0 &&
-		idem_wakeup_wait(topic, wait_ms))
-	{
-		/*
-		 * Checked again as a new claim would be: a consumer whose grant was
-		 * revoked (or whose topic was dropped) while it waited must not
-		 * lease the events committed since.
-		 */
-		AcceptInvalidationMessages();
-		check_topic(topic, caller, TOPIC_CONSUME);
-		(void) claim_into(topic, max_events, lease_us, caller, consumer,
-						  store, tupdesc);
-	}
+	if (wait_ms == 0)
+		(void) claim_into(topic, max_events, lease_us, caller, consumer, store,
+						  tupdesc, NULL);
+	else
+		claim_waiting(topic, max_events, lease_us, caller, consumer, store,
+					  tupdesc, wait_ms);
 
 	rsinfo->returnMode = SFRM_Materialize;
 	rsinfo->setResult = store;

@@ -46,6 +46,7 @@ extern bool idem_wakeup_available(void);
 extern void idem_wakeup_topic(const char *topic);
 extern void idem_wakeup_note_claim(const char *topic);
 extern bool idem_wakeup_wait(const char *topic, long timeout_ms);
+extern void idem_wakeup_sleep(const char *topic, long ms);
 extern void idem_wakeup_channel(const char *topic, char *channel);
 
 #endif							/* IDEM_OUTBOX_H */

@@ -22,6 +22,12 @@
  * before the claim takes its snapshot), so a commit that lands between an
  * empty claim and the wait that follows it ends the wait at once.
  *
+ * A claim with a wait sleeps here between its passes (idem_wakeup_sleep()),
+ * woken by a commit where there is shared memory, and in any case after a
+ * poll interval: events and runs also become due by time (a retry's
+ * backoff, a sleep, a lease running out), which no commit announces, and
+ * without shared_preload_libraries the interval is all there is.
+ *
  * It also names each topic's NOTIFY channel.  Any role may LISTEN on any
  * channel, so a channel named after its topic, or a payload naming it,
  * would tell every role the topic, its event rate and its producers'
@@ -44,6 +50,7 @@
 #include "pgstat.h"
 #include "port/atomics.h"
 #include "storage/condition_variable.h"
+#include "storage/latch.h"
 #include "storage/shmem.h"
 #include "utils/memutils.h"
 #include "utils/timestamp.h"
@@ -206,6 +213,27 @@ idem_wakeup_wait(const char *topic, long timeout_ms)
 	}
 	ConditionVariableCancelSleep();
 	return woken;
+}
+
+/*
+ * idem_wakeup_sleep
+ *		The pause of a claim with a wait between two passes: until topic
+ *		is woken (with shared memory) or ms have passed, at most
+ *		IDEM_CLAIM_POLL_MS.  Interrupts end it with their error.
+ */
+void
+idem_wakeup_sleep(const char *topic, long ms)
+{
+	ms = Max(Min(ms, IDEM_CLAIM_POLL_MS), 1);
+	if (wakeup_slots != NULL)
+		(void) idem_wakeup_wait(topic, ms);
+	else
+	{
+		(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
+						 ms, PG_WAIT_EXTENSION);
+		ResetLatch(MyLatch);
+	}
+	CHECK_FOR_INTERRUPTS();
 }
 
 /*

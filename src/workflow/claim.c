@@ -56,8 +56,6 @@ PG_FUNCTION_INFO_V1(idem_run_release);
 #define CLAIM_MAX_RUNS		1000
 /* Longest worker label, in bytes. */
 #define CLAIM_MAX_WORKER_BYTES	255
-/* How often a waiting claim looks again for runs that became due by time. */
-#define CLAIM_POLL_MS		200
 
 #define CLAIM_COLS	11
 
@@ -475,21 +473,6 @@ claim_into(IdemQueue *q, int32 max_runs, int64 lease_us, Oid caller,
 	return leased;
 }
 
-/* Sleep until the queue is woken or ms pass. */
-static void
-wait_for_runs(const char *channel, long ms)
-{
-	if (idem_wakeup_available())
-		(void) idem_wakeup_wait(channel, ms);
-	else
-	{
-		(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
-						 ms, PG_WAIT_EXTENSION);
-		ResetLatch(MyLatch);
-	}
-	CHECK_FOR_INTERRUPTS();
-}
-
 /*
  * idem_run_claim(queue text, max_runs integer, lease interval,
  *		worker text, wait interval) returns table (run_id, owner, input,
@@ -498,7 +481,7 @@ wait_for_runs(const char *channel, long ms)
  *
  * With wait, a claim that finds nothing looks again when a run of the
  * queue is enqueued, signalled or released (with shared memory), and at
- * least every CLAIM_POLL_MS for runs that became due by time, until it
+ * least every IDEM_CLAIM_POLL_MS for runs that became due by time, until it
  * leases some or wait has passed.
  */
 Datum
@@ -567,8 +550,7 @@ idem_run_claim(PG_FUNCTION_ARGS)
 		MemoryContext oldcxt;
 		int32		leased;
 		bool		may_wait = wait_ms > 0;
-		MemoryContext callercxt = CurrentMemoryContext;
-		ResourceOwner oldowner = CurrentResourceOwner;
+		IdemSubxact sx;
 
 		/*
 		 * Every pass is checked as a call is: a worker whose work grant was
@@ -598,10 +580,7 @@ idem_run_claim(PG_FUNCTION_ARGS)
 		 * wait to end.
 		 */
 		if (may_wait)
-		{
-			BeginInternalSubTransaction(NULL);
-			MemoryContextSwitchTo(callercxt);
-		}
+			idem_subxact_begin(&sx);
 		claim_failed_runs = 0;
 		oldcxt = MemoryContextSwitchTo(scancxt);
 		PG_TRY();
@@ -617,30 +596,13 @@ idem_run_claim(PG_FUNCTION_ARGS)
 			 * own, the innermost one to it.
 			 */
 			if (may_wait)
-			{
-				ErrorData  *edata;
-
-				MemoryContextSwitchTo(callercxt);
-				edata = CopyErrorData();
-				FlushErrorState();
-				RollbackAndReleaseCurrentSubTransaction();
-				MemoryContextSwitchTo(callercxt);
-				CurrentResourceOwner = oldowner;
-				ReThrowError(edata);
-			}
+				ReThrowError(idem_subxact_abort(&sx));
 			PG_RE_THROW();
 		}
 		PG_END_TRY();
 		MemoryContextSwitchTo(oldcxt);
 		if (may_wait)
-		{
-			if (leased > 0 || claim_failed_runs > 0)
-				ReleaseCurrentSubTransaction();
-			else
-				RollbackAndReleaseCurrentSubTransaction();
-			MemoryContextSwitchTo(callercxt);
-			CurrentResourceOwner = oldowner;
-		}
+			idem_subxact_end(&sx, leased > 0 || claim_failed_runs > 0);
 		MemoryContextReset(scancxt);
 		if (leased > 0)
 			break;
@@ -654,7 +616,7 @@ idem_run_claim(PG_FUNCTION_ARGS)
 		if (now >= deadline)
 			break;
 		left = (long) ((deadline - now) / 1000);
-		wait_for_runs(channel, Max(Min(left, CLAIM_POLL_MS), 1));
+		idem_wakeup_sleep(channel, left);
 	}
 	MemoryContextDelete(scancxt);
 	return (Datum) 0;

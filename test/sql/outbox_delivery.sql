@@ -592,7 +592,8 @@ DELETE FROM idem.outbox_topics WHERE topic = 'ordr';
 --
 -- idem_outbox_wait: bad input is refused first; the wait itself needs
 -- shared memory, which this server has not (test/t/130_outbox_wait.pl
--- waits on a preloaded one)
+-- waits on a preloaded one).  A claim's wait polls without it: with
+-- nothing to claim it returns nothing once the wait has passed.
 --
 SELECT has_function_privilege('regress_ob_consumer',
 	'idem_outbox_wait(text, interval)', 'EXECUTE') AS consumer_may_wait;
@@ -615,7 +616,9 @@ SELECT * FROM idem_outbox_claim('ext', wait => '-1 s');
 SELECT * FROM idem_outbox_claim('ext', wait => '2 hours');
 \set VERBOSITY default
 SELECT idem_outbox_wait('ext', '1 hour');
-SELECT * FROM idem_outbox_claim('ext', wait => '1 s');
+SELECT clock_timestamp() AS t0 \gset
+SELECT * FROM idem_outbox_claim('ext', wait => '0.3 s');
+SELECT clock_timestamp() - :'t0' >= interval '0.3 s' AS waited;
 SELECT * FROM idem_outbox_claim('ext', wait => NULL);
 RESET ROLE;
 

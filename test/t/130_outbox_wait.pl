@@ -20,6 +20,10 @@
 #    events due it does not wait; in REPEATABLE READ it is refused.
 # 9. A consumer whose grant is revoked while its claim waits leases nothing
 #    committed after: the claim ends with 42501 and the event stays pending.
+# 10. What becomes due with no commit to announce it is claimed during the
+#    wait, not after it: an event whose retry time comes, and a run's event
+#    whose predecessor is acknowledged.  A waiting claim does not keep the
+#    held-back event locked from other consumers meanwhile.
 
 use strict;
 use warnings FATAL => 'all';
@@ -215,6 +219,40 @@ is( $node->safe_psql('postgres',
 		"SELECT state FROM idem.outbox WHERE key = 'w-revoked'"),
 	'pending', 'the event stays pending for the consumers the topic has');
 $revoked->quit;
+
+# 10. due by time, or by an ack, during a claim's wait
+$node->safe_psql('postgres', "SELECT idem_outbox_create_topic('later')");
+$producer->query_safe(call('w-later', 'later'));
+my ($ev, $tok) = split /\|/,
+  $consumer->query_safe("SELECT event_id, lease_token FROM idem_outbox_claim('later', 1, '30 s')");
+$consumer->query_safe("SELECT idem_outbox_fail('$ev', '$tok', 'busy', retry_after => '2 s')");
+my $later = q{SELECT string_agg(key, ','), round(extract(epoch FROM clock_timestamp() - statement_timestamp())::numeric, 1)
+  FROM idem_outbox_claim('later', 10, '30 s', wait => '60 s')};
+($w, $secs) = split /\|/, $consumer->query_safe($later);
+is($w, 'w-later', 'an event whose retry time comes during the wait is claimed');
+cmp_ok($secs, '<', 10, "when it is due, not when the wait ends ($secs s)");
+
+$node->safe_psql('postgres',
+	"SELECT idem_outbox_create_topic('ordered');\n"
+	  . "SELECT status FROM idem_run_begin('ord', steps => ARRAY['a', 'b']);\n"
+	  . "SET idem.outbox_topic = 'ordered';\n"
+	  . "SELECT idem_step('ord', 'a', 'SELECT 1 AS n');\n"
+	  . "SELECT idem_step('ord', 'b', 'SELECT 2 AS n');");
+($ev, $tok) = split /\|/,
+  $second->query_safe("SELECT event_id, lease_token FROM idem_outbox_claim('ordered', 10, '30 s')");
+my $ordered = q{SELECT string_agg(run_id || '/' || step, ','), round(extract(epoch FROM clock_timestamp() - statement_timestamp())::numeric, 1)
+  FROM idem_outbox_claim('ordered', 10, '30 s', wait => '60 s')};
+$consumer->query_until(qr/waiting/, "\\echo waiting\n$ordered;\n");
+wait_for_backend($node, $consumer_pid, "wait_event_type = 'Extension'");
+is( $node->safe_psql('postgres',
+		"SELECT count(*) FROM idem.outbox WHERE step = 'b' AND run_id = 'ord'"
+		  . " AND ctid IN (SELECT ctid FROM idem.outbox FOR UPDATE SKIP LOCKED)"),
+	'1', 'the waiting claim does not keep the held-back event locked');
+$second->query_safe("SELECT idem_outbox_ack('$ev', '$tok')");
+$out = $consumer->query_until(qr/^\S+\|[\d.]+$/m, '');
+($w, $secs) = split /\|/, $out;
+is($w, 'ord/b', 'once its predecessor is acknowledged, the waiting claim gets the next event');
+cmp_ok($secs, '<', 10, "during its wait ($secs s)");
 
 $_->quit for ($consumer, $second, $listener, $producer, $elsewhere);
 $node->stop;

@@ -8,8 +8,10 @@
 # another session's enqueue (preloaded through shared memory, else by its
 # polling).  Preloaded, idem_stats counts the claims, the lease that ran
 # out, the retry, the signal and the failed run; without preloading it
-# answers zeros and says why.  What needs shared memory says so (55000
-# with a hint): an outbox claim's wait and idem_outbox_wait().
+# answers zeros and says why.  An outbox claim's wait works both ways too:
+# it is woken by a producer's commit (through shared memory, else by its
+# polling).  What needs shared memory says so (55000 with a hint):
+# idem_outbox_wait().
 
 use strict;
 use warnings FATAL => 'all';
@@ -116,19 +118,36 @@ SELECT run_id FROM idem_run_claim('q', 1, '1 min', 'w', wait => '30 s');
 	}
 
 	($ret, $out, $err) = $node->psql('postgres',
-		"\\set VERBOSITY verbose\nSELECT count(*) FROM idem_outbox_claim('t', wait => '0.2 s')");
-	($ret, my $out2, my $err2) = $node->psql('postgres',
+		"SELECT count(*) FROM idem_outbox_claim('t', wait => '0.2 s')");
+	is($out, '0', "$label: an outbox claim with a wait and nothing to claim returns nothing");
+
+	# an outbox claim waiting in another session, woken by a producer's commit
+	$waiter = $node->background_psql('postgres', on_error_stop => 1);
+	$waiter->query_until(qr/waiting/, q{
+\echo waiting
+SELECT key FROM idem_outbox_claim('t', 10, '1 min', wait => '30 s');
+});
+	sleep 1;
+	$t0 = time;
+	$node->safe_psql('postgres',
+		"SET idem.outbox_topic = 't'; SELECT idem_execute('ev-1', 'SELECT 1 AS n')");
+	$waiter->{timeout}->start(60);
+	pump_until($waiter->{run}, $waiter->{timeout}, \$waiter->{stdout}, qr/ev-1/);
+	$woken = time - $t0;
+	like($waiter->{stdout}, qr/ev-1/, "$label: a waiting outbox claim gets an event committed meanwhile");
+	cmp_ok($woken, '<', 10, "$label: within 10 s of its commit (${woken} s)");
+	$waiter->quit;
+
+	($ret, $out, $err) = $node->psql('postgres',
 		"\\set VERBOSITY verbose\nSELECT idem_outbox_wait('t', '0.2 s')");
 	if ($preload)
 	{
-		is("$out $out2", '0 f', "$label: an outbox claim waits, and so does idem_outbox_wait()");
+		is($out, 'f', "$label: idem_outbox_wait() waits");
 	}
 	else
 	{
-		like($err, qr/ERROR:  55000: idem_outbox_claim\(\) with a wait needs shared memory.*HINT:  Add idem to shared_preload_libraries/s,
-			"$label: an outbox claim's wait says it needs preloading (55000)");
-		like($err2, qr/ERROR:  55000: idem_outbox_wait\(\) needs shared memory/,
-			"$label: so does idem_outbox_wait()");
+		like($err, qr/ERROR:  55000: idem_outbox_wait\(\) needs shared memory.*HINT:  Add idem to shared_preload_libraries/s,
+			"$label: idem_outbox_wait() says it needs preloading (55000)");
 	}
 	$node->stop;
 }

@@ -44,7 +44,7 @@ def wait_for(dsn, timeout=30):
 
 
 class Cluster:
-    """preload: idem in shared_preload_libraries (a claim with a wait needs it)."""
+    """preload: idem in shared_preload_libraries (the shared-memory wakeup of a claim with a wait)."""
 
     def __init__(self, preload=True):
         self.dir = tempfile.mkdtemp(prefix="idem-pytest.")
