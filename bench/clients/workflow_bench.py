@@ -4,8 +4,9 @@ psycopg.
 
   workflow  idem_client.Workflow + Worker: 4 worker processes
             (concurrency 1 each), claims, heartbeats, fenced steps; the runs
-            are enqueued (idem_run_begin) and the clock runs until the
-            last one completed (its finished_at)
+            are enqueued (idem_run_begin, in one transaction) while the
+            workers poll, and the clock runs from the enqueue's commit
+            until the last run completed (its finished_at)
   hand      what an application writes without a runtime, no recovery at
             all: 4 processes, each taking orders from a shared counter;
             per order UPDATE stock (autocommit), the label call, INSERT the
@@ -227,8 +228,6 @@ def round_workflow(dsn, admin, n, procs, r, prefetch, prepare, cpu=None, client_
                    target=worker_proc, tag="bench"):
     queue = f"{tag}{r}" if client_dir is None else f"benchcmp{r}"
     admin.execute("SELECT idem_queue_create(%s)", (queue,))
-    if cpu:
-        cpu.start()
     stop = mp.Event()
     ps = [mp.Process(target=target, args=(dsn, queue, stop, prefetch, prepare, client_dir))
           for _ in range(procs)]
@@ -236,12 +235,17 @@ def round_workflow(dsn, admin, n, procs, r, prefetch, prepare, cpu=None, client_
         p.start()
     time.sleep(1.0)     # the workers are up and polling an empty queue
     wf = make_workflow(queue)
-    t0 = admin.execute("SELECT clock_timestamp()").fetchone()[0]
     with admin.transaction():
         for i in range(n):
             wf.start(admin, f"{queue}:{i}", input={"order": f"{queue}-{i}", "sku": f"sku-{i % 10}",
                                                   "amount": idem.loads("25.00"),
                                                   "customer": f"cust-{i}"})
+        # the clock and the CPU count start as the runs become visible to
+        # the workers: enqueueing is the producer's work, and the
+        # hand-written side takes its orders from a counter
+        if cpu:
+            cpu.start()
+        t0 = admin.execute("SELECT clock_timestamp()").fetchone()[0]
     # the clock stops at the last run's completion as the server recorded
     # it; the polls only say when to look (each scans the queue's runs
     # through the idem_runs view: polled every 20 ms they took a few
