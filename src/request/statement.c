@@ -181,11 +181,13 @@ typedef struct StatementCacheEntry
 } StatementCacheEntry;
 
 /*
- * Counts relation invalidations, after which what parse analysis found for
- * a statement's arguments is looked for again: ALTER TABLE may change a
- * column's type (the type an untyped argument takes) or its scale (the
- * numeric(p,s) a numeric argument is stored with).  Statements start at 0,
- * the epoch at 1.
+ * Counts invalidations of relations, functions and operators, after which
+ * what parse analysis found for a statement's arguments is looked for
+ * again: ALTER TABLE may change a column's type (the type an untyped
+ * argument takes) or its scale (the numeric(p,s) a numeric argument is
+ * stored with), and a function or operator replaced by one with other
+ * parameter types gives an untyped argument another type.  Statements
+ * start at 0, the epoch at 1.
  */
 static uint64 relations_epoch = 1;
 
@@ -622,6 +624,12 @@ relations_inval(Datum arg, Oid relid)
 }
 
 static void
+routines_inval(Datum arg, int cacheid, uint32 hashvalue)
+{
+	relations_epoch++;
+}
+
+static void
 statement_cache_init(void)
 {
 	HASHCTL		ctl;
@@ -635,6 +643,8 @@ statement_cache_init(void)
 	statement_cache = hash_create("idem statements", 256, &ctl,
 								  HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
 	CacheRegisterRelcacheCallback(relations_inval, (Datum) 0);
+	CacheRegisterSyscacheCallback(PROCOID, routines_inval, (Datum) 0);
+	CacheRegisterSyscacheCallback(OPEROID, routines_inval, (Datum) 0);
 }
 
 static uint64
@@ -1016,10 +1026,11 @@ infer_types(const char *sql, int nargs, Oid *types)
  *
  * The answer is kept in the statement cache under the untyped signature,
  * so a driver's repeated call parses and analyzes its statement once per
- * backend, until a relation's invalidation: unlike a prepared statement's
- * parameter types, it follows a column whose type changed, as a new
- * backend would, rather than make this backend's calls another request or
- * fail.  An analysis that failed is not kept, so a statement that ran
+ * backend, until a relation, function or operator changes: unlike a
+ * prepared statement's parameter types, it follows a column whose type
+ * changed, or a function replaced by one with other parameter types, as a
+ * new backend would, rather than make this backend's calls another request
+ * or fail.  An analysis that failed is not kept, so a statement that ran
  * before its table existed is inferred again.
  */
 void

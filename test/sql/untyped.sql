@@ -88,6 +88,15 @@ ALTER TABLE later ALTER COLUMN amount TYPE integer;
 SELECT idem_execute('u:12b', 'INSERT INTO later (amount) VALUES ($1) RETURNING amount', '4');
 SELECT replayed FROM idem_execute_ex('u:12b', 'INSERT INTO later (amount) VALUES ($1) RETURNING amount', 4);
 DROP TABLE later;
+-- or a function: replaced by one of another parameter type, it types the
+-- argument anew (it kept integer, and failed with 42883 until the backend
+-- reconnected)
+CREATE FUNCTION u_f(x integer) RETURNS integer LANGUAGE sql AS 'SELECT x + 1';
+SELECT idem_execute('u:12c', 'SELECT u_f($1) AS v', '41');
+DROP FUNCTION u_f(integer);
+CREATE FUNCTION u_f(x text) RETURNS text LANGUAGE sql AS 'SELECT x || ''!''';
+SELECT idem_execute('u:12d', 'SELECT u_f($1) AS v', '41');
+DROP FUNCTION u_f(text);
 
 -- text and varchar are strings too, in every form of the call: next to a
 -- typed argument the statement types them ('40'::text for an integer $1)
