@@ -45,11 +45,18 @@ static bool checking_statement = false;
  * idem_refused_statement
  *		Whether the error being handled was raised by idem's checks after
  *		the business statement ran, rather than by the statement.
+ *
+ * The answer is consumed: an error of the checks leaves the flag set, and
+ * whatever runs next in this backend (the statement around a nested call
+ * that caught the refusal, or the next call) must not read it as its own.
  */
 bool
 idem_refused_statement(void)
 {
-	return checking_statement;
+	bool		refused = checking_statement;
+
+	checking_statement = false;
+	return refused;
 }
 
 /*
@@ -110,12 +117,17 @@ run_statement(IdemStatement *stmt, IdemRequest *req)
 	int			rc;
 	IdemSessionState before;
 
+	/*
+	 * From here until it has run, an error is the statement's own (a
+	 * missing table when it is prepared included), whatever an earlier
+	 * call's refusal left behind.
+	 */
+	checking_statement = false;
 	idem_session_state_save(&before);
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "SPI_connect failed");
 
 	plan = idem_statement_plan(stmt);
-	checking_statement = false;
 	options.params = plan_params(plan, req);
 	options.dest = rows;
 	rc = SPI_execute_plan_extended(plan, &options);

@@ -65,25 +65,48 @@ is_string_type(Oid typid)
 }
 
 /*
- * Give the string arguments (untyped[i] not NULL, or a NULL whose type is
- * UNKNOWNOID) the type the statement gives their $n (text where it gives
- * none), and convert their text with that type's input function, so the
- * request is the one a caller who typed them would make.
+ * How a string argument arrived: as a C string (a literal or a parameter
+ * without a type) or as a text datum (text, varchar, idem_untyped).
+ */
+#define STRING_NONE		'\0'
+#define STRING_CSTRING	'c'
+#define STRING_TEXT		't'
+
+/*
+ * Give the string arguments (strings[i] not STRING_NONE; a NULL one too)
+ * the type the statement gives their $n (text where it gives none), and
+ * convert their text with that type's input function, so the request is
+ * the one a caller who typed them would make.  A text datum the statement
+ * types as text or varchar (one representation) is already that value:
+ * it is kept, not copied to a C string and read back, which for a large
+ * argument took two copies of it.
  */
 static void
-type_untyped_args(IdemRequest *req, char **untyped)
+type_untyped_args(IdemRequest *req, const char *strings)
 {
 	idem_statement_infer_types(req->sql, req->nargs, req->argtypes);
 	for (int i = 0; i < req->nargs; i++)
 	{
 		Oid			typinput;
 		Oid			typioparam;
+		char	   *str;
 
-		if (untyped[i] == NULL)
+		if (strings[i] == STRING_NONE || req->nulls[i] == 'n')
 			continue;
+		if (strings[i] == STRING_TEXT &&
+			(req->argtypes[i] == TEXTOID || req->argtypes[i] == VARCHAROID))
+		{
+			/* read once here, as the input function's copy was */
+			req->values[i] =
+				PointerGetDatum(PG_DETOAST_DATUM_PACKED(req->values[i]));
+			continue;
+		}
+		str = strings[i] == STRING_CSTRING ? DatumGetCString(req->values[i]) :
+			TextDatumGetCString(req->values[i]);
 		getTypeInputInfo(req->argtypes[i], &typinput, &typioparam);
-		req->values[i] = OidInputFunctionCall(typinput, untyped[i],
-											  typioparam, -1);
+		req->values[i] = OidInputFunctionCall(typinput, str, typioparam, -1);
+		if (strings[i] == STRING_TEXT)
+			pfree(str);
 	}
 }
 
@@ -101,7 +124,7 @@ idem_collect_array(ArrayType *arr, bool strings, IdemRequest *req)
 	bool		typbyval;
 	char		typalign;
 	bool	   *isnull;
-	char	  **texts;
+	char	   *kinds;
 
 	idem_check_variadic_list(arr, "arguments", "statement",
 							 "Pass a list as one argument of an array type.");
@@ -110,16 +133,16 @@ idem_collect_array(ArrayType *arr, bool strings, IdemRequest *req)
 					  &req->values, &isnull, &req->nargs);
 	req->argtypes = palloc(Max(req->nargs, 1) * sizeof(Oid));
 	req->nulls = palloc(Max(req->nargs, 1) * sizeof(char));
-	texts = palloc0(Max(req->nargs, 1) * sizeof(char *));
+	kinds = palloc(Max(req->nargs, 1) * sizeof(char));
 	for (int i = 0; i < req->nargs; i++)
 	{
 		req->argtypes[i] = strings ? UNKNOWNOID : elemtype;
 		req->nulls[i] = isnull[i] ? 'n' : ' ';
-		if (strings && !isnull[i])
-			texts[i] = TextDatumGetCString(req->values[i]);
+		/* text, varchar and idem_untyped elements: text datums */
+		kinds[i] = strings ? STRING_TEXT : STRING_NONE;
 	}
 	if (strings && req->nargs > 0)
-		type_untyped_args(req, texts);
+		type_untyped_args(req, kinds);
 }
 
 /*
@@ -137,7 +160,7 @@ void
 idem_collect_args(FunctionCallInfo fcinfo, int first, IdemRequest *req)
 {
 	int			nargs = PG_NARGS() - first;
-	char	  **untyped = NULL;
+	char	   *kinds = NULL;
 	bool		any_untyped = false;
 
 	req->nargs = 0;
@@ -163,7 +186,7 @@ idem_collect_args(FunctionCallInfo fcinfo, int first, IdemRequest *req)
 	req->argtypes = palloc(nargs * sizeof(Oid));
 	req->values = palloc(nargs * sizeof(Datum));
 	req->nulls = palloc(nargs * sizeof(char));
-	untyped = palloc0(nargs * sizeof(char *));
+	kinds = palloc0(nargs * sizeof(char));
 	for (int i = 0; i < nargs; i++)
 	{
 		int			argno = first + i;
@@ -179,10 +202,7 @@ idem_collect_args(FunctionCallInfo fcinfo, int first, IdemRequest *req)
 		req->values[i] = isnull ? (Datum) 0 : PG_GETARG_DATUM(argno);
 		if (is_string_type(typid))
 		{
-			if (!isnull)
-				untyped[i] = typid == UNKNOWNOID ?
-					DatumGetCString(req->values[i]) :
-					TextDatumGetCString(req->values[i]);
+			kinds[i] = typid == UNKNOWNOID ? STRING_CSTRING : STRING_TEXT;
 			typid = UNKNOWNOID;
 			any_untyped = true;
 		}
@@ -190,7 +210,7 @@ idem_collect_args(FunctionCallInfo fcinfo, int first, IdemRequest *req)
 		req->nulls[i] = isnull ? 'n' : ' ';
 	}
 	if (any_untyped)
-		type_untyped_args(req, untyped);
+		type_untyped_args(req, kinds);
 }
 
 /*

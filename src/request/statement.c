@@ -162,6 +162,7 @@ struct IdemStatement
 	SPIPlanPtr	plan;			/* NULL until first executed */
 	Oid		   *inferred;		/* for argtypes with UNKNOWNOID: the types
 								 * the statement gave them, once inferred */
+	uint64		inferred_epoch; /* inferred at this epoch */
 	bool		has_numeric;	/* an argument is numeric */
 	uint64		uses_epoch;		/* numeric_typmods found at this epoch */
 	bool		plan_checked;	/* analyzed statement verified */
@@ -180,11 +181,15 @@ typedef struct StatementCacheEntry
 } StatementCacheEntry;
 
 /*
- * Counts relation invalidations, after which the numeric(p,s) found for a
- * statement's arguments is looked for again: ALTER TABLE may change a
- * column's scale.  Statements start at 0, the epoch at 1.
+ * Counts invalidations of relations, functions and operators, after which
+ * what parse analysis found for a statement's arguments is looked for
+ * again: ALTER TABLE may change a column's type (the type an untyped
+ * argument takes) or its scale (the numeric(p,s) a numeric argument is
+ * stored with), and a function or operator replaced by one with other
+ * parameter types gives an untyped argument another type.  Statements
+ * start at 0, the epoch at 1.
  */
-static uint64 numeric_uses_epoch = 1;
+static uint64 relations_epoch = 1;
 
 static HTAB *statement_cache = NULL;
 static MemoryContext statement_cache_cxt = NULL;
@@ -613,9 +618,15 @@ check_parameter_count(int maxparam, int nargs)
  */
 
 static void
-numeric_uses_inval(Datum arg, Oid relid)
+relations_inval(Datum arg, Oid relid)
 {
-	numeric_uses_epoch++;
+	relations_epoch++;
+}
+
+static void
+routines_inval(Datum arg, int cacheid, uint32 hashvalue)
+{
+	relations_epoch++;
 }
 
 static void
@@ -631,7 +642,9 @@ statement_cache_init(void)
 	ctl.hcxt = statement_cache_cxt;
 	statement_cache = hash_create("idem statements", 256, &ctl,
 								  HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
-	CacheRegisterRelcacheCallback(numeric_uses_inval, (Datum) 0);
+	CacheRegisterRelcacheCallback(relations_inval, (Datum) 0);
+	CacheRegisterSyscacheCallback(PROCOID, routines_inval, (Datum) 0);
+	CacheRegisterSyscacheCallback(OPEROID, routines_inval, (Datum) 0);
 }
 
 static uint64
@@ -1013,9 +1026,12 @@ infer_types(const char *sql, int nargs, Oid *types)
  *
  * The answer is kept in the statement cache under the untyped signature,
  * so a driver's repeated call parses and analyzes its statement once per
- * backend.  Like a prepared statement's parameter types, it is not
- * revisited when a table changes later; an analysis that failed is not
- * kept, so a statement that ran before its table existed is inferred again.
+ * backend, until a relation, function or operator changes: unlike a
+ * prepared statement's parameter types, it follows a column whose type
+ * changed, or a function replaced by one with other parameter types, as a
+ * new backend would, rather than make this backend's calls another request
+ * or fail.  An analysis that failed is not kept, so a statement that ran
+ * before its table existed is inferred again.
  */
 void
 idem_statement_infer_types(const char *sql, int nargs, Oid *types)
@@ -1024,17 +1040,25 @@ idem_statement_infer_types(const char *sql, int nargs, Oid *types)
 
 	PG_TRY();
 	{
-		if (stmt->inferred == NULL)
+		if (stmt->inferred == NULL || stmt->inferred_epoch != relations_epoch)
 		{
 			Oid		   *inferred = palloc(nargs * sizeof(Oid));
+			uint64		epoch = relations_epoch;
 
 			memcpy(inferred, types, nargs * sizeof(Oid));
 			if (infer_types(sql, nargs, inferred))
 			{
-				stmt->inferred = MemoryContextAlloc(stmt->cxt,
-													nargs * sizeof(Oid));
+				if (stmt->inferred == NULL)
+					stmt->inferred = MemoryContextAlloc(stmt->cxt,
+														nargs * sizeof(Oid));
 				memcpy(stmt->inferred, inferred, nargs * sizeof(Oid));
+				stmt->inferred_epoch = epoch;
 				stmt->resized = true;
+			}
+			else if (stmt->inferred != NULL)
+			{
+				pfree(stmt->inferred);
+				stmt->inferred = NULL;
 			}
 			memcpy(types, inferred, nargs * sizeof(Oid));
 			pfree(inferred);
@@ -1360,6 +1384,8 @@ find_numeric_uses(IdemStatement *stmt)
 	Oid		   *ptypes = palloc(stmt->nargs * sizeof(Oid));
 	int			nparams = stmt->nargs;
 	Query	   *query;
+	/* before the analysis: an invalidation during it is not missed */
+	uint64		epoch = relations_epoch;
 
 	uses.nargs = stmt->nargs;
 	uses.typmod = palloc(stmt->nargs * sizeof(int32));
@@ -1377,7 +1403,7 @@ find_numeric_uses(IdemStatement *stmt)
 		stmt->arginfo[i].numeric_typmod =
 			stmt->argtypes[i] == NUMERICOID && uses.typmod[i] >= 0 ?
 			uses.typmod[i] : -1;
-	stmt->uses_epoch = numeric_uses_epoch;
+	stmt->uses_epoch = epoch;
 	pfree(uses.typmod);
 	pfree(ptypes);
 }
@@ -1406,7 +1432,7 @@ idem_statement_fingerprint(IdemStatement *stmt, IdemRequest *req,
 	idem_sha256_ctx ctx = idem_sha256_begin(&sha);
 	int32		nargs = req->nargs;
 
-	if (stmt->has_numeric && stmt->uses_epoch != numeric_uses_epoch)
+	if (stmt->has_numeric && stmt->uses_epoch != relations_epoch)
 		find_numeric_uses(stmt);
 
 	idem_sha256_update(ctx, stmt->ident, IDEM_FINGERPRINT_LEN);

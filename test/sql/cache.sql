@@ -162,6 +162,11 @@ SELECT idem_execute('w:dup-cols', 'SELECT 1 AS a, 2 AS a');
 SELECT idem_execute('w:set', 'SELECT set_config(''idem.ttl'', ''5'', false)');
 \echo :LAST_ERROR_SQLSTATE
 SELECT count(*) AS recorded FROM idem.keys WHERE key IN ('w:dup-cols', 'w:set');
+-- a refusal leaves nothing behind for the next call: an error of preparing
+-- the statement (a missing table) is the statement's own, recorded as in a
+-- backend that never refused anything
+SELECT idem_execute('w:missing', 'SELECT * FROM no_such_table') -> 'error' ->> 'sqlstate';
+SELECT count(*) AS recorded FROM idem.keys WHERE key = 'w:missing';
 -- while a listed error of the statement itself still is
 SELECT idem_execute('w:div', 'SELECT 1 / 0') -> 'error' ->> 'sqlstate';
 SELECT count(*) AS recorded FROM idem.keys WHERE key = 'w:div';

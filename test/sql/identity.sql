@@ -131,6 +131,15 @@ SET TimeZone = 'Asia/Tokyo';
 SELECT idem_execute('tz-c', 'INSERT INTO events VALUES ($1, ''2026-01-01 12:00'') RETURNING k', 'tz-c') ->> 'command';
 SELECT k, at FROM events ORDER BY k;
 SELECT count(DISTINCT at) AS tokyo_instants FROM events WHERE k IN ('tz-b', 'tz-c');
+-- the zone counts by its name, whatever its case: another name of the same
+-- zone is another request (doc/semantics.md)
+SET TimeZone = 'asia/tokyo';
+SELECT replayed FROM idem_execute_ex('tz-c', 'INSERT INTO events VALUES ($1, ''2026-01-01 12:00'') RETURNING k', 'tz-c');
+SET TimeZone = 'UTC';
+SELECT replayed FROM idem_execute_ex('tz-a', 'INSERT INTO events VALUES ($1, ''2026-01-01 12:00'') RETURNING k', 'tz-a');
+SET TimeZone = 'Etc/UTC';
+SELECT idem_execute('tz-a', 'INSERT INTO events VALUES ($1, ''2026-01-01 12:00'') RETURNING k', 'tz-a');
+\echo :LAST_ERROR_SQLSTATE
 RESET TimeZone;
 
 -- Pass-by-value arguments are hashed by their typlen bytes, not the Datum

@@ -80,7 +80,23 @@ SET search_path = u_text, public;
 SELECT idem_execute('u:14', 'INSERT INTO t (v) VALUES ($1) RETURNING v', '7');
 RESET search_path;
 DROP SCHEMA u_int, u_text CASCADE;
+-- and found again when a table changes: after its column becomes an
+-- integer, this backend types the argument as a new backend does, so the
+-- call is the request a typed integer makes (it used to keep numeric, and
+-- a column that was text failed with 42804 until the backend reconnected)
+ALTER TABLE later ALTER COLUMN amount TYPE integer;
+SELECT idem_execute('u:12b', 'INSERT INTO later (amount) VALUES ($1) RETURNING amount', '4');
+SELECT replayed FROM idem_execute_ex('u:12b', 'INSERT INTO later (amount) VALUES ($1) RETURNING amount', 4);
 DROP TABLE later;
+-- or a function: replaced by one of another parameter type, it types the
+-- argument anew (it kept integer, and failed with 42883 until the backend
+-- reconnected)
+CREATE FUNCTION u_f(x integer) RETURNS integer LANGUAGE sql AS 'SELECT x + 1';
+SELECT idem_execute('u:12c', 'SELECT u_f($1) AS v', '41');
+DROP FUNCTION u_f(integer);
+CREATE FUNCTION u_f(x text) RETURNS text LANGUAGE sql AS 'SELECT x || ''!''';
+SELECT idem_execute('u:12d', 'SELECT u_f($1) AS v', '41');
+DROP FUNCTION u_f(text);
 
 -- text and varchar are strings too, in every form of the call: next to a
 -- typed argument the statement types them ('40'::text for an integer $1)
