@@ -149,6 +149,22 @@ RESET ROLE;
 SELECT run_id, state, next_due > now() + interval '59 min' AS due_later FROM idem_runs WHERE run_id = 'ret-4';
 SELECT run_id, claim, worker, outcome FROM idem_run_attempts ORDER BY run_id, claim;
 
+-- an interval is a fixed length: a month counts 30 days, whatever the
+-- calendar says (as PostgreSQL compares intervals)
+SET ROLE regress_rs_app;
+SELECT created FROM idem_run_begin('ret-5', steps => ARRAY['approve'], queue => 'rs');
+RESET ROLE;
+BEGIN;
+SET LOCAL ROLE regress_rs_agent;
+INSERT INTO rs_claimed SELECT 'w8', run_id, lease_token, attempt, next_step, results
+  FROM idem_run_claim('rs', worker => 'w8') WHERE run_id = 'ret-5';
+SELECT state FROM idem_run_await('ret-5', 'approve', rs_token('w8'), timeout => '1 mon');
+RESET ROLE;
+SELECT next_due BETWEEN now() + interval '30 days' AND clock_timestamp() + interval '30 days'
+	   AS thirty_days
+  FROM idem_runs WHERE run_id = 'ret-5';
+COMMIT;
+
 -- bad input
 SET ROLE regress_rs_agent;
 SELECT * FROM idem_run_await('ret-4', 'x', NULL);
