@@ -181,6 +181,22 @@ idem_report_run_not_found(const char *run_id)
 }
 
 /*
+ * idem_run_check_queued
+ *		55000 unless the run is on a queue: detail says what only a queued
+ *		run does, hint what to do instead.
+ */
+void
+idem_run_check_queued(IdemRunRow *run, const char *detail, const char *hint)
+{
+	if (run->queue == NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("run \"%s\" is on no queue", run->run_id),
+				 errdetail("%s", detail),
+				 idem_errhint(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE, hint)));
+}
+
+/*
  * A run a caller's snapshot cannot see the latest version of (REPEATABLE
  * READ or SERIALIZABLE: another agent moved it on after the snapshot) must
  * not be acted on.

@@ -159,6 +159,9 @@ idem_run_signal(PG_FUNCTION_ARGS)
 					 idem_errhint(ERRCODE_IDEM_RUN_NOT_FOUND, "An administrator grants signalling a queue's runs with idem_queue_grant(queue, role, 'signal').")));
 	}
 	idem_lock_run(owner, run_id, &run);
+	/* an await needs a claim's lease: nothing would ever read the signal */
+	idem_run_check_queued(&run, "Only a queued run awaits signals.",
+						  "Begin the run on a queue to have it wait for signals.");
 	if (strcmp(run.status, "running") != 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_IDEM_RUN_NOT_RUNNING),

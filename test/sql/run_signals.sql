@@ -179,7 +179,15 @@ SET ROLE regress_rs_app;
 SELECT idem_run_signal('ret-4', 'x', NULL);
 SELECT idem_run_signal('ret-4', 'x', 'null');
 SELECT idem_run_signal('ret-4', NULL, '{}');
+-- a run on no queue never awaits (an await needs a claim's lease): its
+-- signals would never be read, and are refused (55000), nothing stored
+SELECT status FROM idem_run_begin('plain-1', steps => ARRAY['approve']);
+SELECT status FROM idem_run_begin('plain-2');
+SELECT idem_run_signal('plain-1', 'approve', '{}');
+SELECT idem_run_signal('plain-2', 'approve', '{}');
 RESET ROLE;
+SELECT count(*) AS stored FROM idem.run_signals WHERE run_id LIKE 'plain-%';
+DELETE FROM idem.runs WHERE run_id LIKE 'plain-%';
 
 -- cleanup
 DELETE FROM idem.runs WHERE queue = 'rs';
