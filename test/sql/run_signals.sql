@@ -185,6 +185,8 @@ SELECT status FROM idem_run_begin('plain-1', steps => ARRAY['approve']);
 SELECT status FROM idem_run_begin('plain-2');
 SELECT idem_run_signal('plain-1', 'approve', '{}');
 SELECT idem_run_signal('plain-2', 'approve', '{}');
+-- as it is not retried (55000)
+SELECT idem_run_retry('plain-1');
 RESET ROLE;
 SELECT count(*) AS stored FROM idem.run_signals WHERE run_id LIKE 'plain-%';
 DELETE FROM idem.runs WHERE run_id LIKE 'plain-%';
