@@ -133,6 +133,20 @@ SET ROLE regress_rs_app;
 SELECT idem_run_signal('ret-3', 'late', '{}');
 SELECT idem_run_signal('nope', 'approve', '{}');
 RESET ROLE;
+-- a failed run is not finished for good: resumed, it goes on, and its
+-- await reads the signal sent while it was failed, which is kept
+SET ROLE regress_rs_app;
+SELECT created FROM idem_run_begin('ret-6', steps => ARRAY['approve'], queue => 'rs');
+SELECT idem_run_fail('ret-6', 'a step failed its last attempt');
+SELECT idem_run_signal('ret-6', 'approve', '{"by": "ops"}');
+SELECT idem_run_resume('ret-6');
+RESET ROLE;
+SET ROLE regress_rs_agent;
+INSERT INTO rs_claimed SELECT 'w9', run_id, lease_token, attempt, next_step, results
+  FROM idem_run_claim('rs', worker => 'w9') WHERE run_id = 'ret-6';
+SELECT * FROM idem_run_await('ret-6', 'approve', rs_token('w9'));
+RESET ROLE;
+SELECT run_id, status FROM idem_runs WHERE run_id = 'ret-6';
 
 -- sleep: the lease ends and the run is due at until; once until has
 -- passed, the call says go on
