@@ -30,6 +30,7 @@
 #include "miscadmin.h"
 #include "utils/acl.h"
 #include "utils/builtins.h"
+#include "utils/syscache.h"
 #include "utils/uuid.h"
 
 #include "compat.h"
@@ -411,6 +412,18 @@ idem_run_fence(IdemRunRow *run, const pg_uuid_t *token, const char *verb)
 						psprintf("\"%s\"", run->run_id),
 						run->queue_state != NULL ? run->queue_state : run->status,
 						verb, leased ? run->lease_holder : NULL, "runs it");
+
+	/*
+	 * A lease taken before the run's owner was dropped: its steps would
+	 * write for a role that no longer exists, and the next claim fails the
+	 * run (idem_run_claim()).
+	 */
+	if (!SearchSysCacheExists1(AUTHOID, ObjectIdGetDatum(run->owner)))
+		ereport(ERROR,
+				(errcode(ERRCODE_IDEM_LEASE_LOST),
+				 errmsg("lease token does not hold run \"%s\"", run->run_id),
+				 errdetail("The run's owner role was dropped: the run executes nothing more."),
+				 idem_errhint(ERRCODE_IDEM_LEASE_LOST, "Do not work on the run; the next claim fails it.")));
 }
 
 /*

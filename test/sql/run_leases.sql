@@ -602,13 +602,26 @@ SELECT claim, worker, outcome FROM idem_run_attempts WHERE run_id = 'tx-1';
 CREATE ROLE regress_rl_gone IN ROLE regress_rl_app;
 SELECT idem_queue_create('rlgone', producers => '{regress_rl_app}', workers => '{regress_rl_agent}');
 SET ROLE regress_rl_gone;
+SELECT created FROM idem_run_begin('gone-0', steps => ARRAY['a'], queue => 'rlgone');
+RESET ROLE;
+SET ROLE regress_rl_agent;
+INSERT INTO rl_claimed (who, run_id, token)
+SELECT 'gone', run_id, lease_token FROM idem_run_claim('rlgone', 1, '30 s', 'gone-worker');
+RESET ROLE;
+SET ROLE regress_rl_gone;
 SELECT created FROM idem_run_begin('gone-1', steps => ARRAY['a'], queue => 'rlgone');
 RESET ROLE;
 SET ROLE regress_rl_app;
 SELECT created FROM idem_run_begin('gone-2', steps => ARRAY['a'], queue => 'rlgone');
 RESET ROLE;
 DROP ROLE regress_rl_gone;
+SELECT * FROM rl_digest \gset before_
 SET ROLE regress_rl_agent;
+-- a lease taken before the drop holds no more: its holder executes nothing
+SELECT * FROM idem_call(NULL, 'INSERT INTO rl_refunds VALUES ($1, 1)', ARRAY['gone-0'],
+	run_id => 'gone-0', step => 'a', lease_token => rl_token('gone'));
+SELECT idem_step_complete('gone-0', 'a', '{}', lease_token => rl_token('gone'));
+SELECT (SELECT digest FROM rl_digest) = :'before_digest' AS unchanged;
 SELECT run_id, attempt FROM idem_run_claim('rlgone', 1, '30 s', 'gone-worker');
 SELECT run_id, attempt FROM idem_run_claim('rlgone', 1, '30 s', 'gone-worker');
 RESET ROLE;
