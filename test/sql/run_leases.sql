@@ -303,6 +303,8 @@ SELECT * FROM idem_run_claim('rl', lease => '0 s');
 SELECT * FROM idem_run_claim('rl', lease => '1 year');
 SELECT * FROM idem_run_claim('rl', wait => '2 h');
 SELECT * FROM idem_run_claim('rl', wait => '-1 s');
+SELECT * FROM idem_run_claim('rl', worker => '');
+SELECT * FROM idem_run_claim('rl', worker => repeat('w', 256));
 SELECT * FROM idem_run_claim('nope');
 SELECT * FROM idem_run_claim(NULL);
 BEGIN ISOLATION LEVEL REPEATABLE READ;

@@ -193,6 +193,8 @@ SET ROLE regress_rs_app;
 SELECT idem_run_signal('ret-4', 'x', NULL);
 SELECT idem_run_signal('ret-4', 'x', 'null');
 SELECT idem_run_signal('ret-4', NULL, '{}');
+SELECT idem_run_signal('ret-4', '', '{}');
+SELECT idem_run_signal('ret-4', repeat('e', 256), '{}');
 -- a run on no queue never awaits (an await needs a claim's lease): its
 -- signals would never be read, and are refused (55000), nothing stored
 SELECT status FROM idem_run_begin('plain-1', steps => ARRAY['approve']);
