@@ -41,6 +41,7 @@
 #include "utils/guc.h"
 #include "utils/jsonb.h"
 #include "utils/resowner.h"
+#include "utils/syscache.h"
 #include "utils/timestamp.h"
 #include "utils/tuplestore.h"
 #include "utils/wait_event.h"
@@ -210,6 +211,17 @@ lease_run(Oid owner, const char *run_id, ItemPointer tid, IdemQueue *q,
 			return false;
 		}
 		run.attempt++;
+	}
+
+	/*
+	 * Its steps would write records and events for a role that no longer
+	 * exists, which a role created later with the same OID would own, and
+	 * idem_run_purge() removes such a run, running or not.
+	 */
+	if (!SearchSysCacheExists1(AUTHOID, ObjectIdGetDatum(owner)))
+	{
+		fail_at_claim(&run, owner, now, "its owner role was dropped");
+		return false;
 	}
 
 	results = results_so_far(&run);

@@ -113,12 +113,8 @@ idem_run_retry(PG_FUNCTION_ARGS)
 	idem_check_can_write("idem_run_retry()");
 	owner = idem_run_owner_arg(fcinfo, 1, "retry");
 	idem_lock_run(owner, run_id, &run);
-	if (run.queue == NULL)
-		ereport(ERROR,
-				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-				 errmsg("run \"%s\" is on no queue", run_id),
-				 errdetail("Only queued runs are retried."),
-				 idem_errhint(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE, "Resume a run on no queue with idem_run_resume().")));
+	idem_run_check_queued(&run, "Only queued runs are retried.",
+						  "Resume a run on no queue with idem_run_resume().");
 	if (strcmp(run.status, "failed") == 0)
 	{
 		run.status = "running";

@@ -30,6 +30,7 @@
 #include "miscadmin.h"
 #include "utils/acl.h"
 #include "utils/builtins.h"
+#include "utils/syscache.h"
 #include "utils/uuid.h"
 
 #include "compat.h"
@@ -178,6 +179,22 @@ idem_report_run_not_found(const char *run_id)
 			 errmsg("run \"%s\" does not exist", run_id),
 			 errdetail("No run with this id was begun by the current role."),
 			 idem_errhint(ERRCODE_IDEM_RUN_NOT_FOUND, "Begin it with idem_run_begin() first.")));
+}
+
+/*
+ * idem_run_check_queued
+ *		55000 unless the run is on a queue: detail says what only a queued
+ *		run does, hint what to do instead.
+ */
+void
+idem_run_check_queued(IdemRunRow *run, const char *detail, const char *hint)
+{
+	if (run->queue == NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("run \"%s\" is on no queue", run->run_id),
+				 errdetail("%s", detail),
+				 idem_errhint(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE, hint)));
 }
 
 /*
@@ -395,6 +412,18 @@ idem_run_fence(IdemRunRow *run, const pg_uuid_t *token, const char *verb)
 						psprintf("\"%s\"", run->run_id),
 						run->queue_state != NULL ? run->queue_state : run->status,
 						verb, leased ? run->lease_holder : NULL, "runs it");
+
+	/*
+	 * A lease taken before the run's owner was dropped: its steps would
+	 * write for a role that no longer exists, and the next claim fails the
+	 * run (idem_run_claim()).
+	 */
+	if (!SearchSysCacheExists1(AUTHOID, ObjectIdGetDatum(run->owner)))
+		ereport(ERROR,
+				(errcode(ERRCODE_IDEM_LEASE_LOST),
+				 errmsg("lease token does not hold run \"%s\"", run->run_id),
+				 errdetail("The run's owner role was dropped: the run executes nothing more."),
+				 idem_errhint(ERRCODE_IDEM_LEASE_LOST, "Do not work on the run; the next claim fails it.")));
 }
 
 /*

@@ -159,11 +159,19 @@ idem_run_signal(PG_FUNCTION_ARGS)
 					 idem_errhint(ERRCODE_IDEM_RUN_NOT_FOUND, "An administrator grants signalling a queue's runs with idem_queue_grant(queue, role, 'signal').")));
 	}
 	idem_lock_run(owner, run_id, &run);
-	if (strcmp(run.status, "running") != 0)
+	/* an await needs a claim's lease: nothing would ever read the signal */
+	idem_run_check_queued(&run, "Only a queued run awaits signals.",
+						  "Begin the run on a queue to have it wait for signals.");
+	/*
+	 * A failed run goes on once resumed or retried, and its await then
+	 * reads the signal: refused now, it would be lost.
+	 */
+	if (strcmp(run.status, "running") != 0 &&
+		strcmp(run.status, "failed") != 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_IDEM_RUN_NOT_RUNNING),
 				 errmsg("run \"%s\" is %s", run_id, run.status),
-				 errdetail("A finished run takes no signals."),
+				 errdetail("A completed or cancelled run takes no signals."),
 				 idem_errhint(ERRCODE_IDEM_RUN_NOT_RUNNING, NULL)));
 	/* a run with declared steps awaits only those: another name would wait unused */
 	(void) idem_run_step_ordinal(&run, event);

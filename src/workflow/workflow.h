@@ -58,6 +58,8 @@ extern int	idem_run_step_ordinal(IdemRunRow *run, const char *step);
 extern char *idem_run_lock_key(const char *run_id);
 extern char *idem_run_step_key(const char *run_id, const char *step);
 extern void idem_report_run_not_found(const char *run_id);
+extern void idem_run_check_queued(IdemRunRow *run, const char *detail,
+								  const char *hint);
 extern void idem_check_run_visible(IdemRunRow *run);
 extern void idem_lock_run(Oid owner, const char *run_id, IdemRunRow *run);
 extern const pg_uuid_t *idem_lease_token_arg(FunctionCallInfo fcinfo,

@@ -107,6 +107,17 @@ SELECT created FROM idem_run_begin('o1', NULL, '{}', 'returns');	-- 22023
 RESET ROLE;
 SELECT (SELECT digest FROM rq_digest) = :'before_digest' AS unchanged;
 
+-- run ids are compared byte for byte: ids that differ in case, or only in
+-- their Unicode normalization (NFC, NFD), are different runs
+SET ROLE regress_rq_app;
+SELECT u.id, octet_length(u.id) AS bytes, b.created
+  FROM unnest(ARRAY['ret-caf' || U&'\00e9', 'RET-CAF' || U&'\00c9', 'ret-cafe' || U&'\0301']) AS u(id),
+	   LATERAL idem_run_begin(u.id, steps => ARRAY['a'], queue => 'returns') AS b
+ ORDER BY convert_to(u.id, 'UTF8');
+SELECT count(*) AS runs FROM idem_runs WHERE lower(run_id) LIKE 'ret-caf%';
+RESET ROLE;
+DELETE FROM idem.runs WHERE lower(run_id) LIKE 'ret-caf%';
+
 -- idem_runs: a role sees its own runs; superusers, pg_monitor and
 -- idem_admin members see every role's
 SET ROLE regress_rq_other;

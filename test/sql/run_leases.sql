@@ -303,6 +303,8 @@ SELECT * FROM idem_run_claim('rl', lease => '0 s');
 SELECT * FROM idem_run_claim('rl', lease => '1 year');
 SELECT * FROM idem_run_claim('rl', wait => '2 h');
 SELECT * FROM idem_run_claim('rl', wait => '-1 s');
+SELECT * FROM idem_run_claim('rl', worker => '');
+SELECT * FROM idem_run_claim('rl', worker => repeat('w', 256));
 SELECT * FROM idem_run_claim('nope');
 SELECT * FROM idem_run_claim(NULL);
 BEGIN ISOLATION LEVEL REPEATABLE READ;
@@ -595,10 +597,56 @@ SELECT run_id, attempt FROM idem_run_claim('rltx', 1, '30 s', 'tx-worker-2');
 RESET ROLE;
 SELECT claim, worker, outcome FROM idem_run_attempts WHERE run_id = 'tx-1';
 
+-- a run whose owner role was dropped is not leased: its steps would write
+-- records and events for a role that no longer exists (a new role given
+-- its OID would own them), and the purge removes such a run, running or
+-- not.  The claim fails it instead, off the queue, and leases the next
+CREATE ROLE regress_rl_gone IN ROLE regress_rl_app;
+SELECT idem_queue_create('rlgone', producers => '{regress_rl_app}', workers => '{regress_rl_agent}');
+SET ROLE regress_rl_gone;
+SELECT created FROM idem_run_begin('gone-0', steps => ARRAY['a'], queue => 'rlgone');
+RESET ROLE;
+SET ROLE regress_rl_agent;
+INSERT INTO rl_claimed (who, run_id, token)
+SELECT 'gone', run_id, lease_token FROM idem_run_claim('rlgone', 1, '30 s', 'gone-worker');
+RESET ROLE;
+SET ROLE regress_rl_gone;
+SELECT created FROM idem_run_begin('gone-1', steps => ARRAY['a'], queue => 'rlgone');
+RESET ROLE;
+SET ROLE regress_rl_app;
+SELECT created FROM idem_run_begin('gone-2', steps => ARRAY['a'], queue => 'rlgone');
+RESET ROLE;
+DROP ROLE regress_rl_gone;
+SELECT * FROM rl_digest \gset before_
+SET ROLE regress_rl_agent;
+-- a lease taken before the drop holds no more: its holder executes nothing
+SELECT * FROM idem_call(NULL, 'INSERT INTO rl_refunds VALUES ($1, 1)', ARRAY['gone-0'],
+	run_id => 'gone-0', step => 'a', lease_token => rl_token('gone'));
+SELECT idem_step_complete('gone-0', 'a', '{}', lease_token => rl_token('gone'));
+SELECT (SELECT digest FROM rl_digest) = :'before_digest' AS unchanged;
+SELECT run_id, attempt FROM idem_run_claim('rlgone', 1, '30 s', 'gone-worker');
+SELECT run_id, attempt FROM idem_run_claim('rlgone', 1, '30 s', 'gone-worker');
+RESET ROLE;
+SELECT run_id, status, state, last_error FROM idem_runs WHERE queue = 'rlgone' ORDER BY run_id;
+SELECT count(*) AS attempts FROM idem_run_attempts WHERE run_id = 'gone-1';
+-- alone on its queue (the claim's one-role scan), the same
+SET ROLE regress_rl_app;
+SELECT idem_run_cancel('gone-2');
+RESET ROLE;
+CREATE ROLE regress_rl_gone IN ROLE regress_rl_app;
+SET ROLE regress_rl_gone;
+SELECT created FROM idem_run_begin('gone-3', steps => ARRAY['a'], queue => 'rlgone');
+RESET ROLE;
+DROP ROLE regress_rl_gone;
+SET ROLE regress_rl_agent;
+SELECT run_id, attempt FROM idem_run_claim('rlgone', 1, '30 s', 'gone-worker');
+RESET ROLE;
+SELECT run_id, status, state, last_error FROM idem_runs WHERE run_id = 'gone-3';
+
 -- cleanup
 DELETE FROM idem.outbox WHERE topic = 'rl_payments';
 DELETE FROM idem.outbox_topics WHERE topic = 'rl_payments';
-DELETE FROM idem.runs WHERE queue IN ('rl', 'rl1', 'rlfair', 'rlfair2', 'rlfair3', 'rlgrant', 'rlop', 'rlpub', 'rlnest', 'rltx');
+DELETE FROM idem.runs WHERE queue IN ('rl', 'rl1', 'rlfair', 'rlfair2', 'rlfair3', 'rlgrant', 'rlop', 'rlpub', 'rlnest', 'rltx', 'rlgone');
 DELETE FROM idem.keys WHERE owner = 'regress_rl_other'::regrole;
 DELETE FROM idem.keys WHERE owner = 'regress_rl_app'::regrole;
 DELETE FROM idem.queues;

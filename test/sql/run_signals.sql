@@ -133,6 +133,20 @@ SET ROLE regress_rs_app;
 SELECT idem_run_signal('ret-3', 'late', '{}');
 SELECT idem_run_signal('nope', 'approve', '{}');
 RESET ROLE;
+-- a failed run is not finished for good: resumed, it goes on, and its
+-- await reads the signal sent while it was failed, which is kept
+SET ROLE regress_rs_app;
+SELECT created FROM idem_run_begin('ret-6', steps => ARRAY['approve'], queue => 'rs');
+SELECT idem_run_fail('ret-6', 'a step failed its last attempt');
+SELECT idem_run_signal('ret-6', 'approve', '{"by": "ops"}');
+SELECT idem_run_resume('ret-6');
+RESET ROLE;
+SET ROLE regress_rs_agent;
+INSERT INTO rs_claimed SELECT 'w9', run_id, lease_token, attempt, next_step, results
+  FROM idem_run_claim('rs', worker => 'w9') WHERE run_id = 'ret-6';
+SELECT * FROM idem_run_await('ret-6', 'approve', rs_token('w9'));
+RESET ROLE;
+SELECT run_id, status FROM idem_runs WHERE run_id = 'ret-6';
 
 -- sleep: the lease ends and the run is due at until; once until has
 -- passed, the call says go on
@@ -149,6 +163,22 @@ RESET ROLE;
 SELECT run_id, state, next_due > now() + interval '59 min' AS due_later FROM idem_runs WHERE run_id = 'ret-4';
 SELECT run_id, claim, worker, outcome FROM idem_run_attempts ORDER BY run_id, claim;
 
+-- an interval is a fixed length: a month counts 30 days, whatever the
+-- calendar says (as PostgreSQL compares intervals)
+SET ROLE regress_rs_app;
+SELECT created FROM idem_run_begin('ret-5', steps => ARRAY['approve'], queue => 'rs');
+RESET ROLE;
+BEGIN;
+SET LOCAL ROLE regress_rs_agent;
+INSERT INTO rs_claimed SELECT 'w8', run_id, lease_token, attempt, next_step, results
+  FROM idem_run_claim('rs', worker => 'w8') WHERE run_id = 'ret-5';
+SELECT state FROM idem_run_await('ret-5', 'approve', rs_token('w8'), timeout => '1 mon');
+RESET ROLE;
+SELECT next_due BETWEEN now() + interval '30 days' AND clock_timestamp() + interval '30 days'
+	   AS thirty_days
+  FROM idem_runs WHERE run_id = 'ret-5';
+COMMIT;
+
 -- bad input
 SET ROLE regress_rs_agent;
 SELECT * FROM idem_run_await('ret-4', 'x', NULL);
@@ -163,7 +193,19 @@ SET ROLE regress_rs_app;
 SELECT idem_run_signal('ret-4', 'x', NULL);
 SELECT idem_run_signal('ret-4', 'x', 'null');
 SELECT idem_run_signal('ret-4', NULL, '{}');
+SELECT idem_run_signal('ret-4', '', '{}');
+SELECT idem_run_signal('ret-4', repeat('e', 256), '{}');
+-- a run on no queue never awaits (an await needs a claim's lease): its
+-- signals would never be read, and are refused (55000), nothing stored
+SELECT status FROM idem_run_begin('plain-1', steps => ARRAY['approve']);
+SELECT status FROM idem_run_begin('plain-2');
+SELECT idem_run_signal('plain-1', 'approve', '{}');
+SELECT idem_run_signal('plain-2', 'approve', '{}');
+-- as it is not retried (55000)
+SELECT idem_run_retry('plain-1');
 RESET ROLE;
+SELECT count(*) AS stored FROM idem.run_signals WHERE run_id LIKE 'plain-%';
+DELETE FROM idem.runs WHERE run_id LIKE 'plain-%';
 
 -- cleanup
 DELETE FROM idem.runs WHERE queue = 'rs';
