@@ -573,19 +573,30 @@ RETRY_AFTER = ("LEAST(%s::interval,"
                " pg_catalog.current_setting('idem.outbox_max_retry_after')::interval)")
 
 
-def _failure_text(e: BaseException) -> str:
+def _encodable(text: str, encoding: str = "utf-8") -> str:
+    """text as a connection whose encoding is ``encoding`` (Python's name,
+    a connection's ``info.encoding``) can send it: a character the encoding
+    cannot hold written as its Python escape (U+1F600 as \\U0001f600 on a
+    LATIN1 connection, a lone surrogate as \\udc80 on any), and a NUL,
+    which no text value holds, as \\x00.  psycopg refuses such a text
+    (UnicodeEncodeError, or a DataError for the NUL) before it reaches the
+    server."""
+    return text.replace("\x00", "\\x00").encode(encoding, "backslashreplace").decode(encoding)
+
+
+def _failure_text(e: BaseException, encoding: str = "utf-8") -> str:
     """What a handler's or a step's exception is recorded as (last_error):
-    a RetryAfter's message, anything else's type and message; with a NUL
-    and a lone surrogate (a byte str decoded with surrogateescape) written
-    as escapes, which a text value cannot hold: the report of the failure
-    failed with them."""
+    a RetryAfter's message, anything else's type and message, made
+    _encodable in the encoding of the connection that records it: the
+    report of a failure failed with what it could not send, and the run
+    (or the event) waited out its lease."""
     try:
         text = str(e)
     except Exception:
         text = object.__repr__(e)
     if not isinstance(e, RetryAfter):
         text = f"{type(e).__name__}: {text}"
-    return text.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
+    return _encodable(text, encoding)
 
 
 def _retry_after_seconds(value) -> float:
@@ -776,7 +787,8 @@ def consume(connect: Callable[[], psycopg.Connection], topic: str,
                         woke.append(n)
 
     def report(sql, params, event):
-        """Run an ack or fail; True if it held.  A lost connection is
+        """Run an ack or fail (params: a tuple, or a function of the
+        connection that sends it); True if it held.  A lost connection is
         replaced and the report sent again: the token is not tied to the
         session, and an ack that lands spares the receiver a duplicate."""
         nonlocal conn
@@ -784,7 +796,7 @@ def consume(connect: Callable[[], psycopg.Connection], topic: str,
             try:
                 if conn is None:
                     conn = open_conn()
-                return conn.execute(sql, params).fetchone()
+                return conn.execute(sql, params(conn) if callable(params) else params).fetchone()
             except psycopg.OperationalError as e:
                 close()
                 if again:
@@ -845,10 +857,12 @@ def consume(connect: Callable[[], psycopg.Connection], topic: str,
                     handler(event)
                 except RetryAfter as e:
                     report("SELECT idem_outbox_fail(%s, %s, %s, " + RETRY_AFTER + ")",
-                           (event_id, token, _failure_text(e), _ttl(e.seconds)), event)
+                           lambda c: (event_id, token, _failure_text(e, c.info.encoding),
+                                      _ttl(e.seconds)), event)
                 except Exception as e:  # the handler's failure is the event's, not the loop's
                     r = report("SELECT idem_outbox_fail(%s, %s, %s)",
-                               (event_id, token, _failure_text(e)), event)
+                               lambda c: (event_id, token, _failure_text(e, c.info.encoding)),
+                               event)
                     if r is not None and r[0] is None:
                         _log.error("idem consumer: event %s is dead after attempt %s: %s",
                                    key, attempt, e)

@@ -344,6 +344,16 @@ class _Interrupted(Exception):
     run is handed back and the worker stops; run() raises the original."""
 
 
+class _OnConn:
+    """The ctx of a _Fn that reads the run's connection (the driver sets
+    ``conn``)."""
+    __slots__ = ("conn",)
+
+
+def _encoding(ctx: _OnConn) -> str:
+    return ctx.conn.info.encoding
+
+
 class _Fn(NamedTuple):
     """A step function for the driver to call with its context, on the
     run's connection; it sends back the return value (awaited, if it is a
@@ -406,12 +416,12 @@ class _Runs:
 
     _FAIL = "SELECT idem_step_fail(%s, %s, %s::uuid, %s)"
 
-    def _unreadable(self, row, e: Exception):
+    def _unreadable(self, row, e: Exception, conn):
         """A claimed row that does not parse (an input nested deeper than
         the decoder's recursion limit: RecursionError): its first values,
         the run id, its next step and the lease token, for the step to fail
-        with e (it raised out of run(), at each claim of the run); None if
-        they do not parse either."""
+        with e on conn (it raised out of run(), at each claim of the run);
+        None if they do not parse either."""
         _log.error("idem worker %s: a claimed run cannot be read: %s", self.name,
                    _idem._failure_text(e))
         dec, text, i, head = json.JSONDecoder(), row[0], 1, []
@@ -422,7 +432,7 @@ class _Runs:
                 i += 2          # json_build_array's ", "
         except ValueError:
             return None
-        return tuple(head) + (_idem._failure_text(e)[:2000],)
+        return tuple(head) + (_idem._failure_text(e, conn.info.encoding)[:2000],)
 
     def _claimable(self) -> Optional[int]:
         """How many runs a claim would take now, or None when it should wait
@@ -620,10 +630,11 @@ class _Runs:
         return _loads(text)
 
     def _fail(self, c: _Claimed, name, e: Exception, p: _Progress):
-        text = _idem._failure_text(e).strip()
         after = _idem._ttl(e.seconds) if isinstance(e, _idem.RetryAfter) else None
         self._count("failed_steps")
         try:
+            # the text in what the run's connection can send
+            text = _idem._failure_text(e, (yield _Fn(_encoding, _OnConn()))).strip()
             # the external step before it completed, whatever this one did
             yield from self._flush(c, p)
             if after is None:
@@ -810,7 +821,7 @@ class Worker(_Runs):
                         try:
                             c = self._claimed(q, r)
                         except Exception as e:
-                            if (fail := self._unreadable(r, e)) is not None:
+                            if (fail := self._unreadable(r, e, conn)) is not None:
                                 self._count("failed_steps")
                                 _idem._execute(_cursor(conn), self._FAIL, fail)
                             continue
@@ -1009,7 +1020,7 @@ class AsyncWorker(_Runs):
                         try:
                             c = self._claimed(q, r)
                         except Exception as e:
-                            if (fail := self._unreadable(r, e)) is not None:
+                            if (fail := self._unreadable(r, e, conn)) is not None:
                                 self._count("failed_steps")
                                 await _idem._aexecute(_cursor(conn), self._FAIL, fail)
                             continue

@@ -230,6 +230,21 @@ def test_an_exception_text_a_string_cannot_hold(cluster, connect, topic, admin):
     assert events(admin, topic)["a"]["last_error"] == "ValueError: bad \\x00 byte in \\udc80.txt"
 
 
+def test_an_exception_text_the_connection_encoding_cannot_hold(cluster, connect, topic, admin):
+    """On a LATIN1 connection a handler's exception with an emoji in its
+    message fails the event, the emoji escaped; psycopg refused to encode
+    the fail and consume() raised UnicodeEncodeError."""
+    publish(connect, topic, "a")
+
+    def handler(event):
+        raise ValueError("caf\u00e9 \U0001f600")
+    loop = Loop(cluster.dsn(), topic, handler, connect_kw={"client_encoding": "LATIN1"})
+    until(lambda: events(admin, topic)["a"]["last_error"] is not None or not loop.thread.is_alive(),
+          what="the failure")
+    assert loop.finish() == 0
+    assert events(admin, topic)["a"]["last_error"] == "ValueError: caf\u00e9 \\U0001f600"
+
+
 def test_stop_ends_a_long_idle_wait_at_once(cluster, topic):
     loop = Loop(cluster.dsn(), topic, idle=60)
     time.sleep(0.5)   # in its first wait by now

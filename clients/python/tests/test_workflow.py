@@ -446,6 +446,35 @@ def test_an_exception_text_a_string_cannot_hold(connect, admin, queue, message, 
         (f"{queue}:%",))] == [recorded, recorded]
 
 
+@pytest.mark.parametrize("kind", ["threads", "asyncio"])
+def test_an_exception_text_the_connection_encoding_cannot_hold(route, admin, queue, kind):
+    """On a LATIN1 connection an exception whose message holds an emoji
+    fails its step, the emoji written as its escape (what LATIN1 holds, the
+    e acute, kept): psycopg refused to encode the failure, which was not
+    recorded, and the run waited out its lease."""
+    wf = idem.Workflow(queue, steps=["a"])
+
+    @wf.external("a")
+    def a(ctx):
+        if ctx.attempt == 1:
+            raise ValueError("caf\u00e9 \U0001f600")
+        return {}
+    dsn, kw = route
+    kw = {**kw, "client_encoding": "LATIN1"}
+    admin.execute("SELECT idem_run_begin(%s, steps => ARRAY['a'], queue => %s)",
+                  (f"{queue}:r1", queue))
+    # a lease far longer than the wait: a lost failure cannot come back in time
+    if kind == "threads":
+        w = Running(lambda: psycopg.connect(dsn, **kw), [wf], concurrency=1, lease=60, poll=0.1)
+    else:
+        w = RunningAsync((dsn, kw), [wf], concurrency=1, lease=60, poll=0.1)
+    until(lambda: statuses(admin, queue) == {"completed": 1}, 10, "the completed run")
+    assert w.finish()["failed_steps"] == 1
+    assert [r[0] for r in admin.execute(
+        "SELECT error FROM idem_run_attempts WHERE run_id = %s AND outcome = 'step_failed'",
+        (f"{queue}:r1",))] == ["ValueError: caf\u00e9 \\U0001f600"]
+
+
 def test_transient_sqlstate_is_retried_by_the_runtime(connect, admin, queue):
     """A serialization failure (40001, advice 'retry') in a step: the step
     fails, the runtime brings the run back, the retry executes once."""
