@@ -573,30 +573,50 @@ RETRY_AFTER = ("LEAST(%s::interval,"
                " pg_catalog.current_setting('idem.outbox_max_retry_after')::interval)")
 
 
-def _encodable(text: str, encoding: str = "utf-8") -> str:
-    """text as a connection whose encoding is ``encoding`` (Python's name,
-    a connection's ``info.encoding``) can send it: a character the encoding
-    cannot hold written as its Python escape (U+1F600 as \\U0001f600 on a
-    LATIN1 connection, a lone surrogate as \\udc80 on any), and a NUL,
-    which no text value holds, as \\x00.  psycopg refuses such a text
-    (UnicodeEncodeError, or a DataError for the NUL) before it reaches the
-    server."""
-    return text.replace("\x00", "\\x00").encode(encoding, "backslashreplace").decode(encoding)
+def _encodings(conn) -> tuple:
+    """The Python encodings a text sent on conn must fit: the connection's
+    (psycopg's) and, unless it is SQL_ASCII (which converts nothing), the
+    database's, into which the server converts it; an encoding Python does
+    not know is taken as ascii."""
+    if conn is None:
+        return ("utf-8",)
+    from psycopg import _encodings as names
+    server = conn.info.parameter_status("server_encoding") or "SQL_ASCII"
+    if server == "SQL_ASCII":
+        return (conn.info.encoding,)
+    try:
+        server = names.pg2pyenc(server.encode())
+    except Exception:
+        server = "ascii"
+    return (conn.info.encoding, server)
 
 
-def _failure_text(e: BaseException, encoding: str = "utf-8") -> str:
+def _encodable(text: str, conn=None) -> str:
+    """text as conn can send and its database can hold (_encodings): a
+    character they cannot written as its Python escape (U+1F600 as
+    \\U0001f600 on a LATIN1 connection or into a LATIN1 database, a lone
+    surrogate as \\udc80 on any), and a NUL, which no text value holds, as
+    \\x00.  Sent as it was, psycopg refuses it (UnicodeEncodeError, or a
+    DataError for the NUL) or the server does (22021, 22P05)."""
+    text = text.replace("\x00", "\\x00")
+    for encoding in _encodings(conn):
+        text = text.encode(encoding, "backslashreplace").decode(encoding)
+    return text
+
+
+def _failure_text(e: BaseException, conn=None) -> str:
     """What a handler's or a step's exception is recorded as (last_error):
     a RetryAfter's message, anything else's type and message, made
-    _encodable in the encoding of the connection that records it: the
-    report of a failure failed with what it could not send, and the run
-    (or the event) waited out its lease."""
+    _encodable on the connection that records it: the report of a failure
+    failed with what it could not send, and the run (or the event) waited
+    out its lease."""
     try:
         text = str(e)
     except Exception:
         text = object.__repr__(e)
     if not isinstance(e, RetryAfter):
         text = f"{type(e).__name__}: {text}"
-    return _encodable(text, encoding)
+    return _encodable(text, conn)
 
 
 def _retry_after_seconds(value) -> float:
@@ -857,11 +877,11 @@ def consume(connect: Callable[[], psycopg.Connection], topic: str,
                     handler(event)
                 except RetryAfter as e:
                     report("SELECT idem_outbox_fail(%s, %s, %s, " + RETRY_AFTER + ")",
-                           lambda c: (event_id, token, _failure_text(e, c.info.encoding),
+                           lambda c: (event_id, token, _failure_text(e, c),
                                       _ttl(e.seconds)), event)
                 except Exception as e:  # the handler's failure is the event's, not the loop's
                     r = report("SELECT idem_outbox_fail(%s, %s, %s)",
-                               lambda c: (event_id, token, _failure_text(e, c.info.encoding)),
+                               lambda c: (event_id, token, _failure_text(e, c)),
                                event)
                     if r is not None and r[0] is None:
                         _log.error("idem consumer: event %s is dead after attempt %s: %s",

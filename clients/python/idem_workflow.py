@@ -345,13 +345,17 @@ class _Interrupted(Exception):
 
 
 class _OnConn:
-    """The ctx of a _Fn that reads the run's connection (the driver sets
-    ``conn``)."""
-    __slots__ = ("conn",)
+    """The ctx of a _Fn for the run's connection (the driver sets ``conn``):
+    a step's exception to record on it."""
+    __slots__ = ("error", "conn")
+
+    def __init__(self, error: Exception):
+        self.error = error
+        self.conn = None
 
 
-def _encoding(ctx: _OnConn) -> str:
-    return ctx.conn.info.encoding
+def _failure_text(ctx: _OnConn) -> str:
+    return _idem._failure_text(ctx.error, ctx.conn)
 
 
 class _Fn(NamedTuple):
@@ -432,7 +436,7 @@ class _Runs:
                 i += 2          # json_build_array's ", "
         except ValueError:
             return None
-        return tuple(head) + (_idem._failure_text(e, conn.info.encoding)[:2000],)
+        return tuple(head) + (_idem._failure_text(e, conn)[:2000],)
 
     def _claimable(self) -> Optional[int]:
         """How many runs a claim would take now, or None when it should wait
@@ -633,8 +637,8 @@ class _Runs:
         after = _idem._ttl(e.seconds) if isinstance(e, _idem.RetryAfter) else None
         self._count("failed_steps")
         try:
-            # the text in what the run's connection can send
-            text = _idem._failure_text(e, (yield _Fn(_encoding, _OnConn()))).strip()
+            # the text as the run's connection can send it
+            text = (yield _Fn(_failure_text, _OnConn(e))).strip()
             # the external step before it completed, whatever this one did
             yield from self._flush(c, p)
             if after is None:

@@ -446,12 +446,39 @@ def test_an_exception_text_a_string_cannot_hold(connect, admin, queue, message, 
         (f"{queue}:%",))] == [recorded, recorded]
 
 
+@pytest.fixture(scope="module")
+def latin1_db(cluster):
+    """A LATIN1 database of the cluster with idem: its dsn."""
+    with psycopg.connect(cluster.dsn(), autocommit=True) as c:
+        if c.execute("SELECT 1 FROM pg_database WHERE datname = 'idemlatin1'").fetchone() is None:
+            c.execute("CREATE DATABASE idemlatin1 ENCODING 'LATIN1' LC_COLLATE 'C' LC_CTYPE 'C'"
+                      " TEMPLATE template0")
+    dsn = cluster.dsn().replace("dbname=idemtest", "dbname=idemlatin1")
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute("CREATE EXTENSION IF NOT EXISTS idem")
+    return dsn
+
+
 @pytest.mark.parametrize("kind", ["threads", "asyncio"])
-def test_an_exception_text_the_connection_encoding_cannot_hold(route, admin, queue, kind):
-    """On a LATIN1 connection an exception whose message holds an emoji
-    fails its step, the emoji written as its escape (what LATIN1 holds, the
-    e acute, kept): psycopg refused to encode the failure, which was not
-    recorded, and the run waited out its lease."""
+@pytest.mark.parametrize("where", ["latin1-connection", "latin1-database"])
+def test_an_exception_text_the_connection_encoding_cannot_hold(request, route, queue, kind, where):
+    """On a LATIN1 connection, or a UTF8 one to a LATIN1 database, an
+    exception whose message holds an emoji fails its step, the emoji
+    written as its escape (what LATIN1 holds, the e acute, kept): psycopg
+    refused to encode the failure, or the server to convert it, the failure
+    was not recorded and the run waited out its lease."""
+    dsn, kw = route
+    if where == "latin1-connection":
+        kw = {**kw, "client_encoding": "LATIN1"}
+    else:
+        if dsn != request.getfixturevalue("cluster").dsn():
+            pytest.skip("the LATIN1 database is not behind the PgBouncer")
+        dsn, kw = request.getfixturevalue("latin1_db"), {**kw, "client_encoding": "UTF8"}
+    admin = psycopg.connect(dsn, autocommit=True)
+    request.addfinalizer(admin.close)
+    if where == "latin1-database":
+        admin.execute("SELECT idem_queue_create(%s, max_attempts => 3,"
+                      " backoff_base => '50 ms', jitter => 'none')", (queue,))
     wf = idem.Workflow(queue, steps=["a"])
 
     @wf.external("a")
@@ -459,8 +486,6 @@ def test_an_exception_text_the_connection_encoding_cannot_hold(route, admin, que
         if ctx.attempt == 1:
             raise ValueError("caf\u00e9 \U0001f600")
         return {}
-    dsn, kw = route
-    kw = {**kw, "client_encoding": "LATIN1"}
     admin.execute("SELECT idem_run_begin(%s, steps => ARRAY['a'], queue => %s)",
                   (f"{queue}:r1", queue))
     # a lease far longer than the wait: a lost failure cannot come back in time
