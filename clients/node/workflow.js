@@ -153,6 +153,12 @@ class Worker {
   async #open() {
     const c = await this.connect();
     c.on('error', () => {}); // a terminated session: seen by its next query
+    try {
+      await lib().speakUtf8(c);
+    } catch (e) {
+      c.end().catch(() => {});
+      throw e;
+    }
     return c;
   }
 
@@ -261,7 +267,7 @@ class Worker {
                 this.log.error(`idem worker ${this.name}: run ${row.run_id} cannot be read: ${lib().failureText(e)}`);
                 this.stats.failedSteps++;
                 await client.query('SELECT idem_step_fail($1, $2, $3::uuid, $4)',
-                  [row.run_id, row.next_step, row.token, lib().failureText(e).slice(0, 2000)]);
+                  [row.run_id, row.next_step, row.token, lib().failureText(e, client).slice(0, 2000)]);
                 continue;
               }
               this.active.set(c.runId, { token: c.token, lost: false });
@@ -426,11 +432,11 @@ class Worker {
 
   async #fail(client, c, name, err, p) {
     const RetryAfter = lib().RetryAfter;
-    const text = lib().failureText(err);
     const after = err instanceof RetryAfter ? lib().interval(err.seconds) : null;
     this.stats.failedSteps++;
     try {
       if (!client) client = await this.#open();
+      const text = lib().failureText(err, client);
       // the external step before it completed, whatever this one did
       await this.#flush(client, c, p);
       const r = after === null
