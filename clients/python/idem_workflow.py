@@ -634,13 +634,23 @@ class _Runs:
         return _loads(text)
 
     def _fail(self, c: _Claimed, name, e: Exception, p: _Progress):
-        after = _idem._ttl(e.seconds) if isinstance(e, _idem.RetryAfter) else None
         self._count("failed_steps")
         try:
+            if p.pending is not None:
+                held = p.pending[0]
+                try:
+                    # the external step before it completed, whatever this one did
+                    yield from self._flush(c, p)
+                except psycopg.Error as fe:
+                    if isinstance(fe, psycopg.OperationalError) or fe.sqlstate in _STOP_STATES:
+                        raise
+                    # its result refused (a character the database cannot
+                    # hold: this step's call failed with it too): that step
+                    # fails with it, or the run waited out its lease
+                    name, e = held, fe
+            after = _idem._ttl(e.seconds) if isinstance(e, _idem.RetryAfter) else None
             # the text as the run's connection can send it
             text = (yield _Fn(_failure_text, _OnConn(e))).strip()
-            # the external step before it completed, whatever this one did
-            yield from self._flush(c, p)
             if after is None:
                 row = yield _Sql("SELECT idem_step_fail(%s, %s, %s::uuid, %s)",
                                  (c.run_id, name, c.token, text[:2000]))

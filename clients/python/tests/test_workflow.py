@@ -500,6 +500,38 @@ def test_an_exception_text_the_connection_encoding_cannot_hold(request, route, q
         (f"{queue}:r1",))] == ["ValueError: caf\u00e9 \\U0001f600"]
 
 
+@pytest.mark.parametrize("kind", ["threads", "asyncio"])
+def test_a_result_the_database_cannot_hold_fails_its_step(latin1_db, queue, kind):
+    """An external step's result that a LATIN1 database cannot hold (an
+    emoji), held for the next (database) step's call: that call and the
+    result's own record are refused (22P05), and the external step fails
+    with the server's error, its value never changed; the record was the
+    first statement of the failure, which was not recorded either, and the
+    run waited out its lease at every attempt."""
+    admin = psycopg.connect(latin1_db, autocommit=True)
+    admin.execute("SELECT idem_queue_create(%s, max_attempts => 2, backoff_base => '50 ms',"
+                  " jitter => 'none')", (queue,))
+    wf = idem.Workflow(queue, steps=["quote", "pay"])
+    wf.external("quote")(lambda ctx: {"note": "caf\u00e9 \U0001f600"})
+    wf.step("pay")(lambda ctx: ctx.execute("SELECT $1::text AS note", ctx.results["quote"]["note"]))
+    wf.start(admin, f"{queue}:r1", input={})
+    kw = {"client_encoding": "UTF8"}
+    if kind == "threads":
+        w = Running(lambda: psycopg.connect(latin1_db, **kw), [wf], concurrency=1, lease=60,
+                    poll=0.1)
+    else:
+        w = RunningAsync((latin1_db, kw), [wf], concurrency=1, lease=60, poll=0.1)
+    try:
+        until(lambda: statuses(admin, queue) == {"failed": 1}, 10, "the failed run")
+    finally:
+        w.finish()
+    rows = admin.execute("SELECT outcome, step, error FROM idem_run_attempts WHERE run_id = %s"
+                         " ORDER BY claim", (f"{queue}:r1",)).fetchall()
+    assert [(o, st) for o, st, _ in rows] == [("step_failed", "quote"), ("failed", "quote")]
+    assert all(err.startswith("UntranslatableCharacter") and "LATIN1" in err for _, _, err in rows)
+    admin.close()
+
+
 def test_transient_sqlstate_is_retried_by_the_runtime(connect, admin, queue):
     """A serialization failure (40001, advice 'retry') in a step: the step
     fails, the runtime brings the run back, the retry executes once."""
