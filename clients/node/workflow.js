@@ -432,13 +432,24 @@ class Worker {
 
   async #fail(client, c, name, err, p) {
     const RetryAfter = lib().RetryAfter;
-    const after = err instanceof RetryAfter ? lib().interval(err.seconds) : null;
     this.stats.failedSteps++;
     try {
       if (!client) client = await this.#open();
+      if (p && p.pending) {
+        const held = p.pending[0];
+        try {
+          // the external step before it completed, whatever this one did
+          await this.#flush(client, c, p);
+        } catch (e) {
+          if (Worker.#broken(e) || STOP_STATES.has(e.code)) throw e;
+          // its result refused (a character the database cannot hold: this
+          // step's call failed with it too): that step fails with it, or
+          // the run waited out its lease
+          [name, err] = [held, e];
+        }
+      }
+      const after = err instanceof RetryAfter ? lib().interval(err.seconds) : null;
       const text = lib().failureText(err, client);
-      // the external step before it completed, whatever this one did
-      await this.#flush(client, c, p);
       const r = after === null
         ? await client.query('SELECT idem_step_fail($1, $2, $3::uuid, $4) AS due',
           [c.runId, name, c.token, text.slice(0, 2000)])
