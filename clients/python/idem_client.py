@@ -397,10 +397,32 @@ def _call_query(key, run_id, step_name, sql, args, outbox_topic, ttl, wait, leas
                                                                     if v is not None]
 
 
+# On a SQL_ASCII connection (client_encoding SQL_ASCII, a SQL_ASCII
+# database's default) psycopg reads text as bytes, not knowing their
+# encoding, and writes a statement's text as ASCII.  The helpers' own
+# connections (a worker's, a consumer's) are set to UTF8, which a SQL_ASCII
+# database stores as it comes; on the caller's, the texts of the helpers'
+# rows are decoded as UTF-8 (_texts).
+_UTF8 = "SET client_encoding TO 'UTF8'"
+
+
+def _sql_ascii(conn) -> bool:
+    """conn reads text as bytes (client_encoding SQL_ASCII)."""
+    return conn.info.encoding == "ascii"
+
+
+def _texts(row):
+    """row with its bytes (texts read on a SQL_ASCII connection) decoded as
+    UTF-8, which is what the helpers write."""
+    return [v.decode() if isinstance(v, bytes) else v for v in row]
+
+
 def _call_result(out, fold):
     """The Result of idem_call's row; for a worker's call (fold not None)
     (Result, the started step's (key, attempt) or None, the response as
     the run records it)."""
+    if type(out[0]) is bytes:
+        out = _texts(out)
     replayed, micros, text = out[0].split(_SEP, 2)
     first = _EPOCH + datetime.timedelta(microseconds=int(micros))
     response = loads(text)
@@ -725,6 +747,8 @@ def consume(connect: Callable[[], psycopg.Connection], topic: str,
     def open_conn():
         c = connect()
         c.autocommit = True
+        if _sql_ascii(c):
+            c.execute(_UTF8)
         if wakeup == "notify":
             if not channel:
                 channel.append(c.execute("SELECT idem_outbox_channel(%s)",

@@ -192,7 +192,7 @@ class Workflow:
                 run_id, input, backoff_base, backoff_cap, jitter)).fetchone()
         except psycopg.Error as e:
             raise _translated(e)
-        return Started(*row)
+        return Started(*_idem._texts(row))
 
     async def astart(self, conn: psycopg.AsyncConnection, run_id: str, *, input: Any = None,
                      backoff_base=None, backoff_cap=None,
@@ -204,7 +204,7 @@ class Workflow:
             row = await cur.fetchone()
         except psycopg.Error as e:
             raise _translated(e)
-        return Started(*row)
+        return Started(*_idem._texts(row))
 
     def create_queue(self, conn: psycopg.Connection, *, producers=(), workers=(),
                      concurrency: Optional[int] = None, max_attempts: int = 5,
@@ -616,8 +616,10 @@ class _Runs:
         """Record the external step's result held for the next step's call."""
         if p.pending is not None:
             name, text = p.pending
-            p.pending = None
             yield from self._complete(c, name, text=text)
+            # held until recorded: a failure that follows records it first,
+            # or fails its step when the server refuses it (_fail)
+            p.pending = None
 
     def _complete(self, c, name, value=None, text=None):
         if text is None:
@@ -747,6 +749,8 @@ class Worker(_Runs):
     def _open(self):
         c = self.connect()
         c.autocommit = True
+        if _idem._sql_ascii(c):
+            c.execute(_idem._UTF8)
         return c
 
     @staticmethod
@@ -938,6 +942,8 @@ class AsyncWorker(_Runs):
         if inspect.isawaitable(c):
             c = await c
         await c.set_autocommit(True)
+        if _idem._sql_ascii(c):
+            await c.execute(_idem._UTF8)
         return c
 
     @staticmethod

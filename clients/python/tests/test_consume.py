@@ -245,6 +245,26 @@ def test_an_exception_text_the_connection_encoding_cannot_hold(cluster, connect,
     assert events(admin, topic)["a"]["last_error"] == "ValueError: caf\u00e9 \\U0001f600"
 
 
+def test_a_sql_ascii_database(sql_ascii_db):
+    """In a SQL_ASCII database psycopg reads text as bytes: the event's key,
+    topic and the topic's channel were bytes (LISTEN on "b'...'", a channel
+    nobody notifies).  The consumer's connection speaks UTF8: str, and the
+    event's UTF-8 text as it was written."""
+    with psycopg.connect(sql_ascii_db, autocommit=True) as c:
+        with c.transaction():
+            # the accent as the UTF-8 bytes a SQL_ASCII database keeps
+            idem.execute(c, "notes:a", "SELECT 'caf' || E'\\303\\251' AS note",
+                         outbox_topic="notes")
+        loop = Loop(sql_ascii_db, "notes")
+        until(lambda: loop.seen, what="the delivery")
+        assert loop.finish() == 1
+        e = loop.seen[0]
+        assert (e["key"], e["topic"], e["payload"]["rows"]) == (
+            "notes:a", "notes", [{"note": "caf\u00e9"}])
+        assert c.execute("SELECT state FROM idem_outbox_events WHERE key = 'notes:a'"
+                         ).fetchone()[0] == b"delivered"
+
+
 def test_stop_ends_a_long_idle_wait_at_once(cluster, topic):
     loop = Loop(cluster.dsn(), topic, idle=60)
     time.sleep(0.5)   # in its first wait by now

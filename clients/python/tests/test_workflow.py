@@ -446,19 +446,6 @@ def test_an_exception_text_a_string_cannot_hold(connect, admin, queue, message, 
         (f"{queue}:%",))] == [recorded, recorded]
 
 
-@pytest.fixture(scope="module")
-def latin1_db(cluster):
-    """A LATIN1 database of the cluster with idem: its dsn."""
-    with psycopg.connect(cluster.dsn(), autocommit=True) as c:
-        if c.execute("SELECT 1 FROM pg_database WHERE datname = 'idemlatin1'").fetchone() is None:
-            c.execute("CREATE DATABASE idemlatin1 ENCODING 'LATIN1' LC_COLLATE 'C' LC_CTYPE 'C'"
-                      " TEMPLATE template0")
-    dsn = cluster.dsn().replace("dbname=idemtest", "dbname=idemlatin1")
-    with psycopg.connect(dsn, autocommit=True) as c:
-        c.execute("CREATE EXTENSION IF NOT EXISTS idem")
-    return dsn
-
-
 @pytest.mark.parametrize("kind", ["threads", "asyncio"])
 @pytest.mark.parametrize("where", ["latin1-connection", "latin1-database"])
 def test_an_exception_text_the_connection_encoding_cannot_hold(request, route, queue, kind, where):
@@ -529,6 +516,62 @@ def test_a_result_the_database_cannot_hold_fails_its_step(latin1_db, queue, kind
                          " ORDER BY claim", (f"{queue}:r1",)).fetchall()
     assert [(o, st) for o, st, _ in rows] == [("step_failed", "quote"), ("failed", "quote")]
     assert all(err.startswith("UntranslatableCharacter") and "LATIN1" in err for _, _, err in rows)
+    admin.close()
+
+
+@pytest.mark.parametrize("kind", ["threads", "asyncio"])
+@pytest.mark.parametrize("prepare", ["prepares", "inline"])
+def test_a_sql_ascii_database(sql_ascii_db, queue, kind, prepare):
+    """In a SQL_ASCII database psycopg reads text as bytes: a database
+    step's response did not split (TypeError after its statement
+    committed, the completed step then refused its failure, and the run
+    waited out its lease), ctx.key was bytes, and execute() raised after
+    its write.  The worker's connections speak UTF8, the caller's rows are
+    decoded; a non-ASCII JSON value, which jsonb there refuses as the \\u
+    escape the helpers write, fails its step with the server's error (it
+    was held, refused again, and the run waited out its lease)."""
+    admin = psycopg.connect(sql_ascii_db, autocommit=True)
+    admin.execute("SELECT idem_queue_create(%s, max_attempts => 2, backoff_base => '50 ms',"
+                  " jitter => 'none')", (queue,))
+    wf = idem.Workflow(queue, steps=["note", "label", "done"])
+    # the accent as the UTF-8 bytes a SQL_ASCII database keeps as they are
+    wf.step("note")(lambda ctx: ctx.execute(
+        "INSERT INTO notes VALUES ($1, 'caf' || CASE WHEN $2 THEN E'\\303\\251' ELSE 'e' END)"
+        " RETURNING note", ctx.run_id, ctx.input["accent"]))
+    wf.external("label")(lambda ctx: {"key": ctx.key,
+                                      "note": ctx.results["note"]["rows"][0]["note"]})
+    wf.step("done")(lambda ctx: {"ok": True})
+    started = wf.start(admin, f"{queue}:ascii", input={"accent": False})
+    assert started == ("running", "note", True)
+    wf.start(admin, f"{queue}:latin", input={"accent": True})
+    kw = {"prepare_threshold": None} if prepare == "inline" else {}
+    if kind == "threads":
+        w = Running(lambda: psycopg.connect(sql_ascii_db, **kw), [wf], concurrency=1, lease=60,
+                    poll=0.1)
+    else:
+        w = RunningAsync((sql_ascii_db, kw), [wf], concurrency=1, lease=60, poll=0.1)
+    try:
+        until(lambda: admin.execute("SELECT array_agg(status::text ORDER BY run_id)"
+                                    " FROM idem_runs WHERE queue = %s",
+                                    (queue,)).fetchone()[0] == [b"completed", b"failed"], 10,
+              "one run completed, the other failed")
+    finally:
+        w.finish()
+    steps = admin.execute("SELECT step, response::text FROM idem_run_steps(%s)",
+                          (f"{queue}:ascii",)).fetchall()
+    label = idem.loads(steps[1][1])
+    assert label["note"] == "cafe" and label["key"].startswith("idem.step:")
+    # the database step wrote its text as it came (UTF-8); the external
+    # step's result with it was refused, never changed
+    assert admin.execute("SELECT note FROM notes WHERE run_id = %s",
+                         (f"{queue}:latin",)).fetchone()[0] == "caf\u00e9".encode()
+    err = admin.execute("SELECT last_error FROM idem_runs WHERE run_id = %s",
+                        (f"{queue}:latin",)).fetchone()[0]
+    assert err.startswith(b"FeatureNotSupported")
+    with admin.transaction():
+        r = idem.execute(admin, f"{queue}:read", "SELECT note FROM notes WHERE run_id = $1",
+                         f"{queue}:latin")
+    assert r.rows == [{"note": "caf\u00e9"}]
     admin.close()
 
 
