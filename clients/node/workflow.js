@@ -420,8 +420,10 @@ class Worker {
   async #flush(client, c, p) {
     if (!p || !p.pending) return;
     const [name, text] = p.pending;
-    p.pending = null;
     await this.#complete(client, c, name, undefined, text);
+    // held until recorded: a failure that follows records it first, or
+    // fails its step when the server refuses it (#fail)
+    p.pending = null;
   }
 
   async #complete(client, c, name, value, text) {

@@ -352,14 +352,17 @@ for (const target of ['direct', 'pgbouncer']) {
         await a.end();
       });
 
-      it('an external result a LATIN1 database cannot hold fails that step', async () => {
+      for (const next of ['a statement', 'a value']) it(`an external result a LATIN1 database cannot hold fails that step (next: ${next})`, async () => {
         // held for the next step's call, it was refused with it and again as
-        // the failure's first statement: the failure was not recorded, and
-        // the run waited out its lease at every attempt
+        // the failure's first statement (or, before a step that writes
+        // nothing, dropped from the hold, and that step's failure refused as
+        // out of sequence): the failure was not recorded, and the run waited
+        // out its lease at every attempt
         const { a, q, connect1 } = await latin1Queue(2);
         const wf = new idem.Workflow(q, { steps: ['quote', 'pay'] });
         wf.external('quote', async () => ({ note: 'caf\u00e9 \u{1f600}' }))
-          .step('pay', async (ctx) => ctx.execute('SELECT $1::text AS note', [ctx.results.quote.note]));
+          .step('pay', async (ctx) => (next === 'a value' ? { paid: true }
+            : ctx.execute('SELECT $1::text AS note', [ctx.results.quote.note])));
         const run = `${q}:r1`;
         await wf.start(a, run, { input: {} });
         const ac = new AbortController();

@@ -488,19 +488,23 @@ def test_an_exception_text_the_connection_encoding_cannot_hold(request, route, q
 
 
 @pytest.mark.parametrize("kind", ["threads", "asyncio"])
-def test_a_result_the_database_cannot_hold_fails_its_step(latin1_db, queue, kind):
+@pytest.mark.parametrize("following", ["statement", "value"])
+def test_a_result_the_database_cannot_hold_fails_its_step(latin1_db, queue, kind, following):
     """An external step's result that a LATIN1 database cannot hold (an
     emoji), held for the next (database) step's call: that call and the
     result's own record are refused (22P05), and the external step fails
     with the server's error, its value never changed; the record was the
-    first statement of the failure, which was not recorded either, and the
-    run waited out its lease at every attempt."""
+    first statement of the failure, which was not recorded either (before
+    a step that writes nothing: dropped from the hold, and that step's
+    failure refused as out of sequence), and the run waited out its lease
+    at every attempt."""
     admin = psycopg.connect(latin1_db, autocommit=True)
     admin.execute("SELECT idem_queue_create(%s, max_attempts => 2, backoff_base => '50 ms',"
                   " jitter => 'none')", (queue,))
     wf = idem.Workflow(queue, steps=["quote", "pay"])
     wf.external("quote")(lambda ctx: {"note": "caf\u00e9 \U0001f600"})
-    wf.step("pay")(lambda ctx: ctx.execute("SELECT $1::text AS note", ctx.results["quote"]["note"]))
+    wf.step("pay")(lambda ctx: {"paid": True} if following == "value" else ctx.execute(
+        "SELECT $1::text AS note", ctx.results["quote"]["note"]))
     wf.start(admin, f"{queue}:r1", input={})
     kw = {"client_encoding": "UTF8"}
     if kind == "threads":
