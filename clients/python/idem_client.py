@@ -162,6 +162,20 @@ _BY_SQLSTATE = {c.sqlstate: c for c in (KeyReused, InProgress, NestedKey,
 _json_str = json.encoder.encode_basestring_ascii
 
 
+def _json_key(k) -> str:
+    """A dict key that is no str as json.dumps writes it (True as "true",
+    None as "null", 1.5 as "1.5"), a Decimal as its number; any other
+    refused as json.dumps refuses it, rather than written as its str(): a
+    tuple's "(1, 2)" read back as a different key."""
+    if k is True or k is False or k is None:
+        return json.dumps(k)
+    if isinstance(k, (int, float)):
+        return json.dumps(k, allow_nan=False)   # int's or float's repr; NaN has no number
+    if isinstance(k, decimal.Decimal) and k.is_finite():
+        return str(k)
+    raise TypeError(f"keys must be str, int, float, bool or None, not {type(k).__name__}")
+
+
 def _json(o, out):
     if type(o) is str:
         out.append(_json_str(o))
@@ -174,7 +188,7 @@ def _json(o, out):
         for i, (k, v) in enumerate(o.items()):
             if i:
                 out.append(", ")
-            out.append(_json_str(k if isinstance(k, str) else str(k)))
+            out.append(_json_str(k if isinstance(k, str) else _json_key(k)))
             out.append(": ")
             _json(v, out)
         out.append("}")
@@ -577,8 +591,12 @@ def retry(connect: Callable[[], psycopg.Connection],
 class RetryAfter(Exception):
     """Raised by an outbox handler or a workflow step: the downstream asked
     to be called again no earlier than ``seconds`` from now.  ``seconds``
-    may be a number or an HTTP Retry-After header's value (delay seconds or
-    an HTTP date); None means "later", at the server's backoff."""
+    may be a number, a timedelta or an HTTP Retry-After header's value
+    (delay seconds or an HTTP date; anything else raises ValueError);
+    None means "later", at the server's backoff.  A negative delay, NaN or
+    a date past is "now"; one beyond the server's
+    idem.outbox_max_retry_after (infinity, a date in 2099) is as late as
+    it allows."""
 
     def __init__(self, seconds=None, message: str = "retry after"):
         super().__init__(message)
@@ -644,6 +662,10 @@ def _failure_text(e: BaseException, conn=None) -> str:
 def _retry_after_seconds(value) -> float:
     if value is None or value == "" or value == b"":
         return 0.0
+    if isinstance(value, datetime.timedelta):
+        value = value.total_seconds()
+    if isinstance(value, decimal.Decimal) and value.is_nan():
+        return 0.0              # float() refuses a signaling NaN
     if isinstance(value, (int, float, decimal.Decimal)):
         try:
             seconds = float(value)
