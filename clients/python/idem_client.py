@@ -411,18 +411,21 @@ def _call_query(key, run_id, step_name, sql, args, outbox_topic, ttl, wait, leas
                                                                     if v is not None]
 
 
-# On a SQL_ASCII connection (client_encoding SQL_ASCII, a SQL_ASCII
-# database's default) psycopg reads text as bytes, not knowing their
-# encoding, and writes a statement's text as ASCII.  The helpers' own
-# connections (a worker's, a consumer's) are set to UTF8, which a SQL_ASCII
-# database stores as it comes; on the caller's, the texts of the helpers'
-# rows are decoded as UTF-8 (_texts).
+# The helpers' own connections (a worker's, a consumer's) speak UTF8,
+# whatever connect() asked for: a connection of a narrower client_encoding
+# (LATIN1) cannot read a run, a key or an event that holds a character
+# beyond it (the server refuses to convert the row: a claim that fails for
+# good), and on a SQL_ASCII one (a SQL_ASCII database's default) psycopg
+# reads text as bytes, not knowing their encoding, and writes a statement's
+# text as ASCII.  A SQL_ASCII database stores UTF-8 as it comes.  On the
+# caller's connections the texts of the helpers' rows are decoded as UTF-8
+# (_texts).
 _UTF8 = "SET client_encoding TO 'UTF8'"
 
 
-def _sql_ascii(conn) -> bool:
-    """conn reads text as bytes (client_encoding SQL_ASCII)."""
-    return conn.info.encoding == "ascii"
+def _not_utf8(conn) -> bool:
+    """conn's client_encoding is not UTF8."""
+    return conn.info.encoding != "utf-8"
 
 
 def _texts(row):
@@ -769,7 +772,7 @@ def consume(connect: Callable[[], psycopg.Connection], topic: str,
     def open_conn():
         c = connect()
         c.autocommit = True
-        if _sql_ascii(c):
+        if _not_utf8(c):
             c.execute(_UTF8)
         if wakeup == "notify":
             if not channel:

@@ -721,9 +721,10 @@ class Worker(_Runs):
     """Claims runs of the workflows' queues and runs their steps,
     ``concurrency`` runs at a time (threads, one connection each, plus one
     for claims and one for heartbeats).  ``connect()`` returns a new
-    psycopg connection (made autocommit here).  ``run()`` returns when
-    stopped: by ``stop`` (a threading.Event) set, or without one by
-    SIGTERM/SIGINT (run() in the main thread).
+    psycopg connection (made autocommit here, and its client_encoding UTF8:
+    a narrower one cannot read a run that holds a character beyond it).
+    ``run()`` returns when stopped: by ``stop`` (a threading.Event) set, or
+    without one by SIGTERM/SIGINT (run() in the main thread).
 
     ``prefetch``: a claim also takes up to this many runs beyond the free
     executors, as many as the recent runs' pace says will start within
@@ -749,7 +750,7 @@ class Worker(_Runs):
     def _open(self):
         c = self.connect()
         c.autocommit = True
-        if _idem._sql_ascii(c):
+        if _idem._not_utf8(c):
             c.execute(_idem._UTF8)
         return c
 
@@ -916,7 +917,7 @@ class AsyncWorker(_Runs):
     """Worker for asyncio: ``await AsyncWorker(connect, [workflows]).run()``
     runs ``concurrency`` runs at a time as tasks of the running loop, one
     psycopg.AsyncConnection each (plus one for claims and one for
-    heartbeats), made autocommit here.  ``connect()`` returns a new
+    heartbeats), made autocommit (and UTF8) here.  ``connect()`` returns a new
     AsyncConnection (or an awaitable of one, as
     ``psycopg.AsyncConnection.connect(...)`` does).  Step functions are
     ``async def`` (a plain function that returns a value works too, and
@@ -942,7 +943,7 @@ class AsyncWorker(_Runs):
         if inspect.isawaitable(c):
             c = await c
         await c.set_autocommit(True)
-        if _idem._sql_ascii(c):
+        if _idem._not_utf8(c):
             await c.execute(_idem._UTF8)
         return c
 

@@ -231,9 +231,9 @@ def test_an_exception_text_a_string_cannot_hold(cluster, connect, topic, admin):
 
 
 def test_an_exception_text_the_connection_encoding_cannot_hold(cluster, connect, topic, admin):
-    """On a LATIN1 connection a handler's exception with an emoji in its
-    message fails the event, the emoji escaped; psycopg refused to encode
-    the fail and consume() raised UnicodeEncodeError."""
+    """A handler's exception with an emoji in its message fails the event;
+    on a LATIN1 connection psycopg refused to encode the fail and consume()
+    raised UnicodeEncodeError.  The consumer's connection speaks UTF8."""
     publish(connect, topic, "a")
 
     def handler(event):
@@ -242,7 +242,7 @@ def test_an_exception_text_the_connection_encoding_cannot_hold(cluster, connect,
     until(lambda: events(admin, topic)["a"]["last_error"] is not None or not loop.thread.is_alive(),
           what="the failure")
     assert loop.finish() == 0
-    assert events(admin, topic)["a"]["last_error"] == "ValueError: caf\u00e9 \\U0001f600"
+    assert events(admin, topic)["a"]["last_error"] == "ValueError: caf\u00e9 \U0001f600"
 
 
 def test_a_sql_ascii_database(sql_ascii_db):

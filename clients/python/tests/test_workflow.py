@@ -449,11 +449,13 @@ def test_an_exception_text_a_string_cannot_hold(connect, admin, queue, message, 
 @pytest.mark.parametrize("kind", ["threads", "asyncio"])
 @pytest.mark.parametrize("where", ["latin1-connection", "latin1-database"])
 def test_an_exception_text_the_connection_encoding_cannot_hold(request, route, queue, kind, where):
-    """On a LATIN1 connection, or a UTF8 one to a LATIN1 database, an
-    exception whose message holds an emoji fails its step, the emoji
-    written as its escape (what LATIN1 holds, the e acute, kept): psycopg
-    refused to encode the failure, or the server to convert it, the failure
-    was not recorded and the run waited out its lease."""
+    """An exception whose message holds an emoji fails its step: psycopg
+    refused to encode the failure on a LATIN1 connection, or the server to
+    convert it into a LATIN1 database, the failure was not recorded and the
+    run waited out its lease.  The worker's connections speak UTF8 (a run
+    whose id holds an emoji is claimed: a LATIN1 connection could not read
+    it); into a LATIN1 database the emoji is written as its escape (what
+    LATIN1 holds, the e acute, kept)."""
     dsn, kw = route
     if where == "latin1-connection":
         kw = {**kw, "client_encoding": "LATIN1"}
@@ -473,8 +475,8 @@ def test_an_exception_text_the_connection_encoding_cannot_hold(request, route, q
         if ctx.attempt == 1:
             raise ValueError("caf\u00e9 \U0001f600")
         return {}
-    admin.execute("SELECT idem_run_begin(%s, steps => ARRAY['a'], queue => %s)",
-                  (f"{queue}:r1", queue))
+    run = f"{queue}:r1" + ("\U0001f4e6" if where == "latin1-connection" else "")
+    admin.execute("SELECT idem_run_begin(%s, steps => ARRAY['a'], queue => %s)", (run, queue))
     # a lease far longer than the wait: a lost failure cannot come back in time
     if kind == "threads":
         w = Running(lambda: psycopg.connect(dsn, **kw), [wf], concurrency=1, lease=60, poll=0.1)
@@ -484,7 +486,8 @@ def test_an_exception_text_the_connection_encoding_cannot_hold(request, route, q
     assert w.finish()["failed_steps"] == 1
     assert [r[0] for r in admin.execute(
         "SELECT error FROM idem_run_attempts WHERE run_id = %s AND outcome = 'step_failed'",
-        (f"{queue}:r1",))] == ["ValueError: caf\u00e9 \\U0001f600"]
+        (run,))] == ["ValueError: caf\u00e9 " + (
+            "\U0001f600" if where == "latin1-connection" else "\\U0001f600")]
 
 
 @pytest.mark.parametrize("kind", ["threads", "asyncio"])
