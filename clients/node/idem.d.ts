@@ -81,7 +81,7 @@ export function failureText(err: unknown, client?: Queryable): string;
  * reads its database's encoding for failureText: the worker and consume do it on every client
  * they open. */
 export function speakUtf8(client: Queryable): Promise<void>;
-/** The JSON text of a value (a BigInt as its exact number), as a workflow's input and results are written. */
+/** The JSON text of a value (a BigInt as its exact number; NaN and the infinities are a RangeError), as a workflow's input and results are written. */
 export function toJson(value: unknown): string | undefined;
 
 export interface OutboxEvent {

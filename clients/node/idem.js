@@ -124,12 +124,20 @@ function toArg(v) {
 
 // The JSON text of a value: JSON.stringify's, with a BigInt as the exact
 // number it is (JSON.stringify throws on one), read back as parseExact
-// reads numbers.  A workflow's input and results are written with it: a
-// string is a JSON string there, not toArg's text.
+// reads numbers, and NaN and the infinities refused (RangeError).  A
+// workflow's input and results are written with it: a string is a JSON
+// string there, not toArg's text.
+// NaN and the infinities have no JSON number: JSON.stringify writes null,
+// a value changed silently (Python's dumps refuses them too).
+function finite(key, x) {
+  if (typeof x === 'number' && !Number.isFinite(x)) throw new RangeError(`${x} has no JSON number`);
+  return x;
+}
+
 function toJson(v) {
   if (typeof v === 'bigint') return v.toString();
   try {
-    return JSON.stringify(v);
+    return JSON.stringify(v, finite);
   } catch (e) {
     if (!(e instanceof TypeError) || !/BigInt/.test(e.message)) throw e;
   }
