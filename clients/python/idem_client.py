@@ -538,7 +538,9 @@ def retry_advice(conn: psycopg.Connection, sqlstate: str) -> str:
     if sqlstate not in _advice_cache:
         with conn.transaction(), conn.cursor() as cur:
             cur.execute("SELECT idem_retry_advice(%s)", (sqlstate,))
-            _advice_cache[sqlstate] = cur.fetchone()[0]
+            # (bytes on a SQL_ASCII connection: b"never" was no "never", and
+            # retry() ran again what is never to be retried)
+            _advice_cache[sqlstate] = _texts(cur.fetchone())[0]
     return _advice_cache[sqlstate]
 
 

@@ -300,6 +300,27 @@ def test_retry_after_values():
         idem.RetryAfter("soon")
 
 
+def test_retry_on_a_sql_ascii_database(sql_ascii_db, monkeypatch):
+    """On a SQL_ASCII connection idem_retry_advice's text came as bytes:
+    b"never" was no "never", and retry() ran a KeyReused again at every
+    attempt."""
+    monkeypatch.setattr(idem, "_advice_cache", {})
+    calls = []
+
+    def write(value):
+        def fn(conn):
+            calls.append(value)
+            return idem.execute(conn, "ascii:retry", "SELECT $1::text AS v", value).rows
+        return fn
+    connect = lambda: psycopg.connect(sql_ascii_db)  # noqa: E731
+    rows, conn = idem.retry(connect, write("a"), sleep=lambda s: None)
+    assert rows == [{"v": "a"}]
+    with pytest.raises(idem.KeyReused):
+        idem.retry(connect, write("b"), conn=conn, sleep=lambda s: None)
+    assert calls == ["a", "b"]
+    conn.close()
+
+
 def test_backoff_is_full_jitter(monkeypatch, connect, table, admin):
     """retry_later (ID409) waits uniform(0, min(cap, base*2**(n+1)))."""
     holder = connect()
