@@ -354,6 +354,10 @@ const CLAIM_WAIT = `${CLAIM.slice(0, -1)}, wait => $5::interval)`;
 // idem.outbox_keep_delivered) or deleted by its ack (IDE04, the default).
 // The event is someone else's now.
 const LOST_LEASE = new Set(['ID412', 'ID410', 'IDE04']);
+// An event's last error is at most 64 kB (idem_outbox_fail refuses more:
+// 22001, and consume() rejected with it); a UTF-16 code unit is at most 3
+// bytes in UTF-8, 4 in any server encoding.
+const EVENT_ERROR_MAX = 16384;
 
 // The protocol's CancelRequest for the statement client is running (what
 // pg's own Client#cancel sends), on a connection of its own to the same
@@ -604,12 +608,12 @@ async function consume(connect, topic, handler, { maxEvents = 10, lease = 30, co
           if (await report('SELECT idem_outbox_ack($1, $2)', [r.event_id, r.lease_token], event)) acked++;
         } else if (failure instanceof RetryAfter) {
           await report(`SELECT idem_outbox_fail($1, $2, $3, ${RETRY_AFTER(4)})`,
-            (c) => [r.event_id, r.lease_token, failureText(failure, c), interval(failure.seconds)], event);
+            (c) => [r.event_id, r.lease_token, failureText(failure, c).slice(0, EVENT_ERROR_MAX), interval(failure.seconds)], event);
         } else {
           // a thrown non-Error (a string, undefined) is still the event's failure
           let text;
           const due = await report('SELECT idem_outbox_fail($1, $2, $3) AS due',
-            (c) => [r.event_id, r.lease_token, text = failureText(failure, c)], event);
+            (c) => [r.event_id, r.lease_token, text = failureText(failure, c).slice(0, EVENT_ERROR_MAX)], event);
           if (due && due.due === null) {
             log.error(`idem consumer: event ${event.key} is dead after attempt ${event.attempt}: ${text}`);
           }

@@ -695,6 +695,11 @@ def _retry_after_seconds(value) -> float:
 
 _log = logging.getLogger("idem_client")
 
+# An event's last error is at most 64 kB (idem_outbox_fail refuses more:
+# 22001, and consume() raised it); a character is at most 4 bytes in any
+# server encoding.
+_EVENT_ERROR_MAX = 16384
+
 _CLAIM = ("SELECT event_id, key, topic, payload::text, run_id, step, attempt, lease_token,"
           " created_at, lease_until FROM idem_outbox_claim(%s, max_events => %s,"
           " lease => %s::interval, consumer => %s)")
@@ -928,11 +933,12 @@ def consume(connect: Callable[[], psycopg.Connection], topic: str,
                     handler(event)
                 except RetryAfter as e:
                     report("SELECT idem_outbox_fail(%s, %s, %s, " + RETRY_AFTER + ")",
-                           lambda c: (event_id, token, _failure_text(e, c),
+                           lambda c: (event_id, token, _failure_text(e, c)[:_EVENT_ERROR_MAX],
                                       _ttl(e.seconds)), event)
                 except Exception as e:  # the handler's failure is the event's, not the loop's
                     r = report("SELECT idem_outbox_fail(%s, %s, %s)",
-                               lambda c: (event_id, token, _failure_text(e, c)),
+                               lambda c: (event_id, token,
+                                          _failure_text(e, c)[:_EVENT_ERROR_MAX]),
                                event)
                     if r is not None and r[0] is None:
                         _log.error("idem consumer: event %s is dead after attempt %s: %s",

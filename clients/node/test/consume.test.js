@@ -185,6 +185,16 @@ describe('consume', () => {
     assert.equal((await events(t)).a.last_error, 'Error: bad \\x00 byte');
   });
 
+  it('fails the event with the first 16384 characters of a longer message (the fail was refused)', async () => {
+    // 22001: an event's error is at most 64 kB, and consume() rejected
+    const t = await freshTopic();
+    await publish(t, 'a');
+    const l = loop(t, () => { throw new Error('x'.repeat(70000)); });
+    await until(async () => (await events(t)).a.last_error !== null, 'the failure');
+    assert.equal(await l.finish(), 0);
+    assert.equal((await events(t)).a.last_error, `Error: ${'x'.repeat(70000)}`.slice(0, 16384));
+  });
+
   it('fails the event with what a LATIN1 database cannot hold escaped; the loop goes on', async () => {
     // the server refused to convert the emoji (22P05) and consume() rejected
     const config = { ...env.targets.direct, database: 'idemlatin1' };

@@ -245,6 +245,22 @@ def test_an_exception_text_the_connection_encoding_cannot_hold(cluster, connect,
     assert events(admin, topic)["a"]["last_error"] == "ValueError: caf\u00e9 \U0001f600"
 
 
+def test_an_exception_text_longer_than_an_event_error_holds(cluster, connect, topic, admin):
+    """A handler's exception with a message of 70,000 characters fails the
+    event with its first 16,384 (64 kB in any encoding); the fail was
+    refused (22001, the error at most 64 kB) and consume() raised it."""
+    publish(connect, topic, "a")
+
+    def handler(event):
+        raise ValueError("x" * 70000)
+    loop = Loop(cluster.dsn(), topic, handler)
+    until(lambda: events(admin, topic)["a"]["last_error"] is not None or not loop.thread.is_alive(),
+          what="the failure")
+    assert loop.finish() == 0
+    row = events(admin, topic)["a"]
+    assert row["state"] == "pending" and row["last_error"] == ("ValueError: " + "x" * 70000)[:16384]
+
+
 def test_a_sql_ascii_database(sql_ascii_db):
     """In a SQL_ASCII database psycopg reads text as bytes: the event's key,
     topic and the topic's channel were bytes (LISTEN on "b'...'", a channel
