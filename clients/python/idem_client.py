@@ -726,8 +726,9 @@ def consume(connect: Callable[[], psycopg.Connection], topic: str,
     Claims up to ``max_events`` due events of ``topic`` under a ``lease``
     (seconds), calls ``handler(event)`` for each outside any transaction,
     then acks it; if the handler raises ``RetryAfter(s)`` the event fails
-    with retry_after s, any other exception fails it with its text and the
-    server's backoff.  ``event`` is a dict: event_id, key, topic, run_id,
+    with retry_after s, any other exception fails it with its text (its
+    first 16,384 characters, what the database's encoding cannot hold
+    escaped: _encodable) and the server's backoff.  ``event`` is a dict: event_id, key, topic, run_id,
     step, attempt (1 on the first delivery), payload (JSON numbers as
     Decimal), created_at, lease_until.  Deduplicate on the receiving side
     by ``key``: a consumer that dies after its handler ran and before the
@@ -757,6 +758,8 @@ def consume(connect: Callable[[], psycopg.Connection], topic: str,
     claims to different server sessions).  ``wakeup="wait"`` issues no
     LISTEN, and a claim and its wait are one statement, so one server
     session: ``connect`` may go through PgBouncer in transaction mode.
+    The connection is set to client_encoding UTF8 if it is not (a narrower
+    one cannot read an event holding a character beyond it).
     Returns the number of events acknowledged."""
     import select
     import signal

@@ -43,9 +43,11 @@ point, is replaced by any other after its lease.
   its retry calls out again under the same key, as after any crash between
   the call and its completion.
 - A step that raises fails with idem_step_fail: ``RetryAfter(s)`` no
-  earlier than s seconds, any other exception with its type and message,
-  after the runtime's backoff; after the run's last attempt the run is
-  ``failed``.  An error whose SQLSTATE idem_retry_advice calls transient
+  earlier than s seconds, any other exception with its type and message
+  (its first 2000 characters, what the database's encoding cannot hold
+  escaped), after the runtime's backoff; after the run's last attempt the
+  run is ``failed``.  An external step's result the database refuses fails
+  that step.  An error whose SQLSTATE idem_retry_advice calls transient
   (40001, 40P01...) goes the same way: the runtime's backoff is the retry.
   A database step whose function raises after its statement committed is
   completed (it cannot fail): the exception is logged.
