@@ -73,9 +73,15 @@ export function translate(err: unknown): unknown;
 export function toArg(value: Arg): string | null;
 /** An interval's text for seconds (fixed-point, rounded up to the microsecond); a string is returned as it is. */
 export function interval(seconds: number | string | null | undefined): string | null;
-/** What a handler's or a step's throw is recorded as (a NUL escaped). */
-export function failureText(err: unknown): string;
-/** The JSON text of a value (a BigInt as its exact number), as a workflow's input and results are written. */
+/** What a handler's or a step's throw is recorded as on client (one speakUtf8 saw; none: a UTF8
+ * database): a NUL, a lone surrogate and what the database's encoding cannot hold written as
+ * Python's escapes (\x00, \udc80, \U0001f600). */
+export function failureText(err: unknown, client?: Queryable): string;
+/** Sets client's client_encoding back to UTF8 (node-postgres writes and reads UTF-8 only) and
+ * reads its database's encoding for failureText: the worker and consume do it on every client
+ * they open. */
+export function speakUtf8(client: Queryable): Promise<void>;
+/** The JSON text of a value (a BigInt as its exact number; NaN and the infinities are a RangeError), as a workflow's input and results are written. */
 export function toJson(value: unknown): string | undefined;
 
 export interface OutboxEvent {

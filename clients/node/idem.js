@@ -124,12 +124,20 @@ function toArg(v) {
 
 // The JSON text of a value: JSON.stringify's, with a BigInt as the exact
 // number it is (JSON.stringify throws on one), read back as parseExact
-// reads numbers.  A workflow's input and results are written with it: a
-// string is a JSON string there, not toArg's text.
+// reads numbers, and NaN and the infinities refused (RangeError).  A
+// workflow's input and results are written with it: a string is a JSON
+// string there, not toArg's text.
+// NaN and the infinities have no JSON number: JSON.stringify writes null,
+// a value changed silently (Python's dumps refuses them too).
+function finite(key, x) {
+  if (typeof x === 'number' && !Number.isFinite(x)) throw new RangeError(`${x} has no JSON number`);
+  return x;
+}
+
 function toJson(v) {
   if (typeof v === 'bigint') return v.toString();
   try {
-    return JSON.stringify(v);
+    return JSON.stringify(v, finite);
   } catch (e) {
     if (!(e instanceof TypeError) || !/BigInt/.test(e.message)) throw e;
   }
@@ -268,18 +276,52 @@ class RetryAfter extends Error {
     this.seconds = retryAfterSeconds(seconds);
   }
 }
+// The database encoding (server_encoding) of each client the helpers
+// opened, read by speakUtf8.
+const serverEncodings = new WeakMap();
+
+// node-postgres writes and reads UTF-8 only, and asks for UTF8 at connect;
+// a client_encoding that connect() set otherwise made the server read each
+// text as that encoding (café stored as cafÃ©).  Set back to UTF8, in the
+// round trip that reads the database's encoding for failureText.
+async function speakUtf8(client) {
+  const r = await client.query("SET client_encoding TO 'UTF8'; SELECT current_setting('server_encoding') AS e");
+  serverEncodings.set(client, r[1].rows[0].e);
+}
+
+// A character as Python's backslash escape: \xe9, \u20ac, \U0001f600.
+const escapeChar = (ch) => {
+  const cp = ch.codePointAt(0);
+  const [tag, width] = cp < 0x100 ? ['x', 2] : cp < 0x10000 ? ['u', 4] : ['U', 8];
+  return `\\${tag}${cp.toString(16).padStart(width, '0')}`;
+};
+
+// text as the database of client (a client speakUtf8 saw; none: UTF8) can
+// hold it: a NUL, which no text value holds, and a lone surrogate (which
+// node-postgres would send as U+FFFD) always escaped; in a LATIN1 database
+// a character beyond U+00FF, in one of any other encoding but UTF8 and
+// SQL_ASCII (which converts nothing) any non-ASCII one, as Node encodes no
+// other.  Sent as it was, the server refused to convert it (22P05).
+function encodable(text, client) {
+  const enc = client ? serverEncodings.get(client) || 'UTF8' : 'UTF8';
+  text = text.replace(/\0/g, '\\x00').replace(/[\uD800-\uDFFF]/gu, escapeChar);
+  if (enc === 'UTF8' || enc === 'SQL_ASCII') return text;
+  const max = enc === 'LATIN1' ? 0xff : 0x7f;
+  return text.replace(/[^\0-\x7f]/gu, (ch) => (ch.codePointAt(0) <= max ? ch : escapeChar(ch)));
+}
+
 // What a handler's or a step's throw is recorded as (last_error): a
 // RetryAfter's message, an Error's name and message, anything else (a
-// string, undefined) as text; a NUL, which a text value cannot hold (the
-// report of the failure failed with it), as an escape.
-function failureText(err) {
+// string, undefined) as text; made encodable on the client that records
+// it: the report of a failure failed with what the database cannot hold.
+function failureText(err, client) {
   let text;
   try {
     text = err instanceof RetryAfter ? err.message : err instanceof Error ? `${err.name}: ${err.message}` : String(err);
   } catch (e) {
     text = Object.prototype.toString.call(err); // no string of its own: Object.create(null)
   }
-  return text.replace(/\0/g, '\\x00');
+  return encodable(text, client);
 }
 
 // Longer than any server accepts: RETRY_AFTER caps it at the server's
@@ -312,6 +354,10 @@ const CLAIM_WAIT = `${CLAIM.slice(0, -1)}, wait => $5::interval)`;
 // idem.outbox_keep_delivered) or deleted by its ack (IDE04, the default).
 // The event is someone else's now.
 const LOST_LEASE = new Set(['ID412', 'ID410', 'IDE04']);
+// An event's last error is at most 64 kB (idem_outbox_fail refuses more:
+// 22001, and consume() rejected with it); a UTF-16 code unit is at most 3
+// bytes in UTF-8, 4 in any server encoding.
+const EVENT_ERROR_MAX = 16384;
 
 // The protocol's CancelRequest for the statement client is running (what
 // pg's own Client#cancel sends), on a connection of its own to the same
@@ -421,6 +467,12 @@ async function consume(connect, topic, handler, { maxEvents = 10, lease = 30, co
   const open = async () => {
     const c = await connect();
     broken = false;
+    try {
+      await speakUtf8(c);
+    } catch (e) {
+      c.end().catch(() => {});
+      throw e;
+    }
     // a terminated backend or a server restart: seen here, acted on by the
     // next query or wait
     const lost = () => { if (c === client) { broken = true; if (wake) wake(); } };
@@ -474,14 +526,15 @@ async function consume(connect, topic, handler, { maxEvents = 10, lease = 30, co
       waiting = null;
     }
   };
-  // An ack or fail; true if it held.  A lost connection is replaced and the
+  // An ack or fail (params: an array, or a function of the client that
+  // sends it); true if it held.  A lost connection is replaced and the
   // report sent again: the token is not tied to the session, and an ack
   // that lands spares the receiver a duplicate.
   const report = async (sql, params, event) => {
     for (const again of [false, true]) {
       try {
         if (!client || broken) { close(); await open(); }
-        return (await client.query(sql, params)).rows[0];
+        return (await client.query(sql, typeof params === 'function' ? params(client) : params)).rows[0];
       } catch (err) {
         if (LOST_LEASE.has(err.code)) {
           log.warn(`idem consumer: event ${event.key} (attempt ${event.attempt}) not reported,` +
@@ -549,12 +602,12 @@ async function consume(connect, topic, handler, { maxEvents = 10, lease = 30, co
           if (await report('SELECT idem_outbox_ack($1, $2)', [r.event_id, r.lease_token], event)) acked++;
         } else if (failure instanceof RetryAfter) {
           await report(`SELECT idem_outbox_fail($1, $2, $3, ${RETRY_AFTER(4)})`,
-            [r.event_id, r.lease_token, failureText(failure), interval(failure.seconds)], event);
+            (c) => [r.event_id, r.lease_token, failureText(failure, c).slice(0, EVENT_ERROR_MAX), interval(failure.seconds)], event);
         } else {
           // a thrown non-Error (a string, undefined) is still the event's failure
-          const text = failureText(failure);
+          let text;
           const due = await report('SELECT idem_outbox_fail($1, $2, $3) AS due',
-            [r.event_id, r.lease_token, text], event);
+            (c) => [r.event_id, r.lease_token, text = failureText(failure, c).slice(0, EVENT_ERROR_MAX)], event);
           if (due && due.due === null) {
             log.error(`idem consumer: event ${event.key} is dead after attempt ${event.attempt}: ${text}`);
           }
@@ -574,7 +627,7 @@ const { KeyReused, InProgress, NestedKey, RunNotFound, StepUndeclared, RunNotRun
   EventNotFound, LeaseLost } = errors;
 // listed one by one so that ES modules can import them by name
 module.exports = { execute, step, retry, retryAdvice, consume, RetryAfter, RETRY_AFTER, sqlstateOf, parseExact,
-  toArg, toJson, interval, failureText, translate, IdemError, KeyReused, InProgress, NestedKey, RunNotFound, StepUndeclared,
+  toArg, toJson, interval, failureText, speakUtf8, translate, IdemError, KeyReused, InProgress, NestedKey, RunNotFound, StepUndeclared,
   RunNotRunning, OutOfSequence, EventNotFound, LeaseLost, CachedError };
 // the workflow layer (workflow.js) is built on the above
 const workflow = require('./workflow.js');

@@ -153,6 +153,12 @@ class Worker {
   async #open() {
     const c = await this.connect();
     c.on('error', () => {}); // a terminated session: seen by its next query
+    try {
+      await lib().speakUtf8(c);
+    } catch (e) {
+      c.end().catch(() => {});
+      throw e;
+    }
     return c;
   }
 
@@ -261,7 +267,7 @@ class Worker {
                 this.log.error(`idem worker ${this.name}: run ${row.run_id} cannot be read: ${lib().failureText(e)}`);
                 this.stats.failedSteps++;
                 await client.query('SELECT idem_step_fail($1, $2, $3::uuid, $4)',
-                  [row.run_id, row.next_step, row.token, lib().failureText(e).slice(0, 2000)]);
+                  [row.run_id, row.next_step, row.token, lib().failureText(e, client).slice(0, 2000)]);
                 continue;
               }
               this.active.set(c.runId, { token: c.token, lost: false });
@@ -414,8 +420,10 @@ class Worker {
   async #flush(client, c, p) {
     if (!p || !p.pending) return;
     const [name, text] = p.pending;
-    p.pending = null;
     await this.#complete(client, c, name, undefined, text);
+    // held until recorded: a failure that follows records it first, or
+    // fails its step when the server refuses it (#fail)
+    p.pending = null;
   }
 
   async #complete(client, c, name, value, text) {
@@ -426,13 +434,24 @@ class Worker {
 
   async #fail(client, c, name, err, p) {
     const RetryAfter = lib().RetryAfter;
-    const text = lib().failureText(err);
-    const after = err instanceof RetryAfter ? lib().interval(err.seconds) : null;
     this.stats.failedSteps++;
     try {
       if (!client) client = await this.#open();
-      // the external step before it completed, whatever this one did
-      await this.#flush(client, c, p);
+      if (p && p.pending) {
+        const held = p.pending[0];
+        try {
+          // the external step before it completed, whatever this one did
+          await this.#flush(client, c, p);
+        } catch (e) {
+          if (Worker.#broken(e) || STOP_STATES.has(e.code)) throw e;
+          // its result refused (a character the database cannot hold: this
+          // step's call failed with it too): that step fails with it, or
+          // the run waited out its lease
+          [name, err] = [held, e];
+        }
+      }
+      const after = err instanceof RetryAfter ? lib().interval(err.seconds) : null;
+      const text = lib().failureText(err, client);
       const r = after === null
         ? await client.query('SELECT idem_step_fail($1, $2, $3::uuid, $4) AS due',
           [c.runId, name, c.token, text.slice(0, 2000)])

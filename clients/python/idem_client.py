@@ -162,6 +162,20 @@ _BY_SQLSTATE = {c.sqlstate: c for c in (KeyReused, InProgress, NestedKey,
 _json_str = json.encoder.encode_basestring_ascii
 
 
+def _json_key(k) -> str:
+    """A dict key that is no str as json.dumps writes it (True as "true",
+    None as "null", 1.5 as "1.5"), a Decimal as its number; any other
+    refused as json.dumps refuses it, rather than written as its str(): a
+    tuple's "(1, 2)" read back as a different key."""
+    if k is True or k is False or k is None:
+        return json.dumps(k)
+    if isinstance(k, (int, float)):
+        return json.dumps(k, allow_nan=False)   # int's or float's repr; NaN has no number
+    if isinstance(k, decimal.Decimal) and k.is_finite():
+        return str(k)
+    raise TypeError(f"keys must be str, int, float, bool or None, not {type(k).__name__}")
+
+
 def _json(o, out):
     if type(o) is str:
         out.append(_json_str(o))
@@ -174,7 +188,7 @@ def _json(o, out):
         for i, (k, v) in enumerate(o.items()):
             if i:
                 out.append(", ")
-            out.append(_json_str(k if isinstance(k, str) else str(k)))
+            out.append(_json_str(k if isinstance(k, str) else _json_key(k)))
             out.append(": ")
             _json(v, out)
         out.append("}")
@@ -397,10 +411,35 @@ def _call_query(key, run_id, step_name, sql, args, outbox_topic, ttl, wait, leas
                                                                     if v is not None]
 
 
+# The helpers' own connections (a worker's, a consumer's) speak UTF8,
+# whatever connect() asked for: a connection of a narrower client_encoding
+# (LATIN1) cannot read a run, a key or an event that holds a character
+# beyond it (the server refuses to convert the row: a claim that fails for
+# good), and on a SQL_ASCII one (a SQL_ASCII database's default) psycopg
+# reads text as bytes, not knowing their encoding, and writes a statement's
+# text as ASCII.  A SQL_ASCII database stores UTF-8 as it comes.  On the
+# caller's connections the texts of the helpers' rows are decoded as UTF-8
+# (_texts).
+_UTF8 = "SET client_encoding TO 'UTF8'"
+
+
+def _not_utf8(conn) -> bool:
+    """conn's client_encoding is not UTF8."""
+    return conn.info.encoding != "utf-8"
+
+
+def _texts(row):
+    """row with its bytes (texts read on a SQL_ASCII connection) decoded as
+    UTF-8, which is what the helpers write."""
+    return [v.decode() if isinstance(v, bytes) else v for v in row]
+
+
 def _call_result(out, fold):
     """The Result of idem_call's row; for a worker's call (fold not None)
     (Result, the started step's (key, attempt) or None, the response as
     the run records it)."""
+    if type(out[0]) is bytes:
+        out = _texts(out)
     replayed, micros, text = out[0].split(_SEP, 2)
     first = _EPOCH + datetime.timedelta(microseconds=int(micros))
     response = loads(text)
@@ -499,7 +538,9 @@ def retry_advice(conn: psycopg.Connection, sqlstate: str) -> str:
     if sqlstate not in _advice_cache:
         with conn.transaction(), conn.cursor() as cur:
             cur.execute("SELECT idem_retry_advice(%s)", (sqlstate,))
-            _advice_cache[sqlstate] = cur.fetchone()[0]
+            # (bytes on a SQL_ASCII connection: b"never" was no "never", and
+            # retry() ran again what is never to be retried)
+            _advice_cache[sqlstate] = _texts(cur.fetchone())[0]
     return _advice_cache[sqlstate]
 
 
@@ -555,8 +596,12 @@ def retry(connect: Callable[[], psycopg.Connection],
 class RetryAfter(Exception):
     """Raised by an outbox handler or a workflow step: the downstream asked
     to be called again no earlier than ``seconds`` from now.  ``seconds``
-    may be a number or an HTTP Retry-After header's value (delay seconds or
-    an HTTP date); None means "later", at the server's backoff."""
+    may be a number, a timedelta or an HTTP Retry-After header's value
+    (delay seconds or an HTTP date; anything else raises ValueError);
+    None means "later", at the server's backoff.  A negative delay, NaN or
+    a date past is "now"; one beyond the server's
+    idem.outbox_max_retry_after (infinity, a date in 2099) is as late as
+    it allows."""
 
     def __init__(self, seconds=None, message: str = "retry after"):
         super().__init__(message)
@@ -573,24 +618,59 @@ RETRY_AFTER = ("LEAST(%s::interval,"
                " pg_catalog.current_setting('idem.outbox_max_retry_after')::interval)")
 
 
-def _failure_text(e: BaseException) -> str:
+def _encodings(conn) -> tuple:
+    """The Python encodings a text sent on conn must fit: the connection's
+    (psycopg's) and, unless it is SQL_ASCII (which converts nothing), the
+    database's, into which the server converts it; an encoding Python does
+    not know is taken as ascii."""
+    if conn is None:
+        return ("utf-8",)
+    from psycopg import _encodings as names
+    server = conn.info.parameter_status("server_encoding") or "SQL_ASCII"
+    if server == "SQL_ASCII":
+        return (conn.info.encoding,)
+    try:
+        server = names.pg2pyenc(server.encode())
+    except Exception:
+        server = "ascii"
+    return (conn.info.encoding, server)
+
+
+def _encodable(text: str, conn=None) -> str:
+    """text as conn can send and its database can hold (_encodings): a
+    character they cannot written as its Python escape (U+1F600 as
+    \\U0001f600 on a LATIN1 connection or into a LATIN1 database, a lone
+    surrogate as \\udc80 on any), and a NUL, which no text value holds, as
+    \\x00.  Sent as it was, psycopg refuses it (UnicodeEncodeError, or a
+    DataError for the NUL) or the server does (22021, 22P05)."""
+    text = text.replace("\x00", "\\x00")
+    for encoding in _encodings(conn):
+        text = text.encode(encoding, "backslashreplace").decode(encoding)
+    return text
+
+
+def _failure_text(e: BaseException, conn=None) -> str:
     """What a handler's or a step's exception is recorded as (last_error):
-    a RetryAfter's message, anything else's type and message; with a NUL
-    and a lone surrogate (a byte str decoded with surrogateescape) written
-    as escapes, which a text value cannot hold: the report of the failure
-    failed with them."""
+    a RetryAfter's message, anything else's type and message, made
+    _encodable on the connection that records it: the report of a failure
+    failed with what it could not send, and the run (or the event) waited
+    out its lease."""
     try:
         text = str(e)
     except Exception:
         text = object.__repr__(e)
     if not isinstance(e, RetryAfter):
         text = f"{type(e).__name__}: {text}"
-    return text.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
+    return _encodable(text, conn)
 
 
 def _retry_after_seconds(value) -> float:
     if value is None or value == "" or value == b"":
         return 0.0
+    if isinstance(value, datetime.timedelta):
+        value = value.total_seconds()
+    if isinstance(value, decimal.Decimal) and value.is_nan():
+        return 0.0              # float() refuses a signaling NaN
     if isinstance(value, (int, float, decimal.Decimal)):
         try:
             seconds = float(value)
@@ -614,6 +694,11 @@ def _retry_after_seconds(value) -> float:
 
 
 _log = logging.getLogger("idem_client")
+
+# An event's last error is at most 64 kB (idem_outbox_fail refuses more:
+# 22001, and consume() raised it); a character is at most 4 bytes in any
+# server encoding.
+_EVENT_ERROR_MAX = 16384
 
 _CLAIM = ("SELECT event_id, key, topic, payload::text, run_id, step, attempt, lease_token,"
           " created_at, lease_until FROM idem_outbox_claim(%s, max_events => %s,"
@@ -641,8 +726,9 @@ def consume(connect: Callable[[], psycopg.Connection], topic: str,
     Claims up to ``max_events`` due events of ``topic`` under a ``lease``
     (seconds), calls ``handler(event)`` for each outside any transaction,
     then acks it; if the handler raises ``RetryAfter(s)`` the event fails
-    with retry_after s, any other exception fails it with its text and the
-    server's backoff.  ``event`` is a dict: event_id, key, topic, run_id,
+    with retry_after s, any other exception fails it with its text (its
+    first 16,384 characters, what the database's encoding cannot hold
+    escaped: _encodable) and the server's backoff.  ``event`` is a dict: event_id, key, topic, run_id,
     step, attempt (1 on the first delivery), payload (JSON numbers as
     Decimal), created_at, lease_until.  Deduplicate on the receiving side
     by ``key``: a consumer that dies after its handler ran and before the
@@ -672,6 +758,8 @@ def consume(connect: Callable[[], psycopg.Connection], topic: str,
     claims to different server sessions).  ``wakeup="wait"`` issues no
     LISTEN, and a claim and its wait are one statement, so one server
     session: ``connect`` may go through PgBouncer in transaction mode.
+    The connection is set to client_encoding UTF8 if it is not (a narrower
+    one cannot read an event holding a character beyond it).
     Returns the number of events acknowledged."""
     import select
     import signal
@@ -694,6 +782,8 @@ def consume(connect: Callable[[], psycopg.Connection], topic: str,
     def open_conn():
         c = connect()
         c.autocommit = True
+        if _not_utf8(c):
+            c.execute(_UTF8)
         if wakeup == "notify":
             if not channel:
                 channel.append(c.execute("SELECT idem_outbox_channel(%s)",
@@ -768,7 +858,8 @@ def consume(connect: Callable[[], psycopg.Connection], topic: str,
                         woke.append(n)
 
     def report(sql, params, event):
-        """Run an ack or fail; True if it held.  A lost connection is
+        """Run an ack or fail (params: a tuple, or a function of the
+        connection that sends it); True if it held.  A lost connection is
         replaced and the report sent again: the token is not tied to the
         session, and an ack that lands spares the receiver a duplicate."""
         nonlocal conn
@@ -776,7 +867,7 @@ def consume(connect: Callable[[], psycopg.Connection], topic: str,
             try:
                 if conn is None:
                     conn = open_conn()
-                return conn.execute(sql, params).fetchone()
+                return conn.execute(sql, params(conn) if callable(params) else params).fetchone()
             except psycopg.OperationalError as e:
                 close()
                 if again:
@@ -837,10 +928,13 @@ def consume(connect: Callable[[], psycopg.Connection], topic: str,
                     handler(event)
                 except RetryAfter as e:
                     report("SELECT idem_outbox_fail(%s, %s, %s, " + RETRY_AFTER + ")",
-                           (event_id, token, _failure_text(e), _ttl(e.seconds)), event)
+                           lambda c: (event_id, token, _failure_text(e, c)[:_EVENT_ERROR_MAX],
+                                      _ttl(e.seconds)), event)
                 except Exception as e:  # the handler's failure is the event's, not the loop's
                     r = report("SELECT idem_outbox_fail(%s, %s, %s)",
-                               (event_id, token, _failure_text(e)), event)
+                               lambda c: (event_id, token,
+                                          _failure_text(e, c)[:_EVENT_ERROR_MAX]),
+                               event)
                     if r is not None and r[0] is None:
                         _log.error("idem consumer: event %s is dead after attempt %s: %s",
                                    key, attempt, e)

@@ -43,9 +43,11 @@ point, is replaced by any other after its lease.
   its retry calls out again under the same key, as after any crash between
   the call and its completion.
 - A step that raises fails with idem_step_fail: ``RetryAfter(s)`` no
-  earlier than s seconds, any other exception with its type and message,
-  after the runtime's backoff; after the run's last attempt the run is
-  ``failed``.  An error whose SQLSTATE idem_retry_advice calls transient
+  earlier than s seconds, any other exception with its type and message
+  (its first 2000 characters, what the database's encoding cannot hold
+  escaped), after the runtime's backoff; after the run's last attempt the
+  run is ``failed``.  An external step's result the database refuses fails
+  that step.  An error whose SQLSTATE idem_retry_advice calls transient
   (40001, 40P01...) goes the same way: the runtime's backoff is the retry.
   A database step whose function raises after its statement committed is
   completed (it cannot fail): the exception is logged.
@@ -192,7 +194,7 @@ class Workflow:
                 run_id, input, backoff_base, backoff_cap, jitter)).fetchone()
         except psycopg.Error as e:
             raise _translated(e)
-        return Started(*row)
+        return Started(*_idem._texts(row))
 
     async def astart(self, conn: psycopg.AsyncConnection, run_id: str, *, input: Any = None,
                      backoff_base=None, backoff_cap=None,
@@ -204,7 +206,7 @@ class Workflow:
             row = await cur.fetchone()
         except psycopg.Error as e:
             raise _translated(e)
-        return Started(*row)
+        return Started(*_idem._texts(row))
 
     def create_queue(self, conn: psycopg.Connection, *, producers=(), workers=(),
                      concurrency: Optional[int] = None, max_attempts: int = 5,
@@ -344,6 +346,20 @@ class _Interrupted(Exception):
     run is handed back and the worker stops; run() raises the original."""
 
 
+class _OnConn:
+    """The ctx of a _Fn for the run's connection (the driver sets ``conn``):
+    a step's exception to record on it."""
+    __slots__ = ("error", "conn")
+
+    def __init__(self, error: Exception):
+        self.error = error
+        self.conn = None
+
+
+def _failure_text(ctx: _OnConn) -> str:
+    return _idem._failure_text(ctx.error, ctx.conn)
+
+
 class _Fn(NamedTuple):
     """A step function for the driver to call with its context, on the
     run's connection; it sends back the return value (awaited, if it is a
@@ -406,12 +422,12 @@ class _Runs:
 
     _FAIL = "SELECT idem_step_fail(%s, %s, %s::uuid, %s)"
 
-    def _unreadable(self, row, e: Exception):
+    def _unreadable(self, row, e: Exception, conn):
         """A claimed row that does not parse (an input nested deeper than
         the decoder's recursion limit: RecursionError): its first values,
         the run id, its next step and the lease token, for the step to fail
-        with e (it raised out of run(), at each claim of the run); None if
-        they do not parse either."""
+        with e on conn (it raised out of run(), at each claim of the run);
+        None if they do not parse either."""
         _log.error("idem worker %s: a claimed run cannot be read: %s", self.name,
                    _idem._failure_text(e))
         dec, text, i, head = json.JSONDecoder(), row[0], 1, []
@@ -422,7 +438,7 @@ class _Runs:
                 i += 2          # json_build_array's ", "
         except ValueError:
             return None
-        return tuple(head) + (_idem._failure_text(e)[:2000],)
+        return tuple(head) + (_idem._failure_text(e, conn)[:2000],)
 
     def _claimable(self) -> Optional[int]:
         """How many runs a claim would take now, or None when it should wait
@@ -602,8 +618,10 @@ class _Runs:
         """Record the external step's result held for the next step's call."""
         if p.pending is not None:
             name, text = p.pending
-            p.pending = None
             yield from self._complete(c, name, text=text)
+            # held until recorded: a failure that follows records it first,
+            # or fails its step when the server refuses it (_fail)
+            p.pending = None
 
     def _complete(self, c, name, value=None, text=None):
         if text is None:
@@ -620,12 +638,23 @@ class _Runs:
         return _loads(text)
 
     def _fail(self, c: _Claimed, name, e: Exception, p: _Progress):
-        text = _idem._failure_text(e).strip()
-        after = _idem._ttl(e.seconds) if isinstance(e, _idem.RetryAfter) else None
         self._count("failed_steps")
         try:
-            # the external step before it completed, whatever this one did
-            yield from self._flush(c, p)
+            if p.pending is not None:
+                held = p.pending[0]
+                try:
+                    # the external step before it completed, whatever this one did
+                    yield from self._flush(c, p)
+                except psycopg.Error as fe:
+                    if isinstance(fe, psycopg.OperationalError) or fe.sqlstate in _STOP_STATES:
+                        raise
+                    # its result refused (a character the database cannot
+                    # hold: this step's call failed with it too): that step
+                    # fails with it, or the run waited out its lease
+                    name, e = held, fe
+            after = _idem._ttl(e.seconds) if isinstance(e, _idem.RetryAfter) else None
+            # the text as the run's connection can send it
+            text = (yield _Fn(_failure_text, _OnConn(e))).strip()
             if after is None:
                 row = yield _Sql("SELECT idem_step_fail(%s, %s, %s::uuid, %s)",
                                  (c.run_id, name, c.token, text[:2000]))
@@ -694,9 +723,10 @@ class Worker(_Runs):
     """Claims runs of the workflows' queues and runs their steps,
     ``concurrency`` runs at a time (threads, one connection each, plus one
     for claims and one for heartbeats).  ``connect()`` returns a new
-    psycopg connection (made autocommit here).  ``run()`` returns when
-    stopped: by ``stop`` (a threading.Event) set, or without one by
-    SIGTERM/SIGINT (run() in the main thread).
+    psycopg connection (made autocommit here, and its client_encoding UTF8:
+    a narrower one cannot read a run that holds a character beyond it).
+    ``run()`` returns when stopped: by ``stop`` (a threading.Event) set, or
+    without one by SIGTERM/SIGINT (run() in the main thread).
 
     ``prefetch``: a claim also takes up to this many runs beyond the free
     executors, as many as the recent runs' pace says will start within
@@ -722,6 +752,8 @@ class Worker(_Runs):
     def _open(self):
         c = self.connect()
         c.autocommit = True
+        if _idem._not_utf8(c):
+            c.execute(_idem._UTF8)
         return c
 
     @staticmethod
@@ -810,7 +842,7 @@ class Worker(_Runs):
                         try:
                             c = self._claimed(q, r)
                         except Exception as e:
-                            if (fail := self._unreadable(r, e)) is not None:
+                            if (fail := self._unreadable(r, e, conn)) is not None:
                                 self._count("failed_steps")
                                 _idem._execute(_cursor(conn), self._FAIL, fail)
                             continue
@@ -887,7 +919,7 @@ class AsyncWorker(_Runs):
     """Worker for asyncio: ``await AsyncWorker(connect, [workflows]).run()``
     runs ``concurrency`` runs at a time as tasks of the running loop, one
     psycopg.AsyncConnection each (plus one for claims and one for
-    heartbeats), made autocommit here.  ``connect()`` returns a new
+    heartbeats), made autocommit (and UTF8) here.  ``connect()`` returns a new
     AsyncConnection (or an awaitable of one, as
     ``psycopg.AsyncConnection.connect(...)`` does).  Step functions are
     ``async def`` (a plain function that returns a value works too, and
@@ -913,6 +945,8 @@ class AsyncWorker(_Runs):
         if inspect.isawaitable(c):
             c = await c
         await c.set_autocommit(True)
+        if _idem._not_utf8(c):
+            await c.execute(_idem._UTF8)
         return c
 
     @staticmethod
@@ -1009,7 +1043,7 @@ class AsyncWorker(_Runs):
                         try:
                             c = self._claimed(q, r)
                         except Exception as e:
-                            if (fail := self._unreadable(r, e)) is not None:
+                            if (fail := self._unreadable(r, e, conn)) is not None:
                                 self._count("failed_steps")
                                 await _idem._aexecute(_cursor(conn), self._FAIL, fail)
                             continue

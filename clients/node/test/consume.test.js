@@ -185,6 +185,55 @@ describe('consume', () => {
     assert.equal((await events(t)).a.last_error, 'Error: bad \\x00 byte');
   });
 
+  it('fails the event with the first 16384 characters of a longer message (the fail was refused)', async () => {
+    // 22001: an event's error is at most 64 kB, and consume() rejected
+    const t = await freshTopic();
+    await publish(t, 'a');
+    const l = loop(t, () => { throw new Error('x'.repeat(70000)); });
+    await until(async () => (await events(t)).a.last_error !== null, 'the failure');
+    assert.equal(await l.finish(), 0);
+    assert.equal((await events(t)).a.last_error, `Error: ${'x'.repeat(70000)}`.slice(0, 16384));
+  });
+
+  it('fails the event with what a LATIN1 database cannot hold escaped; the loop goes on', async () => {
+    // the server refused to convert the emoji (22P05) and consume() rejected
+    const config = { ...env.targets.direct, database: 'idemlatin1' };
+    if ((await env.admin.query("SELECT 1 FROM pg_database WHERE datname = 'idemlatin1'")).rows.length === 0) {
+      await env.admin.query("CREATE DATABASE idemlatin1 ENCODING 'LATIN1' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0");
+    }
+    const t = await freshTopic();
+    const a = new pg.Client(config);
+    await a.connect();
+    await a.query('CREATE EXTENSION IF NOT EXISTS idem');
+    await a.query('SELECT idem_outbox_create_topic($1)', [t]);
+    await idem.execute(a, `${t}:a`, 'SELECT 1 AS one', [], { outboxTopic: t });
+    const l = loop(t, () => { throw new Error('caf\u00e9 \u{1f600}'); }, {}, config);
+    const lastError = async () => (await a.query('SELECT last_error FROM idem_outbox_events WHERE topic = $1', [t])).rows[0].last_error;
+    await until(async () => (await lastError()) !== null, 'the failure');
+    assert.equal(await l.finish(), 0);
+    assert.equal(await lastError(), 'Error: caf\u00e9 \\U0001f600');
+    await a.end();
+  });
+
+  it('a client_encoding that connect() set does not change the failure text', async () => {
+    // node-postgres writes UTF-8: on a client set to LATIN1 the server read
+    // café as cafÃ©
+    const t = await freshTopic();
+    await publish(t, 'a');
+    const ac = new AbortController();
+    running.push(ac);
+    const done = idem.consume(async () => {
+      const c = new pg.Client(env.targets.direct);
+      await c.connect();
+      await c.query("SET client_encoding TO 'LATIN1'");
+      return c;
+    }, t, () => { throw new Error('caf\u00e9 \u{1f600}'); }, { signal: ac.signal, log: quiet });
+    await until(async () => (await events(t)).a.last_error !== null, 'the failure');
+    ac.abort();
+    assert.equal(await done, 0);
+    assert.equal((await events(t)).a.last_error, 'Error: caf\u00e9 \u{1f600}');
+  });
+
   it('fails an event whose payload is nested deeper than the parser reads; the loop goes on', async () => {
     // its RangeError rejected consume()
     const t = await freshTopic();

@@ -225,6 +225,21 @@ describe('pgbouncer session', () => {
   });
 });
 
+describe('toJson', () => {
+  it('refuses NaN and the infinities, which JSON.stringify wrote as null', () => {
+    // a step's result or a jsonb argument changed silently
+    for (const bad of [NaN, Infinity, -Infinity]) {
+      assert.throws(() => idem.toJson({ rate: bad }), RangeError);
+      assert.throws(() => idem.toJson([1, bad]), RangeError);
+      assert.throws(() => idem.toJson({ big: 1n, rate: bad }), RangeError);
+      assert.throws(() => idem.toArg({ rate: bad }), RangeError);
+    }
+    assert.equal(idem.toJson({ a: 1.5, b: [2n, null], d: new Date(0) }),
+      '{"a":1.5,"b":[2,null],"d":"1970-01-01T00:00:00.000Z"}');
+    assert.equal(idem.toArg(NaN), 'NaN'); // a numeric NaN, as it was
+  });
+});
+
 describe('sqlstate of an error', () => {
   it('reads a server error, and treats a socket error as a lost connection', async () => {
     // EPIPE looks like a SQLSTATE (five capitals) but is not one

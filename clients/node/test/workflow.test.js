@@ -288,6 +288,98 @@ for (const target of ['direct', 'pgbouncer']) {
       assert.deepEqual(errors.map((r) => r.error), ['[object Object]', 'Error: bad \\x00 byte']);
     });
 
+    it('a client_encoding that connect() set changes no value, and an emoji failure is recorded', async () => {
+      // node-postgres writes UTF-8: on a client set to LATIN1 the server read
+      // café as cafÃ©, in the input, the result and the failure alike
+      const q = await freshQueue();
+      const wf = new idem.Workflow(q, { steps: ['a'] });
+      wf.external('a', async (ctx) => {
+        if (ctx.attempt === 1) throw new Error('caf\u00e9 \u{1f600}');
+        return { v: ctx.input.v };
+      });
+      const latin1 = async () => { const c = await connect(); await c.query("SET client_encoding TO 'LATIN1'"); return c; };
+      const run = `${q}:latin1`;
+      const c = await connect();
+      await wf.start(c, run, { input: { v: 'caf\u00e9' } });
+      await c.end();
+      const ac = new AbortController();
+      const w = new idem.Worker(latin1, [wf], { concurrency: 1, lease: 30, poll: 0.1, signal: ac.signal, log: { warn() {}, error() {} } }).run();
+      await until(async () => (await statuses(q)).completed === 1, 10, 'the completed run');
+      ac.abort();
+      await w;
+      assert.deepEqual((await env.admin.query('SELECT error FROM idem_run_attempts WHERE run_id = $1 AND outcome = $2', [run, 'step_failed'])).rows,
+        [{ error: 'Error: caf\u00e9 \u{1f600}' }]);
+      assert.equal((await one('SELECT response::text AS r FROM idem_run_steps($1)', [run])).r, '{"v": "caf\u00e9"}');
+    });
+
+    if (target === 'direct') {
+      // a LATIN1 database of the cluster with idem, a fresh queue in it, and
+      // a client of it
+      const latin1Queue = async (maxAttempts) => {
+        const dsn = { ...env.targets.direct, database: 'idemlatin1' };
+        if ((await env.admin.query("SELECT 1 FROM pg_database WHERE datname = 'idemlatin1'")).rows.length === 0) {
+          await env.admin.query("CREATE DATABASE idemlatin1 ENCODING 'LATIN1' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0");
+        }
+        const connect1 = async () => { const c = new pg.Client(dsn); await c.connect(); return c; };
+        const a = await connect1();
+        await a.query('CREATE EXTENSION IF NOT EXISTS idem');
+        const q = `nodel1q${++queueNo}`;
+        await a.query("SELECT idem_queue_create($1, max_attempts => $2::integer, backoff_base => '50 ms', jitter => 'none')", [q, maxAttempts]);
+        return { a, q, connect1 };
+      };
+
+      it('a step throwing what a LATIN1 database cannot hold fails, the character escaped', async () => {
+        // the server refused to convert the emoji (22P05): the failure was
+        // not recorded and the run waited out its lease
+        const { a, q, connect1 } = await latin1Queue(3);
+        const wf = new idem.Workflow(q, { steps: ['a'] });
+        wf.external('a', async (ctx) => {
+          if (ctx.attempt === 1) throw new Error('caf\u00e9 \u{1f600}');
+          return {};
+        });
+        const run = `${q}:r1`;
+        await wf.start(a, run, { input: {} });
+        const ac = new AbortController();
+        const w = new idem.Worker(connect1, [wf], { concurrency: 1, lease: 60, poll: 0.1, signal: ac.signal, log: { warn() {}, error() {} } }).run();
+        try {
+          await until(async () => (await a.query('SELECT status FROM idem_runs WHERE run_id = $1', [run])).rows[0].status === 'completed', 10, 'the completed run');
+        } finally {
+          ac.abort();
+          await w;
+        }
+        assert.deepEqual((await a.query('SELECT error FROM idem_run_attempts WHERE run_id = $1 AND outcome = $2', [run, 'step_failed'])).rows,
+          [{ error: 'Error: caf\u00e9 \\U0001f600' }]);
+        await a.end();
+      });
+
+      for (const next of ['a statement', 'a value']) it(`an external result a LATIN1 database cannot hold fails that step (next: ${next})`, async () => {
+        // held for the next step's call, it was refused with it and again as
+        // the failure's first statement (or, before a step that writes
+        // nothing, dropped from the hold, and that step's failure refused as
+        // out of sequence): the failure was not recorded, and the run waited
+        // out its lease at every attempt
+        const { a, q, connect1 } = await latin1Queue(2);
+        const wf = new idem.Workflow(q, { steps: ['quote', 'pay'] });
+        wf.external('quote', async () => ({ note: 'caf\u00e9 \u{1f600}' }))
+          .step('pay', async (ctx) => (next === 'a value' ? { paid: true }
+            : ctx.execute('SELECT $1::text AS note', [ctx.results.quote.note])));
+        const run = `${q}:r1`;
+        await wf.start(a, run, { input: {} });
+        const ac = new AbortController();
+        const w = new idem.Worker(connect1, [wf], { concurrency: 1, lease: 60, poll: 0.1, signal: ac.signal, log: { warn() {}, error() {} } }).run();
+        try {
+          await until(async () => (await a.query('SELECT status FROM idem_runs WHERE run_id = $1', [run])).rows[0].status === 'failed', 10, 'the failed run');
+        } finally {
+          ac.abort();
+          await w;
+        }
+        const rows = (await a.query('SELECT outcome, step, error FROM idem_run_attempts WHERE run_id = $1 ORDER BY claim', [run])).rows;
+        assert.deepEqual(rows.map((r) => [r.outcome, r.step]), [['step_failed', 'quote'], ['failed', 'quote']]);
+        assert.ok(rows.every((r) => /LATIN1/.test(r.error)), JSON.stringify(rows));
+        await a.end();
+      });
+    }
+
     it('a step that throws after its call does not record its neighbour again', async () => {
       const q = await freshQueue();
       const wf = new idem.Workflow(q, { steps: ['label', 'refund'] });

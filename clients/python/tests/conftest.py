@@ -89,3 +89,32 @@ def undecodable_depth():
     if depth is None:
         pytest.skip("this Python decodes JSON nested 200,000 deep")
     return depth
+
+
+def database(cluster, name, encoding):
+    """A database of the cluster in encoding, with idem: its dsn."""
+    with psycopg.connect(cluster.dsn(), autocommit=True) as c:
+        if c.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone() is None:
+            c.execute(f"CREATE DATABASE {name} ENCODING '{encoding}' LC_COLLATE 'C'"
+                      " LC_CTYPE 'C' TEMPLATE template0")
+    dsn = cluster.dsn().replace("dbname=idemtest", f"dbname={name}")
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute("CREATE EXTENSION IF NOT EXISTS idem")
+    return dsn
+
+
+@pytest.fixture(scope="session")
+def latin1_db(cluster):
+    return database(cluster, "idemlatin1", "LATIN1")
+
+
+@pytest.fixture(scope="session")
+def sql_ascii_db(cluster):
+    """A SQL_ASCII database (what initdb makes without LANG), with a table
+    and a topic, notes."""
+    dsn = database(cluster, "idemascii", "SQL_ASCII")
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute("CREATE TABLE IF NOT EXISTS notes (run_id text PRIMARY KEY, note text)")
+        c.execute("SELECT idem_outbox_create_topic('notes') WHERE NOT EXISTS"
+                  " (SELECT FROM idem.outbox_topics WHERE topic = 'notes')")
+    return dsn

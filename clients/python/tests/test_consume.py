@@ -230,6 +230,57 @@ def test_an_exception_text_a_string_cannot_hold(cluster, connect, topic, admin):
     assert events(admin, topic)["a"]["last_error"] == "ValueError: bad \\x00 byte in \\udc80.txt"
 
 
+def test_an_exception_text_the_connection_encoding_cannot_hold(cluster, connect, topic, admin):
+    """A handler's exception with an emoji in its message fails the event;
+    on a LATIN1 connection psycopg refused to encode the fail and consume()
+    raised UnicodeEncodeError.  The consumer's connection speaks UTF8."""
+    publish(connect, topic, "a")
+
+    def handler(event):
+        raise ValueError("caf\u00e9 \U0001f600")
+    loop = Loop(cluster.dsn(), topic, handler, connect_kw={"client_encoding": "LATIN1"})
+    until(lambda: events(admin, topic)["a"]["last_error"] is not None or not loop.thread.is_alive(),
+          what="the failure")
+    assert loop.finish() == 0
+    assert events(admin, topic)["a"]["last_error"] == "ValueError: caf\u00e9 \U0001f600"
+
+
+def test_an_exception_text_longer_than_an_event_error_holds(cluster, connect, topic, admin):
+    """A handler's exception with a message of 70,000 characters fails the
+    event with its first 16,384 (64 kB in any encoding); the fail was
+    refused (22001, the error at most 64 kB) and consume() raised it."""
+    publish(connect, topic, "a")
+
+    def handler(event):
+        raise ValueError("x" * 70000)
+    loop = Loop(cluster.dsn(), topic, handler)
+    until(lambda: events(admin, topic)["a"]["last_error"] is not None or not loop.thread.is_alive(),
+          what="the failure")
+    assert loop.finish() == 0
+    row = events(admin, topic)["a"]
+    assert row["state"] == "pending" and row["last_error"] == ("ValueError: " + "x" * 70000)[:16384]
+
+
+def test_a_sql_ascii_database(sql_ascii_db):
+    """In a SQL_ASCII database psycopg reads text as bytes: the event's key,
+    topic and the topic's channel were bytes (LISTEN on "b'...'", a channel
+    nobody notifies).  The consumer's connection speaks UTF8: str, and the
+    event's UTF-8 text as it was written."""
+    with psycopg.connect(sql_ascii_db, autocommit=True) as c:
+        with c.transaction():
+            # the accent as the UTF-8 bytes a SQL_ASCII database keeps
+            idem.execute(c, "notes:a", "SELECT 'caf' || E'\\303\\251' AS note",
+                         outbox_topic="notes")
+        loop = Loop(sql_ascii_db, "notes")
+        until(lambda: loop.seen, what="the delivery")
+        assert loop.finish() == 1
+        e = loop.seen[0]
+        assert (e["key"], e["topic"], e["payload"]["rows"]) == (
+            "notes:a", "notes", [{"note": "caf\u00e9"}])
+        assert c.execute("SELECT state FROM idem_outbox_events WHERE key = 'notes:a'"
+                         ).fetchone()[0] == b"delivered"
+
+
 def test_stop_ends_a_long_idle_wait_at_once(cluster, topic):
     loop = Loop(cluster.dsn(), topic, idle=60)
     time.sleep(0.5)   # in its first wait by now

@@ -284,17 +284,41 @@ def test_retry_after_values():
     """A Retry-After's odd values: never sooner than asked, capped, and a
     header's raw bytes and an int past float's range read (str(b"120") was
     no number nor date, float(10**400) raised OverflowError: either way the
-    step or event failed at the server's backoff, sooner than asked)."""
+    step or event failed at the server's backoff, sooner than asked); a
+    timedelta (which the helpers' ttl takes) and a signaling NaN raised
+    ValueError, failing the step at the backoff instead."""
     cap = idem._RETRY_AFTER_MAX_S
     for value, seconds in [(b"120", 120.0), (bytearray(b" 7 "), 7.0), (10 ** 400, cap),
                            ("1e400", cap), ("-5", 0.0), (float("nan"), 0.0), (None, 0.0),
-                           ("Wed, 21 Oct 2015 07:28:00 GMT", 0.0), (b"", 0.0)]:
+                           ("Wed, 21 Oct 2015 07:28:00 GMT", 0.0), (b"", 0.0),
+                           (datetime.timedelta(seconds=90), 90.0), (Decimal("sNaN"), 0.0)]:
         assert idem.RetryAfter(value).seconds == seconds, value
     assert 86000 < idem.RetryAfter(
         (datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(days=1))
         .strftime("%a, %d %b %Y %H:%M:%S GMT").encode()).seconds <= 86400
     with pytest.raises(ValueError):
         idem.RetryAfter("soon")
+
+
+def test_retry_on_a_sql_ascii_database(sql_ascii_db, monkeypatch):
+    """On a SQL_ASCII connection idem_retry_advice's text came as bytes:
+    b"never" was no "never", and retry() ran a KeyReused again at every
+    attempt."""
+    monkeypatch.setattr(idem, "_advice_cache", {})
+    calls = []
+
+    def write(value):
+        def fn(conn):
+            calls.append(value)
+            return idem.execute(conn, "ascii:retry", "SELECT $1::text AS v", value).rows
+        return fn
+    connect = lambda: psycopg.connect(sql_ascii_db)  # noqa: E731
+    rows, conn = idem.retry(connect, write("a"), sleep=lambda s: None)
+    assert rows == [{"v": "a"}]
+    with pytest.raises(idem.KeyReused):
+        idem.retry(connect, write("b"), conn=conn, sleep=lambda s: None)
+    assert calls == ["a", "b"]
+    conn.close()
 
 
 def test_backoff_is_full_jitter(monkeypatch, connect, table, admin):

@@ -1,6 +1,7 @@
 """The helper as a package: pip-installable from its directory with no
 package index, errors that are psycopg's, JSON that keeps numerics exact."""
 
+import datetime
 import json
 import os
 import subprocess
@@ -62,6 +63,21 @@ def test_json_round_trips_decimals():
     assert json.loads(text)["amount"] == 25.0     # plain JSON for any reader
     with pytest.raises(ValueError):
         idem.dumps(Decimal("NaN"))
+
+
+def test_json_keys_as_json_dumps_writes_them():
+    """A dict key that is no str is written as json.dumps writes it (True
+    as "true", None as "null"), a Decimal as its number; one json.dumps
+    refuses is refused (a tuple was written as "(1, 2)", True as "True",
+    NaN as "nan": other keys read back, silently)."""
+    keys = {True: 1, None: 2, 7: 3, 1.5: 4, "s": 5}
+    assert idem.dumps(keys) == json.dumps(keys)
+    assert idem.dumps({Decimal("2.50"): 1}) == '{"2.50": 1}'
+    for bad in ({(1, 2): 1}, {datetime.date(2020, 1, 1): 1}, {Decimal("NaN"): 1}):
+        with pytest.raises(TypeError, match="keys must be str"):
+            idem.dumps(bad)
+    with pytest.raises(ValueError):
+        idem.dumps({float("nan"): 1})
 
 
 def test_payload_round_trip_through_the_server(connect, admin):

@@ -446,6 +446,142 @@ def test_an_exception_text_a_string_cannot_hold(connect, admin, queue, message, 
         (f"{queue}:%",))] == [recorded, recorded]
 
 
+@pytest.mark.parametrize("kind", ["threads", "asyncio"])
+@pytest.mark.parametrize("where", ["latin1-connection", "latin1-database"])
+def test_an_exception_text_the_connection_encoding_cannot_hold(request, route, queue, kind, where):
+    """An exception whose message holds an emoji fails its step: psycopg
+    refused to encode the failure on a LATIN1 connection, or the server to
+    convert it into a LATIN1 database, the failure was not recorded and the
+    run waited out its lease.  The worker's connections speak UTF8 (a run
+    whose id holds an emoji is claimed: a LATIN1 connection could not read
+    it); into a LATIN1 database the emoji is written as its escape (what
+    LATIN1 holds, the e acute, kept)."""
+    dsn, kw = route
+    if where == "latin1-connection":
+        kw = {**kw, "client_encoding": "LATIN1"}
+    else:
+        if dsn != request.getfixturevalue("cluster").dsn():
+            pytest.skip("the LATIN1 database is not behind the PgBouncer")
+        dsn, kw = request.getfixturevalue("latin1_db"), {**kw, "client_encoding": "UTF8"}
+    admin = psycopg.connect(dsn, autocommit=True)
+    request.addfinalizer(admin.close)
+    if where == "latin1-database":
+        admin.execute("SELECT idem_queue_create(%s, max_attempts => 3,"
+                      " backoff_base => '50 ms', jitter => 'none')", (queue,))
+    wf = idem.Workflow(queue, steps=["a"])
+
+    @wf.external("a")
+    def a(ctx):
+        if ctx.attempt == 1:
+            raise ValueError("caf\u00e9 \U0001f600")
+        return {}
+    run = f"{queue}:r1" + ("\U0001f4e6" if where == "latin1-connection" else "")
+    admin.execute("SELECT idem_run_begin(%s, steps => ARRAY['a'], queue => %s)", (run, queue))
+    # a lease far longer than the wait: a lost failure cannot come back in time
+    if kind == "threads":
+        w = Running(lambda: psycopg.connect(dsn, **kw), [wf], concurrency=1, lease=60, poll=0.1)
+    else:
+        w = RunningAsync((dsn, kw), [wf], concurrency=1, lease=60, poll=0.1)
+    until(lambda: statuses(admin, queue) == {"completed": 1}, 10, "the completed run")
+    assert w.finish()["failed_steps"] == 1
+    assert [r[0] for r in admin.execute(
+        "SELECT error FROM idem_run_attempts WHERE run_id = %s AND outcome = 'step_failed'",
+        (run,))] == ["ValueError: caf\u00e9 " + (
+            "\U0001f600" if where == "latin1-connection" else "\\U0001f600")]
+
+
+@pytest.mark.parametrize("kind", ["threads", "asyncio"])
+@pytest.mark.parametrize("following", ["statement", "value"])
+def test_a_result_the_database_cannot_hold_fails_its_step(latin1_db, queue, kind, following):
+    """An external step's result that a LATIN1 database cannot hold (an
+    emoji), held for the next (database) step's call: that call and the
+    result's own record are refused (22P05), and the external step fails
+    with the server's error, its value never changed; the record was the
+    first statement of the failure, which was not recorded either (before
+    a step that writes nothing: dropped from the hold, and that step's
+    failure refused as out of sequence), and the run waited out its lease
+    at every attempt."""
+    admin = psycopg.connect(latin1_db, autocommit=True)
+    admin.execute("SELECT idem_queue_create(%s, max_attempts => 2, backoff_base => '50 ms',"
+                  " jitter => 'none')", (queue,))
+    wf = idem.Workflow(queue, steps=["quote", "pay"])
+    wf.external("quote")(lambda ctx: {"note": "caf\u00e9 \U0001f600"})
+    wf.step("pay")(lambda ctx: {"paid": True} if following == "value" else ctx.execute(
+        "SELECT $1::text AS note", ctx.results["quote"]["note"]))
+    wf.start(admin, f"{queue}:r1", input={})
+    kw = {"client_encoding": "UTF8"}
+    if kind == "threads":
+        w = Running(lambda: psycopg.connect(latin1_db, **kw), [wf], concurrency=1, lease=60,
+                    poll=0.1)
+    else:
+        w = RunningAsync((latin1_db, kw), [wf], concurrency=1, lease=60, poll=0.1)
+    try:
+        until(lambda: statuses(admin, queue) == {"failed": 1}, 10, "the failed run")
+    finally:
+        w.finish()
+    rows = admin.execute("SELECT outcome, step, error FROM idem_run_attempts WHERE run_id = %s"
+                         " ORDER BY claim", (f"{queue}:r1",)).fetchall()
+    assert [(o, st) for o, st, _ in rows] == [("step_failed", "quote"), ("failed", "quote")]
+    assert all(err.startswith("UntranslatableCharacter") and "LATIN1" in err for _, _, err in rows)
+    admin.close()
+
+
+@pytest.mark.parametrize("kind", ["threads", "asyncio"])
+@pytest.mark.parametrize("prepare", ["prepares", "inline"])
+def test_a_sql_ascii_database(sql_ascii_db, queue, kind, prepare):
+    """In a SQL_ASCII database psycopg reads text as bytes: a database
+    step's response did not split (TypeError after its statement
+    committed, the completed step then refused its failure, and the run
+    waited out its lease), ctx.key was bytes, and execute() raised after
+    its write.  The worker's connections speak UTF8, the caller's rows are
+    decoded; a non-ASCII JSON value, which jsonb there refuses as the \\u
+    escape the helpers write, fails its step with the server's error (it
+    was held, refused again, and the run waited out its lease)."""
+    admin = psycopg.connect(sql_ascii_db, autocommit=True)
+    admin.execute("SELECT idem_queue_create(%s, max_attempts => 2, backoff_base => '50 ms',"
+                  " jitter => 'none')", (queue,))
+    wf = idem.Workflow(queue, steps=["note", "label", "done"])
+    # the accent as the UTF-8 bytes a SQL_ASCII database keeps as they are
+    wf.step("note")(lambda ctx: ctx.execute(
+        "INSERT INTO notes VALUES ($1, 'caf' || CASE WHEN $2 THEN E'\\303\\251' ELSE 'e' END)"
+        " RETURNING note", ctx.run_id, ctx.input["accent"]))
+    wf.external("label")(lambda ctx: {"key": ctx.key,
+                                      "note": ctx.results["note"]["rows"][0]["note"]})
+    wf.step("done")(lambda ctx: {"ok": True})
+    started = wf.start(admin, f"{queue}:ascii", input={"accent": False})
+    assert started == ("running", "note", True)
+    wf.start(admin, f"{queue}:latin", input={"accent": True})
+    kw = {"prepare_threshold": None} if prepare == "inline" else {}
+    if kind == "threads":
+        w = Running(lambda: psycopg.connect(sql_ascii_db, **kw), [wf], concurrency=1, lease=60,
+                    poll=0.1)
+    else:
+        w = RunningAsync((sql_ascii_db, kw), [wf], concurrency=1, lease=60, poll=0.1)
+    try:
+        until(lambda: admin.execute("SELECT array_agg(status::text ORDER BY run_id)"
+                                    " FROM idem_runs WHERE queue = %s",
+                                    (queue,)).fetchone()[0] == [b"completed", b"failed"], 10,
+              "one run completed, the other failed")
+    finally:
+        w.finish()
+    steps = admin.execute("SELECT step, response::text FROM idem_run_steps(%s)",
+                          (f"{queue}:ascii",)).fetchall()
+    label = idem.loads(steps[1][1])
+    assert label["note"] == "cafe" and label["key"].startswith("idem.step:")
+    # the database step wrote its text as it came (UTF-8); the external
+    # step's result with it was refused, never changed
+    assert admin.execute("SELECT note FROM notes WHERE run_id = %s",
+                         (f"{queue}:latin",)).fetchone()[0] == "caf\u00e9".encode()
+    err = admin.execute("SELECT last_error FROM idem_runs WHERE run_id = %s",
+                        (f"{queue}:latin",)).fetchone()[0]
+    assert err.startswith(b"FeatureNotSupported")
+    with admin.transaction():
+        r = idem.execute(admin, f"{queue}:read", "SELECT note FROM notes WHERE run_id = $1",
+                         f"{queue}:latin")
+    assert r.rows == [{"note": "caf\u00e9"}]
+    admin.close()
+
+
 def test_transient_sqlstate_is_retried_by_the_runtime(connect, admin, queue):
     """A serialization failure (40001, advice 'retry') in a step: the step
     fails, the runtime brings the run back, the retry executes once."""
