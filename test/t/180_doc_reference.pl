@@ -6,7 +6,8 @@
 # exist, and each section's Default and Who are the setting's default and
 # context as pg_settings shows them; the settings of context postmaster
 # exist only when idem is preloaded.  doc/api.md names every function,
-# view and type the extension installs, and no function it lacks.  (The
+# view and type the extension installs, no function it lacks, and every
+# SQLSTATE the C code raises in its SQLSTATE table.  (The
 # pages' examples are run by test/doc/run.py; this checks the prose those
 # examples do not show.)
 
@@ -123,7 +124,7 @@ SELECT t.typname FROM pg_type t WHERE (t.tableoid, t.oid) IN (SELECT * FROM memb
  ORDER BY 1});
 ok(scalar(@objects) > 50, 'the extension has its functions, views and types');
 my @missing = grep { $api !~ /`\Q$_\E[`(]/ } @objects;
-is_deeply(\@missing, [], 'doc/api.md names every function, view and type of the extension');
+is(join(', ', @missing), '', 'doc/api.md names every function, view and type of the extension');
 
 # ... and names no function the extension does not have (the Citus tenant
 # functions are made by idem_citus_colocate(), not by the extension).
@@ -132,7 +133,42 @@ my ($table) = $api =~ /\n## Functions\n(.*?)\n## /s;
 my %named = map { $_ => 1 } $table =~ /`((?:idem\.)?idem_[a-z_]+)\b/g;
 my @unknown = grep { !$have{$_} && !/^idem_citus_/ && $_ ne 'idem_admin' }
   sort keys %named;
-is_deeply(\@unknown, [], "doc/api.md's function table names no function the extension lacks");
+is(join(', ', @unknown), '', "doc/api.md's function table names no function the extension lacks");
+
+# Every SQLSTATE the C code raises (errcode(ERRCODE_...)) has a row in
+# doc/api.md's SQLSTATE table.  idem's own codes are read from src/idem.h;
+# PostgreSQL's are asked of the server, by their PL/pgSQL condition names
+# (the ERRCODE_ names, lower case, without a class prefix such as T_R_).
+my $src = "$FindBin::RealBin/../../src";
+my %raised;
+for my $file (split /\n/, `find '$src' -name '*.c'`)
+{
+	$raised{$_} = 1 for slurp_file($file) =~ /errcode\(ERRCODE_(\w+)\)/g;
+}
+ok(scalar(keys %raised) > 20, 'the C sources raise their SQLSTATEs');
+
+my %code;
+my $header = slurp_file("$src/idem.h");
+while ($header =~
+	/#define\s+ERRCODE_(\w+)\s+MAKE_SQLSTATE\('(.)',\s*'(.)',\s*'(.)',\s*'(.)',\s*'(.)'\)/g)
+{
+	$code{$1} = "$2$3$4$5$6";
+}
+for my $name (sort keys %raised)
+{
+	next if $code{$name};
+	(my $condition = lc $name) =~ s/^(t_r|e_r_i_e|e_r_e|s_r_e)_//;
+	($code{$name}) = $node->safe_psql('postgres', qq{
+CREATE OR REPLACE FUNCTION pg_temp.code() RETURNS text LANGUAGE plpgsql AS
+\$\$ BEGIN RAISE EXCEPTION USING ERRCODE = '$condition';
+EXCEPTION WHEN OTHERS THEN RETURN SQLSTATE; END \$\$;
+SELECT pg_temp.code();});
+}
+my ($codes) = $api =~ /\n## SQLSTATEs\n(.*?)\n## /s;
+my %listed = map { $_ => 1 } $codes =~ /^\| `(\w{5})`/mg;
+$listed{$_} = 1 for $codes =~ /^\| `\w{5}` \/ `(\w{5})`/mg;
+my @unlisted = map { "$_ ($code{$_})" } grep { !$listed{ $code{$_} } } sort keys %raised;
+is(join(', ', @unlisted), '', "doc/api.md's SQLSTATE table lists every SQLSTATE the code raises");
 
 $node->stop;
 done_testing();
