@@ -7,9 +7,8 @@
 # context as pg_settings shows them; the settings of context postmaster
 # exist only when idem is preloaded.  doc/api.md names every function,
 # view and type the extension installs, no function it lacks, and every
-# SQLSTATE the C code raises in its SQLSTATE table.  (The
-# pages' examples are run by test/doc/run.py; this checks the prose those
-# examples do not show.)
+# SQLSTATE the C code raises in its SQLSTATE table.  (The pages' examples
+# are run by test/doc/run.py; this checks the prose they do not show.)
 
 use strict;
 use warnings FATAL => 'all';
