@@ -1095,7 +1095,8 @@ check_row(TableWriter *tw, Relation rel, HeapTuple tuple)
 					(errcode(ERRCODE_CHECK_VIOLATION),
 					 errmsg("new row for relation \"%s\" violates check constraint \"%s\"",
 							RelationGetRelationName(rel), tw->checknames[i]),
-					 errtableconstraint(rel, tw->checknames[i])));
+					 errtableconstraint(rel, tw->checknames[i]),
+					 idem_errhint(ERRCODE_CHECK_VIOLATION, NULL)));
 	}
 }
 
@@ -1516,7 +1517,8 @@ idem_lookup_tenant_key(Oid relid, Datum tenant, Oid owner, const char *key,
 			ereport(ERROR,
 					(errcode(ERRCODE_DATA_CORRUPTED),
 					 errmsg("key record \"%s\" in idem.citus_keys has a fingerprint of the wrong length",
-							key)));
+							key),
+					 idem_errhint(ERRCODE_DATA_CORRUPTED, NULL)));
 		rec->visible = as_of_snapshot ||
 			visible_to_xact(rel, slot, rec->xmin, xact_snapshot);
 		if (should_free)

@@ -211,7 +211,7 @@ citus_symbol(const char *name, bool required)
 				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
 				 errmsg("idem cannot find Citus's %s", name),
 				 errdetail("Citus built against PostgreSQL 16 or later exports only its SQL functions, and its library file lists no such symbol: it was stripped, or it is not the file this server loaded."),
-				 errhint("Install a Citus library that was not stripped, and restart the server after replacing it.")));
+				 idem_errhint(ERRCODE_FEATURE_NOT_SUPPORTED, "Install a Citus library that was not stripped, and restart the server after replacing it.")));
 	return p;
 }
 
