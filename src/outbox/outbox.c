@@ -1346,13 +1346,17 @@ event_lock(EventScan *a, Datum event_id, Datum token, bool token_null,
 			if (IsolationUsesXactSnapshot())
 				ereport(ERROR,
 						(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
-						 errmsg("could not serialize access due to concurrent delete")));
+						 errmsg("could not serialize access due to concurrent delete of an outbox event"),
+						 errdetail("Another transaction acknowledged or purged the event after this transaction's snapshot was taken."),
+						 idem_errhint(ERRCODE_T_R_SERIALIZATION_FAILURE, "Retry the transaction: the retry sees the event's state.")));
 			return ACK_NOT_FOUND;
 		case TM_Updated:
 			/* READ COMMITTED follows the update: only a snapshot's level */
 			ereport(ERROR,
 					(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
-					 errmsg("could not serialize access due to concurrent update")));
+					 errmsg("could not serialize access due to concurrent update of an outbox event"),
+					 errdetail("Another transaction changed the event after this transaction's snapshot was taken."),
+					 idem_errhint(ERRCODE_T_R_SERIALIZATION_FAILURE, "Retry the transaction: the retry sees the event's state.")));
 			break;
 		default:
 			elog(ERROR, "unexpected table_tuple_lock status: %u", result);
