@@ -401,6 +401,13 @@ RETURNS pg_catalog.text
 AS 'MODULE_PATHNAME', 'idem_run_resume'
 LANGUAGE C VOLATILE PARALLEL UNSAFE;
 
+ALTER FUNCTION @extschema@.idem_run_complete(text) RENAME TO idem_1_1_run_complete;
+CREATE FUNCTION @extschema@.idem_run_complete(run_id text,
+	owner pg_catalog.regrole DEFAULT NULL)
+RETURNS pg_catalog.text
+AS 'MODULE_PATHNAME', 'idem_run_complete'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
 ALTER TABLE idem.audit ADD COLUMN actor pg_catalog.regrole;
 CREATE OR REPLACE VIEW @extschema@.idem_audit AS
 SELECT at, key, owner, run_id, step, outcome, fingerprint, sqlstate,
@@ -754,6 +761,9 @@ BEGIN
 			 '@extschema@.idem_1_1_run_resume(text)'::pg_catalog.regprocedure::pg_catalog.oid,
 			 '@extschema@.idem_run_resume(text, pg_catalog.regrole)'::pg_catalog.regprocedure::pg_catalog.oid),
 			('pg_catalog.pg_proc', 'FUNCTION',
+			 '@extschema@.idem_1_1_run_complete(text)'::pg_catalog.regprocedure::pg_catalog.oid,
+			 '@extschema@.idem_run_complete(text, pg_catalog.regrole)'::pg_catalog.regprocedure::pg_catalog.oid),
+			('pg_catalog.pg_proc', 'FUNCTION',
 			 '@extschema@.idem_1_1_stats(boolean)'::pg_catalog.regprocedure::pg_catalog.oid,
 			 '@extschema@.idem_stats(boolean)'::pg_catalog.regprocedure::pg_catalog.oid),
 			('pg_catalog.pg_class', 'TABLE',
@@ -827,6 +837,7 @@ DROP FUNCTION @extschema@.idem_1_1_call(text, text, text[], text, interval,
 DROP FUNCTION @extschema@.idem_1_1_step_complete(text, text, pg_catalog.jsonb);
 DROP FUNCTION @extschema@.idem_1_1_run_fail(text, text);
 DROP FUNCTION @extschema@.idem_1_1_run_resume(text);
+DROP FUNCTION @extschema@.idem_1_1_run_complete(text);
 DROP FUNCTION @extschema@.idem_1_1_execute(text, text, VARIADIC text[]);
 DROP FUNCTION @extschema@.idem_1_1_execute_ex(text, text, VARIADIC text[]);
 DROP FUNCTION @extschema@.idem_1_1_step(text, text, text, VARIADIC text[]);

@@ -1095,9 +1095,8 @@ leave_queue(IdemRunRow *run, const char *outcome, const char *error)
 
 /*
  * Move a run to another status: fail, resume or complete.  Returns the new
- * status.  Failing and resuming are operators' verbs too: an administrator
- * names another role's run with owner_argno's argument, and the change is
- * audited.
+ * status.  Each is an operator's verb too: an administrator names another
+ * role's run with owner_argno's argument, and the change is audited.
  */
 static Datum
 set_run_status(FunctionCallInfo fcinfo, const char *verb, int owner_argno)
@@ -1107,8 +1106,7 @@ set_run_status(FunctionCallInfo fcinfo, const char *verb, int owner_argno)
 
 	idem_check_can_write(psprintf("idem_run_%s()", verb));
 	run_id = idem_name_arg(fcinfo, 0, "run id");
-	owner = owner_argno < 0 ? idem_key_owner() :
-		idem_run_owner_arg(fcinfo, owner_argno, verb);
+	owner = idem_run_owner_arg(fcinfo, owner_argno, verb);
 	PG_RETURN_TEXT_P(cstring_to_text(idem_run_set_status_in(&idem_local_runs,
 															 fcinfo, verb,
 															 owner, run_id,
@@ -1183,6 +1181,7 @@ idem_run_set_status_in(const IdemRunStore *store, FunctionCallInfo fcinfo,
 					 idem_errhint(ERRCODE_IDEM_STEP_OUT_OF_SEQUENCE, "A run with declared steps completes with its last step.")));
 		if (strcmp(run.status, "completed") != 0)
 		{
+			action = "completed";
 			run.status = "completed";
 			run.finished = true;
 			run.finished_at = now;
@@ -1210,11 +1209,11 @@ idem_run_resume(PG_FUNCTION_ARGS)
 	return set_run_status(fcinfo, "resume", 1);
 }
 
-/* idem_run_complete(run_id text) returns text */
+/* idem_run_complete(run_id text, owner regrole) returns text */
 Datum
 idem_run_complete(PG_FUNCTION_ARGS)
 {
-	return set_run_status(fcinfo, "complete", -1);
+	return set_run_status(fcinfo, "complete", 1);
 }
 
 /* The current role's run, for the readers: no lock, the caller's snapshot. */

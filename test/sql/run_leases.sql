@@ -273,14 +273,28 @@ SELECT idem_run_resume('ret-ops', owner => 'regress_rl_app');
 SELECT idem_run_resume('ret-ops', owner => 'regress_rl_app');
 RESET ROLE;
 REVOKE idem_admin FROM regress_rl_other;
+-- complete too: another role's run only for an administrator, audited
+SET ROLE regress_rl_app;
+SELECT created FROM idem_run_begin('ret-done');
+SELECT idem_step('ret-done', 's', 'SELECT 1 AS n') IS NOT NULL AS stepped;
+RESET ROLE;
+SET ROLE regress_rl_other;
+SELECT idem_run_complete('ret-done', owner => 'regress_rl_app');		-- 42501
+RESET ROLE;
+GRANT idem_admin TO regress_rl_other;
+SET ROLE regress_rl_other;
+SELECT idem_run_complete('ret-done', owner => 'regress_rl_app');
+SELECT idem_run_complete('ret-done', owner => 'regress_rl_app');
+RESET ROLE;
+REVOKE idem_admin FROM regress_rl_other;
 SET ROLE regress_rl_app;
 SELECT idem_run_cancel('ret-ops', 'withdrawn');
 SELECT idem_run_cancel('ret-ops');
 RESET ROLE;
 RESET idem.audit;
 SELECT key, owner, actor, outcome, step, sqlstate, fingerprint IS NULL AS no_fingerprint
-  FROM idem_audit WHERE run_id = 'ret-ops' ORDER BY at;
-DELETE FROM idem.audit WHERE run_id = 'ret-ops';
+  FROM idem_audit WHERE run_id IN ('ret-ops', 'ret-done') AND outcome <> 'executed' ORDER BY at;
+DELETE FROM idem.audit WHERE run_id IN ('ret-ops', 'ret-done');
 
 -- a lease that expires on the last attempt fails the run at the next claim
 SELECT idem_queue_create('rl1', producers => '{regress_rl_app}',

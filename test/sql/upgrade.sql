@@ -258,6 +258,7 @@ GRANT EXECUTE ON FUNCTION idem_run_begin(text, text[], jsonb) TO regress_idem_al
 REVOKE EXECUTE ON FUNCTION idem_execute(text, text, VARIADIC text[]) FROM PUBLIC;
 REVOKE SELECT ON idem_stats FROM PUBLIC;
 GRANT SELECT ON idem_stats TO regress_idem_bob WITH GRANT OPTION;
+REVOKE EXECUTE ON FUNCTION idem_run_complete(text) FROM PUBLIC;
 -- a role that may create objects in the extension's schema sets traps:
 -- operators that match the update's comparisons more closely than
 -- pg_catalog's, which would run as the superuser who updates; none runs
@@ -284,7 +285,7 @@ SELECT p.oid::regprocedure AS function,
 	   (:acl_of(coalesce(p.proacl, acldefault('f', p.proowner))) a WHERE a.grantee <> p.proowner) AS privileges,
 	   (SELECT count(*) FROM pg_init_privs i WHERE i.objoid = p.oid) AS initial
   FROM pg_proc p
- WHERE p.proname IN ('idem_run_begin', 'idem_execute', 'idem_call', 'idem_stats')
+ WHERE p.proname IN ('idem_run_begin', 'idem_execute', 'idem_call', 'idem_stats', 'idem_run_complete')
  ORDER BY p.oid::regprocedure::text;
 SELECT c.relname AS view,
 	   (:acl_of(c.relacl) a WHERE a.grantee <> c.relowner) AS privileges,
