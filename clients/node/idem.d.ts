@@ -75,13 +75,13 @@ export function toArg(value: Arg): string | null;
 export function interval(seconds: number | string | null | undefined): string | null;
 /** What a handler's or a step's throw is recorded as on client (one speakUtf8 saw; none: a UTF8
  * database): a NUL, a lone surrogate and what the database's encoding cannot hold written as
- * Python's escapes (\x00, \udc80, \U0001f600). */
-export function failureText(err: unknown, client?: Queryable): string;
+ * Python's escapes (\x00, \udc80, \U0001f600); at most max UTF-16 units, cut between characters. */
+export function failureText(err: unknown, client?: Queryable, max?: number): string;
 /** Sets client's client_encoding back to UTF8 (node-postgres writes and reads UTF-8 only) and
  * reads its database's encoding for failureText: the worker and consume do it on every client
  * they open. */
 export function speakUtf8(client: Queryable): Promise<void>;
-/** The JSON text of a value (a BigInt as its exact number; NaN and the infinities are a RangeError), as a workflow's input and results are written. */
+/** The JSON text of a value (a BigInt as its exact number; NaN and the infinities are a RangeError, a Map or a Set a TypeError), as a workflow's input and results are written. */
 export function toJson(value: unknown): string | undefined;
 
 export interface OutboxEvent {

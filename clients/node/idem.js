@@ -129,8 +129,13 @@ function toArg(v) {
 // string there, not toArg's text.
 // NaN and the infinities have no JSON number: JSON.stringify writes null,
 // a value changed silently (Python's dumps refuses them too).
+// A Map or a Set has no JSON of its own either: JSON.stringify writes {},
+// its entries lost (Python's dumps refuses a set).
 function finite(key, x) {
   if (typeof x === 'number' && !Number.isFinite(x)) throw new RangeError(`${x} has no JSON number`);
+  if (x instanceof Map || x instanceof Set) {
+    throw new TypeError(`a ${x.constructor.name} has no JSON value: convert it (e.g. Object.fromEntries, Array.from)`);
+  }
   return x;
 }
 
@@ -314,14 +319,19 @@ function encodable(text, client) {
 // RetryAfter's message, an Error's name and message, anything else (a
 // string, undefined) as text; made encodable on the client that records
 // it: the report of a failure failed with what the database cannot hold.
-function failureText(err, client) {
+function failureText(err, client, max = Infinity) {
   let text;
   try {
     text = err instanceof RetryAfter ? err.message : err instanceof Error ? `${err.name}: ${err.message}` : String(err);
   } catch (e) {
     text = Object.prototype.toString.call(err); // no string of its own: Object.create(null)
   }
-  return encodable(text, client);
+  text = encodable(text, client);
+  if (text.length <= max) return text;
+  // cut between two characters: half a surrogate pair would reach the server
+  // as U+FFFD
+  const end = text.charCodeAt(max - 1) >= 0xd800 && text.charCodeAt(max - 1) <= 0xdbff ? max - 1 : max;
+  return text.slice(0, end);
 }
 
 // Longer than any server accepts: RETRY_AFTER caps it at the server's
@@ -602,12 +612,12 @@ async function consume(connect, topic, handler, { maxEvents = 10, lease = 30, co
           if (await report('SELECT idem_outbox_ack($1, $2)', [r.event_id, r.lease_token], event)) acked++;
         } else if (failure instanceof RetryAfter) {
           await report(`SELECT idem_outbox_fail($1, $2, $3, ${RETRY_AFTER(4)})`,
-            (c) => [r.event_id, r.lease_token, failureText(failure, c).slice(0, EVENT_ERROR_MAX), interval(failure.seconds)], event);
+            (c) => [r.event_id, r.lease_token, failureText(failure, c, EVENT_ERROR_MAX), interval(failure.seconds)], event);
         } else {
           // a thrown non-Error (a string, undefined) is still the event's failure
           let text;
           const due = await report('SELECT idem_outbox_fail($1, $2, $3) AS due',
-            (c) => [r.event_id, r.lease_token, text = failureText(failure, c).slice(0, EVENT_ERROR_MAX)], event);
+            (c) => [r.event_id, r.lease_token, text = failureText(failure, c, EVENT_ERROR_MAX)], event);
           if (due && due.due === null) {
             log.error(`idem consumer: event ${event.key} is dead after attempt ${event.attempt}: ${text}`);
           }

@@ -267,7 +267,7 @@ class Worker {
                 this.log.error(`idem worker ${this.name}: run ${row.run_id} cannot be read: ${lib().failureText(e)}`);
                 this.stats.failedSteps++;
                 await client.query('SELECT idem_step_fail($1, $2, $3::uuid, $4)',
-                  [row.run_id, row.next_step, row.token, lib().failureText(e, client).slice(0, 2000)]);
+                  [row.run_id, row.next_step, row.token, lib().failureText(e, client, 2000)]);
                 continue;
               }
               this.active.set(c.runId, { token: c.token, lost: false });
@@ -451,12 +451,12 @@ class Worker {
         }
       }
       const after = err instanceof RetryAfter ? lib().interval(err.seconds) : null;
-      const text = lib().failureText(err, client);
+      const text = lib().failureText(err, client, 2000);
       const r = after === null
         ? await client.query('SELECT idem_step_fail($1, $2, $3::uuid, $4) AS due',
-          [c.runId, name, c.token, text.slice(0, 2000)])
+          [c.runId, name, c.token, text])
         : await client.query(`SELECT idem_step_fail($1, $2, $3::uuid, $4, ${lib().RETRY_AFTER(5)}) AS due`,
-          [c.runId, name, c.token, text.slice(0, 2000), after]);
+          [c.runId, name, c.token, text, after]);
       if (r.rows[0].due === null) this.log.error(`idem worker ${this.name}: run ${c.runId} failed at step ${name}: ${text}`);
     } catch (e) {
       if (!STOP_STATES.has(e.code)) {

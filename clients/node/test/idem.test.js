@@ -238,6 +238,24 @@ describe('toJson', () => {
       '{"a":1.5,"b":[2,null],"d":"1970-01-01T00:00:00.000Z"}');
     assert.equal(idem.toArg(NaN), 'NaN'); // a numeric NaN, as it was
   });
+  it('refuses a Map or a Set, which JSON.stringify wrote as {}', () => {
+    for (const bad of [new Map([['a', 1]]), new Set([1])]) {
+      assert.throws(() => idem.toJson({ got: bad }), TypeError);
+      assert.throws(() => idem.toJson([bad]), TypeError);
+      assert.throws(() => idem.toJson({ big: 1n, got: bad }), TypeError);
+      assert.throws(() => idem.toArg(bad), TypeError);
+    }
+  });
+});
+
+describe('failureText', () => {
+  it('cuts a long text between characters, never inside a surrogate pair', () => {
+    // 'Error: ' and 1990 letters are 1997 units; the second emoji spans 1999-2000
+    const text = idem.failureText(new Error('x'.repeat(1990) + '\u{1F600}'.repeat(20)), undefined, 2000);
+    assert.equal(text.length, 1999);
+    assert.ok(text.endsWith('x\u{1F600}'), JSON.stringify(text.slice(-4)));
+    assert.equal(idem.failureText(new Error('short'), undefined, 2000), 'Error: short');
+  });
 });
 
 describe('sqlstate of an error', () => {
