@@ -342,22 +342,35 @@ const RETRY_AFTER_MAX_S = 1e9;
 const RETRY_AFTER = (n) =>
   `LEAST($${n}::interval, pg_catalog.current_setting('idem.outbox_max_retry_after')::interval)`;
 
+// A text is a number as Python's float() reads it (a decimal, inf, nan), not
+// as Number() does: '0x10' is no delay of 16 seconds but no Retry-After at
+// all, as in the Python helper.
+const DECIMAL = /^[+-]?(\d+\.?\d*|\.\d+)(e[+-]?\d+)?$/i;
 function retryAfterSeconds(v) {
   if (v === null || v === undefined || v === '') return 0;
-  let n = Number(v);
-  if (Number.isNaN(n)) {
-    const when = Date.parse(String(v));
-    if (Number.isNaN(when)) throw new TypeError(`not a Retry-After value: ${v}`);
-    n = (when - Date.now()) / 1000;
+  let n;
+  if (typeof v === 'number' || typeof v === 'bigint') n = Number(v);
+  else {
+    const text = String(v).trim();
+    if (DECIMAL.test(text)) n = Number(text);
+    else if (/^[+-]?inf(inity)?$/i.test(text)) n = text.startsWith('-') ? -Infinity : Infinity;
+    else if (/^[+-]?nan$/i.test(text)) n = NaN;
+    else {
+      const when = Date.parse(text);
+      if (Number.isNaN(when)) throw new TypeError(`not a Retry-After value: ${v}`);
+      n = (when - Date.now()) / 1000;
+    }
   }
+  if (Number.isNaN(n)) return 0; // as a negative delay: now
   return Math.min(Math.max(0, n), RETRY_AFTER_MAX_S);
 }
 
 const CLAIM = 'SELECT event_id, key, topic, payload::text AS payload, run_id, step, attempt,' +
   ' lease_token, created_at, lease_until FROM idem_outbox_claim($1, max_events => $2::integer,' +
   ' lease => $3::interval, consumer => $4)';
-// wakeup 'wait': a claim that finds nothing waits (at most wait) for a
-// commit of the topic and claims once more, in the same statement
+// wakeup 'wait': a claim that finds nothing looks again, in the same
+// statement, at each commit of the topic and every 200 ms, until it leases
+// some or wait has passed
 const CLAIM_WAIT = `${CLAIM.slice(0, -1)}, wait => $5::interval)`;
 // ack or fail under a lease another consumer took over (ID412), or of an
 // event already delivered: kept as delivered (ID410, with

@@ -703,8 +703,9 @@ _EVENT_ERROR_MAX = 16384
 _CLAIM = ("SELECT event_id, key, topic, payload::text, run_id, step, attempt, lease_token,"
           " created_at, lease_until FROM idem_outbox_claim(%s, max_events => %s,"
           " lease => %s::interval, consumer => %s)")
-# wakeup="wait": a claim that finds nothing waits (at most wait) for a commit
-# of the topic and claims once more, in the same statement
+# wakeup="wait": a claim that finds nothing looks again, in the same
+# statement, at each commit of the topic and every 200 ms, until it leases
+# some or wait has passed
 _CLAIM_WAIT = _CLAIM[:-1] + ", wait => %s::interval)"
 
 # ack or fail under a lease another consumer has taken over (ID412), or of

@@ -248,6 +248,23 @@ describe('toJson', () => {
   });
 });
 
+describe('RetryAfter', () => {
+  it('reads a number, a delay in seconds or an HTTP date, as the Python helper does', () => {
+    assert.equal(new idem.RetryAfter(20).seconds, 20);
+    assert.equal(new idem.RetryAfter(' 1.5 ').seconds, 1.5);
+    assert.equal(new idem.RetryAfter('1e2').seconds, 100);
+    assert.equal(new idem.RetryAfter(NaN).seconds, 0);   // Python: now, not an error
+    assert.equal(new idem.RetryAfter('nan').seconds, 0);
+    assert.equal(new idem.RetryAfter(-5).seconds, 0);
+    assert.equal(new idem.RetryAfter('inf').seconds, 1e9);
+    const later = new idem.RetryAfter(new Date(Date.now() + 60000).toUTCString()).seconds;
+    assert.ok(later > 55 && later <= 60, String(later));
+    for (const bad of ['0x10', '0b11', '1_000x', 'soon']) {
+      assert.throws(() => new idem.RetryAfter(bad), TypeError, bad); // Number('0x10') was 16
+    }
+  });
+});
+
 describe('failureText', () => {
   it('cuts a long text between characters, never inside a surrogate pair', () => {
     // 'Error: ' and 1990 letters are 1997 units; the second emoji spans 1999-2000
