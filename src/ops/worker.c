@@ -271,8 +271,9 @@ idem_launcher_main(Datum main_arg)
 
 /*
  * Whether the extension is installed here and usable (pg_cron's test), at
- * the version this library writes: a database still at 1.0 has none of
- * the tables a cycle touches, and is left alone until it is updated.
+ * the version this library writes: a database at an older version lacks
+ * tables or columns a cycle touches, and is left alone until it is
+ * updated.
  */
 static bool
 extension_ready(void)
@@ -467,6 +468,7 @@ idem_purge_worker_main(Datum main_arg)
 	 */
 	BackgroundWorkerInitializeConnectionByOid(dbid, InvalidOid, 0);
 	pgstat_report_appname("idem purge worker");
+	idem_stats_database_only();
 
 	StartTransactionCommand();
 	ready = extension_ready();

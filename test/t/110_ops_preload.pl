@@ -228,6 +228,9 @@ $node->poll_query_until('postgres',
 is($node->safe_psql('postgres', "SELECT count(*) FROM idem.keys WHERE key LIKE 'live-%'"),
 	'20', 'the worker purged the 5000 expired keys and none of the 20 live ones');
 ok(stats('postgres', 'purged_keys') >= 5000, 'purged keys are counted');
+is( $node->safe_psql('postgres',
+		'SELECT coalesce(sum(purged_keys), 0) FROM idem_stats_roles'),
+	'0', "the worker's purge counts in its database's row only, no role's");
 
 # a worker blocked on a lock another session holds shows who it is (a
 # table lock: a row lock taken after the rows were committed could come
