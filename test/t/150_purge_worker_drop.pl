@@ -15,6 +15,11 @@
 #    a failed worker before).
 # 3. Meanwhile and afterwards c is purged cycle after cycle, and a is
 #    purged again once the extension is back.
+# 4. A cycle longer than the 5 s that ALTER DATABASE ... RENAME, CREATE
+#    DATABASE ... TEMPLATE and DROP DATABASE give the other sessions of a
+#    database to leave (a purge of old audit entries one at a time, each
+#    batch made to last a second): each succeeds, the worker giving way after the batch
+#    in progress, and the next cycle goes on with the rest.
 
 use strict;
 use warnings FATAL => 'all';
@@ -129,6 +134,58 @@ expiring_keys('a', 'a3');
 expiring_keys('c', 'c3');
 ok(purged('a', 'a3'), 'a is purged again');
 ok(purged('c', 'c3'), 'and c still is');
+
+########################################################################
+# 4. Commands that need a database to themselves, during a long cycle.
+########################################################################
+
+# batches of one entry from the start
+$node->safe_psql('postgres',
+	'ALTER SYSTEM SET idem.purge_batch_size = 1; SELECT pg_reload_conf()');
+$node->poll_query_until('postgres', "SELECT current_setting('idem.purge_batch_size') = '1'");
+idem_setup_db($node, 'd');
+$node->safe_psql('d', q{
+CREATE FUNCTION slow_batch() RETURNS trigger LANGUAGE plpgsql AS
+$$BEGIN PERFORM pg_sleep(1); RETURN NULL; END$$;
+CREATE TRIGGER slow_batch AFTER DELETE ON idem.audit
+	FOR EACH STATEMENT EXECUTE FUNCTION slow_batch();
+INSERT INTO idem.audit (at, key, owner, outcome, pid)
+SELECT now() - interval '2 days', 'aged-' || g, current_user::regrole, 'executed', 1
+  FROM generate_series(1, 60) g;
+ALTER DATABASE d SET idem.audit_retention = '1d';
+});
+
+# a worker in the middle of purging the database named
+sub purging
+{
+	my ($db) = @_;
+	return $node->poll_query_until('postgres',
+		"SELECT count(*) = 1 FROM pg_stat_activity WHERE backend_type = 'idem purge worker' AND datname = '$db' AND query = 'idem: purging audit entries past idem.audit_retention'"
+	);
+}
+
+my $log4start = -s $node->logfile;
+ok(purging('d'), 'a long cycle purges d');
+my ($ret, $stdout, $stderr) =
+  $node->psql('postgres', 'ALTER DATABASE d RENAME TO e');
+is($ret, 0, 'ALTER DATABASE ... RENAME during the cycle succeeds')
+  or diag($stderr);
+ok(purging('e'), 'the next cycle purges it under its new name');
+($ret, $stdout, $stderr) =
+  $node->psql('postgres', 'CREATE DATABASE f TEMPLATE e');
+is($ret, 0, 'CREATE DATABASE with it as template during the cycle succeeds')
+  or diag($stderr);
+ok(purging('e'), 'and the next cycle goes on');
+($ret, $stdout, $stderr) = $node->psql('postgres', 'DROP DATABASE e');
+is($ret, 0, 'DROP DATABASE during the cycle succeeds') or diag($stderr);
+$node->safe_psql('postgres', 'DROP DATABASE f');
+$node->safe_psql('postgres',
+	'ALTER SYSTEM RESET idem.purge_batch_size; SELECT pg_reload_conf()');
+like(
+	slurp_file($node->logfile, $log4start),
+	qr/idem purge worker stopped its cycle in database \d+: another session needs the database to itself/,
+	'the worker says in one line that it gave way');
+
 unlike(slurp_file($node->logfile, $logstart),
 	$worker_failed, 'no worker failed in the whole test');
 
