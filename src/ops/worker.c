@@ -513,6 +513,15 @@ idem_purge_worker_main(Datum main_arg)
 	pgstat_report_appname("idem purge worker");
 	idem_stats_database_only();
 
+	/*
+	 * Maintenance, as autovacuum's: a database whose sessions are made
+	 * read-only still has its expired records purged and its queued audit
+	 * entries written, rather than a worker failing every cycle (and, the
+	 * key purge writing below the executor, half a cycle done).
+	 */
+	SetConfigOption("default_transaction_read_only", "off", PGC_SUSET,
+					PGC_S_OVERRIDE);
+
 	StartTransactionCommand();
 	ready = extension_ready();
 	CommitTransactionCommand();

@@ -20,6 +20,9 @@
 #    database to leave (a purge of old audit entries one at a time, each
 #    batch made to last a second): each succeeds, the worker giving way after the batch
 #    in progress, and the next cycle goes on with the rest.
+# 5. A database whose sessions are read-only (ALTER DATABASE ... SET
+#    default_transaction_read_only = on) is purged all the same, as
+#    autovacuum vacuums it, with no worker failing every cycle.
 
 use strict;
 use warnings FATAL => 'all';
@@ -185,6 +188,30 @@ like(
 	slurp_file($node->logfile, $log4start),
 	qr/idem purge worker stopped its cycle in database \d+: another session needs the database to itself/,
 	'the worker says in one line that it gave way');
+
+
+########################################################################
+# 5. A read-only database.
+########################################################################
+
+my $log5start = -s $node->logfile;
+idem_setup_db($node, 'r');
+$node->safe_psql('r', q{
+INSERT INTO idem.keys (key, owner, fingerprint, response, created_at, expires_at, fingerprint_version)
+SELECT 'old-' || g, current_user::regrole, '\x00', '{}', now() - interval '2 days', now() - interval '1 day', 3
+  FROM generate_series(1, 5) g;
+INSERT INTO idem.audit (at, key, owner, outcome, pid)
+VALUES (now() - interval '2 days', 'aged', current_user::regrole, 'executed', 1);
+ALTER DATABASE r SET idem.audit_retention = '1d';
+ALTER DATABASE r SET default_transaction_read_only = on;
+});
+ok( $node->poll_query_until('r',
+		"SELECT (SELECT count(*) FROM idem.keys) + (SELECT count(*) FROM idem.audit) = 0"),
+	'a read-only database has its keys and audit entries purged');
+expiring_keys('c', 'c5');
+ok(purged('c', 'c5'), 'cycle after cycle');
+unlike(slurp_file($node->logfile, $log5start),
+	qr/$worker_failed|read-only transaction/, 'with no worker failing');
 
 unlike(slurp_file($node->logfile, $logstart),
 	$worker_failed, 'no worker failed in the whole test');
