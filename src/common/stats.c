@@ -88,6 +88,9 @@ static Oid	my_role_id = InvalidOid;
 
 static bool told_not_collecting = false;
 
+/* false in the purge worker, which counts in its database's row only */
+static bool count_by_role = true;
+
 PG_FUNCTION_INFO_V1(idem_stats_1_1);
 PG_FUNCTION_INFO_V1(idem_stats_reset_1_1);
 
@@ -213,6 +216,20 @@ idem_stats_count_db(Oid dbid, IdemStatCounter counter, uint64 n)
 }
 
 /*
+ * idem_stats_database_only
+ *		Count this process's work from now on in its database's row only.
+ *		The purge worker acts for no role: counted for the role it connects
+ *		as (the bootstrap superuser), its purges would read as that role's
+ *		work and take a pair of idem.stats_max_roles in every database it
+ *		visits.
+ */
+void
+idem_stats_database_only(void)
+{
+	count_by_role = false;
+}
+
+/*
  * idem_stats_count
  *		Add n to a counter of the current database and of the current role
  *		in it.
@@ -228,6 +245,8 @@ idem_stats_count(IdemStatCounter counter, uint64 n)
 		pg_atomic_fetch_add_u64(&my_slot->counters[counter], n);
 	else
 		idem_stats_count_db(MyDatabaseId, counter, n);
+	if (!count_by_role)
+		return;
 
 	role = GetUserId();
 	if (unlikely(my_role_slot == NULL || my_role_db != MyDatabaseId ||

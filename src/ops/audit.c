@@ -62,8 +62,12 @@
 #include "compat.h"
 #include "ops/ops.h"
 
-/* Longest run id and step a queued entry keeps (longer ones are cut). */
-#define AUDIT_NAME_LEN			128
+/*
+ * A queued entry keeps a run id and step name whole: they are names of up
+ * to IDEM_MAX_KEY_BYTES, which idem_audit_history() looks up, and a cut one
+ * could end inside a multibyte character.
+ */
+#define AUDIT_NAME_LEN			(IDEM_MAX_KEY_BYTES + 1)
 #define AUDIT_ADDR_LEN			64
 
 typedef struct AuditEntry

@@ -16,8 +16,9 @@
  *
  * A worker lives only for its cycle, so no idem process sits in a
  * database between cycles: DROP DATABASE is not refused because of idem
- * (at worst it waits for a running cycle, which it does for up to five
- * seconds), and DROP/CREATE EXTENSION are seen at the next cycle.  The
+ * (at worst it waits for the batch in progress, after which the worker
+ * leaves the rest of its cycle to the next one: database_free()), and
+ * DROP/CREATE EXTENSION are seen at the next cycle.  The
  * launcher is restarted by the postmaster if it fails (after 10 s) and
  * after a crash of any process; a purge worker that fails is not
  * restarted, the next cycle starts a new one.  Both exit on SIGTERM, so a
@@ -271,8 +272,9 @@ idem_launcher_main(Datum main_arg)
 
 /*
  * Whether the extension is installed here and usable (pg_cron's test), at
- * the version this library writes: a database still at 1.0 has none of
- * the tables a cycle touches, and is left alone until it is updated.
+ * the version this library writes: a database at an older version lacks
+ * tables or columns a cycle touches, and is left alone until it is
+ * updated.
  */
 static bool
 extension_ready(void)
@@ -311,37 +313,67 @@ extension_locked(void)
 	return get_extension_oid("idem", true) == extoid && extension_ready();
 }
 
+/*
+ * Whether no other session needs this database to itself, with the
+ * database locked as a connecting session locks it, until the end of the
+ * transaction.  DROP DATABASE, ALTER DATABASE ... RENAME or SET TABLESPACE
+ * and CREATE DATABASE from it as a template lock the database, then give
+ * its other sessions five seconds to leave and fail if one is still
+ * there; a cycle may last longer.  With this lock held for each batch,
+ * such a command waits for the batch in progress, and the worker gives
+ * way before the next one.
+ */
+static bool
+database_free(void)
+{
+	LOCKTAG		tag;
+
+	SET_LOCKTAG_OBJECT(tag, InvalidOid, DatabaseRelationId, MyDatabaseId, 0);
+	return LockAcquire(&tag, RowExclusiveLock, false, true) != LOCKACQUIRE_NOT_AVAIL;
+}
+
 typedef int64 (*PurgeStep) (int batch_size);
+
+/* How a purge ended. */
+typedef enum PurgeEnd
+{
+	PURGE_DONE,					/* a batch came back short */
+	PURGE_NO_EXTENSION,			/* the extension was dropped */
+	PURGE_DATABASE_WANTED		/* another session needs the database */
+} PurgeEnd;
 
 /*
  * Run one kind of purge in transactions of at most batch_size rows until
- * a batch comes back short.  Returns false, having done nothing more, if
- * the extension was dropped meanwhile.
+ * a batch comes back short.  Stops, having done nothing more, if the
+ * extension was dropped meanwhile or another session needs the database.
  */
-static bool
+static PurgeEnd
 purge_in_batches(const char *what, PurgeStep step)
 {
 	int64		n;
 
 	do
 	{
-		bool		ready;
+		PurgeEnd	end = PURGE_DONE;
 
 		CHECK_FOR_INTERRUPTS();
 		SetCurrentStatementStartTimestamp();
 		StartTransactionCommand();
 		PushActiveSnapshot(GetTransactionSnapshot());
 		pgstat_report_activity(STATE_RUNNING, what);
-		ready = extension_locked();
-		n = ready ? step(idem_purge_batch_size) : 0;
+		if (!database_free())
+			end = PURGE_DATABASE_WANTED;
+		else if (!extension_locked())
+			end = PURGE_NO_EXTENSION;
+		n = end == PURGE_DONE ? step(idem_purge_batch_size) : 0;
 		PopActiveSnapshot();
 		CommitTransactionCommand();
 		pgstat_report_stat(false);
-		if (!ready)
-			return false;
+		if (end != PURGE_DONE)
+			return end;
 	} while (n >= idem_purge_batch_size);
 	pgstat_report_activity(STATE_IDLE, NULL);
-	return true;
+	return PURGE_DONE;
 }
 
 /*
@@ -429,27 +461,39 @@ purge_citus_runs(int batch_size)
 }
 
 /*
- * One cycle of the purge worker in its database, each kind in turn, until
- * the extension is dropped.
+ * One cycle of the purge worker in its database, each kind in turn,
+ * unless a purge stops early.
  *
  * The audit queue is drained first, so that no entry waits behind a long
  * purge.
  */
-static bool
+static PurgeEnd
 purge_cycle(void)
 {
-	return purge_in_batches("idem: writing queued audit entries", idem_audit_drain) &&
-		purge_in_batches("idem: purging expired keys", idem_purge_expired) &&
-		purge_in_batches("idem: purging audit entries past idem.audit_retention",
-						 idem_audit_purge_expired) &&
-		purge_in_batches("idem: purging delivered outbox events",
-						 idem_outbox_purge_delivered) &&
-		purge_in_batches("idem: purging expired Citus tenant keys",
-						 purge_citus_keys) &&
-		purge_in_batches("idem: purging runs finished before idem.run_retention",
-						 purge_runs) &&
-		purge_in_batches("idem: purging Citus tenant runs finished before idem.run_retention",
-						 purge_citus_runs);
+	static const struct
+	{
+		const char *what;
+		PurgeStep	step;
+	}			purges[] = {
+		{"idem: writing queued audit entries", idem_audit_drain},
+		{"idem: purging expired keys", idem_purge_expired},
+		{"idem: purging audit entries past idem.audit_retention",
+		idem_audit_purge_expired},
+		{"idem: purging delivered outbox events", idem_outbox_purge_delivered},
+		{"idem: purging expired Citus tenant keys", purge_citus_keys},
+		{"idem: purging runs finished before idem.run_retention", purge_runs},
+		{"idem: purging Citus tenant runs finished before idem.run_retention",
+		purge_citus_runs},
+	};
+
+	for (int i = 0; i < lengthof(purges); i++)
+	{
+		PurgeEnd	end = purge_in_batches(purges[i].what, purges[i].step);
+
+		if (end != PURGE_DONE)
+			return end;
+	}
+	return PURGE_DONE;
 }
 
 void
@@ -467,17 +511,40 @@ idem_purge_worker_main(Datum main_arg)
 	 */
 	BackgroundWorkerInitializeConnectionByOid(dbid, InvalidOid, 0);
 	pgstat_report_appname("idem purge worker");
+	idem_stats_database_only();
+
+	/*
+	 * Maintenance, as autovacuum's: a database whose sessions are made
+	 * read-only still has its expired records purged and its queued audit
+	 * entries written, rather than a worker failing every cycle (and, the
+	 * key purge writing below the executor, half a cycle done).
+	 */
+	SetConfigOption("default_transaction_read_only", "off", PGC_SUSET,
+					PGC_S_OVERRIDE);
 
 	StartTransactionCommand();
 	ready = extension_ready();
 	CommitTransactionCommand();
 
-	if (ready && !purge_cycle())
+	if (ready)
 	{
-		ereport(LOG,
-				(errmsg("idem purge worker stopped: extension \"idem\" was dropped from database %u during its cycle",
-						dbid)));
-		ready = false;
+		switch (purge_cycle())
+		{
+			case PURGE_DONE:
+				break;
+			case PURGE_NO_EXTENSION:
+				ereport(LOG,
+						(errmsg("idem purge worker stopped: extension \"idem\" was dropped from database %u during its cycle",
+								dbid)));
+				ready = false;
+				break;
+			case PURGE_DATABASE_WANTED:
+				/* the next cycle does the rest, if the database is still there */
+				ereport(LOG,
+						(errmsg("idem purge worker stopped its cycle in database %u: another session needs the database to itself",
+								dbid)));
+				break;
+		}
 	}
 	if (!ready)
 		idem_audit_discard_db(dbid);

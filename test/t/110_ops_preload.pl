@@ -228,6 +228,9 @@ $node->poll_query_until('postgres',
 is($node->safe_psql('postgres', "SELECT count(*) FROM idem.keys WHERE key LIKE 'live-%'"),
 	'20', 'the worker purged the 5000 expired keys and none of the 20 live ones');
 ok(stats('postgres', 'purged_keys') >= 5000, 'purged keys are counted');
+is( $node->safe_psql('postgres',
+		'SELECT coalesce(sum(purged_keys), 0) FROM idem_stats_roles'),
+	'0', "the worker's purge counts in its database's row only, no role's");
 
 # a worker blocked on a lock another session holds shows who it is (a
 # table lock: a row lock taken after the rows were committed could come
@@ -356,6 +359,21 @@ is( $node->safe_psql('postgres',
 	),
 	'storm-base:mismatch:ID422:true,storm-held:in_progress:ID409:true,one-c:conflict:40001:true,one-e:error:22012:true,storm-base:replayed:-:true',
 	'audit = all: each rejected attempt through the queue, the replay in its transaction, in order');
+
+# a queued entry keeps a run id and step name of the longest length whole,
+# multibyte characters included
+$node->psql('postgres', q{
+SET application_name = 'long-names';
+SELECT status FROM idem_run_begin(repeat('é', 127), ARRAY['a', repeat('ß', 127)]);
+SELECT idem_step(repeat('é', 127), repeat('ß', 127), 'SELECT 1');
+}, on_error_stop => 0);
+$node->poll_query_until('postgres',
+	"SELECT count(*) = 1 FROM idem_audit WHERE application_name = 'long-names'")
+  or die 'the worker did not write the rejected step';
+is( $node->safe_psql('postgres',
+		"SELECT outcome, octet_length(run_id), run_id = repeat('é', 127), step = repeat('ß', 127) FROM idem_audit_history(run_id => repeat('é', 127))"),
+	'sequencing|254|t|t',
+	'a queued entry keeps a 254-byte run id and step name whole');
 $node->safe_psql('postgres', 'SELECT idem_stats_reset()');
 
 my $nclients = 16;

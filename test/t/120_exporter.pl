@@ -24,7 +24,10 @@ my $timeout = $PostgreSQL::Test::Utils::timeout_default;
 my $exporter = '/usr/bin/prometheus-postgres-exporter';
 
 my $node = idem_node('exporter');
-$node->append_conf('postgresql.conf', "shared_preload_libraries = 'idem'");
+# two databases with a row of their own (and two pairs of database and
+# role): the others share the overflow row
+$node->append_conf('postgresql.conf',
+	"shared_preload_libraries = 'idem'\nidem.stats_max_databases = 2\nidem.stats_max_roles = 2");
 $node->start;
 idem_setup_db($node, 'postgres');
 
@@ -50,11 +53,14 @@ my $h = IPC::Run::start(
 		$ENV{DATA_SOURCE_NAME} = $dsn;
 	});
 
-# one scrape: the idem_stats_* samples of database postgres, by name
+# one scrape: the idem_stats_* samples of a database (postgres unless
+# given), by name
 my $last_curl_error = '';
 sub scrape
 {
+	my ($datname) = @_;
 	my ($stdout, $stderr);
+	$datname //= 'postgres';
 	# loopback is never reached through a proxy, whatever the environment
 	# says (autopkgtest passes apt's proxy on to the tests)
 	IPC::Run::run(
@@ -67,7 +73,7 @@ sub scrape
 	my %m;
 	for (split /\n/, $stdout // '')
 	{
-		$m{$1} = $2 if /^(idem_stats_\w+)\{[^}]*datname="postgres"[^}]*\} (\S+)$/;
+		$m{$1} = $2 if /^(idem_stats_\w+)\{[^}]*datname="\Q$datname\E"[^}]*\} (\S+)$/;
 	}
 	return \%m;
 }
@@ -83,7 +89,9 @@ ok(exists $m->{$_}, "and $_")
   for qw(idem_stats_replays idem_stats_mismatches idem_stats_in_progress
   idem_stats_conflicts idem_stats_errors idem_stats_lock_waits
   idem_stats_lock_wait_seconds idem_stats_purged_keys idem_stats_audit_dropped
-  idem_stats_outbox_claimed idem_stats_outbox_dead idem_stats_purged_outbox_events);
+  idem_stats_outbox_claimed idem_stats_outbox_dead idem_stats_purged_outbox_events
+  idem_stats_runs_claimed idem_stats_run_lease_expiries idem_stats_run_retries
+  idem_stats_run_signals idem_stats_runs_failed);
 
 $node->safe_psql('postgres', call_sql("m-$_", 0, $_)) for 1 .. 3;
 $node->safe_psql('postgres', call_sql('m-1', 0, 1)) for 1 .. 2;
@@ -96,6 +104,22 @@ is($m->{idem_stats_mismatches}, '1', 'one mismatch');
 # the calls were the test's role's, the only one that made any
 is($m->{idem_stats_roles_executions}, '3', 'and per role: three executions');
 is($m->{idem_stats_roles_replays}, '2', 'two replays');
+
+# a database beyond idem.stats_max_databases counts in the overflow row,
+# served with an empty datname, so that summing over databases misses no
+# call; so does its (database, role) pair in idem_stats_roles' overflow
+# row.  The second row goes to a database dropped since, whose row (no
+# datname either) is not served.
+idem_setup_db($node, 'gone');
+$node->safe_psql('gone', call_sql('g-1', 0, 1));
+$node->safe_psql('postgres', 'DROP DATABASE gone');
+idem_setup_db($node, 'other');
+$node->safe_psql('other', call_sql("o-$_", 0, $_)) for 1 .. 2;
+$m = scrape('');
+is($m->{idem_stats_executions}, '2',
+	'the overflow row is served with datname "", the dropped database\'s row not');
+is($m->{idem_stats_roles_executions}, '2', 'and the roles\' overflow row');
+is(scrape()->{idem_stats_executions}, '3', 'while database postgres keeps its own');
 
 $h->kill_kill;
 done_testing();

@@ -15,6 +15,14 @@
 #    a failed worker before).
 # 3. Meanwhile and afterwards c is purged cycle after cycle, and a is
 #    purged again once the extension is back.
+# 4. A cycle longer than the 5 s that ALTER DATABASE ... RENAME, CREATE
+#    DATABASE ... TEMPLATE and DROP DATABASE give the other sessions of a
+#    database to leave (a purge of old audit entries one at a time, each
+#    batch made to last a second): each succeeds, the worker giving way after the batch
+#    in progress, and the next cycle goes on with the rest.
+# 5. A database whose sessions are read-only (ALTER DATABASE ... SET
+#    default_transaction_read_only = on) is purged all the same, as
+#    autovacuum vacuums it, with no worker failing every cycle.
 
 use strict;
 use warnings FATAL => 'all';
@@ -129,6 +137,82 @@ expiring_keys('a', 'a3');
 expiring_keys('c', 'c3');
 ok(purged('a', 'a3'), 'a is purged again');
 ok(purged('c', 'c3'), 'and c still is');
+
+########################################################################
+# 4. Commands that need a database to themselves, during a long cycle.
+########################################################################
+
+# batches of one entry from the start
+$node->safe_psql('postgres',
+	'ALTER SYSTEM SET idem.purge_batch_size = 1; SELECT pg_reload_conf()');
+$node->poll_query_until('postgres', "SELECT current_setting('idem.purge_batch_size') = '1'");
+idem_setup_db($node, 'd');
+$node->safe_psql('d', q{
+CREATE FUNCTION slow_batch() RETURNS trigger LANGUAGE plpgsql AS
+$$BEGIN PERFORM pg_sleep(1); RETURN NULL; END$$;
+CREATE TRIGGER slow_batch AFTER DELETE ON idem.audit
+	FOR EACH STATEMENT EXECUTE FUNCTION slow_batch();
+INSERT INTO idem.audit (at, key, owner, outcome, pid)
+SELECT now() - interval '2 days', 'aged-' || g, current_user::regrole, 'executed', 1
+  FROM generate_series(1, 60) g;
+ALTER DATABASE d SET idem.audit_retention = '1d';
+});
+
+# a worker in the middle of purging the database named
+sub purging
+{
+	my ($db) = @_;
+	return $node->poll_query_until('postgres',
+		"SELECT count(*) = 1 FROM pg_stat_activity WHERE backend_type = 'idem purge worker' AND datname = '$db' AND query = 'idem: purging audit entries past idem.audit_retention'"
+	);
+}
+
+my $log4start = -s $node->logfile;
+ok(purging('d'), 'a long cycle purges d');
+my ($ret, $stdout, $stderr) =
+  $node->psql('postgres', 'ALTER DATABASE d RENAME TO e');
+is($ret, 0, 'ALTER DATABASE ... RENAME during the cycle succeeds')
+  or diag($stderr);
+ok(purging('e'), 'the next cycle purges it under its new name');
+($ret, $stdout, $stderr) =
+  $node->psql('postgres', 'CREATE DATABASE f TEMPLATE e');
+is($ret, 0, 'CREATE DATABASE with it as template during the cycle succeeds')
+  or diag($stderr);
+ok(purging('e'), 'and the next cycle goes on');
+($ret, $stdout, $stderr) = $node->psql('postgres', 'DROP DATABASE e');
+is($ret, 0, 'DROP DATABASE during the cycle succeeds') or diag($stderr);
+$node->safe_psql('postgres', 'DROP DATABASE f');
+$node->safe_psql('postgres',
+	'ALTER SYSTEM RESET idem.purge_batch_size; SELECT pg_reload_conf()');
+like(
+	slurp_file($node->logfile, $log4start),
+	qr/idem purge worker stopped its cycle in database \d+: another session needs the database to itself/,
+	'the worker says in one line that it gave way');
+
+
+########################################################################
+# 5. A read-only database.
+########################################################################
+
+my $log5start = -s $node->logfile;
+idem_setup_db($node, 'r');
+$node->safe_psql('r', q{
+INSERT INTO idem.keys (key, owner, fingerprint, response, created_at, expires_at, fingerprint_version)
+SELECT 'old-' || g, current_user::regrole, '\x00', '{}', now() - interval '2 days', now() - interval '1 day', 3
+  FROM generate_series(1, 5) g;
+INSERT INTO idem.audit (at, key, owner, outcome, pid)
+VALUES (now() - interval '2 days', 'aged', current_user::regrole, 'executed', 1);
+ALTER DATABASE r SET idem.audit_retention = '1d';
+ALTER DATABASE r SET default_transaction_read_only = on;
+});
+ok( $node->poll_query_until('r',
+		"SELECT (SELECT count(*) FROM idem.keys) + (SELECT count(*) FROM idem.audit) = 0"),
+	'a read-only database has its keys and audit entries purged');
+expiring_keys('c', 'c5');
+ok(purged('c', 'c5'), 'cycle after cycle');
+unlike(slurp_file($node->logfile, $log5start),
+	qr/$worker_failed|read-only transaction/, 'with no worker failing');
+
 unlike(slurp_file($node->logfile, $logstart),
 	$worker_failed, 'no worker failed in the whole test');
 
