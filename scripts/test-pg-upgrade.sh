@@ -96,7 +96,7 @@ cluster() {	# bin datadir preload
 	local sums=()
 	# 18's initdb enables data checksums, which pg_upgrade needs both or
 	# neither cluster to have: the old one has none, as 15's default
-	"$1/initdb" --help | grep -q -- --no-data-checksums && sums=(--no-data-checksums)
+	case $("$1/initdb" --help) in *--no-data-checksums*) sums=(--no-data-checksums) ;; esac
 	run "$1/initdb" -D "$2" -A trust -U postgres --encoding=UTF8 --locale=C.UTF-8 "${sums[@]}" >/dev/null
 	{
 		echo "listen_addresses = ''"
