@@ -274,13 +274,14 @@ upgrade() {	# preload: none or idem
 		"$(sql "SELECT string_agg(run_id || ' ' || status || ' ' || coalesce(next_step, '-'), '|' ORDER BY run_id)
 			FROM idem_runs")"
 
-	# the outbox: the leased event with its token, then the pending ones
+	# the outbox: the pending event is claimed, not the leased one, which
+	# its token acknowledges
+	check "outbox: the pending events claimed (not the leased one) and acknowledged" "$pending" \
+		"$(sql "SET ROLE agent" "SELECT idem_outbox_ack_batch(array_agg(event_id), array_agg(lease_token))
+			FROM idem_outbox_claim('orders', 10, '30 s')")"
 	sql "SET ROLE agent" "SELECT idem_outbox_ack('$e1', '$l1')" >/dev/null
 	check "outbox: the leased event acknowledged with its token" 0 \
 		"$(sql "SELECT count(*) FROM idem.outbox WHERE event_id = '$e1' AND state <> 'delivered'")"
-	check "outbox: the pending events claimed and acknowledged" "$pending" \
-		"$(sql "SET ROLE agent" "SELECT idem_outbox_ack_batch(array_agg(event_id), array_agg(lease_token))
-			FROM idem_outbox_claim('orders', 10, '30 s')")"
 	check "outbox: nothing left" 0 "$(sql "SET ROLE agent" "SELECT count(*) FROM idem_outbox_claim('orders', 10, '30 s')")"
 
 	check "ALTER EXTENSION idem UPDATE: already 1.2" \
