@@ -228,6 +228,12 @@ upgrade() {	# preload: none or idem
 	if ! run "$new_bin/pg_upgrade" -b "$old_bin" -B "$new_bin" -d "$d/old" -D "$d/new" \
 			-p $port -P $port >"$d/upgrade.log" 2>&1; then
 		cat "$d/upgrade.log"
+		# pg_upgrade keeps its logs in the new cluster on failure
+		for f in "$d"/new/pg_upgrade_output.d/*/log/*.log; do
+			[ -s "$f" ] || continue
+			echo "=== the end of $f:"
+			tail -n 40 "$f"
+		done
 		check "pg_upgrade" 0 1
 		return
 	fi

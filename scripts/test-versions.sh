@@ -31,7 +31,9 @@
 #            with --pg-upgrade <release> (trixie or forky), in the same root
 #            after the package part: postgresql-15 and its -dev from
 #            bookworm's archive (pinned below the release's own, so only
-#            those and what they need come from it), idem built and
+#            those and what they need come from it; for forky bookworm's
+#            15.18, not bookworm-security's 15.20, whose pg_upgrade to 18
+#            fails on any table), idem built and
 #            installed for 15 and for the release's major, then
 #            scripts/test-pg-upgrade.sh: pg_upgrade of a cluster with idem's
 #            records, runs and events from 15 to that major
@@ -237,8 +239,15 @@ prove_release() {	# release
 		for b in bookworm bookworm-updates bookworm-security; do
 			printf 'Package: *\nPin: release n=%s\nPin-Priority: 100\n\n' "$b"
 		done >"$dev/etc/apt/preferences.d/idem-bookworm"
+		# 15.20 (bookworm-security) writes a column option pg_attver on
+		# every column, which forky's 18.6 does not know: its pg_upgrade
+		# fails restoring any table, with or without idem.  forky's root
+		# takes 15 from bookworm itself (15.18); trixie's 17.12 takes 15.20.
+		local from=""
+		[ "$rel" != forky ] || from=/bookworm
 		in_root "$dev" "$log" apt-get update -qq &&
-			in_root "$dev" "$log" apt-get install -y -qq postgresql-15 postgresql-server-dev-15 &&
+			in_root "$dev" "$log" apt-get install -y -qq "postgresql-15$from" \
+				"postgresql-client-15$from" "postgresql-server-dev-15$from" &&
 			in_env "$dev" "$log" "PG_CONFIG=$old ./scripts/deps.sh && ./scripts/deps.sh &&
 				rm -rf /root/idem-up && mkdir /root/idem-up &&
 				git archive HEAD | tar -C /root/idem-up -xf - &&
