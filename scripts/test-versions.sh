@@ -27,6 +27,16 @@
 #            test/citus/020_citus_upgrade.pl makes idem's tenant records
 #            under Citus 13.2.2, upgrades the cluster to 14.0.1 and checks
 #            them (the same mounts)
+#   pg_upgrade
+#            with --pg-upgrade <release> (trixie or forky), in the same root
+#            after the package part: postgresql-15 and its -dev from
+#            bookworm's archive (pinned below the release's own, so only
+#            those and what they need come from it; for forky bookworm's
+#            15.18, not bookworm-security's 15.20, whose pg_upgrade to 18
+#            fails on any table), idem built and
+#            installed for 15 and for the release's major, then
+#            scripts/test-pg-upgrade.sh: pg_upgrade of a cluster with idem's
+#            records, runs and events from 15 to that major
 #   use      a second root with postgresql-<major> and no compiler, make,
 #            headers or source tree installs that .deb alone and
 #            scripts/check-package.sh exercises it (create, execute, replay,
@@ -36,6 +46,7 @@
 #                            [--no-suite bookworm|trixie|forky]...
 #                            [--citus bookworm|trixie|forky]...
 #                            [--citus-upgrade trixie]
+#                            [--pg-upgrade trixie|forky]...
 #                            [--parallel-suites] [--keep]
 #
 # --no-suite skips a release's suite and keeps its package parts: .ci/run
@@ -61,6 +72,7 @@ releases=""
 no_suite=""
 citus=""
 citus_upgrade=""
+pg_upgrade=""
 use_cache=1
 parallel_suites=0
 keep=0
@@ -89,6 +101,11 @@ while [ $# -gt 0 ]; do
 			# supports 15 to 17, 14.0.1 16 to 18
 			[ $# -ge 2 ] && [ "$2" = trixie ] || usage
 			citus_upgrade="$citus_upgrade $2"
+			shift ;;
+		--pg-upgrade)
+			# 15's binaries run on a newer release, not the other way
+			[ $# -ge 2 ] && { [ "$2" = trixie ] || [ "$2" = forky ]; } || usage
+			pg_upgrade="$pg_upgrade $2"
 			shift ;;
 		--no-cache) use_cache=0 ;;
 		--parallel-suites) parallel_suites=1 ;;
@@ -213,6 +230,32 @@ prove_release() {	# release
 		[ $use_cache -eq 0 ] || umount "$dev$citus_cache" || rc=1
 		return $rc
 	}
+	# PostgreSQL 15 beside the release's major, from bookworm's archive at
+	# a priority below the release's, and idem built for both from HEAD
+	# (not the suite's tree, which holds the release's build)
+	pg_upgrade_suite() {
+		local log=$logs/$rel-pg-upgrade.log old=/usr/lib/postgresql/15/bin/pg_config b
+		release_sources bookworm | sed 's/^/deb /' >"$dev/etc/apt/sources.list.d/idem-bookworm.list"
+		for b in bookworm bookworm-updates bookworm-security; do
+			printf 'Package: *\nPin: release n=%s\nPin-Priority: 100\n\n' "$b"
+		done >"$dev/etc/apt/preferences.d/idem-bookworm"
+		# 15.20 (bookworm-security) writes a column option pg_attver on
+		# every column, which forky's 18.6 does not know: its pg_upgrade
+		# fails restoring any table, with or without idem.  forky's root
+		# takes 15 from bookworm itself (15.18); trixie's 17.12 takes 15.20.
+		local from=""
+		[ "$rel" != forky ] || from=/bookworm
+		in_root "$dev" "$log" apt-get update -qq &&
+			in_root "$dev" "$log" apt-get install -y -qq "postgresql-15$from" \
+				"postgresql-client-15$from" "postgresql-server-dev-15$from" &&
+			in_env "$dev" "$log" "PG_CONFIG=$old ./scripts/deps.sh && ./scripts/deps.sh &&
+				rm -rf /root/idem-up && mkdir /root/idem-up &&
+				git archive HEAD | tar -C /root/idem-up -xf - &&
+				make -s -j2 -C /root/idem-up PG_CONFIG=$old install >/dev/null &&
+				make -s -C /root/idem-up clean &&
+				make -s -j2 -C /root/idem-up PG_CONFIG=\$PG_CONFIG install >/dev/null &&
+				./scripts/test-pg-upgrade.sh $old \$PG_CONFIG"
+	}
 	package() {
 		in_env "$dev" "$logs/$rel-package.log" ./scripts/package.sh --out /root/debs || return 1
 		mkdir -p "$work/debs/$rel"
@@ -258,6 +301,9 @@ prove_release() {	# release
 			citus_suite --upgrade-from 13.2.2 || rc=1 ;;
 	esac
 	release_part "package (pg_buildext, lintian)" package || return 1
+	case " $pg_upgrade " in
+		*" $rel "*) release_part "pg_upgrade from 15 (test-pg-upgrade.sh)" pg_upgrade_suite || rc=1 ;;
+	esac
 	remove_root "$dev" || true
 	release_part "root: postgresql-$major, no compiler" pkg_root || return 1
 	release_part "the .deb alone (check-package.sh)" use || rc=1

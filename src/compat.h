@@ -179,6 +179,22 @@ idem_sha256_end(idem_sha256_ctx ctx, uint8 *dest)
 #endif
 
 
+/*
+ * The tree walkers took a walker of unspecified parameters, bool (*) (),
+ * before 16's tree_walker_callback; a compiler that defaults to C23 (GCC 15)
+ * reads that as taking none and refuses idem's walkers.  Cast them, as 16's
+ * own macros do, through void (*) (void), which -Wcast-function-type
+ * accepts.  The header comes first: the macros must not rewrite its
+ * declarations.
+ */
+#include "nodes/nodeFuncs.h"
+#if PG_VERSION_NUM < 160000
+#define query_tree_walker(query, walker, context, flags) \
+	query_tree_walker((query), (bool (*) ()) (void (*) (void)) (walker), (context), (flags))
+#define expression_tree_walker(node, walker, context) \
+	expression_tree_walker((node), (bool (*) ()) (void (*) (void)) (walker), (context))
+#endif
+
 /* GUC "extra" data: guc_malloc() and guc_free() are exported from 16 on */
 #if PG_VERSION_NUM < 160000
 #define guc_malloc(elevel, size) malloc(size)

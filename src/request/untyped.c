@@ -45,6 +45,7 @@
 #include "nodes/nodeFuncs.h"
 #include "parser/analyze.h"
 
+#include "compat.h"
 #include "request/request.h"
 
 static post_parse_analyze_hook_type prev_post_parse_analyze_hook = NULL;
