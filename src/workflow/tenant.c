@@ -1031,7 +1031,7 @@ run_tenant_statement(const char *fname, IdemStatement *stmt,
 				 errmsg("the statement passed to %s does not keep to the tenant", fname),
 				 errdetail("Citus refused a part of it that is not filtered by the tenant's distribution value, in idem's colocation group: %s.",
 						   edata->message),
-				 idem_errhint(ERRCODE_IDEM_CITUS_MISMATCH, "Filter every distributed table the statement reads or writes by the tenant's distribution value, in tables co-located with idem's.")));
+				 idem_errhint(ERRCODE_IDEM_CITUS_MISMATCH, "Filter every distributed table the statement reads or writes by the tenant's distribution value, in tables co-located with idem's, and write that value as an argument or as a constant of the distribution column's type: Citus compares a constant as it is written, so an INSERT's VALUES (42, ...) into a bigint column is not the tenant 42::bigint.")));
 	}
 	PG_END_TRY();
 	return response;
@@ -1246,8 +1246,8 @@ tenant_here(TenantCall *tc, bool runs)
 		ereport(ERROR,
 				(errcode(ERRCODE_IDEM_CITUS_NOT_LOCAL),
 				 errmsg("%s cannot run in a distributed transaction", tc->fname),
-				 errdetail("This transaction already wrote through Citus to other nodes, which would commit apart from the key record."),
-				 idem_errhint(ERRCODE_IDEM_CITUS_NOT_LOCAL, "Send the call as a statement of its own.")));
+				 errdetail("This transaction already opened a transaction on another node through Citus (a write, or a read in a transaction block), which would commit apart from the key record."),
+				 idem_errhint(ERRCODE_IDEM_CITUS_NOT_LOCAL, "Send the call as a statement of its own, or before the statements that reach other nodes.")));
 	if (runs)
 	{
 		Oid			runs_rel = citus_runs_relid();

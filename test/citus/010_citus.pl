@@ -23,7 +23,13 @@
 #  - a call Citus does not delegate (SELECT idem_citus_call(...), 1) is
 #    IDC02; a statement that writes another tenant (on another node, or on
 #    another shard of the same node, entering through the coordinator or
-#    on the shard's node) is IDC03; neither leaves anything behind
+#    on the shard's node) is IDC03; neither leaves anything behind; nor does
+#    an INSERT of the tenant as an integer literal into the bigint column
+#    (IDC03, whose hint says to write it as 1::bigint, which executes)
+#  - on the shard's node, a call in a transaction block after a read of
+#    other nodes is IDC02, the error naming the read; after the call, the
+#    read commits with it; a read of every shard under a tenant runs
+#    (Citus does not check reads it plans across shards)
 #  - after citus_move_shard_placement moves the tenant's shard group to
 #    the other worker, the retry replays (no second row), and a new call
 #    executes there, its key and row in one transaction on the new node
@@ -374,6 +380,43 @@ for my $case (
 		"a statement writing another tenant ($what): IDC03");
 }
 is(rows("note = 'k-other'"), '0', '... no row written');
+# the tenant as an int literal in an INSERT's VALUES: Citus compares the
+# constant as written (integer, not bigint) and refuses; the error says how
+# to write it, and written so it runs
+($out, $err) = call($coord,
+	q{SELECT replayed FROM idem_citus_call(1::bigint, 'k-literal', 'INSERT INTO payments VALUES (1, $1, 1)', 'k-literal')}
+);
+is(sqlstate_of($err), 'IDC03',
+	'the tenant as an integer literal of a bigint column: IDC03');
+like($err, qr/Citus compares a constant as it is written/,
+	'... and the hint says to write it in the column\'s type');
+is(rows("note = 'k-literal'"), '0', '... no row written');
+($out, $err) = call($coord,
+	q{SELECT replayed FROM idem_citus_call(1::bigint, 'k-literal', 'INSERT INTO payments VALUES (1::bigint, $1, 1)', 'k-literal')}
+);
+is($out, 'f', '... written as 1::bigint, the call executes');
+# entering on the shard's node in a transaction block: a read of other
+# nodes before the call opened transactions there (refused, and the error
+# says so), a read after it does not matter
+($out, $err) = call($n1,
+	"BEGIN; SELECT count(*) FROM payments; SELECT replayed FROM idem_citus_call(1::bigint, 'k-block', $insert, 1::bigint, 'k-block', 1); COMMIT"
+);
+is(sqlstate_of($err), 'IDC02',
+	'a call after a read of other nodes in its transaction block: IDC02');
+like($err, qr/a read in a transaction block/, '... and the error says a read did it');
+($out, $err) = call($n1,
+	"BEGIN; SELECT replayed FROM idem_citus_call(1::bigint, 'k-block', $insert, 1::bigint, 'k-block', 1); SELECT count(*) > 0 FROM payments; COMMIT"
+);
+is(sqlstate_of($err), 'none', '... a read after the call commits with it');
+is(rows("note = 'k-block'"), '1', '... one row');
+# a read that Citus plans across shards is not refused (Citus does not
+# check it, doc/citus.md): its response counts another node's tenant too
+$coord->safe_psql('postgres', "INSERT INTO payments VALUES ($far, 'k-read', 1)");
+($out, $err) = call($coord,
+	q{SELECT response->'rows'->0->>'count' FROM idem_citus_call(1::bigint, 'k-read', 'SELECT count(*) FROM payments')}
+);
+is($out, rows('true'),
+	'a read of every shard under a tenant: recorded, with every tenant\'s rows');
 is( $coord->safe_psql(
 		'postgres', "SELECT count(*) FROM idem.citus_keys WHERE key = 'k-other'"),
 	'0',
