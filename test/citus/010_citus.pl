@@ -125,7 +125,10 @@
 #  - a column added to idem.citus_keys and dropped again: a call executes
 #    once and replays
 #  - a text tenant column with collation "C" (a database of its own):
-#    idem's tenant columns take it, and a call executes once and replays
+#    idem's tenant columns take it, and a call executes once and replays;
+#    after DROP EXTENSION idem CASCADE a tenant function left behind is
+#    IDC01, and with idem created again the colocation is declared again
+#    (a call executes once and replays through every node)
 #  - a text tenant (a database of its own): tenants and keys that spell
 #    each other's together, each executes once and replays through the
 #    workers; without idem.citus_runs (a colocation declared before tenant
@@ -1523,17 +1526,45 @@ SELECT string_agg(c.relname || ':' || l.collname, ',' ORDER BY c.relname)
   FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid JOIN pg_collation l ON l.oid = a.attcollation
  WHERE a.attrelid IN ('idem.citus_keys'::regclass, 'idem.citus_runs'::regclass) AND a.attname = 'tenant'}),
 	'citus_keys:C,citus_runs:C', "idem's tenant columns take the table's collation");
+# $sql in database $db through every node in turn: their outputs, joined
+sub through_nodes
 {
+	my ($db, $sql) = @_;
 	my @seen;
 	for my $entry (@nodes)
 	{
-		my ($ret, $o, $e) = $entry->psql('tc',
-			"SELECT replayed FROM idem_citus_call('acme'::text, 'c-1', $tt_insert, 'acme'::text, 'c-1')");
+		my ($ret, $o, $e) = $entry->psql($db, $sql);
 		push @seen, $o;
 		diag($e) if $e ne '';
 	}
-	is(join(',', @seen), 'f,t,t', '... and a call executes once and replays through the workers');
+	return join(',', @seen);
 }
+is( through_nodes('tc',
+		"SELECT replayed FROM idem_citus_call('acme'::text, 'c-1', $tt_insert, 'acme'::text, 'c-1')"),
+	'f,t,t',
+	'... and a call executes once and replays through the workers');
+
+# DROP EXTENSION idem CASCADE drops idem's tables and leaves the tenant
+# functions (Citus lets no distributed function depend on an extension);
+# with the extension created again, the colocation is declared again over
+# them
+$coord->safe_psql('tc', 'DROP EXTENSION idem CASCADE');
+($out, $err) = call_db($w1, 'tc',
+	"SELECT replayed FROM idem_citus_call('acme'::text, 'c-2', $tt_insert, 'acme'::text, 'c-2')");
+is(sqlstate_of($err), 'IDC01',
+	'after DROP EXTENSION idem CASCADE, a tenant function left behind is IDC01');
+$coord->safe_psql('tc', 'CREATE EXTENSION idem');
+($out, $err) = call_db($coord, 'tc', "SELECT idem_citus_colocate('accounts')");
+is($err, '', '... and with idem created again, the colocation is declared again')
+  or diag($err);
+is( through_nodes('tc',
+		"SELECT replayed FROM idem_citus_call('acme'::text, 'c-2', $tt_insert, 'acme'::text, 'c-2')"),
+	'f,t,t',
+	'... a call executes once and replays through the workers');
+my $tc_fns = q{SELECT count(*) FROM pg_proc WHERE proname LIKE 'idem\_citus\_%'};
+is(through_nodes('tc', $tc_fns),
+	join(',', ($coord->safe_psql('tc', $tc_fns)) x 3),
+	'... and every node has as many of them as the coordinator');
 
 # a colocation declared by a build without tenant runs: without
 # idem.citus_runs a run function is IDC01; declared again, the colocation
