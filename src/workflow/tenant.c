@@ -81,6 +81,7 @@
 #include "utils/jsonb.h"
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
+#include "utils/regproc.h"
 #include "utils/syscache.h"
 #include "utils/timestamp.h"
 
@@ -285,22 +286,59 @@ static const struct
 	"text, text"},
 };
 
-/* Drop every function of citus_calls for a tenant of type typname. */
+/*
+ * Drop the functions of an earlier colocation in schema nsp, whatever
+ * their tenant's type: those of citus_calls (C functions of idem's library
+ * libfile, by name) and idem_citus_run_purge(), none of them the
+ * extension's.  An earlier colocation of another type leaves them, and so
+ * does DROP EXTENSION idem CASCADE, which drops idem's tables but not the
+ * functions (Citus lets no distributed function depend on an extension):
+ * they would collide with the functions made now, or take the calls of
+ * the old tenant type.
+ */
 static void
-drop_tenant_functions(StringInfo sql, const char *nsp, const char *typname)
+drop_tenant_functions(Oid nsp, const char *libfile)
 {
+	StringInfoData sql;
+	Oid			types[2] = {OIDOID, TEXTOID};
+	Datum		values[2];
+
+	initStringInfo(&sql);
+	appendStringInfo(&sql,
+					 "SELECT p.oid FROM pg_catalog.pg_proc p"
+					 " WHERE p.pronamespace OPERATOR(pg_catalog.=) $1"
+					 " AND ((p.proname OPERATOR(pg_catalog.=) 'idem_citus_run_purge'"
+					 " AND p.proargtypes OPERATOR(pg_catalog.=) '%u'::pg_catalog.oidvector)"
+					 " OR (p.probin OPERATOR(pg_catalog.=) $2"
+					 " AND p.proname::pg_catalog.text OPERATOR(pg_catalog.=) ANY (ARRAY[",
+					 TIMESTAMPTZOID);
 	for (int i = 0; i < lengthof(citus_calls); i++)
+		appendStringInfo(&sql, "%s%s", i > 0 ? ", " : "",
+						 quote_literal_cstr(citus_calls[i].name));
+	appendStringInfoString(&sql,
+						   "])))"
+						   " AND NOT EXISTS (SELECT FROM pg_catalog.pg_depend d"
+						   " WHERE d.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_proc'::pg_catalog.regclass"
+						   " AND d.objid OPERATOR(pg_catalog.=) p.oid"
+						   " AND d.deptype OPERATOR(pg_catalog.=) 'e')");
+	values[0] = ObjectIdGetDatum(nsp);
+	values[1] = CStringGetTextDatum(libfile);
+	run_sql(sql.data, 2, types, values, SPI_OK_SELECT);
+
+	/* the statements first: each DROP replaces SPI's result */
+	resetStringInfo(&sql);
+	for (uint64 i = 0; i < SPI_processed; i++)
 	{
-		appendStringInfo(sql, "DROP FUNCTION IF EXISTS %s.%s(%s, %s);",
-						 nsp, citus_calls[i].name, typname,
-						 citus_calls[i].args);
-		if (citus_calls[i].old_args != NULL)
-			appendStringInfo(sql, "DROP FUNCTION IF EXISTS %s.%s(%s, %s);",
-							 nsp, citus_calls[i].name, typname,
-							 citus_calls[i].old_args);
+		bool		isnull;
+		Datum		fn = SPI_getbinval(SPI_tuptable->vals[i],
+									   SPI_tuptable->tupdesc, 1, &isnull);
+
+		appendStringInfo(&sql, "DROP FUNCTION %s;",
+						 format_procedure_qualified(DatumGetObjectId(fn)));
 	}
-	appendStringInfo(sql, "DROP FUNCTION IF EXISTS %s.idem_citus_run_purge(timestamptz);",
-					 nsp);
+	if (sql.len > 0)
+		run_sql(sql.data, 0, NULL, NULL, SPI_OK_UTILITY);
+	pfree(sql.data);
 }
 
 /*
@@ -532,7 +570,7 @@ idem_citus_colocate(PG_FUNCTION_ARGS)
 	char	   *typname;
 	char	   *coltype;
 	char	   *qtable;
-	StringInfoData sql;
+	char	   *libfile;
 	char	   *probin;
 	int			nestlevel;
 
@@ -569,7 +607,8 @@ idem_citus_colocate(PG_FUNCTION_ARGS)
 		coltype = psprintf("%s COLLATE %s", typname, qualified_collation(collation));
 	qtable = quote_qualified_identifier(get_namespace_name(get_rel_namespace(table)),
 										get_rel_name(table));
-	probin = quote_literal_cstr(func_probin(fcinfo->flinfo->fn_oid));
+	libfile = func_probin(fcinfo->flinfo->fn_oid);
+	probin = quote_literal_cstr(libfile);
 
 	keys_rel = idem_citus_keys_relid();
 	runs_rel = citus_runs_relid();
@@ -600,17 +639,12 @@ idem_citus_colocate(PG_FUNCTION_ARGS)
 					 idem_errhint(ERRCODE_IDEM_CITUS_MISMATCH, "Keep the declared colocation, or empty idem.citus_keys, idem.citus_runs and idem.citus_outbox first.")));
 	}
 
-	initStringInfo(&sql);
 	if (OidIsValid(keys_rel))
-	{
-		char	   *old_type = format_type_be_qualified(get_atttype(keys_rel, 1));
-
-		drop_tenant_functions(&sql, nsp, old_type);
-		appendStringInfoString(&sql, "DROP TABLE idem.citus_keys;"
-							   "DROP TABLE IF EXISTS idem.citus_runs;"
-							   "DROP TABLE IF EXISTS idem.citus_outbox");
-		run_sql(sql.data, 0, NULL, NULL, SPI_OK_UTILITY);
-	}
+		run_sql("DROP TABLE idem.citus_keys;"
+				"DROP TABLE IF EXISTS idem.citus_runs;"
+				"DROP TABLE IF EXISTS idem.citus_outbox", 0, NULL, NULL,
+				SPI_OK_UTILITY);
+	drop_tenant_functions(fn_nsp, libfile);
 	create_tenant_objects(nsp, typname, coltype, qtable, probin, false, false,
 						  false);
 
@@ -1031,7 +1065,7 @@ run_tenant_statement(const char *fname, IdemStatement *stmt,
 				 errmsg("the statement passed to %s does not keep to the tenant", fname),
 				 errdetail("Citus refused a part of it that is not filtered by the tenant's distribution value, in idem's colocation group: %s.",
 						   edata->message),
-				 idem_errhint(ERRCODE_IDEM_CITUS_MISMATCH, "Filter every distributed table the statement reads or writes by the tenant's distribution value, in tables co-located with idem's.")));
+				 idem_errhint(ERRCODE_IDEM_CITUS_MISMATCH, "Filter every distributed table the statement reads or writes by the tenant's distribution value, in tables co-located with idem's, and write that value as an argument or as a constant of the distribution column's type: Citus compares a constant as it is written, so an INSERT's VALUES (42, ...) into a bigint column is not the tenant 42::bigint.")));
 	}
 	PG_END_TRY();
 	return response;
@@ -1246,8 +1280,8 @@ tenant_here(TenantCall *tc, bool runs)
 		ereport(ERROR,
 				(errcode(ERRCODE_IDEM_CITUS_NOT_LOCAL),
 				 errmsg("%s cannot run in a distributed transaction", tc->fname),
-				 errdetail("This transaction already wrote through Citus to other nodes, which would commit apart from the key record."),
-				 idem_errhint(ERRCODE_IDEM_CITUS_NOT_LOCAL, "Send the call as a statement of its own.")));
+				 errdetail("This transaction already opened a transaction on another node through Citus (a write, or a read in a transaction block), which would commit apart from the key record."),
+				 idem_errhint(ERRCODE_IDEM_CITUS_NOT_LOCAL, "Send the call as a statement of its own, or before the statements that reach other nodes.")));
 	if (runs)
 	{
 		Oid			runs_rel = citus_runs_relid();
