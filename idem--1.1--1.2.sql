@@ -320,7 +320,8 @@ RETURNS timestamptz
 AS 'MODULE_PATHNAME', 'idem_run_extend'
 LANGUAGE C VOLATILE PARALLEL UNSAFE;
 
-CREATE FUNCTION @extschema@.idem_run_release(run_id text, lease_token uuid)
+CREATE FUNCTION @extschema@.idem_run_release(run_id text, lease_token uuid,
+	retry_after interval DEFAULT NULL, reason text DEFAULT NULL)
 RETURNS void
 AS 'MODULE_PATHNAME', 'idem_run_release'
 LANGUAGE C VOLATILE PARALLEL UNSAFE;

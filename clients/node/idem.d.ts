@@ -218,6 +218,8 @@ export interface WorkerOptions {
   log?: Pick<Console, 'warn' | 'error'>;
   /** runs a claim takes beyond the free executors while runs are fast (those that start within 0.1 s at the recent pace); default 4, 0: only for free executors */
   prefetch?: number;
+  /** seconds before a run whose next step this worker has no function for (a rolling deploy) is due again: handed back, its attempt not counted, the reason in last_error; default 30 */
+  unknownStepDelay?: number;
 }
 export interface WorkerStats {
   claimed: number;

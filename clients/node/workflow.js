@@ -130,9 +130,11 @@ class Context {
 
 class Worker {
   constructor(connect, workflows, { concurrency = 4, lease = 30, poll = 1, name = null, signal = null,
-    log = console, prefetch = 4 } = {}) {
+    log = console, prefetch = 4, unknownStepDelay = 30 } = {}) {
     if (!(concurrency >= 1)) throw new TypeError('concurrency must be at least 1');
     if (!(prefetch >= 0)) throw new TypeError('prefetch must be at least 0');
+    if (!(unknownStepDelay >= 0 && unknownStepDelay <= 86400)) throw new RangeError('unknownStepDelay must be between 0 and 86400 seconds');
+    this.unknownStepDelay = unknownStepDelay;
     this.connect = connect;
     this.byQueue = new Map(workflows.map((w) => [w.queue, w]));
     // a claim of the queue cannot tell whose run it took
@@ -336,9 +338,16 @@ class Worker {
       if (this.#lost(c.runId)) { this.stats.lost++; return client; }
       if (this.stopped) return this.#release(client, c, p);
       const def = c.wf.defs.get(name);
+      if (!def) {
+        // a worker of an older (or newer) deploy: the step is some other
+        // worker's to run, so hand the run back for a while without using
+        // up its attempts
+        const reason = `worker ${this.name} has no function for step '${name}' of workflow ${c.wf.name}`;
+        this.log.warn?.(`idem worker ${this.name}: run ${c.runId}: ${reason}`);
+        return this.#release(client, c, p, this.unknownStepDelay, reason);
+      }
       try {
         if (!client) client = await this.#open();
-        if (!def) throw new Error(`workflow ${c.wf.name} has no function for step ${name}`);
         results[name] = await this.#step(client, c, def, results, attempt, p);
         this.stats.steps++;
         attempt = 1; // a completed step starts the count again
@@ -468,11 +477,12 @@ class Worker {
     return client;
   }
 
-  async #release(client, c, p) {
+  async #release(client, c, p, delay = 0, reason = null) {
     try {
       if (!client) client = await this.#open();
       await this.#flush(client, c, p);
-      await client.query('SELECT idem_run_release($1, $2::uuid)', [c.runId, c.token]);
+      await client.query('SELECT idem_run_release($1, $2::uuid, make_interval(secs => $3), $4)',
+        [c.runId, c.token, delay, reason === null ? null : lib().failureText(reason, client, 2000)]);
       this.stats.released++;
     } catch (e) {
       if (!STOP_STATES.has(e.code)) {

@@ -60,6 +60,8 @@ point, is replaced by any other after its lease.
   their steps run (a slow external call keeps its run); SIGTERM or SIGINT
   (or ``stop``) drains: no more claims, running steps finish, their runs
   are handed back (idem_run_release: due at once, the attempt not counted).
+  A run whose next step the worker has no function for (a rolling deploy)
+  is handed back the same way, due after ``unknown_step_delay`` seconds.
   A step raising a BaseException that is no Exception (SystemExit,
   KeyboardInterrupt, CancelledError) drains it too, and run() raises it.
 - Every call is one statement in autocommit, so workers work through
@@ -377,11 +379,15 @@ class _Runs:
 
     _context = Context
 
-    def __init__(self, connect, workflows, concurrency, lease, poll, name, stop, prefetch):
+    def __init__(self, connect, workflows, concurrency, lease, poll, name, stop, prefetch,
+                 unknown_step_delay):
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
         if prefetch < 0:
             raise ValueError("prefetch must be at least 0")
+        if not 0 <= unknown_step_delay <= 86400:
+            raise ValueError("unknown_step_delay must be between 0 and 86400 seconds")
+        self.unknown_step_delay = unknown_step_delay
         self.connect = connect
         self.workflows = list(workflows)
         self.by_queue = {wf.queue: wf for wf in self.workflows}
@@ -515,9 +521,15 @@ class _Runs:
                 yield from self._release(c, p)
                 return
             spec = c.wf._steps.get(name)
+            if spec is None:
+                # a worker of an older (or newer) deploy: the step is some
+                # other worker's to run, so hand the run back for a while
+                # without using up its attempts
+                reason = f"worker {self.name} has no function for step {name!r} of workflow {c.wf.name}"
+                _log.warning("idem worker %s: run %s: %s", self.name, c.run_id, reason)
+                yield from self._release(c, p, self.unknown_step_delay, reason)
+                return
             try:
-                if spec is None:
-                    raise LookupError(f"workflow {c.wf.name} has no function for step {name!r}")
                 results[name] = yield from self._step(c, spec, results, attempt, p)
                 self._count("steps")
                 attempt = 1     # a completed step starts the count again
@@ -675,10 +687,12 @@ class _Runs:
                 _log.warning("idem worker %s: could not fail run %s step %s: %s", self.name,
                              c.run_id, name, fe)
 
-    def _release(self, c: _Claimed, p: _Progress):
+    def _release(self, c: _Claimed, p: _Progress, delay: float = 0, reason: Optional[str] = None):
         try:
             yield from self._flush(c, p)
-            yield _Sql("SELECT idem_run_release(%s, %s::uuid)", (c.run_id, c.token))
+            yield _Sql("SELECT idem_run_release(%s, %s::uuid, %s::interval, %s)",
+                       (c.run_id, c.token, _idem._ttl(delay) if delay else None,
+                        reason[:2000] if reason else None))
             self._count("released")
         except psycopg.OperationalError:
             pass        # back after its lease
@@ -735,14 +749,19 @@ class Worker(_Runs):
     under their lease, which the heartbeat extends, and count against a
     queue's concurrency cap; a killed worker's come back, like its running
     ones, when their leases end, an attempt counted.  0: claim only for
-    free executors."""
+    free executors.
+
+    ``unknown_step_delay``: a run whose next step this worker has no
+    function for (a rolling deploy: another version's worker has it) is
+    handed back, due after this many seconds, its attempt not counted and
+    the reason in idem_runs.last_error, rather than failed."""
 
     def __init__(self, connect: Callable[[], psycopg.Connection], workflows: List[Workflow], *,
                  concurrency: int = 4, lease: float = 30, poll: float = 1.0,
                  name: Optional[str] = None, stop: Optional[threading.Event] = None,
-                 prefetch: int = 4):
+                 prefetch: int = 4, unknown_step_delay: float = 30):
         super().__init__(connect, workflows, concurrency, lease, poll, name,
-                         stop or threading.Event(), prefetch)
+                         stop or threading.Event(), prefetch, unknown_step_delay)
         self._lock = threading.Lock()
         self._have_work = threading.Condition(self._lock)
         self._room = threading.Condition(self._lock)    # a run held ended
@@ -932,9 +951,10 @@ class AsyncWorker(_Runs):
 
     def __init__(self, connect: Callable, workflows: List[Workflow], *, concurrency: int = 4,
                  lease: float = 30, poll: float = 1.0, name: Optional[str] = None,
-                 stop: Optional[asyncio.Event] = None, prefetch: int = 4):
+                 stop: Optional[asyncio.Event] = None, prefetch: int = 4,
+                 unknown_step_delay: float = 30):
         super().__init__(connect, workflows, concurrency, lease, poll, name,
-                         stop or asyncio.Event(), prefetch)
+                         stop or asyncio.Event(), prefetch, unknown_step_delay)
         # one thread: the state needs no lock
         self._lock = contextlib.nullcontext()
         self._have_work = asyncio.Event()

@@ -666,25 +666,42 @@ idem_run_extend(PG_FUNCTION_ARGS)
 }
 
 /*
- * idem_run_release(run_id text, lease_token uuid) returns void
+ * idem_run_release(run_id text, lease_token uuid, retry_after interval,
+ *		reason text) returns void
  *
- * A worker hands back a run it will not work on (it is stopping): due now,
- * the attempt not counted, so another worker takes it at once.
+ * A worker hands back a run it will not work on, the attempt not counted:
+ * it is stopping (due now, so another worker takes it at once), or it has
+ * no code for the run's next step, as in a rolling deploy (due after
+ * retry_after, so that a worker that has it takes the run rather than the
+ * same one again).  The reason is the attempt's error and the run's last
+ * error, for the operator who wonders why the run does not move.
  */
 Datum
 idem_run_release(PG_FUNCTION_ARGS)
 {
 	char	   *run_id = idem_name_arg(fcinfo, 0, "run id");
 	const pg_uuid_t *token = idem_lease_token_arg(fcinfo, 1, true);
+	int64		retry_after_us = 0;
+	char	   *reason = NULL;
 	IdemRunRow	run;
 	TimestampTz now = GetCurrentTimestamp();
 
+	if (!PG_ARGISNULL(2))
+		retry_after_us = idem_retry_after_usecs(PG_GETARG_INTERVAL_P(2));
+	if (!PG_ARGISNULL(3))
+	{
+		reason = text_to_cstring(PG_GETARG_TEXT_PP(3));
+		idem_check_error_text("reason", reason);
+	}
 	idem_check_can_write("idem_run_release()");
 	idem_lock_run_leased(run_id, token, "release", &run);
-	idem_run_end_lease(&run, "released", NULL, now);
+	idem_run_end_lease(&run, "released", reason, now);
+	if (reason != NULL)
+		run.last_error = reason;
 	run.queue_state = "ready";
-	run.due_at = now;
+	run.due_at = now + retry_after_us;
 	idem_update_run(&run);
-	idem_queue_wake(run.queue);
+	if (retry_after_us == 0)
+		idem_queue_wake(run.queue);
 	PG_RETURN_VOID();
 }

@@ -657,10 +657,45 @@ SELECT run_id, attempt FROM idem_run_claim('rlgone', 1, '30 s', 'gone-worker');
 RESET ROLE;
 SELECT run_id, status, state, last_error FROM idem_runs WHERE run_id = 'gone-3';
 
+-- release with retry_after and a reason, as a worker that has no code for
+-- the next step releases (a rolling deploy): the run is not due before
+-- retry_after, the attempt is not counted, and the reason is on record
+SELECT idem_queue_create('rlrel', producers => '{regress_rl_app}',
+	workers => '{regress_rl_agent}');
+SET ROLE regress_rl_app;
+SELECT created FROM idem_run_begin('rel-1', steps => ARRAY['a', 'b'], queue => 'rlrel');
+RESET ROLE;
+SET ROLE regress_rl_agent;
+SELECT run_id, lease_token AS rel_tok, attempt FROM idem_run_claim('rlrel', worker => 'old') \gset
+SELECT :attempt AS attempt;
+SELECT idem_run_release('rel-1', :'rel_tok', retry_after => '-1 s');			-- 22023
+SELECT idem_run_release('rel-1', :'rel_tok', reason => repeat('x', 70000));	-- 22001
+SELECT idem_run_release('rel-1', :'rel_tok', retry_after => '1 year');		-- 22023
+SELECT idem_run_release('rel-1', gen_random_uuid(), '1 h', 'no');			-- ID412
+-- nothing changed: still leased by the same holder
+RESET ROLE;
+SELECT status, state, holder, attempt, last_error FROM idem_runs WHERE run_id = 'rel-1';
+SET ROLE regress_rl_agent;
+SELECT idem_run_release('rel-1', :'rel_tok', retry_after => '1 h',
+	reason => 'worker old has no function for step "a"');
+-- not due: nobody claims it, the old holder's token is spent
+SELECT count(*) AS claimed FROM idem_run_claim('rlrel', worker => 'new');
+SELECT idem_run_extend('rel-1', :'rel_tok', '30 s');						-- ID412
+RESET ROLE;
+SELECT status, state, holder, attempt, last_error,
+	next_due > now() + interval '59 min' AS due_in_an_hour
+  FROM idem_runs WHERE run_id = 'rel-1';
+SELECT claim, worker, outcome, error FROM idem_run_attempts WHERE run_id = 'rel-1';
+-- once due, a worker claims it with the attempt still the first
+UPDATE idem.runs SET due_at = now() WHERE run_id = 'rel-1';
+SET ROLE regress_rl_agent;
+SELECT run_id, attempt, next_step FROM idem_run_claim('rlrel', worker => 'new');
+RESET ROLE;
+
 -- cleanup
 DELETE FROM idem.outbox WHERE topic = 'rl_payments';
 DELETE FROM idem.outbox_topics WHERE topic = 'rl_payments';
-DELETE FROM idem.runs WHERE queue IN ('rl', 'rl1', 'rlfair', 'rlfair2', 'rlfair3', 'rlgrant', 'rlop', 'rlpub', 'rlnest', 'rltx', 'rlgone');
+DELETE FROM idem.runs WHERE queue IN ('rl', 'rl1', 'rlfair', 'rlfair2', 'rlfair3', 'rlgrant', 'rlop', 'rlpub', 'rlnest', 'rltx', 'rlgone', 'rlrel');
 DELETE FROM idem.keys WHERE owner = 'regress_rl_other'::regrole;
 DELETE FROM idem.keys WHERE owner = 'regress_rl_app'::regrole;
 DELETE FROM idem.queues;

@@ -105,6 +105,46 @@ for (const target of ['direct', 'pgbouncer']) {
       assert.deepEqual(idem.parseExact(notify.r), { to: 'c2', amount: '25.00' });
     });
 
+    it('a step the worker has no function for waits for a worker that has it (a rolling deploy)', async () => {
+      const q = await freshQueue();
+      const calls = [];
+      const make2 = (withB) => {
+        const wf = new idem.Workflow(q, { steps: ['a', 'b'], maxAttempts: 1 });
+        wf.step('a', (ctx) => { calls.push('a'); return { a: ctx.input.id }; });
+        if (withB) wf.step('b', (ctx) => { calls.push('b'); return { b: ctx.results.a.a }; });
+        return wf;
+      };
+      const runId = `${q}:deploy`;
+      const c = await connect();
+      await make2(false).start(c, runId, { input: { id: 7 } });
+      await c.end();
+      const quiet = { warn() {}, error() {} };
+      const ac = new AbortController();
+      const old = new idem.Worker(connect, [make2(false)], { concurrency: 1, lease: 5, poll: 0.1, name: 'old',
+        unknownStepDelay: 0.3, signal: ac.signal, log: quiet }).run();
+      const released = async () => Number((await one("SELECT count(*) AS n FROM idem_run_attempts WHERE run_id = $1 AND outcome = 'released'", [runId])).n);
+      await until(async () => (await released()) >= 3, 20, 'the old worker handing the run back three times');
+      ac.abort();
+      const stats = await old;
+      assert.ok(stats.released >= 3);
+      assert.equal(stats.failedSteps, 0);
+      const row = await one('SELECT status, attempt, next_step, last_error FROM idem_runs WHERE run_id = $1', [runId]);
+      assert.deepEqual(row, { status: 'running', attempt: 1, next_step: 'b',
+        last_error: `worker old has no function for step 'b' of workflow ${q}` });
+      // handed back for a while, not at once
+      const gap = await one("SELECT extract(epoch FROM min(c2.claimed_at - c1.ended_at))::float8 AS s FROM idem_run_attempts c1" +
+        " JOIN idem_run_attempts c2 ON c2.run_id = c1.run_id AND c2.claim = c1.claim + 1 WHERE c1.run_id = $1 AND c1.outcome = 'released'", [runId]);
+      assert.ok(gap.s >= 0.3, `claims ${gap.s} s apart`);
+      assert.throws(() => new idem.Worker(connect, [make2(true)], { unknownStepDelay: -1 }), RangeError);
+      const ac2 = new AbortController();
+      const w2 = new idem.Worker(connect, [make2(true)], { concurrency: 1, lease: 5, poll: 0.1, name: 'new', signal: ac2.signal, log: quiet }).run();
+      await until(async () => (await statuses(q)).completed === 1, 20, 'the completed run');
+      ac2.abort();
+      await w2;
+      assert.deepEqual(calls, ['a', 'b']);
+      assert.deepEqual((await one("SELECT response FROM idem_run_steps($1) WHERE step = 'b'", [runId])).response, { b: 7 });
+    });
+
     it('RetryAfter comes back no sooner; an exception fails the run after its last attempt', async () => {
       const q = await freshQueue();
       const car = await carrier({ busy: 1, retryAfter: '1' }).listen();

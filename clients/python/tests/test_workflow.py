@@ -296,6 +296,64 @@ def test_an_exception_fails_the_run_after_its_last_attempt(connect, admin, queue
                          (f"{queue}:bad",)).fetchone()[0] == "ValueError: bad return 7"
 
 
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["Worker", "AsyncWorker"])
+def test_a_step_the_worker_has_no_function_for_waits_for_one_that_has(route, connect, admin,
+                                                                      queue, asynchronous):
+    """A rolling deploy: a worker of the old version has no function for
+    the run's next step.  It hands the run back, due after
+    unknown_step_delay, with no attempt used (the run allows one) and the
+    reason on record, as often as it claims it; a worker that has the step
+    completes the run, the first step executed once."""
+    calls = []
+
+    def make(with_b):
+        wf = idem.Workflow(queue, steps=["a", "b"], max_attempts=1)
+
+        @wf.step("a")
+        def a(ctx):
+            calls.append("a")
+            return {"a": ctx.input["id"]}
+        if with_b:
+            @wf.step("b")
+            def b(ctx):
+                calls.append("b")
+                return {"b": ctx.results["a"]["a"]}
+        return wf
+
+    def running(wf, name):
+        kw = dict(concurrency=1, lease=5, poll=0.1, unknown_step_delay=0.3, name=name)
+        return RunningAsync(route, [wf], **kw) if asynchronous else Running(connect, [wf], **kw)
+
+    run_id = f"{queue}:deploy"
+    conn = connect()
+    conn.autocommit = True
+    make(False).start(conn, run_id, input={"id": 7})
+    old = running(make(False), "old")
+
+    def released():
+        return admin.execute("SELECT count(*) FROM idem_run_attempts WHERE run_id = %s"
+                             " AND outcome = 'released'", (run_id,)).fetchone()[0]
+    until(lambda: released() >= 3, 20, "the old worker handing the run back three times")
+    stats = old.finish()
+    assert stats["released"] >= 3 and stats["failed_steps"] == 0
+    row = admin.execute("SELECT status, attempt, next_step, last_error FROM idem_runs"
+                        " WHERE run_id = %s", (run_id,)).fetchone()
+    assert row[:3] == ("running", 1, "b")
+    assert row[3] == f"worker old has no function for step 'b' of workflow {queue}"
+    # handed back for a while, not at once: the claims are 0.3 s apart
+    gaps = admin.execute(
+        "SELECT min(c2.claimed_at - c1.ended_at) FROM idem_run_attempts c1"
+        " JOIN idem_run_attempts c2 ON c2.run_id = c1.run_id AND c2.claim = c1.claim + 1"
+        " WHERE c1.run_id = %s AND c1.outcome = 'released'", (run_id,)).fetchone()[0]
+    assert gaps >= datetime.timedelta(seconds=0.3)
+    new = running(make(True), "new")
+    until(lambda: statuses(admin, queue) == {"completed": 1}, 20, "the completed run")
+    new.finish()
+    assert calls == ["a", "b"]
+    assert admin.execute("SELECT response FROM idem_run_steps(%s) WHERE step = 'b'",
+                         (run_id,)).fetchone()[0] == {"b": 7}
+
+
 def test_retry_after_beyond_the_server_limit_is_the_limit(connect, admin, queue):
     """A Retry-After later than idem.outbox_max_retry_after (1 day) allows:
     the step fails as late as allowed; it was refused and the failure lost,
