@@ -25,11 +25,12 @@
  * stays one atomic add.  A session of a dropped role keeps counting in
  * its pair's row until it ends.  A reclaimed slot's counts are dropped
  * with it, as pg_stat_database drops a dropped database's row: they are
- * not carried into the overflow slot.  The catalogs are read only inside
- * a transaction that is not unwinding an error; elsewhere (the launcher,
- * the purge worker between its transactions, error cleanup) a full table
- * gives the overflow slot, which is then not remembered, so that a later
- * count looks again.
+ * not carried into the overflow slot.  The catalogs are read for this by
+ * idem_stats_count() and the view only, inside a transaction that is not
+ * unwinding an error and holding no LWLock; elsewhere (the launcher, the
+ * purge worker between its transactions, error cleanup, counts for
+ * another process's work) a full table gives the overflow slot, which is
+ * then not remembered, so that a later count looks again.
  *
  * Counters live in shared memory only: a restart or crash starts them from
  * zero (as pg_stat_statements' do without its file).  Without
