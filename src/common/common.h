@@ -158,6 +158,7 @@ typedef enum IdemStatCounter
 extern bool idem_stats_active(void);
 extern void idem_stats_database_only(void);
 extern void idem_stats_count(IdemStatCounter counter, uint64 n);
+extern void idem_stats_count_in_error(IdemStatCounter counter, uint64 n);
 extern void idem_stats_count_db(Oid dbid, IdemStatCounter counter, uint64 n);
 extern void idem_stats_count_for(Oid dbid, Oid roleid, IdemStatCounter counter,
 								 uint64 n);

@@ -271,11 +271,14 @@ queue_entry(IdemOutcome outcome, const IdemRequest *req,
 	latch = queue->launcher_latch;
 	LWLockRelease(queue->lock);
 
-	/* a refused entry counts for the database and role that lost it */
+	/*
+	 * A refused entry counts for the database and role that lost it.  A
+	 * rejected attempt is mostly queued from its error's cleanup.
+	 */
 	if (e == NULL)
 		idem_stats_count_for(MyDatabaseId, req->owner, IDEM_STAT_AUDIT_DROPPED, 1);
 	else
-		idem_stats_count(IDEM_STAT_AUDIT_QUEUED, 1);
+		idem_stats_count_in_error(IDEM_STAT_AUDIT_QUEUED, 1);
 	if (wake && latch != NULL)
 		SetLatch(latch);
 }
@@ -465,10 +468,24 @@ idem_audit_drain(int batch_size)
 	return n;
 }
 
-/* Free queued entries that match; count them as dropped. */
+static bool
+in_list(Oid dbid, const Oid *dbids, int ndbs)
+{
+	for (int i = 0; i < ndbs; i++)
+		if (dbids[i] == dbid)
+			return true;
+	return false;
+}
+
+/*
+ * Free queued entries that match; count them as dropped, except those of
+ * a database missing from existing (if given): it was dropped, and its
+ * counts go with its row (stats.c), not to another's.
+ */
 static void
 discard_entries(bool (*match) (Oid dbid, const Oid *dbids, int ndbs),
-				const Oid *dbids, int ndbs)
+				const Oid *dbids, int ndbs,
+				const Oid *existing, int nexisting)
 {
 	if (queue == NULL)
 		return;
@@ -479,7 +496,8 @@ discard_entries(bool (*match) (Oid dbid, const Oid *dbids, int ndbs),
 
 		if (OidIsValid(e->dbid) && match(e->dbid, dbids, ndbs))
 		{
-			idem_stats_count_for(e->dbid, e->owner, IDEM_STAT_AUDIT_DROPPED, 1);
+			if (existing == NULL || in_list(e->dbid, existing, nexisting))
+				idem_stats_count_for(e->dbid, e->owner, IDEM_STAT_AUDIT_DROPPED, 1);
 			e->dbid = InvalidOid;
 			queue->used--;
 		}
@@ -490,10 +508,7 @@ discard_entries(bool (*match) (Oid dbid, const Oid *dbids, int ndbs),
 static bool
 not_in_list(Oid dbid, const Oid *dbids, int ndbs)
 {
-	for (int i = 0; i < ndbs; i++)
-		if (dbids[i] == dbid)
-			return false;
-	return true;
+	return !in_list(dbid, dbids, ndbs);
 }
 
 static bool
@@ -504,12 +519,15 @@ is_first(Oid dbid, const Oid *dbids, int ndbs)
 
 /*
  * idem_audit_discard_other
- *		Drop queued entries of databases not in the list (dropped ones).
+ *		Drop queued entries of databases not in the list: dropped ones
+ *		(not in existing, every database pg_database has), templates and
+ *		databases closed to connections, which no purge worker visits.
  */
 void
-idem_audit_discard_other(const Oid *dbids, int ndbs)
+idem_audit_discard_other(const Oid *dbids, int ndbs,
+						 const Oid *existing, int nexisting)
 {
-	discard_entries(not_in_list, dbids, ndbs);
+	discard_entries(not_in_list, dbids, ndbs, existing, nexisting);
 }
 
 /*
@@ -519,7 +537,7 @@ idem_audit_discard_other(const Oid *dbids, int ndbs)
 void
 idem_audit_discard_db(Oid dbid)
 {
-	discard_entries(is_first, &dbid, 1);
+	discard_entries(is_first, &dbid, 1, NULL, 0);
 }
 
 /*

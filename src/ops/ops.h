@@ -64,7 +64,8 @@ extern void idem_audit_shmem_init(void);
 extern int64 idem_audit_drain(int batch_size);
 extern int64 idem_audit_purge_expired(int batch_size);
 extern void idem_audit_set_launcher_latch(struct Latch *latch);
-extern void idem_audit_discard_other(const Oid *dbids, int ndbs);
+extern void idem_audit_discard_other(const Oid *dbids, int ndbs,
+									 const Oid *existing, int nexisting);
 extern void idem_audit_discard_db(Oid dbid);
 
 

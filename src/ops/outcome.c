@@ -55,6 +55,24 @@ idem_error_outcome(int sqlerrcode, bool executing)
 }
 
 /*
+ * Count and audit an outcome; in_error: from the PG_CATCH block of the
+ * call's error, where the catalogs must not be read before the error is
+ * cleaned up (idem_stats_count_in_error()).
+ */
+static void
+note_outcome(IdemOutcome outcome, const IdemRequest *req,
+			 const uint8 *fingerprint, const char *run_id, const char *step,
+			 int sqlerrcode, bool in_error)
+{
+	if (in_error)
+		idem_stats_count_in_error(outcome_counter[outcome], 1);
+	else
+		idem_stats_count(outcome_counter[outcome], 1);
+	if (idem_audit_level != IDEM_AUDIT_OFF)
+		idem_audit_note(outcome, req, fingerprint, run_id, step, sqlerrcode);
+}
+
+/*
  * idem_note_error
  *		Count and audit the outcome of a call whose error is being raised
  *		(from its PG_CATCH block; the caller re-raises it).
@@ -65,8 +83,8 @@ idem_note_error(const IdemRequest *req, const uint8 *fingerprint,
 {
 	int			code = geterrcode();
 
-	idem_note_outcome(idem_error_outcome(code, executing), req, fingerprint,
-					  run_id, step, code);
+	note_outcome(idem_error_outcome(code, executing), req, fingerprint,
+				 run_id, step, code, true);
 }
 
 /* Count and audit the outcome of a call that executed or replayed. */
@@ -87,7 +105,5 @@ idem_note_outcome(IdemOutcome outcome, const IdemRequest *req,
 				  const uint8 *fingerprint, const char *run_id,
 				  const char *step, int sqlerrcode)
 {
-	idem_stats_count(outcome_counter[outcome], 1);
-	if (idem_audit_level != IDEM_AUDIT_OFF)
-		idem_audit_note(outcome, req, fingerprint, run_id, step, sqlerrcode);
+	note_outcome(outcome, req, fingerprint, run_id, step, sqlerrcode, false);
 }

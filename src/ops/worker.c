@@ -99,19 +99,25 @@ idem_worker_register(void)
 	RegisterBackgroundWorker(&worker);
 }
 
-/* The databases a worker may connect to, from the shared pg_database. */
+/*
+ * The databases a worker may connect to, from the shared pg_database, and
+ * in *all every database there.
+ */
 static Oid *
-list_databases(int *ndbs)
+list_databases(int *ndbs, Oid **all, int *nall)
 {
 	Relation	rel;
 	TableScanDesc scan;
 	HeapTuple	tup;
 	int			n = 0;
+	int			nevery = 0;
 	int			cap = 16;
 	Oid		   *dbs;
+	Oid		   *every;
 	MemoryContext cxt = CurrentMemoryContext;
 
 	dbs = palloc(cap * sizeof(Oid));
+	every = palloc(cap * sizeof(Oid));
 	StartTransactionCommand();
 	(void) GetTransactionSnapshot();
 	rel = table_open(DatabaseRelationId, AccessShareLock);
@@ -120,6 +126,17 @@ list_databases(int *ndbs)
 	{
 		Form_pg_database db = (Form_pg_database) GETSTRUCT(tup);
 
+		if (nevery == cap)
+		{
+			MemoryContext old = MemoryContextSwitchTo(cxt);
+
+			cap *= 2;
+			dbs = repalloc(dbs, cap * sizeof(Oid));
+			every = repalloc(every, cap * sizeof(Oid));
+			MemoryContextSwitchTo(old);
+		}
+		every[nevery++] = db->oid;
+
 		/*
 		 * Not templates: a connection to one makes CREATE DATABASE from it
 		 * fail, and nobody calls idem there.
@@ -127,14 +144,6 @@ list_databases(int *ndbs)
 		if (!db->datallowconn || db->datistemplate ||
 			db->datconnlimit == DATCONNLIMIT_INVALID_DB)
 			continue;
-		if (n == cap)
-		{
-			MemoryContext old = MemoryContextSwitchTo(cxt);
-
-			cap *= 2;
-			dbs = repalloc(dbs, cap * sizeof(Oid));
-			MemoryContextSwitchTo(old);
-		}
 		dbs[n++] = db->oid;
 	}
 	table_endscan(scan);
@@ -143,6 +152,8 @@ list_databases(int *ndbs)
 	/* the commit leaves TopMemoryContext current: back to the cycle's */
 	MemoryContextSwitchTo(cxt);
 	*ndbs = n;
+	*all = every;
+	*nall = nevery;
 	return dbs;
 }
 
@@ -242,6 +253,8 @@ idem_launcher_main(Datum main_arg)
 	{
 		Oid		   *dbs;
 		int			ndbs;
+		Oid		   *all;
+		int			nall;
 		MemoryContext old;
 
 		CHECK_FOR_INTERRUPTS();
@@ -252,8 +265,8 @@ idem_launcher_main(Datum main_arg)
 		}
 
 		old = MemoryContextSwitchTo(cycle_cxt);
-		dbs = list_databases(&ndbs);
-		idem_audit_discard_other(dbs, ndbs);
+		dbs = list_databases(&ndbs, &all, &nall);
+		idem_audit_discard_other(dbs, ndbs, all, nall);
 		for (int i = 0; i < ndbs; i++)
 		{
 			CHECK_FOR_INTERRUPTS();

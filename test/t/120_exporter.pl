@@ -105,20 +105,26 @@ is($m->{idem_stats_mismatches}, '1', 'one mismatch');
 is($m->{idem_stats_roles_executions}, '3', 'and per role: three executions');
 is($m->{idem_stats_roles_replays}, '2', 'two replays');
 
-# a database beyond idem.stats_max_databases counts in the overflow row,
-# served with an empty datname, so that summing over databases misses no
-# call; so does its (database, role) pair in idem_stats_roles' overflow
-# row.  The second row goes to a database dropped since, whose row (no
-# datname either) is not served.
+# The second row goes to a database dropped since, whose row (no datname)
+# is not served; the next database takes that row over, and the one after
+# it counts in the overflow row, served with an empty datname, so that
+# summing over databases misses no call; so does its (database, role) pair
+# in idem_stats_roles' overflow row.
 idem_setup_db($node, 'gone');
 $node->safe_psql('gone', call_sql('g-1', 0, 1));
 $node->safe_psql('postgres', 'DROP DATABASE gone');
+$m = scrape('');
+ok(!exists $m->{idem_stats_executions}, 'the dropped database\'s row is not served');
 idem_setup_db($node, 'other');
 $node->safe_psql('other', call_sql("o-$_", 0, $_)) for 1 .. 2;
+is(scrape('other')->{idem_stats_executions}, '2',
+	'the next database takes over the dropped one\'s row');
+idem_setup_db($node, 'more');
+$node->safe_psql('more', call_sql("m-$_", 0, $_)) for 1 .. 3;
 $m = scrape('');
-is($m->{idem_stats_executions}, '2',
-	'the overflow row is served with datname "", the dropped database\'s row not');
-is($m->{idem_stats_roles_executions}, '2', 'and the roles\' overflow row');
+is($m->{idem_stats_executions}, '3',
+	'the one after it counts in the overflow row, served with datname ""');
+is($m->{idem_stats_roles_executions}, '3', 'and the roles\' overflow row');
 is(scrape()->{idem_stats_executions}, '3', 'while database postgres keeps its own');
 
 $h->kill_kill;
