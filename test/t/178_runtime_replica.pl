@@ -21,6 +21,8 @@
 # - the run is exactly as acknowledged: leased to the same token with the
 #   same lease_until, step a done, step b not, the signals sent before
 #   promotion are there, one attempt on record;
+# - a session that was refused on the standby goes on after the promotion
+#   and may write;
 # - the lease still holds (lease_until is wall-clock time, carried in the
 #   run's row): another worker's claim does not get the run, the old holder
 #   goes on with its token (step a replays, step b executes once) and can
@@ -61,14 +63,17 @@ sub session
 sub refused
 {
 	my ($session, $label, $sql, $sqlstate, $limit) = @_;
+	# (a session keeps its stderr until it is cleared)
+	$session->{stderr} = '';
 	my $start = time;
 	$session->query($sql);
 	my $elapsed = time - $start;
 	my $stderr = $session->{stderr};
-	like($stderr, qr/ERROR:  $sqlstate:/, "$label fails with $sqlstate");
+	like($stderr, qr/^(psql:<stdin>:\d+: )?ERROR:  $sqlstate:/, "$label fails with $sqlstate");
 	cmp_ok($elapsed, '<', $limit, "$label fails at once")
 	  if defined $limit;
-	$session->query('ROLLBACK') if $sql =~ /^BEGIN/;
+	$session->{stderr} = '';
+	$session->query_safe('ROLLBACK') if $sql =~ /^BEGIN/;
 	return;
 }
 
@@ -89,8 +94,7 @@ sub scenario
 
 	# r1: steps a (with an outbox event), b, ev (a signal), c, leased to w1
 	# for 30 s; ev is signalled before anyone awaits it.  r3 awaits go and
-	# is signalled.  rc is cancelled (an audit entry).  A key with a 1 s ttl
-	# for the purge worker.
+	# is signalled.  rc is cancelled (an audit entry).
 	$primary->safe_psql(
 		'postgres', q{
 CREATE EXTENSION idem;
@@ -114,7 +118,6 @@ SELECT replayed FROM idem_call(NULL, 'INSERT INTO biz VALUES ($1, $2)', ARRAY['a
 	lease_token => (SELECT lease_token FROM w1));
 CREATE TABLE c1 AS SELECT event_id, lease_token, lease_until
   FROM idem_outbox_claim('wf', 10, '30 s', 'c1');
-SELECT replayed FROM idem_call('short', 'SELECT 1', ttl => '1 s');
 });
 	is($primary->safe_psql('postgres', 'SELECT run_id FROM w1'),
 		'r1', "$tag: w1 holds r1");
@@ -140,7 +143,7 @@ SELECT replayed FROM idem_call('short', 'SELECT 1', ttl => '1 s');
 	(SELECT string_agg(a::text, ';' ORDER BY run_id, claim) FROM idem.run_attempts a),
 	(SELECT string_agg(s::text, ';' ORDER BY run_id, event) FROM idem.run_signals s),
 	(SELECT string_agg(o::text, ';' ORDER BY event_id) FROM idem.outbox o),
-	(SELECT string_agg(k.key, ';' ORDER BY k.key) FROM idem.keys k WHERE k.key <> 'short'),
+	(SELECT string_agg(k.key, ';' ORDER BY k.key) FROM idem.keys k),
 	(SELECT string_agg(b::text, ';' ORDER BY b::text) FROM biz b)};
 	my $primary_state = $primary->safe_psql('postgres', $state_sql);
 	is($standby->safe_psql('postgres', $state_sql),
@@ -205,7 +208,6 @@ SELECT replayed FROM idem_call('short', 'SELECT 1', ttl => '1 s');
 		my ($label, $sql) = @$case;
 		refused($ro, "$tag: standby: $label", $sql, '25006', 2.5);
 	}
-	$ro->quit;
 	is($standby->safe_psql('postgres', $state_sql),
 		$primary_state, "$tag: standby: nothing changed");
 	is($primary->safe_psql('postgres', $state_sql),
@@ -248,11 +250,13 @@ SELECT replayed FROM idem_call('short', 'SELECT 1', ttl => '1 s');
 		"$tag: the signals sent before the promotion are there");
 
 	# right after the promotion: r3 (signalled) is due, r1 (leased) is not,
-	# nor is the leased event
-	is( $new->safe_psql(
-			'postgres', q{SELECT string_agg(run_id, ',')
+	# nor is the leased event.  The claim is made by the session that was
+	# refused on the standby: it survived the promotion and may write now.
+	is( $ro->query_safe(
+			q{SELECT string_agg(run_id, ',')
   FROM idem_run_claim('q', max_runs => 10, lease => '30 s', worker => 'w2')}),
 		'r3', "$tag: a claim gets the signalled run, not the leased one");
+	$ro->quit;
 	is($new->safe_psql('postgres', "SELECT count(*) FROM idem_outbox_claim('wf', 10, '30 s', 'c2')"),
 		'0', "$tag: the leased event is not redelivered while its lease holds");
 
@@ -331,6 +335,7 @@ SELECT replayed FROM idem_call('short', 'SELECT 1', ttl => '1 s');
 		ok( $new->poll_query_until(
 				'postgres', "SELECT count(*) > 0 FROM pg_stat_activity WHERE backend_type = 'idem launcher'"),
 			"$tag: the launcher runs on the new primary");
+		$new->safe_psql('postgres', "SELECT replayed FROM idem_call('short', 'SELECT 1', ttl => '1 s')");
 		ok($new->poll_query_until('postgres', "SELECT count(*) = 0 FROM idem.keys WHERE key = 'short'"),
 			"$tag: the purge worker purges on the new primary");
 	}
