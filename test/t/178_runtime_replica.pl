@@ -31,6 +31,9 @@
 #   (attempt 2, the cut attempt ended as lease_expired) and the old holder
 #   is fenced (ID412); the new holder's steps replay, none re-executes,
 #   and the run completes with each business write once;
+# - a run whose lease ran out before the failover, with an external step
+#   started, is claimed (attempt 2, started_step shown) and its step
+#   started again under the same key; its old holder is ID412;
 # - the outbox event leased on the old primary is not redelivered before
 #   its lease ends, then is (attempt 2), and the old consumer's ack is
 #   ID412;
@@ -94,7 +97,8 @@ sub scenario
 
 	# r1: steps a (with an outbox event), b, ev (a signal), c, leased to w1
 	# for 30 s; ev is signalled before anyone awaits it.  r3 awaits go and
-	# is signalled.  rc is cancelled (an audit entry).
+	# is signalled.  r5's external step x is started under a 2 s lease that
+	# runs out before the failover.  rc is cancelled (an audit entry).
 	$primary->safe_psql(
 		'postgres', q{
 CREATE EXTENSION idem;
@@ -109,6 +113,10 @@ SELECT status FROM idem_run_begin('r3', steps => ARRAY['go'], input => '{}', que
 CREATE TABLE w3 AS SELECT run_id, lease_token
   FROM idem_run_claim('q', max_runs => 1, lease => '30 s', worker => 'w3');
 SELECT state FROM idem_run_await('r3', 'go', (SELECT lease_token FROM w3));
+SELECT status FROM idem_run_begin('r5', steps => ARRAY['x'], input => '{}', queue => 'q');
+CREATE TABLE w5 AS SELECT run_id, lease_token
+  FROM idem_run_claim('q', max_runs => 1, lease => '2 s', worker => 'w5');
+SELECT attempt FROM idem_step_start('r5', 'x', (SELECT lease_token FROM w5));
 SELECT idem_run_signal('r3', 'go', '{"go": true}');
 SELECT idem_run_signal('r1', 'ev', '{"x": 1}');
 SELECT status FROM idem_run_begin('rc', steps => ARRAY['a'], input => '{}', queue => 'q');
@@ -249,13 +257,25 @@ CREATE TABLE c1 AS SELECT event_id, lease_token, lease_until
 		'r1:ev={"x": 1} r3:go={"go": true}',
 		"$tag: the signals sent before the promotion are there");
 
-	# right after the promotion: r3 (signalled) is due, r1 (leased) is not,
-	# nor is the leased event.  The claim is made by the session that was
-	# refused on the standby: it survived the promotion and may write now.
+	# right after the promotion: r3 (signalled) and r5 (its lease over) are
+	# due, r1 (leased) is not, nor is the leased event.  The claim is made by
+	# the session that was refused on the standby: it survived the promotion
+	# and may write now.
+	$ro->query_safe(
+		q{CREATE TEMP TABLE w2 AS SELECT * FROM idem_run_claim('q', max_runs => 10, lease => '30 s', worker => 'w2')});
 	is( $ro->query_safe(
-			q{SELECT string_agg(run_id, ',')
-  FROM idem_run_claim('q', max_runs => 10, lease => '30 s', worker => 'w2')}),
-		'r3', "$tag: a claim gets the signalled run, not the leased one");
+			q{SELECT string_agg(concat_ws(':', run_id, attempt, started_step, started_attempts), ' ' ORDER BY run_id) FROM w2}),
+		'r3:1 r5:2:x:1',
+		"$tag: a claim gets the signalled run and the expired one with its started external step, not the leased one");
+	my $tok5 = $new->safe_psql('postgres', 'SELECT lease_token FROM w5');
+	refused($ro, "$tag: r5's old holder completing its external step",
+		"SELECT idem_step_complete('r5', 'x', '{}', '$tok5')", 'ID412');
+	is( $ro->query_safe(
+			q{SELECT s.step_key || ' ' || s.attempt FROM w2, idem_step_start('r5', 'x', w2.lease_token) s WHERE w2.run_id = 'r5';
+SELECT idem_step_complete('r5', 'x', '{"ok": 1}', lease_token => (SELECT lease_token FROM w2 WHERE run_id = 'r5'));
+SELECT string_agg(claim || ':' || worker || ':' || outcome, ' ' ORDER BY claim) FROM idem_run_attempts WHERE run_id = 'r5'}),
+		"idem.step:r5:x 2\n{\"ok\": 1}\n1:w5:lease_expired 2:w2:completed",
+		"$tag: r5's external step is started again under the same key and completes");
 	$ro->quit;
 	is($new->safe_psql('postgres', "SELECT count(*) FROM idem_outbox_claim('wf', 10, '30 s', 'c2')"),
 		'0', "$tag: the leased event is not redelivered while its lease holds");
