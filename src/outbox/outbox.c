@@ -1817,6 +1817,13 @@ idem_outbox_wait(PG_FUNCTION_ARGS)
 	topic = text_to_cstring(PG_GETARG_TEXT_PP(0));
 	timeout_ms = idem_wait_ms(PG_GETARG_INTERVAL_P(1));
 	idem_check_name("outbox topic", topic, OUTBOX_MAX_NAME_BYTES, NULL);
+
+	/*
+	 * Events replayed from the primary never wake a standby's wait, so it
+	 * would always sleep its whole timeout, and the claim it leads to cannot
+	 * lease there: refuse at once, as that claim does.
+	 */
+	PreventCommandDuringRecovery("idem_outbox_wait()");
 	check_topic(topic, GetUserId(), TOPIC_CONSUME);
 	check_can_wait("idem_outbox_wait()");
 

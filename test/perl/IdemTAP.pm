@@ -167,29 +167,36 @@ sub citus_database
 
 =pod
 
-=item idem_sync_pair(synchronous_commit)
+=item idem_sync_pair(synchronous_commit[, prefix, settings])
 
 A started primary whose synchronous standby is named 'standby', with the
 given synchronous_commit, and that standby, streaming from a base backup and
 started.  The standby has no synchronous standby of its own, so it commits
 without waiting once promoted.  Returns (primary, standby).
 
+With prefix, the nodes are named prefix_primary and prefix_standby (so a
+test can build more than one pair); settings are appended to the
+primary's postgresql.conf before it starts, and the standby's base backup
+carries them.
+
 =cut
 
 sub idem_sync_pair
 {
-	my ($synchronous_commit) = @_;
-	my $primary = idem_node('primary', allows_streaming => 1);
+	my ($synchronous_commit, $prefix, $settings) = @_;
+	my $pname = defined $prefix ? "${prefix}_primary" : 'primary';
+	my $sname = defined $prefix ? "${prefix}_standby" : 'standby';
+	my $primary = idem_node($pname, allows_streaming => 1);
 
 	$primary->append_conf(
 		'postgresql.conf', qq(
-synchronous_standby_names = 'standby'
+synchronous_standby_names = '$sname'
 synchronous_commit = $synchronous_commit
-));
+) . ($settings // ''));
 	$primary->start;
 	$primary->backup('base');
 
-	my $standby = PostgreSQL::Test::Cluster->new('standby');
+	my $standby = PostgreSQL::Test::Cluster->new($sname);
 	$standby->init_from_backup($primary, 'base', has_streaming => 1);
 	$standby->append_conf('postgresql.conf', "synchronous_standby_names = ''");
 	$standby->start;
