@@ -868,9 +868,11 @@ class Worker(_Runs):
                         self._hand_over(c)
                     got += len(rows)
                 down = 0
-            except psycopg.OperationalError as e:
+            except (psycopg.OperationalError, psycopg.errors.ReadOnlySqlTransaction) as e:
                 # the server restarted or our session ended: runs we claimed
-                # and did not hear about come back after their lease
+                # and did not hear about come back after their lease; or we
+                # reached a standby (25006), as after a failover before the
+                # address moves to the new primary
                 self._close(conn)
                 conn = None
                 down += 1
@@ -1070,7 +1072,7 @@ class AsyncWorker(_Runs):
                         self._hand_over(c)
                     got += len(rows)
                 down = 0
-            except psycopg.OperationalError as e:
+            except (psycopg.OperationalError, psycopg.errors.ReadOnlySqlTransaction) as e:
                 # as Worker's: our claims come back after their lease
                 await self._close(conn)
                 conn = None

@@ -8,6 +8,7 @@ drain and kills; values written into a worker's statements reach the
 server as written."""
 
 import asyncio
+import collections.abc
 import datetime
 import os
 import random
@@ -352,6 +353,55 @@ def test_a_step_the_worker_has_no_function_for_waits_for_one_that_has(route, con
     assert calls == ["a", "b"]
     assert admin.execute("SELECT response FROM idem_run_steps(%s) WHERE step = 'b'",
                          (run_id,)).fetchone()[0] == {"b": 7}
+
+
+class _ReadOnlyUntilFlipped(collections.abc.Mapping):
+    """Connect keywords that put each new session in read-only mode (as a
+    standby's are) while read_only is set: read at every connect."""
+
+    read_only = True
+
+    def __iter__(self):
+        return iter(["options"])
+
+    def __len__(self):
+        return 1
+
+    def __getitem__(self, k):
+        return "-c default_transaction_read_only=on" if self.read_only else ""
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["Worker", "AsyncWorker"])
+def test_a_claim_on_a_read_only_server_reconnects(cluster, admin, queue, asynchronous):
+    """A claim that reaches a read-only server (25006: a standby, as after a
+    failover before the address moves to the new primary) reconnects and
+    claims again, as after a lost connection: the worker does not stop,
+    and claims the run once the server it reaches is writable."""
+    kw = _ReadOnlyUntilFlipped()
+    opened = []
+    wf = idem.Workflow(queue, steps=["a"])
+
+    @wf.step("a")
+    def a(ctx):
+        return {"ok": ctx.input["id"]}
+    wf.start(admin, f"{queue}:ro", input={"id": 1})
+
+    def connect():
+        opened.append(kw.read_only)
+        return psycopg.connect(cluster.dsn(), **kw)
+    w = (RunningAsync((cluster.dsn(), kw), [wf], concurrency=1, lease=5, poll=0.1)
+         if asynchronous else Running(connect, [wf], concurrency=1, lease=5, poll=0.1))
+    if asynchronous:
+        # the async worker's connect, counted the same way
+        inner = w.worker.connect
+        w.worker.connect = lambda: (opened.append(kw.read_only), inner())[1]
+    until(lambda: opened.count(True) >= 4, 20, "the claimer reconnecting to a read-only server")
+    assert w.thread.is_alive(), "the worker stopped"
+    assert admin.execute("SELECT count(*) FROM idem_run_attempts WHERE run_id = %s",
+                         (f"{queue}:ro",)).fetchone()[0] == 0
+    kw.read_only = False
+    until(lambda: statuses(admin, queue) == {"completed": 1}, 20, "the completed run")
+    w.finish()
 
 
 def test_retry_after_beyond_the_server_limit_is_the_limit(connect, admin, queue):
