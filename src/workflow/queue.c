@@ -57,7 +57,6 @@ static IdemQuery q_insert = {
 	INT4OID, INTERVALOID, INTERVALOID, TEXTOID}
 };
 
-/* $3: 0 producers, 1 workers, 2 signallers */
 /* NULL keeps a value; $7 (uncapped) removes the cap */
 static IdemQuery q_alter = {
 	"UPDATE idem.queues"
@@ -75,6 +74,7 @@ static IdemQuery q_delete = {
 	1, {TEXTOID}
 };
 
+/* $3: 0 producers, 1 workers, 2 signallers */
 static IdemQuery q_grant = {
 	"UPDATE idem.queues"
 	"   SET producers = CASE WHEN $3 OPERATOR(pg_catalog.=) 0 AND NOT $2 OPERATOR(pg_catalog.=) ANY (producers)"
