@@ -843,3 +843,31 @@ DROP FUNCTION @extschema@.idem_1_1_execute(text, text, VARIADIC text[]);
 DROP FUNCTION @extschema@.idem_1_1_execute_ex(text, text, VARIADIC text[]);
 DROP FUNCTION @extschema@.idem_1_1_step(text, text, text, VARIADIC text[]);
 DROP FUNCTION @extschema@.idem_1_1_dry_run(text, text, VARIADIC text[]);
+
+-- Lifecycle of queues and topics: an administrator changes a queue's cap
+-- and retry policy, and drops a queue or a topic (refused while it has
+-- unfinished runs or undelivered events, unless cascade cancels the runs
+-- or deletes the events).  src/workflow/queue.c, control.c,
+-- src/outbox/outbox.c.
+CREATE FUNCTION @extschema@.idem_queue_alter(queue text,
+	concurrency integer DEFAULT NULL, max_attempts integer DEFAULT NULL,
+	backoff_base interval DEFAULT NULL, backoff_cap interval DEFAULT NULL,
+	jitter text DEFAULT NULL, uncapped boolean DEFAULT false)
+RETURNS void
+AS 'MODULE_PATHNAME', 'idem_queue_alter'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+REVOKE ALL ON FUNCTION @extschema@.idem_queue_alter(text, integer, integer, interval, interval, text, boolean) FROM PUBLIC;
+
+CREATE FUNCTION @extschema@.idem_queue_drop(queue text,
+	cascade boolean DEFAULT false)
+RETURNS void
+AS 'MODULE_PATHNAME', 'idem_queue_drop'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+REVOKE ALL ON FUNCTION @extschema@.idem_queue_drop(text, boolean) FROM PUBLIC;
+
+CREATE FUNCTION @extschema@.idem_outbox_drop_topic(topic text,
+	cascade boolean DEFAULT false)
+RETURNS void
+AS 'MODULE_PATHNAME', 'idem_outbox_drop_topic'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+REVOKE ALL ON FUNCTION @extschema@.idem_outbox_drop_topic(text, boolean) FROM PUBLIC;

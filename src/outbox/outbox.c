@@ -85,6 +85,7 @@ PG_FUNCTION_INFO_V1(idem_outbox_wait);
 PG_FUNCTION_INFO_V1(idem_outbox_topics_changed);
 PG_FUNCTION_INFO_V1(idem_outbox_purge);
 PG_FUNCTION_INFO_V1(idem_outbox_create_topic);
+PG_FUNCTION_INFO_V1(idem_outbox_drop_topic);
 PG_FUNCTION_INFO_V1(idem_outbox_grant);
 PG_FUNCTION_INFO_V1(idem_outbox_revoke);
 PG_FUNCTION_INFO_V1(idem_outbox_channel);
@@ -422,6 +423,15 @@ idem_insert_outbox(const char *key, Oid owner, const char *topic,
 	Datum		values[Natts_tenant_event];
 	bool		nulls[Natts_tenant_event] = {0};
 
+	/*
+	 * The lock the insert takes, before the topic is checked:
+	 * idem_outbox_drop_topic() holds a lock that conflicts with it until it
+	 * commits, and a drop that committed while this waited is seen here
+	 * (as a table lock's invalidations are), not after the event was
+	 * written to a topic that no longer exists.
+	 */
+	if (shard == NULL || !OidIsValid(shard->relid))
+		LockRelationOid(idem_catalog_outbox(), RowExclusiveLock);
 	idem_outbox_check_publish(topic, owner);
 
 	values[Anum_outbox_event_id - 1] = idem_random_uuid();
@@ -666,6 +676,26 @@ static IdemQuery q_topic_insert = {
 	" VALUES ($1, $2, $3, pg_catalog.now())"
 	" ON CONFLICT (topic) DO NOTHING",
 	3, {TEXTOID, REGROLEARRAYOID, REGROLEARRAYOID}
+};
+
+static IdemQuery q_topic_delete = {
+	"DELETE FROM idem.outbox_topics WHERE topic OPERATOR(pg_catalog.=) $1",
+	1, {TEXTOID}
+};
+
+/* a topic's events that are not delivered: pending, leased and dead */
+static IdemQuery q_topic_undelivered = {
+	"SELECT pg_catalog.count(*) FROM idem.outbox"
+	" WHERE topic OPERATOR(pg_catalog.=) $1"
+	"   AND state OPERATOR(pg_catalog.<>) 'delivered'",
+	1, {TEXTOID}
+};
+
+static IdemQuery q_topic_delete_undelivered = {
+	"DELETE FROM idem.outbox"
+	" WHERE topic OPERATOR(pg_catalog.=) $1"
+	"   AND state OPERATOR(pg_catalog.<>) 'delivered'",
+	1, {TEXTOID}
 };
 
 static IdemQuery q_topic_grant = {
@@ -1407,8 +1437,8 @@ report_not_found(Datum event_id)
 			 errmsg("outbox event %s does not exist",
 					DatumGetCString(DirectFunctionCall1(uuid_out, event_id))),
 			 tenants ?
-			 errdetail("It was never written, or it was delivered and purged, or it is a tenant's event whose shard moved to another node, which delivers it again.") :
-			 errdetail("It was never written, or it was delivered and purged."),
+			 errdetail("It was never written, or it was delivered and purged, or its topic was dropped, or it is a tenant's event whose shard moved to another node, which delivers it again.") :
+			 errdetail("It was never written, or it was delivered and purged, or its topic was dropped."),
 			 idem_errhint(ERRCODE_IDEM_EVENT_NOT_FOUND, NULL)));
 }
 
@@ -1995,6 +2025,92 @@ idem_outbox_create_topic(PG_FUNCTION_ARGS)
 				(errcode(ERRCODE_DUPLICATE_OBJECT),
 				 errmsg("outbox topic \"%s\" already exists", topic),
 				 idem_errhint(ERRCODE_DUPLICATE_OBJECT, "Use idem_outbox_grant() to add roles to it.")));
+	PG_RETURN_VOID();
+}
+
+/*
+ * idem_outbox_drop_topic(topic text, cascade boolean) returns void
+ *
+ * Refused (2BP01) while the topic has events that are not delivered:
+ * pending, leased, or dead letters (a requeue would deliver one again).
+ * With cascade they are deleted; a consumer's ack of one then finds no
+ * event (IDE04).  Delivered events kept by idem.outbox_keep_delivered stay
+ * until the purge, for history.  The lock on idem.outbox waits for the
+ * transactions that write events and keeps new writers out until the drop
+ * commits, when a producer of the topic finds it gone (42704): no event is
+ * left behind on a topic that does not exist.  Tenant events under Citus,
+ * in idem.citus_outbox, are not looked at.
+ */
+Datum
+idem_outbox_drop_topic(PG_FUNCTION_ARGS)
+{
+	IdemOwnerSPI	spi;
+	char	   *topic;
+	bool		cascade;
+	Datum		values[1];
+	char		nulls[1] = {' '};
+	bool		isnull;
+	uint64		deleted;
+	int64		undelivered;
+
+	arg_not_null(fcinfo, 0, "topic");
+	arg_not_null(fcinfo, 1, "cascade");
+	topic = text_to_cstring(PG_GETARG_TEXT_PP(0));
+	idem_check_name("outbox topic", topic, OUTBOX_MAX_NAME_BYTES, NULL);
+	cascade = PG_GETARG_BOOL(1);
+	idem_check_can_write("idem_outbox_drop_topic()");
+	values[0] = PointerGetDatum(cstring_to_text(topic));
+
+	LockRelationOid(idem_catalog_outbox(), ShareLock);
+	idem_owner_spi_begin(&spi, idem_catalog_outbox());
+	idem_query_run(&q_topic_delete, values, nulls, 0);
+	deleted = SPI_processed;
+	if (deleted == 0)
+	{
+		idem_owner_spi_end(&spi);
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_OBJECT),
+				 errmsg("outbox topic \"%s\" does not exist", topic),
+				 idem_errhint(ERRCODE_UNDEFINED_OBJECT, "An administrator registers topics with idem_outbox_create_topic().")));
+	}
+
+	/*
+	 * Every event committed so far, whatever the isolation level: the lock
+	 * keeps events from being written or changed until this commits.
+	 */
+	idem_query_run_latest(&q_topic_undelivered, values, nulls, 0);
+	undelivered = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
+											  SPI_tuptable->tupdesc, 1, &isnull));
+	if (undelivered > 0 && !cascade)
+	{
+		idem_owner_spi_end(&spi);
+		ereport(ERROR,
+				(errcode(ERRCODE_DEPENDENT_OBJECTS_STILL_EXIST),
+				 errmsg_plural("cannot drop outbox topic \"%s\" because it has %lld undelivered event",
+							   "cannot drop outbox topic \"%s\" because it has %lld undelivered events",
+							   (unsigned long) Min(undelivered, LONG_MAX),
+							   topic, (long long) undelivered),
+				 errdetail("Pending, leased and dead events keep their topic."),
+				 idem_errhint(ERRCODE_DEPENDENT_OBJECTS_STILL_EXIST,
+							  "Let them be delivered, or drop the topic with cascade => true, which deletes them.")));
+	}
+	deleted = 0;
+	if (undelivered > 0)
+	{
+		idem_query_run_latest(&q_topic_delete_undelivered, values, nulls, 0);
+		deleted = SPI_processed;
+	}
+	idem_owner_spi_end(&spi);
+	/* the consumers that wait on it find it gone */
+	if (idem_outbox_notify || idem_wakeup_available())
+		remember_notify(topic, idem_outbox_notify);
+	if (deleted > 0)
+		ereport(NOTICE,
+				(errmsg_plural("drop cascades to %llu undelivered event",
+							   "drop cascades to %llu undelivered events",
+							   (unsigned long) Min(deleted, LONG_MAX),
+							   (unsigned long long) deleted),
+				 errdetail("The events were deleted; their consumers' acks find no event.")));
 	PG_RETURN_VOID();
 }
 

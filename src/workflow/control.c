@@ -3,7 +3,8 @@
  * control.c
  *		Operators' verbs on runs: idem_run_cancel() and idem_run_retry(),
  *		for a run's owner and for administrators (superusers and members
- *		of idem_admin), who name the owner of another role's run.
+ *		of idem_admin), who name the owner of another role's run; and
+ *		idem_queue_drop(), which cancels a queue's unfinished runs with it.
  *
  * Each verb that changes a run is audited (idem_audit_run_action()).
  *
@@ -21,6 +22,8 @@
  */
 #include "postgres.h"
 
+#include "catalog/pg_type.h"
+#include "executor/spi.h"
 #include "fmgr.h"
 #include "miscadmin.h"
 #include "utils/builtins.h"
@@ -31,6 +34,20 @@
 
 PG_FUNCTION_INFO_V1(idem_run_cancel);
 PG_FUNCTION_INFO_V1(idem_run_retry);
+PG_FUNCTION_INFO_V1(idem_queue_drop);
+
+/*
+ * A queue's runs that are not finished: running, or failed (a retry would
+ * put a failed run back on its queue).  Not in the claim's partial
+ * indexes, which leave failed runs out: a drop reads the queue's runs.
+ */
+static IdemQuery q_unfinished = {
+	"SELECT owner, run_id FROM idem.runs"
+	" WHERE queue OPERATOR(pg_catalog.=) $1"
+	"   AND status OPERATOR(pg_catalog.=) ANY ('{running,failed}'::pg_catalog.text[])"
+	" ORDER BY owner, run_id",
+	1, {TEXTOID}
+};
 
 static void
 report_finished(IdemRunRow *run, const char *verb)
@@ -58,17 +75,22 @@ idem_run_cancel(PG_FUNCTION_ARGS)
 	PG_RETURN_TEXT_P(cstring_to_text(idem_run_cancel_in(&idem_local_runs, owner,
 														run_id,
 														PG_ARGISNULL(1) ? NULL :
-														text_to_cstring(PG_GETARG_TEXT_PP(1)))));
+														text_to_cstring(PG_GETARG_TEXT_PP(1)),
+														false)));
 }
 
 /*
  * idem_run_cancel_in
  *		Cancel owner's run run_id in store, for reason (NULL: "cancelled");
- *		returns its status.
+ *		returns its status.  queue_dropped: for idem_queue_drop(), which
+ *		cancels a failed run too, passes over one that completed since it
+ *		was listed, and keeps the token of a lease it ends, so that the
+ *		holder's next call is told its lease is lost (ID412) rather than
+ *		that the run does not exist.
  */
 char *
 idem_run_cancel_in(const IdemRunStore *store, Oid owner, const char *run_id,
-				   const char *reason)
+				   const char *reason, bool queue_dropped)
 {
 	IdemRunRow	run;
 	TimestampTz now = GetCurrentTimestamp();
@@ -77,14 +99,19 @@ idem_run_cancel_in(const IdemRunStore *store, Oid owner, const char *run_id,
 	if (reason != NULL)
 		idem_check_error_text("reason", reason);
 	idem_run_lock_in(store, owner, run_id, &run);
-	if (strcmp(run.status, "cancelled") == 0)
+	if (strcmp(run.status, "cancelled") == 0 ||
+		(queue_dropped && strcmp(run.status, "completed") == 0))
 		return run.status;
-	if (strcmp(run.status, "running") != 0)
+	if (strcmp(run.status, "running") != 0 &&
+		!(queue_dropped && strcmp(run.status, "failed") == 0))
 		report_finished(&run, "cancelled");
 	run.last_error = reason != NULL ? pstrdup(reason) : "cancelled";
 	if (run.queue != NULL)
 	{
+		bool		keep_token = queue_dropped && run.has_token;
+
 		idem_run_end_lease_for(&run, "cancelled", run.last_error, now);
+		run.has_token = keep_token;
 		run.queue_state = NULL;
 		run.due_at = DT_NOEND;
 	}
@@ -131,4 +158,84 @@ idem_run_retry(PG_FUNCTION_ARGS)
 	idem_queue_wake(run.queue);
 	idem_audit_run_action(owner, run_id, "retried");
 	PG_RETURN_TEXT_P(cstring_to_text(run.status));
+}
+
+/*
+ * idem_queue_drop(queue text, cascade boolean) returns void
+ *
+ * Refused (2BP01) while runs on the queue are not finished: running, or
+ * failed (a retry would put one back on the queue).  With cascade they are
+ * cancelled first, each as idem_run_cancel() cancels it for an
+ * administrator, and audited.  Finished runs keep the queue's name, for
+ * history: none of them is claimed again, nor retried, if a queue of the
+ * same name is created later.  The drop waits for the transactions that
+ * enqueue on the queue, and keeps later ones from enqueueing until it
+ * commits (they then find no queue, 42704).
+ */
+Datum
+idem_queue_drop(PG_FUNCTION_ARGS)
+{
+	char	   *queue = idem_name_arg(fcinfo, 0, "run queue");
+	bool		cascade;
+	IdemOwnerSPI spi;
+	Datum		values[1];
+	char		nulls[1] = {' '};
+	Oid		   *owners;
+	char	  **run_ids;
+	int			n;
+	int			cancelled = 0;
+	char	   *reason;
+
+	idem_arg_not_null(fcinfo, 1, "cascade");
+	cascade = PG_GETARG_BOOL(1);
+	idem_check_can_write("idem_queue_drop()");
+	idem_queue_remove(queue);
+
+	/*
+	 * Every run committed so far, whatever the isolation level: the
+	 * removal waited for the transactions that were enqueueing, and keeps
+	 * new ones out.
+	 */
+	values[0] = CStringGetTextDatum(queue);
+	idem_owner_spi_begin(&spi, idem_catalog_runs());
+	idem_query_run_latest(&q_unfinished, values, nulls, 0);
+	n = (int) SPI_processed;
+	owners = MemoryContextAlloc(spi.callercxt, sizeof(Oid) * Max(n, 1));
+	run_ids = MemoryContextAlloc(spi.callercxt, sizeof(char *) * Max(n, 1));
+	for (int i = 0; i < n; i++)
+	{
+		HeapTuple	tup = SPI_tuptable->vals[i];
+		bool		isnull;
+		MemoryContext old = MemoryContextSwitchTo(spi.callercxt);
+
+		owners[i] = DatumGetObjectId(SPI_getbinval(tup, SPI_tuptable->tupdesc, 1, &isnull));
+		run_ids[i] = SPI_getvalue(tup, SPI_tuptable->tupdesc, 2);
+		MemoryContextSwitchTo(old);
+	}
+	idem_owner_spi_end(&spi);
+	if (n > 0 && !cascade)
+		ereport(ERROR,
+				(errcode(ERRCODE_DEPENDENT_OBJECTS_STILL_EXIST),
+				 errmsg_plural("cannot drop run queue \"%s\" because %d run on it is not finished",
+							   "cannot drop run queue \"%s\" because %d runs on it are not finished",
+							   n, queue, n),
+				 errdetail("Running and failed runs keep their queue; run \"%s\" is one of them.",
+						   run_ids[0]),
+				 idem_errhint(ERRCODE_DEPENDENT_OBJECTS_STILL_EXIST,
+							  "Let them finish, or cancel them, or drop the queue with cascade => true, which cancels them.")));
+	reason = psprintf("run queue \"%s\" dropped", queue);
+	for (int i = 0; i < n; i++)
+	{
+		CHECK_FOR_INTERRUPTS();
+		if (strcmp(idem_run_cancel_in(&idem_local_runs, owners[i], run_ids[i],
+									  reason, true), "completed") != 0)
+			cancelled++;
+	}
+	if (cancelled > 0)
+		ereport(NOTICE,
+				(errmsg_plural("drop cascades to %d unfinished run",
+							   "drop cascades to %d unfinished runs",
+							   cancelled, cancelled),
+				 errdetail("Each was cancelled, as idem_run_cancel() cancels a run.")));
+	PG_RETURN_VOID();
 }

@@ -1,10 +1,11 @@
 /*-------------------------------------------------------------------------
  *
  * queue.c
- *		Run queues: idem_queue_create(), idem_queue_grant() and
- *		idem_queue_revoke(), the check of a role's produce, work and signal
- *		privileges, a queue's retry policy, and the wakeup of claims that
- *		wait on a queue.
+ *		Run queues: idem_queue_create(), idem_queue_alter(),
+ *		idem_queue_grant() and idem_queue_revoke(), the removal of a queue
+ *		for idem_queue_drop() (control.c), the check of a role's produce,
+ *		work and signal privileges, a queue's retry policy, and the wakeup
+ *		of claims that wait on a queue.
  *
  * A queue is a row of idem.queues, administered like an outbox topic:
  * the functions are granted by an administrator, never to PUBLIC, and a
@@ -29,6 +30,7 @@
 #include "storage/lock.h"
 #include "utils/builtins.h"
 #include "utils/hsearch.h"
+#include "utils/inval.h"
 #include "utils/memutils.h"
 #include "utils/timestamp.h"
 
@@ -36,6 +38,7 @@
 #include "workflow/workflow.h"
 
 PG_FUNCTION_INFO_V1(idem_queue_create);
+PG_FUNCTION_INFO_V1(idem_queue_alter);
 PG_FUNCTION_INFO_V1(idem_queue_grant);
 PG_FUNCTION_INFO_V1(idem_queue_revoke);
 
@@ -52,6 +55,23 @@ static IdemQuery q_insert = {
 	" ON CONFLICT (queue) DO NOTHING",
 	9, {TEXTOID, REGROLEARRAYOID, REGROLEARRAYOID, REGROLEARRAYOID, INT4OID,
 	INT4OID, INTERVALOID, INTERVALOID, TEXTOID}
+};
+
+/* NULL keeps a value; $7 (uncapped) removes the cap */
+static IdemQuery q_alter = {
+	"UPDATE idem.queues"
+	"   SET concurrency = CASE WHEN $7 THEN NULL ELSE COALESCE($2, concurrency) END,"
+	"       max_attempts = COALESCE($3, max_attempts),"
+	"       backoff_base = COALESCE($4, backoff_base),"
+	"       backoff_cap = COALESCE($5, backoff_cap),"
+	"       jitter = COALESCE($6, jitter)"
+	" WHERE queue OPERATOR(pg_catalog.=) $1",
+	7, {TEXTOID, INT4OID, INT4OID, INTERVALOID, INTERVALOID, TEXTOID, BOOLOID}
+};
+
+static IdemQuery q_delete = {
+	"DELETE FROM idem.queues WHERE queue OPERATOR(pg_catalog.=) $1",
+	1, {TEXTOID}
 };
 
 /* $3: 0 producers, 1 workers, 2 signallers */
@@ -216,6 +236,26 @@ queue_cap_locktag(LOCKTAG *tag, const char *queue)
 }
 
 /*
+ * The lock that a producer's enqueue shares and idem_queue_remove() takes
+ * alone: a run enqueued by a transaction that read the queue before its
+ * drop committed would be left on no queue, and claimed again by a later
+ * queue of the same name.  Owner 1: no role has that OID, and the cap
+ * lock's owner is 0.
+ */
+static void
+queue_lifecycle_lock(const char *queue, LOCKMODE mode)
+{
+	LOCKTAG		tag;
+	uint32		h = DatumGetUInt32(hash_any((const unsigned char *) queue,
+											strlen(queue)));
+
+	SET_LOCKTAG_ADVISORY(tag, MyDatabaseId, 1, h, IDEM_LOCKTAG_CLASS);
+	/* a drop that committed while this waited is read, as a table lock's */
+	if (LockAcquire(&tag, mode, false, false) != LOCKACQUIRE_ALREADY_HELD)
+		AcceptInvalidationMessages();
+}
+
+/*
  * idem_queue_room
  *		How many of want runs may be leased now under q's concurrency cap
  *		(all of them without one).  Takes the queue's cap lock, kept until
@@ -234,7 +274,28 @@ idem_queue_room(IdemQueue *q, int32 want, TimestampTz now)
 	if (q->concurrency <= 0)
 		return want;
 	queue_cap_locktag(&tag, q->queue);
-	(void) LockAcquire(&tag, ExclusiveLock, false, false);
+	if (LockAcquire(&tag, ExclusiveLock, false, false) != LOCKACQUIRE_ALREADY_HELD)
+	{
+		IdemQueue	latest;
+
+		/*
+		 * idem_queue_alter() changes the policy under this lock: a claim
+		 * that waited for it counts under the cap the change set, not the
+		 * one it read before.  A queue dropped meanwhile has no runs left
+		 * to lease.
+		 */
+		AcceptInvalidationMessages();
+		if (read_queue(q->queue, InvalidOid, QUEUE_WORK, &latest, NULL))
+		{
+			latest.queue = q->queue;
+			*q = latest;
+			if (q->concurrency <= 0)
+			{
+				LockRelease(&tag, ExclusiveLock, false);
+				return want;
+			}
+		}
+	}
 	values[0] = CStringGetTextDatum(q->queue);
 	values[1] = TimestampTzGetDatum(now);
 	idem_owner_spi_begin(&spi, idem_catalog_runs());
@@ -320,6 +381,11 @@ void
 idem_queue_check(const char *queue, Oid role, IdemQueuePrivilege priv,
 				 IdemQueue *q)
 {
+	if (priv == QUEUE_PRODUCE)
+	{
+		idem_check_name("run queue", queue, QUEUE_MAX_NAME_BYTES, NULL);
+		queue_lifecycle_lock(queue, ShareLock);
+	}
 	if (!idem_queue_allows(queue, role, priv, q))
 		ereport(ERROR,
 				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
@@ -330,6 +396,18 @@ idem_queue_check(const char *queue, Oid role, IdemQueuePrivilege priv,
 				 idem_errhint(ERRCODE_INSUFFICIENT_PRIVILEGE,
 							  psprintf("An administrator grants it with idem_queue_grant('%s', role, '%s').",
 									   queue, privilege_names[priv]))));
+}
+
+/*
+ * idem_queue_exists
+ *		Whether there is such a queue (a run's queue may have been dropped).
+ */
+bool
+idem_queue_exists(const char *queue)
+{
+	IdemQueue	q;
+
+	return read_queue(queue, InvalidOid, QUEUE_WORK, &q, NULL);
 }
 
 /* The name claims on queue wait on (the outbox's wakeup, under a prefix). */
@@ -453,6 +531,100 @@ idem_queue_create(PG_FUNCTION_ARGS)
 				 errmsg("run queue \"%s\" already exists", queue),
 				 idem_errhint(ERRCODE_DUPLICATE_OBJECT, "Use idem_queue_grant() to add roles to it.")));
 	PG_RETURN_VOID();
+}
+
+/*
+ * idem_queue_alter(queue text, concurrency integer, max_attempts integer,
+ *		backoff_base interval, backoff_cap interval, jitter text,
+ *		uncapped boolean) returns void
+ *
+ * A NULL keeps the queue's value.  The change holds from the next claim,
+ * and from the next failure of a step (its attempts, its backoff): leases
+ * held keep (a lower cap leases nothing more until they fall under it),
+ * and a run that backs off keeps its due time.  The queue's cap lock is
+ * taken, so a claim counting under the old cap finishes first, and one
+ * that waits for it counts under the new one (idem_queue_room()).
+ */
+Datum
+idem_queue_alter(PG_FUNCTION_ARGS)
+{
+	IdemOwnerSPI spi;
+	char	   *queue;
+	Datum		values[7];
+	char		nulls[7] = {' ', ' ', ' ', ' ', ' ', ' ', ' '};
+	bool		uncapped;
+	LOCKTAG		tag;
+	uint64		updated;
+
+	queue = idem_name_arg(fcinfo, 0, "run queue");
+	idem_check_name("run queue", queue, QUEUE_MAX_NAME_BYTES, NULL);
+	idem_arg_not_null(fcinfo, 6, "uncapped");
+	uncapped = PG_GETARG_BOOL(6);
+	if (!PG_ARGISNULL(1))
+	{
+		int32		c = PG_GETARG_INT32(1);
+
+		if (uncapped)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("concurrency and uncapped cannot both be given"),
+					 errdetail("uncapped => true removes the cap; concurrency sets one."),
+					 idem_errhint(ERRCODE_INVALID_PARAMETER_VALUE, NULL)));
+		if (c < 1)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("concurrency must be at least 1"),
+					 errdetail("concurrency is %d.", c),
+					 idem_errhint(ERRCODE_INVALID_PARAMETER_VALUE, "Pass uncapped => true for no cap.")));
+	}
+	idem_queue_check_policy(fcinfo, 2, 3, 4, 5);
+	idem_check_can_write("idem_queue_alter()");
+	values[0] = CStringGetTextDatum(queue);
+	for (int i = 1; i <= 5; i++)
+	{
+		values[i] = PG_GETARG_DATUM(i);
+		if (PG_ARGISNULL(i))
+			nulls[i] = 'n';
+	}
+	values[6] = BoolGetDatum(uncapped);
+
+	queue_cap_locktag(&tag, queue);
+	(void) LockAcquire(&tag, ExclusiveLock, false, false);
+	idem_owner_spi_begin(&spi, idem_catalog_runs());
+	idem_query_run(&q_alter, values, nulls, 0);
+	updated = SPI_processed;
+	idem_owner_spi_end(&spi);
+	if (updated == 0)
+		report_no_queue(queue);
+	/* a raised cap has room for the claims that wait */
+	idem_queue_wake(queue);
+	PG_RETURN_VOID();
+}
+
+/*
+ * idem_queue_remove
+ *		Delete the queue's row for idem_queue_drop(), once no transaction
+ *		that may enqueue on it is in progress; 42704 if there is none.  The
+ *		claims that wait on it wake at commit, and fail (42704).
+ */
+void
+idem_queue_remove(const char *queue)
+{
+	IdemOwnerSPI spi;
+	Datum		values[1];
+	char		nulls[1] = {' '};
+	uint64		deleted;
+
+	idem_check_name("run queue", queue, QUEUE_MAX_NAME_BYTES, NULL);
+	queue_lifecycle_lock(queue, ExclusiveLock);
+	values[0] = CStringGetTextDatum(queue);
+	idem_owner_spi_begin(&spi, idem_catalog_runs());
+	idem_query_run(&q_delete, values, nulls, 0);
+	deleted = SPI_processed;
+	idem_owner_spi_end(&spi);
+	if (deleted == 0)
+		report_no_queue(queue);
+	idem_queue_wake(queue);
 }
 
 static void

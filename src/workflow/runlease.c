@@ -293,6 +293,27 @@ report_no_queued_run(const char *run_id)
 }
 
 /*
+ * The work grant of the queue of a run that token leased or leases:
+ * checked at every call (42501 without it).  A queue that was dropped
+ * took the lease with it (idem_queue_drop() cancelled the run): ID412, as
+ * for a run cancelled on its queue, not 42704.
+ */
+static void
+check_works_queue(const char *queue, Oid caller, const char *run_id)
+{
+	IdemQueue	q;
+
+	if (!idem_queue_exists(queue))
+		ereport(ERROR,
+				(errcode(ERRCODE_IDEM_LEASE_LOST),
+				 errmsg("lease token does not hold run \"%s\"", run_id),
+				 errdetail("The run's queue \"%s\" was dropped: the run was cancelled and no lease holds it.",
+						   queue),
+				 idem_errhint(ERRCODE_IDEM_LEASE_LOST, "Stop working on the run.")));
+	idem_queue_check(queue, caller, QUEUE_WORK, &q);
+}
+
+/*
  * idem_leased_run_owner
  *		The owner of the queued run run_id that token leases: a worker
  *		works other roles' runs, and names them by id and token.  The
@@ -314,12 +335,11 @@ idem_leased_run_owner(const char *run_id, const pg_uuid_t *token)
 	const char *queue = NULL;
 	OtherRun   *others = NULL;
 	int			nothers = 0;
-	IdemQueue	q;
 
 	owner = token_owner_cached(token, run_id, &queue);
 	if (OidIsValid(owner))
 	{
-		idem_queue_check(queue, caller, QUEUE_WORK, &q);
+		check_works_queue(queue, caller, run_id);
 		return owner;
 	}
 	values[0] = CStringGetTextDatum(run_id);
@@ -358,7 +378,7 @@ idem_leased_run_owner(const char *run_id, const pg_uuid_t *token)
 	idem_owner_spi_end(&spi);
 	if (OidIsValid(owner))
 	{
-		idem_queue_check(queue, caller, QUEUE_WORK, &q);
+		check_works_queue(queue, caller, run_id);
 		idem_run_token_owner_note(token, run_id, owner, queue);
 		return owner;
 	}

@@ -1905,7 +1905,8 @@ tenant_run_verb(FunctionCallInfo fcinfo, const char *verb)
 	if (strcmp(verb, "cancel") == 0)
 		status = idem_run_cancel_in(&store, owner, run_id,
 									PG_ARGISNULL(2) ? NULL :
-									text_to_cstring(PG_GETARG_TEXT_PP(2)));
+									text_to_cstring(PG_GETARG_TEXT_PP(2)),
+									false);
 	else
 		status = idem_run_set_status_in(&store, fcinfo, verb, owner, run_id, 2);
 	old = MemoryContextSwitchTo(tc.callercxt);

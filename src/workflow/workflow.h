@@ -51,6 +51,8 @@ extern void idem_queue_check_policy(FunctionCallInfo fcinfo, int attempts_arg,
 									int base_arg, int cap_arg,
 									int jitter_arg);
 extern void idem_queue_channel(const char *queue, char *name, size_t size);
+extern bool idem_queue_exists(const char *queue);
+extern void idem_queue_remove(const char *queue);
 
 /* runlease.c: a queued run's lease, as its functions see it */
 extern int	idem_run_name_position(ArrayType *arr, const char *name);
@@ -188,6 +190,7 @@ extern char *idem_run_next_step(IdemRunRow *run);
 
 /* control.c: operators' verbs */
 extern char *idem_run_cancel_in(const IdemRunStore *store, Oid owner,
-								const char *run_id, const char *reason);
+								const char *run_id, const char *reason,
+								bool queue_dropped);
 
 #endif							/* IDEM_WORKFLOW_H */

@@ -642,6 +642,64 @@ SELECT idem_outbox_channel('ext');
 SELECT idem_outbox_channel('pay');
 RESET ROLE;
 
+--
+-- dropping a topic (an administrator's, not granted to PUBLIC): refused
+-- while it has undelivered events (pending, leased, dead letters); cascade
+-- deletes them; delivered events stay until the purge; a consumer's ack of
+-- a deleted event finds none (IDE04), and later writes find no topic
+--
+SELECT idem_outbox_create_topic('gone', publishers => '{regress_ob_producer}',
+	consumers => '{regress_ob_consumer}');
+SET ROLE regress_ob_producer;
+SET idem.outbox_topic = 'gone';
+SELECT count(idem_execute('ob:gone:' || i, 'SELECT 1 AS one')) AS written
+  FROM generate_series(1, 4) i;
+RESET idem.outbox_topic;
+RESET ROLE;
+SET idem.outbox_max_attempts = 1;
+SET ROLE regress_ob_consumer;
+INSERT INTO ob_claimed (who, event_id, token, key)
+SELECT 'gone', event_id, lease_token, key FROM idem_outbox_claim('gone', 3, '1 min');
+SELECT idem_outbox_ack(event_id, token) FROM ob_claimed WHERE key = 'ob:gone:1';
+SELECT idem_outbox_fail(event_id, token, 'poison') FROM ob_claimed WHERE key = 'ob:gone:2';
+RESET ROLE;
+RESET idem.outbox_max_attempts;
+SELECT key, state FROM idem_outbox_events WHERE topic = 'gone' ORDER BY key;
+SELECT * FROM ob_digest \gset before_
+\set VERBOSITY sqlstate
+SELECT idem_outbox_drop_topic(NULL);
+SELECT idem_outbox_drop_topic('gone', NULL);
+SELECT idem_outbox_drop_topic('');
+SELECT idem_outbox_drop_topic(repeat('t', 256));
+SELECT idem_outbox_drop_topic('no such topic');
+SET ROLE regress_ob_admin;
+SELECT idem_outbox_drop_topic('gone', cascade => true);
+RESET ROLE;
+\set VERBOSITY default
+SELECT idem_outbox_drop_topic('gone');
+SELECT (SELECT digest FROM ob_digest) = :'before_digest' AS outbox_unchanged,
+	   (SELECT count(*) FROM idem.outbox_topics WHERE topic = 'gone') AS topics;
+SELECT idem_outbox_drop_topic('gone', cascade => true);
+SELECT key, state FROM idem_outbox_events WHERE topic = 'gone' ORDER BY key;
+SELECT count(*) AS topics FROM idem.outbox_topics WHERE topic = 'gone';
+SET ROLE regress_ob_consumer;
+\set VERBOSITY sqlstate
+SELECT idem_outbox_ack(event_id, token) FROM ob_claimed WHERE key = 'ob:gone:3';
+\set VERBOSITY default
+SELECT * FROM idem_outbox_claim('gone');
+RESET ROLE;
+SET ROLE regress_ob_producer;
+SET idem.outbox_topic = 'gone';
+SELECT idem_execute('ob:gone:5', 'SELECT 1 AS one');
+RESET idem.outbox_topic;
+RESET ROLE;
+-- a topic with only delivered events drops without cascade
+SELECT idem_outbox_create_topic('gone', publishers => '{regress_ob_producer}');
+SELECT idem_outbox_drop_topic('gone');
+DELETE FROM ob_claimed WHERE who = 'gone';
+DELETE FROM idem.outbox WHERE key LIKE 'ob:gone:%';
+DELETE FROM idem.keys WHERE key LIKE 'ob:gone:%';
+
 DROP TABLE ob_jitter, ob_claimed, ob_pay CASCADE;
 DROP FUNCTION ob_reclaim(text), ob_fail_delay(text, int, interval);
 DELETE FROM idem.outbox WHERE key LIKE 'ob:%';

@@ -168,6 +168,130 @@ SET ROLE regress_rq_other;
 SELECT count(*) FROM idem.queues;
 RESET ROLE;
 
+--
+-- lifecycle: idem_queue_alter() and idem_queue_drop(), an administrator's
+--
+CREATE TABLE rq_leases (run_id text, token uuid);
+GRANT ALL ON rq_leases TO regress_rq_agent;
+SELECT idem_queue_create('life', producers => '{regress_rq_app}',
+	workers => '{regress_rq_agent}', concurrency => 2, max_attempts => 3);
+SET ROLE regress_rq_app;
+SELECT created FROM idem_run_begin('life-0', steps => ARRAY['a'], queue => 'life');
+RESET ROLE;
+-- a completed run, which stays for history when its queue is dropped
+SET ROLE regress_rq_agent;
+INSERT INTO rq_leases SELECT run_id, lease_token FROM idem_run_claim('life', 1, '1 min', 'w1');
+SELECT idem_step_complete('life-0', 'a', '{}', token) FROM rq_leases WHERE run_id = 'life-0';
+RESET ROLE;
+SET ROLE regress_rq_app;
+SELECT created FROM idem_run_begin('life-1', steps => ARRAY['a', 'b'], queue => 'life');
+SELECT created FROM idem_run_begin('life-2', steps => ARRAY['a'], queue => 'life');
+SELECT created FROM idem_run_begin('life-3', steps => ARRAY['a'], queue => 'life', max_attempts => 4);
+RESET ROLE;
+
+-- this session has read the queue (its cache); the change is seen at once.
+-- A NULL keeps a value; a run's own policy still wins
+SELECT idem_queue_alter('life', max_attempts => 1, backoff_base => '1 h', backoff_cap => '2 h', jitter => 'none');
+SELECT concurrency, max_attempts, backoff_base, backoff_cap, jitter FROM idem.queues WHERE queue = 'life';
+SELECT run_id, status, max_attempts FROM idem_runs WHERE queue = 'life' ORDER BY 1;
+-- the cap: two leases under concurrency 2
+SET ROLE regress_rq_agent;
+INSERT INTO rq_leases SELECT run_id, lease_token FROM idem_run_claim('life', 3, '1 min', 'w1');
+SELECT run_id FROM rq_leases WHERE run_id <> 'life-0' ORDER BY 1;
+RESET ROLE;
+-- a lower cap keeps the leases held and leases nothing more while they exceed it
+SELECT idem_queue_alter('life', concurrency => 1);
+SET ROLE regress_rq_agent;
+SELECT count(*) AS leased_under_cap_1 FROM idem_run_claim('life', 3, '1 min', 'w1');
+RESET ROLE;
+-- uncapped: the next claim takes the rest
+SELECT idem_queue_alter('life', uncapped => true);
+SELECT concurrency FROM idem.queues WHERE queue = 'life';
+SET ROLE regress_rq_agent;
+INSERT INTO rq_leases SELECT run_id, lease_token FROM idem_run_claim('life', 3, '1 min', 'w1');
+SELECT run_id FROM rq_leases WHERE run_id <> 'life-0' ORDER BY 1;
+-- the next failure follows the new policy: one attempt fails life-2; life-3
+-- keeps its own four, and backs off by the queue's new backoff (1 h, no jitter)
+SELECT idem_step_fail(run_id, 'a', token, 'boom') FROM rq_leases WHERE run_id = 'life-2';
+WITH f AS (SELECT idem_step_fail(run_id, 'a', token, 'boom') AS due
+			 FROM rq_leases WHERE run_id = 'life-3')
+SELECT due - now() BETWEEN '59 min' AND '61 min' AS backoff_1h FROM f;
+RESET ROLE;
+SELECT run_id, status, state, attempt, max_attempts FROM idem_runs WHERE queue = 'life' ORDER BY 1;
+
+-- bad input: a clear error, nothing changed
+SELECT * FROM rq_digest \gset before_
+\set VERBOSITY sqlstate
+SELECT idem_queue_alter(NULL);
+SELECT idem_queue_alter('');
+SELECT idem_queue_alter(repeat('q', 256));
+SELECT idem_queue_alter('nope', concurrency => 2);
+SELECT idem_queue_alter('life', concurrency => 0);
+SELECT idem_queue_alter('life', concurrency => -1);
+SELECT idem_queue_alter('life', concurrency => 3, uncapped => true);
+SELECT idem_queue_alter('life', uncapped => NULL);
+SELECT idem_queue_alter('life', max_attempts => 0);
+SELECT idem_queue_alter('life', max_attempts => 1001);
+SELECT idem_queue_alter('life', backoff_base => '-1 s');
+SELECT idem_queue_alter('life', backoff_cap => '100 years');
+SELECT idem_queue_alter('life', jitter => 'half');
+SELECT idem_queue_drop(NULL);
+SELECT idem_queue_drop('life', NULL);
+SELECT idem_queue_drop('nope');
+SELECT idem_queue_drop('');
+SET ROLE regress_rq_other;
+SELECT idem_queue_alter('life', concurrency => 5);
+SELECT idem_queue_drop('life', cascade => true);
+RESET ROLE;
+\set VERBOSITY default
+-- unfinished runs keep their queue: leased, backing off, failed (a retry
+-- would put it back); the completed one does not count
+SELECT idem_queue_drop('life');
+SELECT (SELECT digest FROM rq_digest) = :'before_digest' AS unchanged;
+
+-- cascade cancels them, as idem_run_cancel() does (audited, with the role
+-- that acted), and drops the queue
+SET idem.audit = executions;
+SELECT idem_queue_drop('life', cascade => true);
+RESET idem.audit;
+SELECT run_id, owner, actor, outcome FROM idem_audit WHERE run_id LIKE 'life-%' ORDER BY run_id;
+DELETE FROM idem.audit WHERE run_id LIKE 'life-%';
+SELECT count(*) AS queues_named_life FROM idem.queues WHERE queue = 'life';
+SELECT run_id, status, state, holder, last_error FROM idem_runs WHERE run_id LIKE 'life-%' ORDER BY 1;
+SELECT run_id, claim, outcome, error FROM idem_run_attempts WHERE run_id LIKE 'life-%' ORDER BY 1, 2;
+-- the worker that held life-1's lease: its next call is ID412 and changes
+-- nothing, in this session and in a new one (no token it remembers)
+SELECT * FROM rq_digest \gset before_
+SET ROLE regress_rq_agent;
+SELECT idem_run_extend(run_id, token) FROM rq_leases WHERE run_id = 'life-1';
+SELECT idem_step_complete(run_id, 'a', '{}', token) FROM rq_leases WHERE run_id = 'life-1';
+RESET ROLE;
+\c -
+SET ROLE regress_rq_agent;
+SELECT idem_step_fail(run_id, 'a', token, 'late') FROM rq_leases WHERE run_id = 'life-1';
+SELECT count(*) FROM idem_run_claim('life');						-- 42704
+RESET ROLE;
+SET ROLE regress_rq_app;
+SELECT created FROM idem_run_begin('life-4', steps => ARRAY['a'], queue => 'life');	-- 42704
+RESET ROLE;
+SELECT (SELECT digest FROM rq_digest) = :'before_digest' AS unchanged;
+
+-- a queue of the same name resurrects nothing: its claims find none of the
+-- old runs, which are not retried and not begun again; it drops at once
+SELECT idem_queue_create('life', producers => '{regress_rq_app}', workers => '{regress_rq_agent}');
+SET ROLE regress_rq_agent;
+SELECT count(*) AS claimed FROM idem_run_claim('life', 10);
+SELECT idem_run_extend(run_id, token) FROM rq_leases WHERE run_id = 'life-1';
+RESET ROLE;
+SELECT idem_run_retry('life-2', owner => 'regress_rq_app');
+SET ROLE regress_rq_app;
+SELECT status, created FROM idem_run_begin('life-1', steps => ARRAY['a', 'b'], queue => 'life');
+RESET ROLE;
+SELECT run_id, status, state FROM idem_runs WHERE run_id LIKE 'life-%' ORDER BY 1;
+SELECT idem_queue_drop('life');
+DELETE FROM idem.runs WHERE run_id LIKE 'life-%';
+DROP TABLE rq_leases;
+
 -- cleanup
 DELETE FROM idem.runs WHERE queue = 'returns';
 DELETE FROM idem.queues;
