@@ -240,3 +240,39 @@ SELECT count(*) AS alice_records FROM idem.keys WHERE owner::oid = :alice_oid;
 DROP ROLE regress_idem_alice;
 SELECT idem_purge() >= 2 AS purged;
 SELECT count(*) AS orphan_records FROM idem.keys WHERE owner::oid = :alice_oid;
+
+-- a role list keeps no dropped role.  DROP ROLE cannot see the lists (a
+-- regrole[] records no dependency), and the OID left in one would grant
+-- the dropped role's privilege to whichever role gets that OID later:
+-- after the OID counter wraps around, or in the cluster a dump is
+-- restored into, since pg_dump writes a role that no longer exists as its
+-- number.  Nor do the dropped role's runs stay, which would show that role
+-- their input and results.  idem_purge() takes such OIDs out of every list
+-- and removes the runs, as it removes the dropped role's records, whatever
+-- idem.run_retention says
+CREATE ROLE regress_idem_gone;
+CREATE ROLE regress_idem_kept;
+SET ROLE regress_idem_gone;
+SELECT created FROM idem_run_begin('sec:gone', ARRAY['a', 'b'], '{"card": "4242"}');
+SELECT idem_step('sec:gone', 'a', 'SELECT 1 AS one') ->> 'rowcount' AS step_a;
+RESET ROLE;
+SELECT idem_queue_create('sec_gone',
+	producers => '{regress_idem_gone,regress_idem_kept}',
+	workers => '{regress_idem_gone}',
+	signallers => '{regress_idem_kept,regress_idem_gone}');
+SELECT idem_outbox_create_topic('sec_gone', publishers => '{regress_idem_gone}',
+	consumers => '{regress_idem_gone,regress_idem_kept}');
+SELECT 'regress_idem_gone'::regrole::oid AS gone_oid \gset
+DROP ROLE regress_idem_gone;
+SELECT workers::text = '{' || :gone_oid || '}' AS dumped_as_a_number
+  FROM idem.queues WHERE queue = 'sec_gone';
+SELECT count(*) AS runs_left_behind FROM idem.runs WHERE owner::oid = :gone_oid;
+SELECT idem_purge() >= 0 AS purged;
+SELECT count(*) AS runs_left FROM idem.runs WHERE owner::oid = :gone_oid;
+SELECT count(*) AS records_left FROM idem.keys WHERE owner::oid = :gone_oid;
+SELECT producers, workers, signallers FROM idem.queues WHERE queue = 'sec_gone';
+SELECT topic, publishers, consumers FROM idem.outbox_topics
+ WHERE topic IN ('sec_gone', 'billing') ORDER BY topic;
+DELETE FROM idem.queues WHERE queue = 'sec_gone';
+DELETE FROM idem.outbox_topics WHERE topic = 'sec_gone';
+DROP ROLE regress_idem_kept;
