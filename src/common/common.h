@@ -67,6 +67,7 @@ extern Datum idem_roles_arg(FunctionCallInfo fcinfo, int argno,
 							const char *name);
 extern void idem_check_role_exists(Oid role);
 extern Oid	idem_admin_role(void);
+extern int64 idem_forget_dropped_roles(int batch_size);
 
 /* lease.c: the lease of outbox events and queued runs */
 typedef enum IdemFence
@@ -200,6 +201,7 @@ extern void idem_report_old_definitions(const char *version);
 extern bool idem_restamp_key(Oid owner, const char *key,
 							 TimestampTz expires_at);
 extern int64 idem_purge_expired(int batch_size);
+extern bool idem_runs_of_dropped_roles(void);
 extern bool idem_lookup_run(Oid owner, const char *run_id, IdemRunRow *row);
 extern bool idem_lookup_run_at(Oid owner, const char *run_id, ItemPointer tid,
 							   IdemRunRow *row);
@@ -249,6 +251,7 @@ extern void idem_update_outbox_row(Relation rel, ItemPointer otid,
 								   HeapTuple tuple);
 extern void idem_query_install(void);
 extern bool idem_function_exists(const char *signature);
+extern char *idem_extension_schema(void);
 extern int	idem_query_run(IdemQuery *q, Datum *values, const char *nulls,
 						   long limit);
 extern int	idem_query_run_latest(IdemQuery *q, Datum *values,

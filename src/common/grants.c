@@ -3,7 +3,8 @@
  * grants.c
  *		Role lists that grant the use of a named object (outbox topics'
  *		publishers and consumers, run queues' producers, workers and
- *		signallers): the membership test and the check of a list argument;
+ *		signallers): the membership test, the check of a list argument and
+ *		the removal of dropped roles from the lists (and of their runs);
  *		and the role idem_admin, whose members act on every role's runs.
  *
  * idem_admin is found by name, and CREATE ROLE needs only CREATEROLE: a
@@ -24,6 +25,7 @@
 #include "catalog/pg_auth_members.h"
 #include "catalog/pg_authid.h"
 #include "catalog/pg_type.h"
+#include "executor/spi.h"
 #include "miscadmin.h"
 #include "utils/acl.h"
 #include "utils/array.h"
@@ -138,6 +140,121 @@ idem_roles_arg(FunctionCallInfo fcinfo, int argno, const char *name)
 	}
 	return PointerGetDatum(construct_array(roles, nkept, REGROLEOID,
 										   sizeof(Oid), true, TYPALIGN_INT));
+}
+
+/*
+ * The registries' lists without the roles that no longer exist, in their
+ * order; and whether a list names one.
+ */
+#define KEPT_ROLES(col) \
+	"ARRAY(SELECT u.r FROM pg_catalog.unnest(" col ") WITH ORDINALITY AS u(r, n)" \
+	" WHERE EXISTS (SELECT FROM pg_catalog.pg_roles a WHERE a.oid OPERATOR(pg_catalog.=) u.r)" \
+	" ORDER BY u.n)"
+#define NAMES_DROPPED(col) \
+	"EXISTS (SELECT FROM pg_catalog.unnest(" col ") AS u(r)" \
+	" WHERE NOT EXISTS (SELECT FROM pg_catalog.pg_roles a WHERE a.oid OPERATOR(pg_catalog.=) u.r))"
+#define TOPIC_LISTS_NAME_DROPPED \
+	NAMES_DROPPED("t.publishers") " OR " NAMES_DROPPED("t.consumers")
+#define QUEUE_LISTS_NAME_DROPPED \
+	NAMES_DROPPED("q.producers") " OR " NAMES_DROPPED("q.workers") \
+	" OR " NAMES_DROPPED("q.signallers")
+
+static IdemQuery q_topics_dropped = {
+	"SELECT FROM idem.outbox_topics t WHERE " TOPIC_LISTS_NAME_DROPPED " LIMIT 1"
+};
+
+static IdemQuery q_topics_forget = {
+	"UPDATE idem.outbox_topics t"
+	"   SET publishers = " KEPT_ROLES("t.publishers") ","
+	"       consumers = " KEPT_ROLES("t.consumers")
+	" WHERE " TOPIC_LISTS_NAME_DROPPED
+};
+
+static IdemQuery q_queues_dropped = {
+	"SELECT FROM idem.queues q WHERE " QUEUE_LISTS_NAME_DROPPED " LIMIT 1"
+};
+
+static IdemQuery q_queues_forget = {
+	"UPDATE idem.queues q"
+	"   SET producers = " KEPT_ROLES("q.producers") ","
+	"       workers = " KEPT_ROLES("q.workers") ","
+	"       signallers = " KEPT_ROLES("q.signallers")
+	" WHERE " QUEUE_LISTS_NAME_DROPPED
+};
+
+/* Take the dropped roles out of one registry's lists; whether it named any. */
+static bool
+forget_dropped_in(Oid relid, IdemQuery *probe, IdemQuery *update)
+{
+	IdemOwnerSPI spi;
+	bool		found;
+
+	idem_owner_spi_begin(&spi, relid);
+	idem_query_run(probe, NULL, NULL, 1);
+	/*
+	 * Only then written: the registry's trigger makes every backend read
+	 * the registry again after any UPDATE, one that changes nothing too
+	 */
+	found = SPI_processed > 0;
+	if (found)
+		idem_query_run(update, NULL, NULL, 0);
+	idem_owner_spi_end(&spi);
+	return found;
+}
+
+/*
+ * The runs of dropped roles, with their steps' records, signals and
+ * attempts: idem_run_purge() with no finished run old enough, as the
+ * extension's owner (the caller of idem_purge() need not have been granted
+ * it).  Returns how many.
+ */
+static int64
+purge_dropped_runs(void)
+{
+	IdemOwnerSPI spi;
+	bool		isnull;
+	int64		n;
+
+	idem_owner_spi_begin(&spi, idem_catalog_runs());
+	if (SPI_execute(psprintf("SELECT %s.idem_run_purge('-infinity')",
+							 idem_extension_schema()),
+					false, 1) != SPI_OK_SELECT || SPI_processed != 1)
+		elog(ERROR, "idem_run_purge() failed");
+	n = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
+									SPI_tuptable->tupdesc, 1, &isnull));
+	idem_owner_spi_end(&spi);
+	return isnull ? 0 : n;
+}
+
+/*
+ * idem_forget_dropped_roles
+ *		Take the roles that no longer exist out of the topics' and queues'
+ *		role lists, and remove their runs; return how many registries
+ *		changed and runs went.  Needs a transaction with a snapshot.
+ *
+ * DROP ROLE cannot see these (a regrole records no dependency), so a
+ * dropped role's OID stays in them, and would give its privileges and its
+ * runs (their input, their steps' results) to whichever role gets that OID
+ * later: after the OID counter wraps around, or in the cluster a dump is
+ * restored into, since pg_dump writes a role that no longer exists as its
+ * number.  idem_purge() and the purge worker call this, as they remove a
+ * dropped role's key records; idem.run_retention does not hold these runs
+ * back.  batch_size is unused: the lists are short, and a dropped role's
+ * runs go in one statement, as idem_run_purge() removes runs.
+ */
+int64
+idem_forget_dropped_roles(int batch_size)
+{
+	Oid			pkey;
+	int64		changed = 0;
+
+	changed += forget_dropped_in(idem_catalog_outbox_topics(&pkey),
+								 &q_topics_dropped, &q_topics_forget);
+	changed += forget_dropped_in(idem_catalog_queues(&pkey),
+								 &q_queues_dropped, &q_queues_forget);
+	if (idem_runs_of_dropped_roles())
+		changed += purge_dropped_runs();
+	return changed;
 }
 
 /*

@@ -1812,13 +1812,14 @@ purge_scan(Relation rel, Oid indexoid, ScanKey skey, int64 limit)
 }
 
 /*
- * The smallest owner in idem.keys above after, or InvalidOid: one step of
- * a loose scan of the primary key, whose first column is the owner.
+ * The smallest owner in rel above after, or InvalidOid: one step of a
+ * loose scan of the index indexid, whose first column is the owner
+ * (column owner_att of rel).
  */
 static Oid
-next_owner(Relation rel, Oid after)
+next_owner(Relation rel, Oid indexid, AttrNumber owner_att, Oid after)
 {
-	Relation	idx = index_open(catalog.keys_pkey, AccessShareLock);
+	Relation	idx = index_open(indexid, AccessShareLock);
 	TupleTableSlot *slot = table_slot_create(rel, NULL);
 	IndexScanDesc scan = index_beginscan(rel, idx, SnapshotSelf, NULL, 1, 0);
 	ScanKeyData skey;
@@ -1831,7 +1832,7 @@ next_owner(Relation rel, Oid after)
 	{
 		bool		isnull;
 
-		owner = DatumGetObjectId(slot_getattr(slot, Anum_keys_owner, &isnull));
+		owner = DatumGetObjectId(slot_getattr(slot, owner_att, &isnull));
 	}
 	index_endscan(scan);
 	ExecDropSingleTupleTableSlot(slot);
@@ -1864,7 +1865,8 @@ idem_purge_expired(int batch_size)
 	deleted = purge_scan(rel, catalog.keys_expires, &skey, batch_size);
 
 	while (deleted < batch_size &&
-		   OidIsValid(owner = next_owner(rel, owner)))
+		   OidIsValid(owner = next_owner(rel, catalog.keys_pkey,
+												  Anum_keys_owner, owner)))
 	{
 		if (SearchSysCacheExists1(AUTHOID, ObjectIdGetDatum(owner)))
 			continue;
@@ -1878,6 +1880,28 @@ idem_purge_expired(int batch_size)
 	CommandCounterIncrement();
 	idem_stats_count(IDEM_STAT_PURGED_KEYS, deleted);
 	return deleted;
+}
+
+/*
+ * idem_runs_of_dropped_roles
+ *		Whether idem.runs holds a run of a role that no longer exists: one
+ *		probe of the primary key per role that has runs.
+ */
+bool
+idem_runs_of_dropped_roles(void)
+{
+	Relation	rel;
+	Oid			owner = InvalidOid;
+	bool		found = false;
+
+	catalog_resolve();
+	rel = table_open(catalog.runs, AccessShareLock);
+	while (!found &&
+		   OidIsValid(owner = next_owner(rel, catalog.runs_pkey,
+										 Anum_runs_owner, owner)))
+		found = !SearchSysCacheExists1(AUTHOID, ObjectIdGetDatum(owner));
+	table_close(rel, AccessShareLock);
+	return found;
 }
 
 /*
@@ -2539,6 +2563,23 @@ idem_function_exists(const char *signature)
 		elog(ERROR, "could not look up function %s", signature);
 	return DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0],
 									  SPI_tuptable->tupdesc, 1, &isnull));
+}
+
+/*
+ * idem_extension_schema
+ *		The schema of the extension's functions, quoted for SQL; inside the
+ *		caller's SPI connection, in its memory.
+ */
+char *
+idem_extension_schema(void)
+{
+	if (SPI_execute("SELECT pg_catalog.quote_ident(n.nspname)"
+					"  FROM pg_catalog.pg_extension e"
+					"  JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) e.extnamespace"
+					" WHERE e.extname OPERATOR(pg_catalog.=) 'idem'", true, 1) != SPI_OK_SELECT ||
+		SPI_processed != 1)
+		elog(ERROR, "could not find the schema of extension \"idem\"");
+	return SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1);
 }
 
 int

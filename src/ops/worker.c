@@ -404,13 +404,7 @@ purge_function(const char *fn, const char *argtypes, const char *args)
 
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "SPI_connect failed");
-	if (SPI_execute("SELECT pg_catalog.quote_ident(n.nspname)"
-					"  FROM pg_catalog.pg_extension e"
-					"  JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) e.extnamespace"
-					" WHERE e.extname OPERATOR(pg_catalog.=) 'idem'", true, 1) != SPI_OK_SELECT ||
-		SPI_processed != 1)
-		elog(ERROR, "could not find the schema of extension \"idem\"");
-	nsp = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1);
+	nsp = idem_extension_schema();
 	if (idem_function_exists(psprintf("%s.%s(%s)", nsp, fn, argtypes)))
 	{
 		if (SPI_execute(psprintf("SELECT %s.%s(%s)", nsp, fn, args),
@@ -490,6 +484,8 @@ purge_cycle(void)
 	}			purges[] = {
 		{"idem: writing queued audit entries", idem_audit_drain},
 		{"idem: purging expired keys", idem_purge_expired},
+		{"idem: removing dropped roles from topics and queues",
+		idem_forget_dropped_roles},
 		{"idem: purging audit entries past idem.audit_retention",
 		idem_audit_purge_expired},
 		{"idem: purging delivered outbox events", idem_outbox_purge_delivered},

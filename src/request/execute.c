@@ -632,9 +632,16 @@ idem_execute_ex_1_1(PG_FUNCTION_ARGS)
 
 /*
  * idem_purge(batch_size integer) returns bigint
+ *
+ * Up to batch_size expired key records and records of dropped roles (the
+ * count returned); and the dropped roles out of the topics' and queues'
+ * role lists.
  */
 Datum
 idem_purge_1_1(PG_FUNCTION_ARGS)
 {
-	PG_RETURN_INT64(idem_purge_expired(idem_purge_batch_arg(fcinfo, "idem_purge()")));
+	int64		purged = idem_purge_expired(idem_purge_batch_arg(fcinfo, "idem_purge()"));
+
+	(void) idem_forget_dropped_roles(0);
+	PG_RETURN_INT64(purged);
 }

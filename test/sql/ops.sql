@@ -179,8 +179,9 @@ CALL idem_purge_all();
 RESET ROLE;
 
 -- idem.run_retention: idem_purge_all() also removes the runs finished
--- longer ago, and every run of a dropped role, with their steps' records;
--- 0 (the default) keeps them all
+-- longer ago, with their steps' records; 0 (the default) keeps them all,
+-- but not a dropped role's run, which idem_purge() removes whatever the
+-- setting (test/sql/security.sql)
 CREATE ROLE regress_idem_gone;
 SELECT status FROM idem_run_begin('ops-aged', steps => ARRAY['a']);
 SELECT idem_step('ops-aged', 'a', 'SELECT 1 AS one') ->> 'rowcount' AS rowcount;

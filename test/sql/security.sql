@@ -240,3 +240,137 @@ SELECT count(*) AS alice_records FROM idem.keys WHERE owner::oid = :alice_oid;
 DROP ROLE regress_idem_alice;
 SELECT idem_purge() >= 2 AS purged;
 SELECT count(*) AS orphan_records FROM idem.keys WHERE owner::oid = :alice_oid;
+
+-- a role list keeps no dropped role.  DROP ROLE cannot see the lists (a
+-- regrole[] records no dependency), and the OID left in one would grant
+-- the dropped role's privilege to whichever role gets that OID later:
+-- after the OID counter wraps around, or in the cluster a dump is
+-- restored into, since pg_dump writes a role that no longer exists as its
+-- number.  Nor do the dropped role's runs stay, which would show that role
+-- their input and results.  idem_purge() takes such OIDs out of every list
+-- and removes the runs, as it removes the dropped role's records, whatever
+-- idem.run_retention says
+CREATE ROLE regress_idem_gone;
+CREATE ROLE regress_idem_kept;
+SET ROLE regress_idem_gone;
+SELECT created FROM idem_run_begin('sec:gone', ARRAY['a', 'b'], '{"card": "4242"}');
+SELECT idem_step('sec:gone', 'a', 'SELECT 1 AS one') ->> 'rowcount' AS step_a;
+RESET ROLE;
+SELECT idem_queue_create('sec_gone',
+	producers => '{regress_idem_gone,regress_idem_kept}',
+	workers => '{regress_idem_gone}',
+	signallers => '{regress_idem_kept,regress_idem_gone}');
+SELECT idem_outbox_create_topic('sec_gone', publishers => '{regress_idem_gone}',
+	consumers => '{regress_idem_gone,regress_idem_kept}');
+SELECT 'regress_idem_gone'::regrole::oid AS gone_oid \gset
+DROP ROLE regress_idem_gone;
+SELECT workers::text = '{' || :gone_oid || '}' AS dumped_as_a_number
+  FROM idem.queues WHERE queue = 'sec_gone';
+SELECT count(*) AS runs_left_behind FROM idem.runs WHERE owner::oid = :gone_oid;
+SELECT idem_purge() >= 0 AS purged;
+SELECT count(*) AS runs_left FROM idem.runs WHERE owner::oid = :gone_oid;
+SELECT count(*) AS records_left FROM idem.keys WHERE owner::oid = :gone_oid;
+SELECT producers, workers, signallers FROM idem.queues WHERE queue = 'sec_gone';
+SELECT topic, publishers, consumers FROM idem.outbox_topics
+ WHERE topic IN ('sec_gone', 'billing') ORDER BY topic;
+DELETE FROM idem.queues WHERE queue = 'sec_gone';
+DELETE FROM idem.outbox_topics WHERE topic = 'sec_gone';
+DROP ROLE regress_idem_kept;
+
+-- the runtime's and the outbox delivery's own statements (claims, fences,
+-- signals, grants, the purge), which idem runs as the extension's owner,
+-- take nothing from the caller's search_path: operators and functions of
+-- the names they use, in a schema searched first, capture none of them
+-- (the test's own queries qualify theirs).  A worker's step runs as the
+-- worker, with no more rights; and idem_runs keeps other roles' rows from
+-- a leaky function in a query on it (security_barrier)
+CREATE ROLE regress_idem_app;
+CREATE ROLE regress_idem_worker;
+CREATE SCHEMA trap AUTHORIZATION regress_idem_worker;
+GRANT USAGE ON SCHEMA trap TO PUBLIC;
+SELECT idem_queue_create('sec_q', producers => '{regress_idem_app,regress_idem_worker}',
+	workers => '{regress_idem_worker}', signallers => '{regress_idem_worker}',
+	concurrency => 2);
+SELECT idem_outbox_create_topic('sec_t', publishers => '{regress_idem_app}',
+	consumers => '{regress_idem_worker}');
+GRANT EXECUTE ON FUNCTION
+	idem_outbox_claim(text, integer, interval, text, interval),
+	idem_outbox_ack(uuid, uuid) TO regress_idem_worker;
+SET ROLE regress_idem_worker;
+DO $$
+DECLARE
+	t text;
+	op text;
+BEGIN
+	FOREACH t IN ARRAY ARRAY['text', 'regrole', 'oid', 'uuid', 'timestamptz',
+							 'integer', 'bigint', 'boolean', 'jsonb', 'regrole[]'] LOOP
+		EXECUTE format('CREATE FUNCTION trap.hit(%s, %s) RETURNS boolean'
+			' LANGUAGE plpgsql AS $f$ BEGIN RAISE NOTICE %L, current_user;'
+			' RETURN true; END $f$', t, t, 'captured as %');
+		FOREACH op IN ARRAY ARRAY['=', '<>', '<', '<=', '>', '>='] LOOP
+			EXECUTE format('CREATE OPERATOR trap.%s (LEFTARG = %s, RIGHTARG = %s,'
+				' FUNCTION = trap.hit)', op, t, t);
+		END LOOP;
+	END LOOP;
+END
+$$;
+CREATE FUNCTION trap.now() RETURNS timestamptz LANGUAGE plpgsql AS $$
+BEGIN RAISE NOTICE 'captured as %', current_user; RETURN '2000-01-01'; END $$;
+CREATE FUNCTION trap.array_remove(regrole[], regrole) RETURNS regrole[]
+	LANGUAGE plpgsql AS $$
+BEGIN RAISE NOTICE 'captured as %', current_user; RETURN '{}'; END $$;
+CREATE FUNCTION trap.array_append(regrole[], regrole) RETURNS regrole[]
+	LANGUAGE plpgsql AS $$
+BEGIN RAISE NOTICE 'captured as %', current_user; RETURN '{}'; END $$;
+CREATE FUNCTION trap.peek(text, regrole) RETURNS boolean LANGUAGE plpgsql
+	COST 0.0000001 AS $$
+BEGIN RAISE NOTICE 'peeked at run % of %', $1, $2; RETURN true; END $$;
+SET search_path = trap, public, pg_catalog;
+SELECT created FROM idem_run_begin('sec:q2', ARRAY['a'], NULL, queue => 'sec_q');
+SET ROLE regress_idem_app;
+SET search_path = trap, public, pg_catalog;
+SELECT created FROM idem_run_begin('sec:q1', ARRAY['a', 'b', 'c'], '{"card": "4242"}',
+	queue => 'sec_q');
+SELECT replayed FROM idem_call('sec:ev', 'SELECT 1 AS one', outbox_topic => 'sec_t');
+SET ROLE regress_idem_worker;
+SET search_path = trap, public, pg_catalog;
+SELECT count(*) AS runs_seen FROM idem_runs WHERE trap.peek(run_id, owner);
+SELECT pg_catalog.string_agg(run_id, ',' ORDER BY run_id) AS claimed,
+	   (pg_catalog.array_agg(lease_token)
+		 FILTER (WHERE run_id OPERATOR(pg_catalog.=) 'sec:q1'))[1] AS token
+  FROM idem_run_claim('sec_q', 2, worker => 'w1') \gset
+\echo :claimed
+SELECT response -> 'rows' AS step_runs_as
+  FROM idem_call(NULL, 'SELECT current_user AS runs_as', run_id => 'sec:q1',
+	step => 'a', lease_token => :'token');
+SELECT idem_run_signal('sec:q1', 'b', '{"ok": true}', 'regress_idem_app') AS signalled;
+SELECT state, payload FROM idem_run_await('sec:q1', 'b', :'token');
+SELECT idem_run_extend('sec:q1', :'token', '10 s') IS NOT NULL AS extended;
+SELECT idem_run_release('sec:q1', :'token');
+SELECT event_id, lease_token AS event_token FROM idem_outbox_claim('sec_t') \gset
+SELECT idem_outbox_ack(:'event_id', :'event_token');
+RESET ROLE;
+SELECT idem_queue_grant('sec_q', 'regress_idem_app', 'signal');
+SELECT idem_queue_revoke('sec_q', 'regress_idem_app', 'signal');
+SELECT idem_outbox_grant('sec_t', 'regress_idem_worker', 'publish');
+SELECT idem_outbox_revoke('sec_t', 'regress_idem_worker', 'publish');
+SELECT idem_purge() IS NOT NULL AS purged;
+RESET search_path;
+SELECT run_id, owner, state, status, steps_done FROM idem_runs
+ WHERE run_id LIKE 'sec:q%' ORDER BY run_id;
+SELECT signallers, workers FROM idem.queues WHERE queue = 'sec_q';
+SELECT publishers FROM idem.outbox_topics WHERE topic = 'sec_t';
+SELECT count(*) AS events_left FROM idem.outbox WHERE key = 'sec:ev';
+SET client_min_messages = warning;
+DROP SCHEMA trap CASCADE;
+RESET client_min_messages;
+SELECT idem_run_cancel('sec:q1', 'done', 'regress_idem_app');
+SELECT idem_run_cancel('sec:q2', 'done', 'regress_idem_worker');
+SELECT idem_run_purge('infinity') >= 2 AS runs_purged;
+DELETE FROM idem.keys WHERE owner IN ('regress_idem_app'::regrole, 'regress_idem_worker'::regrole);
+DELETE FROM idem.queues WHERE queue = 'sec_q';
+DELETE FROM idem.outbox_topics WHERE topic = 'sec_t';
+REVOKE EXECUTE ON FUNCTION
+	idem_outbox_claim(text, integer, interval, text, interval),
+	idem_outbox_ack(uuid, uuid) FROM regress_idem_worker;
+DROP ROLE regress_idem_app, regress_idem_worker;

@@ -249,6 +249,22 @@ $node->poll_query_until('postgres',
 	"SELECT count(*) = 0 FROM idem.keys WHERE key LIKE 'old-%'")
   or die 'the worker did not finish';
 
+# a dropped role leaves no OID in a queue's role list, nor runs, for a
+# role given that OID later to inherit (test/sql/security.sql)
+$node->safe_psql('postgres', q{
+CREATE ROLE gone;
+SELECT idem_queue_create('gone_q', workers => '{gone}');
+SET ROLE gone;
+SELECT idem_run_begin('gone-q-1', ARRAY['a']);
+RESET ROLE;
+DROP ROLE gone;
+});
+$node->poll_query_until('postgres',
+	"SELECT cardinality(workers) = 0 FROM idem.queues WHERE queue = 'gone_q'")
+  or die 'the worker left the dropped role in the queue';
+is($node->safe_psql('postgres', "SELECT count(*) FROM idem.runs WHERE run_id = 'gone-q-1'"),
+	'0', "the worker took a dropped role out of a queue's workers, and removed its runs");
+
 # audit entries past idem.audit_retention (set for the database, which the
 # worker's connection picks up) and delivered outbox events past
 # idem.outbox_retention go too; younger ones stay
@@ -283,8 +299,8 @@ ok(stats('postgres', 'purged_audit_entries') - $purged_before >= 300,
 $node->safe_psql('postgres', "ALTER DATABASE postgres RESET idem.audit_retention");
 
 # runs finished longer ago than idem.run_retention go with their steps'
-# records, and so does every run of a dropped role; a running run and a
-# younger finished one stay, and nothing goes while it is 0
+# records; a running run and a younger finished one stay, and while it is
+# 0 only the run of a dropped role goes (as in every cycle)
 $node->safe_psql('postgres', q{
 SELECT idem_run_begin('aged-run', steps => ARRAY['a']);
 SELECT idem_step('aged-run', 'a', 'SELECT 1 AS one');
@@ -307,7 +323,9 @@ for (1 .. 2)
 	  or die 'the worker did not run a cycle';
 }
 is($node->safe_psql('postgres', "SELECT count(*) FROM idem.runs WHERE run_id LIKE '%-run'"),
-	'4', 'without idem.run_retention the worker removes no run');
+	'3', "without idem.run_retention the worker removes only the dropped role's run");
+is($node->safe_psql('postgres', "SELECT count(*) FROM idem.runs WHERE run_id = 'gone-run'"),
+	'0', '... which is the one gone');
 $node->safe_psql('postgres', "ALTER DATABASE postgres SET idem.run_retention = '1d'");
 $node->poll_query_until('postgres',
 	"SELECT count(*) = 0 FROM idem.runs WHERE run_id IN ('aged-run', 'gone-run')")
@@ -315,7 +333,7 @@ $node->poll_query_until('postgres',
 is($node->safe_psql('postgres',
 		"SELECT string_agg(run_id, ',' ORDER BY run_id) FROM idem.runs WHERE run_id LIKE '%-run'"),
 	'running-run,young-run',
-	'with idem.run_retention the worker removes the run finished before it and the dropped role\'s, not the others');
+	'with idem.run_retention the worker removes the run finished before it, not the others');
 is($node->safe_psql('postgres', q{
 SELECT count(*) FILTER (WHERE key = idem_step_key('aged-run', 'a')) || ','
 	|| count(*) FILTER (WHERE key = idem_step_key('young-run', 'a')) FROM idem.keys}),
