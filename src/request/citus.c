@@ -80,7 +80,10 @@ static int *citus_executor_level = NULL;
 
 static bool citus_loaded(void);
 
-/* Citus's CitusHasBeenLoaded(), once looked up; citus_hidden if it is not to be found */
+/*
+ * Citus's CitusHasBeenLoaded(), once looked up; citus_hidden if it is not to
+ * be found.
+ */
 static bool (*citus_has_been_loaded) (void) = NULL;
 static bool citus_hidden = false;
 

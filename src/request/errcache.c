@@ -16,8 +16,8 @@
  * (54) and the transaction's state (25) can never be listed: a retry of
  * those must run again, or they are not the business's.  A transient code
  * in a listed class (55P03 in 55) is raised, never recorded.  A recorded
- * error is held to idem.max_response_size like any response.  When the list is empty (the
- * default) no subtransaction is used.
+ * error is held to idem.max_response_size like any response.  When the
+ * list is empty (the default) no subtransaction is used.
  *
  * Copyright (c) 2026, idem authors
  *

@@ -26,20 +26,19 @@
  * pinned and never evicted.
  *
  * The fingerprint (version 3) is SHA-256 over the token stream digest, the
- * settings digest, the argument count, and each argument's type identity
- * and value.  Values are hashed in a form no session setting changes:
- * built-in scalars by their typlen bytes, domains as their base type,
- * arrays element by element and records field by field with each
- * element's or field's type (and an anonymous record's field names), ranges
- * by their flags and bounds, enums by
- * label, and base types defined in the database by their bytes (never by
- * text output, which DateStyle or TimeZone change, nor by a send function,
- * whose text parts follow client_encoding).  Every NaN is one NaN.  A
- * numeric argument that the statement uses only through one numeric(p,s)
- * column is hashed as the column stores it (see find_numeric_uses()).  Version 1 (idem 1.0) is kept only to compare
- * records written by 1.0; see idem_statement_fingerprint_v1().  Version 2
- * (idem 1.1) is version 3 without field names; see
- * idem_statement_fingerprint_v2_same().
+ * settings digest, the argument count, and each argument's type identity and
+ * value.  Values are hashed in a form no session setting changes: built-in
+ * scalars by their typlen bytes, domains as their base type, arrays element
+ * by element and records field by field with each element's or field's type
+ * (and an anonymous record's field names), ranges by their flags and bounds,
+ * enums by label, and base types defined in the database by their bytes
+ * (never by text output, which DateStyle or TimeZone change, nor by a send
+ * function, whose text parts follow client_encoding).  Every NaN is one NaN.
+ * A numeric argument that the statement uses only through one numeric(p,s)
+ * column is hashed as the column stores it (see find_numeric_uses()).
+ * Version 1 (idem 1.0) is kept only to compare records written by 1.0; see
+ * idem_statement_fingerprint_v1().  Version 2 (idem 1.1) is version 3
+ * without field names; see idem_statement_fingerprint_v2_same().
  *
  * Copyright (c) 2026, idem authors
  *
@@ -115,8 +114,9 @@ typedef struct ArgHashInfo
  * lc_numeric, lc_time, array_nulls, xmloption, default_text_search_config),
  * and how values become text, which a statement that casts to text stores
  * (extra_float_digits, bytea_output, xmlbinary, quote_all_identifiers, and
- * DateStyle, IntervalStyle, TimeZone again).  Strings are copied, not compared by
- * pointer: a GUC's new value can land at its old value's address.
+ * DateStyle, IntervalStyle, TimeZone again).  Strings are copied, not
+ * compared by pointer: a GUC's new value can land at its old value's
+ * address.
  */
 #define SETTING_LEN		256
 
@@ -554,7 +554,7 @@ digest_tokens(const char *sql, uint8 *digest)
 
 		if (tok == 0)
 			break;
-		/* the same number on every major (src/tokens.c) */
+		/* the same number on every major (src/request/tokens.c) */
 		tok = idem_token_15(tok);
 		tok32 = tok;
 		idem_sha256_update(ctx, &tok32, sizeof(tok32));

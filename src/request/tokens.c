@@ -165,7 +165,7 @@ build_map(void)
 	{
 		for (int i = 0; i < lengthof(samples); i++)
 			if (sampled[i] != samples[i].token15)
-				elog(ERROR, "\"%s\" is token %d, not %d as in src/tokens.h",
+				elog(ERROR, "\"%s\" is token %d, not %d as in src/request/tokens.h",
 					 samples[i].text, sampled[i], samples[i].token15);
 		if (ScanKeywords.num_keywords != lengthof(keywords15))
 			elog(ERROR, "the core scanner has %d keywords, src/request/tokens15.h %d",

@@ -712,7 +712,10 @@ typedef struct TenantShard
 	Oid			relid;			/* the shard's relation here */
 } TenantShard;
 
-/* A hash table kept for the backend's life, keyed by its entries' first bytes. */
+/*
+ * A hash table kept for the backend's life, keyed by its entries' first
+ * bytes.
+ */
 static HTAB *
 backend_hash(const char *name, Size keysize, Size entrysize)
 {
@@ -978,7 +981,10 @@ tenant_shard_local(Oid keys_rel, Oid keys_owner, Oid tenant_type,
 
 		if (idem_citus_shard_local(shard->shardid))
 		{
-			/* Citus names a shard's relation <table>_<shard id>, in the table's schema */
+			/*
+			 * Citus names a shard's relation <table>_<shard id>, in the table's
+			 * schema.
+			 */
 			snprintf(relname, sizeof(relname), "citus_keys_" INT64_FORMAT,
 					 shard->shardid);
 			relid = get_relname_relid(relname, get_namespace_oid("idem", false));
