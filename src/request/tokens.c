@@ -80,7 +80,7 @@ static int	map_size = 0;
 
 /* a number no major's grammar gives a token: this major's, tagged */
 #define FOREIGN_TOKEN(tok) \
-	(0x20000000 | ((PG_VERSION_NUM / 10000) << 16) | (tok))
+	(0x20000000 | (PG_MAJORVERSION_NUM << 16) | (tok))
 
 static int
 keyword15(const char *name)
