@@ -126,7 +126,7 @@ idem_collect_array(ArrayType *arr, bool strings, IdemRequest *req)
 	bool	   *isnull;
 	char	   *kinds;
 
-	idem_check_variadic_list(arr, "arguments", "statement",
+	idem_check_variadic_list(arr, IDEM_LIST_ARGUMENTS,
 							 "Pass a list as one argument of an array type.");
 	get_typlenbyvalalign(elemtype, &typlen, &typbyval, &typalign);
 	deconstruct_array(arr, elemtype, typlen, typbyval, typalign,
