@@ -19,7 +19,6 @@
 #include "idem.h"
 
 /* advice.c: what a client should do after an error */
-extern const char *idem_retry_advice_for(int sqlerrcode);
 extern bool idem_sqlstate_transient(int sqlerrcode);
 extern int	idem_errhint(int sqlerrcode, const char *hint);
 

@@ -26,7 +26,6 @@
 
 #include "common/int.h"
 #include "datatype/timestamp.h"
-#include "utils/builtins.h"
 #include "utils/uuid.h"
 
 #include "compat.h"

@@ -37,10 +37,6 @@
 
 #include <sys/socket.h>
 
-#include "access/genam.h"
-#include "access/heapam.h"
-#include "access/stratnum.h"
-#include "access/table.h"
 #include "access/tableam.h"
 #include "access/transam.h"
 #include "access/xact.h"
@@ -51,10 +47,7 @@
 #include "storage/shmem.h"
 #include "utils/backend_status.h"
 #include "utils/builtins.h"
-#include "utils/fmgroids.h"
 #include "utils/guc.h"
-#include "utils/inet.h"
-#include "utils/snapmgr.h"
 #include "utils/timestamp.h"
 #include "utils/xid8.h"
 

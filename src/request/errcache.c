@@ -28,14 +28,11 @@
  */
 #include "postgres.h"
 
-#include "access/xact.h"
 #include "lib/stringinfo.h"
 #include "utils/builtins.h"
 #include "utils/guc.h"
 #include "utils/json.h"
 #include "utils/jsonb.h"
-#include "utils/memutils.h"
-#include "utils/resowner.h"
 
 #include "compat.h"
 #include "request/request.h"
