@@ -20,6 +20,13 @@
 
 #include "common/common.h"
 
+/*
+ * idem_check_can_write
+ *		Refuse a call that writes (what names it) where nothing can be
+ *		written: during recovery, in a read-only transaction or in parallel
+ *		mode.  Left to the write itself, the error would name the statement
+ *		idem runs on its own tables, not the call.
+ */
 void
 idem_check_can_write(const char *what)
 {

@@ -499,8 +499,9 @@ idem_collect_text_args(FunctionCallInfo fcinfo, int argsarg, IdemRequest *req)
 		collect_array(PG_GETARG_ARRAYTYPE_P(argsarg), true, req);
 }
 
+/* idem_execute() and idem_execute_ex(): one call, two result shapes. */
 static void
-idem_execute_internal(FunctionCallInfo fcinfo, IdemResult *result)
+execute_internal(FunctionCallInfo fcinfo, IdemResult *result)
 {
 	IdemRequest req;
 
@@ -556,7 +557,7 @@ idem_execute_1_1(PG_FUNCTION_ARGS)
 {
 	IdemResult	result;
 
-	idem_execute_internal(fcinfo, &result);
+	execute_internal(fcinfo, &result);
 	PG_RETURN_JSONB_P(result.response);
 }
 
@@ -625,7 +626,7 @@ idem_execute_ex_1_1(PG_FUNCTION_ARGS)
 {
 	IdemResult	result;
 
-	idem_execute_internal(fcinfo, &result);
+	execute_internal(fcinfo, &result);
 	PG_RETURN_DATUM(idem_result_datum(&result));
 }
 
