@@ -82,8 +82,10 @@ idem_retry_after_usecs(Interval *retry_after)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("retry_after must be between zero and idem.outbox_max_retry_after"),
-				 errdetail("idem.outbox_max_retry_after is %d seconds.",
-						   idem_outbox_max_retry_after),
+				 errdetail_plural("idem.outbox_max_retry_after is %d second.",
+								  "idem.outbox_max_retry_after is %d seconds.",
+								  idem_outbox_max_retry_after,
+								  idem_outbox_max_retry_after),
 				 idem_errhint(ERRCODE_INVALID_PARAMETER_VALUE, NULL)));
 	return us;
 }
@@ -102,7 +104,8 @@ idem_lease_usecs(Interval *lease, int max_s, const char *setting)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("lease must be greater than zero and at most %s", setting),
-				 errdetail("%s is %d seconds.", setting, max_s),
+				 errdetail_plural("%s is %d second.", "%s is %d seconds.", max_s,
+								  setting, max_s),
 				 idem_errhint(ERRCODE_INVALID_PARAMETER_VALUE, NULL)));
 	return lease_us;
 }
