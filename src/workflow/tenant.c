@@ -1024,6 +1024,9 @@ write_tenant_key(Datum tenant, TenantShard *shard, IdemRequest *req,
 						   req->keylen, fingerprint, response, now, expires);
 }
 
+/* how Citus's refusal of a statement not filtered by the tenant begins */
+#define CITUS_UNFILTERED_MESSAGE "queries must filter by the distribution argument"
+
 /*
  * Run the business statement pinned to the tenant (idem_citus_pin_tenant()):
  * Citus's refusal of a statement that does not keep to the tenant's value
@@ -1061,7 +1064,8 @@ run_tenant_statement(const char *fname, IdemStatement *stmt,
 		}
 		if (edata->sqlerrcode != ERRCODE_FEATURE_NOT_SUPPORTED ||
 			edata->message == NULL ||
-			strncmp(edata->message, "queries must filter by the distribution argument", 48) != 0)
+			strncmp(edata->message, CITUS_UNFILTERED_MESSAGE,
+					sizeof(CITUS_UNFILTERED_MESSAGE) - 1) != 0)
 			PG_RE_THROW();
 		FlushErrorState();
 		ereport(ERROR,
