@@ -325,12 +325,15 @@ digest_settings(const IdemSettings *s)
 
 /*
  * A renamed schema keeps its OID, so the search path still "matches", but
- * the digest names it: compute it again.
+ * the digest names it: compute it again.  The names of the statements'
+ * argument types name it too (types_epoch); one callback serves both, as a
+ * backend has few syscache callback slots.
  */
 static void
 settings_namespace_inval(Datum arg, int cacheid, uint32 hashvalue)
 {
 	settings_seen_valid = false;
+	types_epoch++;
 }
 
 /*
@@ -661,8 +664,8 @@ statement_cache_init(void)
 	CacheRegisterRelcacheCallback(relations_inval, (Datum) 0);
 	CacheRegisterSyscacheCallback(PROCOID, routines_inval, (Datum) 0);
 	CacheRegisterSyscacheCallback(OPEROID, routines_inval, (Datum) 0);
+	/* a schema's rename is settings_namespace_inval()'s too */
 	CacheRegisterSyscacheCallback(TYPEOID, types_inval, (Datum) 0);
-	CacheRegisterSyscacheCallback(NAMESPACEOID, types_inval, (Datum) 0);
 }
 
 static uint64
