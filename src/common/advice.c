@@ -42,11 +42,11 @@
 PG_FUNCTION_INFO_V1(idem_retry_advice);
 
 /*
- * idem_retry_advice_for
+ * retry_advice_for
  *		The advice for an error code (MAKE_SQLSTATE form).
  */
-const char *
-idem_retry_advice_for(int sqlerrcode)
+static const char *
+retry_advice_for(int sqlerrcode)
 {
 	switch (sqlerrcode)
 	{
@@ -87,7 +87,7 @@ idem_retry_advice_for(int sqlerrcode)
 bool
 idem_sqlstate_transient(int sqlerrcode)
 {
-	return strcmp(idem_retry_advice_for(sqlerrcode), "never") != 0;
+	return strcmp(retry_advice_for(sqlerrcode), "never") != 0;
 }
 
 /*
@@ -98,7 +98,7 @@ idem_sqlstate_transient(int sqlerrcode)
 int
 idem_errhint(int sqlerrcode, const char *hint)
 {
-	const char *advice = idem_retry_advice_for(sqlerrcode);
+	const char *advice = retry_advice_for(sqlerrcode);
 
 	if (hint != NULL)
 		return errhint("%s Retry advice: %s.", hint, advice);
@@ -125,5 +125,5 @@ idem_retry_advice(PG_FUNCTION_ARGS)
 				 errmsg("\"%s\" is not a SQLSTATE", s),
 				 errdetail("A SQLSTATE is five characters, digits or upper-case letters."),
 				 idem_errhint(ERRCODE_INVALID_PARAMETER_VALUE, NULL)));
-	PG_RETURN_TEXT_P(cstring_to_text(idem_retry_advice_for(MAKE_SQLSTATE(s[0], s[1], s[2], s[3], s[4]))));
+	PG_RETURN_TEXT_P(cstring_to_text(retry_advice_for(MAKE_SQLSTATE(s[0], s[1], s[2], s[3], s[4]))));
 }

@@ -20,6 +20,13 @@
 
 #include "common/common.h"
 
+/*
+ * idem_check_can_write
+ *		Refuse a call that writes (what names it) where nothing can be
+ *		written: during recovery, in a read-only transaction or in parallel
+ *		mode.  Left to the write itself, the error would name the statement
+ *		idem runs on its own tables, not the call.
+ */
 void
 idem_check_can_write(const char *what)
 {
@@ -128,32 +135,37 @@ idem_purge_batch_arg(FunctionCallInfo fcinfo, const char *fname)
 
 /*
  * idem_check_variadic_list
- *		Refuse an array passed for a list (what names its elements) that has
- *		more than one dimension, or more than IDEM_MAX_ARGS elements (whole
- *		names what the list makes up).
+ *		Refuse an array passed for a list of the given kind that has more
+ *		than one dimension, or more than IDEM_MAX_ARGS elements.
  *		Flattened, ARRAY[[1, 2], [3, 4]] would be the same request as
  *		ARRAY[1, 2, 3, 4], its shape lost.  The bound comes before anything
  *		is unpacked, so a huge array costs nothing beyond itself; hint says
  *		how to pass a longer list.
  */
 void
-idem_check_variadic_list(ArrayType *arr, const char *what, const char *whole,
-						 const char *hint)
+idem_check_variadic_list(ArrayType *arr, IdemListKind kind, const char *hint)
 {
 	int			nitems;
 
 	if (ARR_NDIM(arr) > 1)
 		ereport(ERROR,
 				(errcode(ERRCODE_ARRAY_SUBSCRIPT_ERROR),
-				 errmsg("%s passed as an array must be a one-dimensional array", what),
+				 kind == IDEM_LIST_ARGUMENTS ?
+				 errmsg("arguments passed as an array must be a one-dimensional array") :
+				 errmsg("key parts passed as an array must be a one-dimensional array"),
 				 errdetail("The array has %d dimensions.", ARR_NDIM(arr)),
 				 idem_errhint(ERRCODE_ARRAY_SUBSCRIPT_ERROR, "Pass a multidimensional array as one argument, without VARIADIC.")));
 	nitems = ArrayGetNItems(ARR_NDIM(arr), ARR_DIMS(arr));
 	if (nitems > IDEM_MAX_ARGS)
 		ereport(ERROR,
 				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
-				 errmsg("too many %s", what),
-				 errdetail("The array holds %d %s; a %s takes at most %d.",
-						   nitems, what, whole, IDEM_MAX_ARGS),
+				 kind == IDEM_LIST_ARGUMENTS ?
+				 errmsg("too many arguments") :
+				 errmsg("too many key parts"),
+				 kind == IDEM_LIST_ARGUMENTS ?
+				 errdetail("The array holds %d arguments; a statement takes at most %d.",
+						   nitems, IDEM_MAX_ARGS) :
+				 errdetail("The array holds %d key parts; a key takes at most %d.",
+						   nitems, IDEM_MAX_ARGS),
 				 idem_errhint(ERRCODE_PROGRAM_LIMIT_EXCEEDED, hint)));
 }

@@ -24,7 +24,6 @@
 #include "access/htup_details.h"
 #include "access/stratnum.h"
 #include "access/table.h"
-#include "catalog/namespace.h"
 #include "catalog/pg_namespace.h"
 #include "utils/fmgroids.h"
 #include "utils/inval.h"

@@ -19,7 +19,6 @@
 #include "idem.h"
 
 /* advice.c: what a client should do after an error */
-extern const char *idem_retry_advice_for(int sqlerrcode);
 extern bool idem_sqlstate_transient(int sqlerrcode);
 extern int	idem_errhint(int sqlerrcode, const char *hint);
 
@@ -33,8 +32,15 @@ extern void idem_arg_not_null(FunctionCallInfo fcinfo, int argno,
 extern char *idem_name_arg(FunctionCallInfo fcinfo, int argno,
 						   const char *what);
 extern int32 idem_purge_batch_arg(FunctionCallInfo fcinfo, const char *fname);
-extern void idem_check_variadic_list(ArrayType *arr, const char *what,
-									 const char *whole, const char *hint);
+/* What a list passed as an array makes up: names it in messages. */
+typedef enum IdemListKind
+{
+	IDEM_LIST_ARGUMENTS,		/* a statement's arguments */
+	IDEM_LIST_KEY_PARTS			/* the parts of a derived key */
+} IdemListKind;
+
+extern void idem_check_variadic_list(ArrayType *arr, IdemListKind kind,
+									 const char *hint);
 
 /* guc.c: the role and idem.* parameters a business statement must keep */
 #define IDEM_OWN_PARAMS_MAX 64

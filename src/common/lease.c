@@ -26,7 +26,6 @@
 
 #include "common/int.h"
 #include "datatype/timestamp.h"
-#include "utils/builtins.h"
 #include "utils/uuid.h"
 
 #include "compat.h"
@@ -83,8 +82,10 @@ idem_retry_after_usecs(Interval *retry_after)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("retry_after must be between zero and idem.outbox_max_retry_after"),
-				 errdetail("idem.outbox_max_retry_after is %d s.",
-						   idem_outbox_max_retry_after),
+				 errdetail_plural("idem.outbox_max_retry_after is %d second.",
+								  "idem.outbox_max_retry_after is %d seconds.",
+								  idem_outbox_max_retry_after,
+								  idem_outbox_max_retry_after),
 				 idem_errhint(ERRCODE_INVALID_PARAMETER_VALUE, NULL)));
 	return us;
 }
@@ -103,7 +104,8 @@ idem_lease_usecs(Interval *lease, int max_s, const char *setting)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("lease must be greater than zero and at most %s", setting),
-				 errdetail("%s is %d s.", setting, max_s),
+				 errdetail_plural("%s is %d second.", "%s is %d seconds.", max_s,
+								  setting, max_s),
 				 idem_errhint(ERRCODE_INVALID_PARAMETER_VALUE, NULL)));
 	return lease_us;
 }
@@ -120,7 +122,7 @@ idem_wait_ms(Interval *timeout)
 	if (timeout_us < 0 || timeout_us > (int64) IDEM_MAX_WAIT_S * USECS_PER_SEC)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("timeout must be between 0 and %d s", IDEM_MAX_WAIT_S),
+				 errmsg("timeout must be between 0 and %d seconds", IDEM_MAX_WAIT_S),
 				 errdetail("A waiting statement holds its snapshot, which keeps VACUUM from removing rows deleted since it began."),
 				 idem_errhint(ERRCODE_INVALID_PARAMETER_VALUE, NULL)));
 	return (long) (timeout_us / 1000);

@@ -39,7 +39,6 @@
 #include "access/tableam.h"
 #include "access/xact.h"
 #include "catalog/dependency.h"
-#include "catalog/indexing.h"
 #include "catalog/index.h"
 #include "catalog/pg_am.h"
 #include "catalog/pg_collation.h"
@@ -57,7 +56,6 @@
 #include "miscadmin.h"
 #include "optimizer/optimizer.h"
 #include "optimizer/planner.h"
-#include "storage/lmgr.h"
 #include "storage/lock.h"
 #include "utils/timestamp.h"
 #include "utils/array.h"
@@ -2180,7 +2178,10 @@ idem_insert_run(IdemRunRow *row)
 	insert_row(WRITE_RUNS, catalog.runs, values, nulls);
 }
 
-/* How many runs' rows this backend wrote: a step sees whether its statement wrote one. */
+/*
+ * How many runs' rows this backend wrote: a step sees whether its statement
+ * wrote one.
+ */
 uint64		idem_run_writes = 0;
 
 /*
@@ -2468,16 +2469,16 @@ idem_owner_spi_end(IdemOwnerSPI *s)
  * a generic plan estimates "LIMIT $n" at a tenth of what the scan under it
  * may return, so on a large outbox the claim's estimate crosses
  * jit_above_cost, and JIT then compiles its expressions at every
- * execution: 0.4 s a claim with 7.2 million events, where the claim itself
- * takes a millisecond.  Whether a plan is compiled is decided when it is
- * made (its jitFlags), and a cached plan is made again whenever an
- * invalidation arrives, which may be while it is being revalidated for
- * this very execution; so the planner hook clears jitFlags of every plan
- * made while one of idem's queries runs (code the query runs, such as a
- * trigger an administrator put on a table, is planned as if jit were
- * off).  Setting jit off around each execution would do the same through
- * the GUC machinery, at the price of a GUC nest level per query, which
- * before PostgreSQL 16 visits every setting when it is popped.
+ * execution, which costs far more than the few rows the claim reads.
+ * Whether a plan is compiled is decided when it is made (its jitFlags),
+ * and a cached plan is made again whenever an invalidation arrives, which
+ * may be while it is being revalidated for this very execution; so the
+ * planner hook clears jitFlags of every plan made while one of idem's
+ * queries runs (code the query runs, such as a trigger an administrator
+ * put on a table, is planned as if jit were off).  Setting jit off around
+ * each execution would do the same through the GUC machinery, at the price
+ * of a GUC nest level per query, which before PostgreSQL 16 visits every
+ * setting when it is popped.
  */
 static int	own_query_depth = 0;
 static planner_hook_type prev_planner_hook = NULL;

@@ -5,21 +5,20 @@
  *		entries written in the caller's transaction, the shared-memory
  *		queue for rejected attempts, its draining, and retention.
  *
- * idem.audit = executions writes one row per execution and per replay
- * into idem.audit in the caller's own transaction: it commits or vanishes
- * with the call's effect.  idem.audit = all also records every rejected
- * attempt (ID422, ID409, class 40 conflicts, sequencing and business
- * errors).  That transaction aborts, so its entry goes into a queue in
- * shared memory instead, which the background worker writes out for each
- * database (worker.c).  Entries are lost if the server stops or crashes
- * while they are queued or being written, and an attempt whose database
- * or role has used up its share of the queue (fair_share()) is not
- * queued, so that no role can crowd out the others.  idem_stats and
- * idem_stats_roles count what they can see in the row of the database and
- * role that lost it (audit_dropped): a used-up share, a database whose
- * extension is gone, a worker's failed write.  Without shared_preload_libraries there is no
- * queue: rejected attempts are not recorded, and the first one in a
- * session says so.
+ * idem.audit = executions writes one row per execution and per replay into
+ * idem.audit in the caller's own transaction: it commits or vanishes with the
+ * call's effect.  idem.audit = all also records every rejected attempt
+ * (ID422, ID409, class 40 conflicts, sequencing and business errors).  That
+ * transaction aborts, so its entry goes into a queue in shared memory
+ * instead, which the background worker writes out for each database
+ * (worker.c).  Entries are lost if the server stops or crashes while they are
+ * queued or being written, and an attempt whose database or role has used up
+ * its share of the queue (fair_share()) is not queued, so that no role can
+ * crowd out the others.  idem_stats and idem_stats_roles count what they can
+ * see in the row of the database and role that lost it (audit_dropped): a
+ * used-up share, a database whose extension is gone, a worker's failed write.
+ * Without shared_preload_libraries there is no queue: rejected attempts are
+ * not recorded, and the first one in a session says so.
  *
  * Queue locking: one LWLock ("idem audit queue") covers the whole array;
  * a producer holds it to copy one entry in, a worker to copy its
@@ -38,10 +37,6 @@
 
 #include <sys/socket.h>
 
-#include "access/genam.h"
-#include "access/heapam.h"
-#include "access/stratnum.h"
-#include "access/table.h"
 #include "access/tableam.h"
 #include "access/transam.h"
 #include "access/xact.h"
@@ -52,10 +47,7 @@
 #include "storage/shmem.h"
 #include "utils/backend_status.h"
 #include "utils/builtins.h"
-#include "utils/fmgroids.h"
 #include "utils/guc.h"
-#include "utils/inet.h"
-#include "utils/snapmgr.h"
 #include "utils/timestamp.h"
 #include "utils/xid8.h"
 

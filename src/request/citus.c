@@ -80,7 +80,10 @@ static int *citus_executor_level = NULL;
 
 static bool citus_loaded(void);
 
-/* Citus's CitusHasBeenLoaded(), once looked up; citus_hidden if it is not to be found */
+/*
+ * Citus's CitusHasBeenLoaded(), once looked up; citus_hidden if it is not to
+ * be found.
+ */
 static bool (*citus_has_been_loaded) (void) = NULL;
 static bool citus_hidden = false;
 
@@ -216,16 +219,6 @@ citus_symbol(const char *name, bool required)
 }
 
 /*
- * idem_citus_function
- *		One of Citus's C functions (for tenant.c), as citus_symbol().
- */
-void *
-idem_citus_function(const char *name)
-{
-	return citus_symbol(name, true);
-}
-
-/*
  * idem_citus_lock_shard
  *		Take Citus's metadata lock of shardid in ShareLock, the lock Citus's
  *		own writers of a shard take: a shard move or split waits for it
@@ -240,14 +233,14 @@ idem_citus_lock_shard(int64 shardid)
 
 	if (lock_shard == NULL)
 		lock_shard = (void (*) (int64, LOCKMODE))
-			idem_citus_function("LockShardDistributionMetadata");
+			citus_symbol("LockShardDistributionMetadata", true);
 	lock_shard(shardid, ShareLock);
 	/* a move or split that committed before the lock was granted */
 	AcceptInvalidationMessages();
 }
 
 /*
- * idem_citus_present
+ * citus_present
  *		Whether Citus is installed in this database (and so loaded: it
  *		refuses CREATE EXTENSION unless preloaded).
  *
@@ -256,8 +249,8 @@ idem_citus_lock_shard(int64 shardid)
  * costs no scan of pg_extension per call; it is also false while the
  * extension's script runs, when Citus's catalog is not complete yet.
  */
-bool
-idem_citus_present(void)
+static bool
+citus_present(void)
 {
 	if (citus_loaded() && citus_has_been_loaded == NULL && !citus_hidden)
 	{
@@ -283,7 +276,7 @@ idem_citus_present(void)
 void
 idem_citus_require(const char *fname)
 {
-	if (!idem_citus_present())
+	if (!citus_present())
 		ereport(ERROR,
 				(errcode(ERRCODE_IDEM_CITUS_NOT_COLOCATED),
 				 errmsg("%s needs Citus", fname),

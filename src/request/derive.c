@@ -157,7 +157,7 @@ idem_key(PG_FUNCTION_ARGS)
 					 errmsg("key parts must not be null"),
 					 idem_errhint(ERRCODE_NULL_VALUE_NOT_ALLOWED, NULL)));
 		arr = PG_GETARG_ARRAYTYPE_P(0);
-		idem_check_variadic_list(arr, "key parts", "key",
+		idem_check_variadic_list(arr, IDEM_LIST_KEY_PARTS,
 								 "Pass a list as one part of an array type.");
 		elemtype = ARR_ELEMTYPE(arr);
 		get_typlenbyvalalign(elemtype, &typlen, &typbyval, &typalign);

@@ -23,9 +23,7 @@
 #include "access/xact.h"
 #include "fmgr.h"
 #include "funcapi.h"
-#include "miscadmin.h"
 #include "utils/builtins.h"
-#include "utils/resowner.h"
 
 #include "compat.h"
 #include "request/request.h"

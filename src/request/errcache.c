@@ -16,8 +16,8 @@
  * (54) and the transaction's state (25) can never be listed: a retry of
  * those must run again, or they are not the business's.  A transient code
  * in a listed class (55P03 in 55) is raised, never recorded.  A recorded
- * error is held to idem.max_response_size like any response.  When the list is empty (the
- * default) no subtransaction is used.
+ * error is held to idem.max_response_size like any response.  When the
+ * list is empty (the default) no subtransaction is used.
  *
  * Copyright (c) 2026, idem authors
  *
@@ -28,14 +28,11 @@
  */
 #include "postgres.h"
 
-#include "access/xact.h"
 #include "lib/stringinfo.h"
 #include "utils/builtins.h"
 #include "utils/guc.h"
 #include "utils/json.h"
 #include "utils/jsonb.h"
-#include "utils/memutils.h"
-#include "utils/resowner.h"
 
 #include "compat.h"
 #include "request/request.h"
@@ -59,14 +56,24 @@ is_sqlstate_char(char c)
 	return (c >= '0' && c <= '9') || (c >= 'A' && c <= 'Z');
 }
 
+/* Why a class or code can never be cached. */
+typedef enum Uncacheable
+{
+	CACHEABLE,
+	UNCACHEABLE_IDEM,			/* one of idem's own outcomes */
+	UNCACHEABLE_INTERNAL,		/* XX */
+	UNCACHEABLE_TRANSIENT,		/* a retry may succeed */
+	UNCACHEABLE_SERVER			/* about the server or the transaction */
+} Uncacheable;
+
 /*
- * Why a class or code (MAKE_SQLSTATE form) can never be cached, or NULL.
+ * Why a class or code (MAKE_SQLSTATE form) can never be cached.
  * Transient is what idem_retry_advice() does not answer "never" for, so the
  * two agree; a class is also transient when some of its codes are (57: a
  * cancel or a shutdown).  Classes 54 (a limit of the server) and 25 (the
  * state of the caller's transaction) say nothing about the request.
  */
-static const char *
+static Uncacheable
 uncacheable_reason(int code)
 {
 	static const char *const transient_classes[] = {"08", "40", "53", "57", "58", "72", "HV"};
@@ -74,18 +81,18 @@ uncacheable_reason(int code)
 	const char *cls = unpack_sql_state(code);
 
 	if (strncmp(cls, "ID", 2) == 0)
-		return "it is one of idem's own outcomes, not a business error";
+		return UNCACHEABLE_IDEM;
 	if (strncmp(cls, "XX", 2) == 0)
-		return "it is an internal error, not a business error";
+		return UNCACHEABLE_INTERNAL;
 	if (idem_sqlstate_transient(code))
-		return "it is a transient condition, which a retry must run again";
+		return UNCACHEABLE_TRANSIENT;
 	for (int i = 0; i < lengthof(transient_classes); i++)
 		if (strncmp(cls, transient_classes[i], 2) == 0)
-			return "it is a transient condition, which a retry must run again";
+			return UNCACHEABLE_TRANSIENT;
 	for (int i = 0; i < lengthof(server_classes); i++)
 		if (strncmp(cls, server_classes[i], 2) == 0)
-			return "it is about the server's limits or the transaction's state, not a business error";
-	return NULL;
+			return UNCACHEABLE_SERVER;
+	return CACHEABLE;
 }
 
 bool
@@ -108,7 +115,6 @@ idem_cache_errors_check(char **newval, void **extra, GucSource source)
 	{
 		const char *tok;
 		int			len = 0;
-		const char *why;
 
 		while (*p == ' ' || *p == ',')
 			p++;
@@ -129,12 +135,30 @@ idem_cache_errors_check(char **newval, void **extra, GucSource source)
 		list->entries[list->n].code = len == 2 ?
 			MAKE_SQLSTATE(tok[0], tok[1], '0', '0', '0') :
 			MAKE_SQLSTATE(tok[0], tok[1], tok[2], tok[3], tok[4]);
-		why = uncacheable_reason(list->entries[list->n].code);
-		if (why != NULL)
+		switch (uncacheable_reason(list->entries[list->n].code))
 		{
-			GUC_check_errdetail("\"%.*s\" cannot be cached: %s.", len, tok, why);
-			guc_free(list);
-			return false;
+			case CACHEABLE:
+				break;
+			case UNCACHEABLE_IDEM:
+				GUC_check_errdetail("\"%.*s\" cannot be cached: it is one of idem's own outcomes, not a business error.",
+									len, tok);
+				guc_free(list);
+				return false;
+			case UNCACHEABLE_INTERNAL:
+				GUC_check_errdetail("\"%.*s\" cannot be cached: it is an internal error, not a business error.",
+									len, tok);
+				guc_free(list);
+				return false;
+			case UNCACHEABLE_TRANSIENT:
+				GUC_check_errdetail("\"%.*s\" cannot be cached: it is a transient condition, which a retry must run again.",
+									len, tok);
+				guc_free(list);
+				return false;
+			case UNCACHEABLE_SERVER:
+				GUC_check_errdetail("\"%.*s\" cannot be cached: it is about the server's limits or the transaction's state, not a business error.",
+									len, tok);
+				guc_free(list);
+				return false;
 		}
 		list->n++;
 		p = tok + len;

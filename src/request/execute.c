@@ -34,7 +34,6 @@
 #include "fmgr.h"
 #include "funcapi.h"
 #include "miscadmin.h"
-#include "tcop/utility.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/lsyscache.h"
@@ -111,13 +110,13 @@ type_untyped_args(IdemRequest *req, const char *strings)
 }
 
 /*
- * idem_collect_array
+ * collect_array
  *		Bind the elements of an array as the arguments; strings: they are
  *		strings to be typed as the statement infers (the idem_untyped[]
  *		forms, idem_call()'s text[], an explicit VARIADIC text[]).
  */
-void
-idem_collect_array(ArrayType *arr, bool strings, IdemRequest *req)
+static void
+collect_array(ArrayType *arr, bool strings, IdemRequest *req)
 {
 	Oid			elemtype = ARR_ELEMTYPE(arr);
 	int16		typlen;
@@ -126,7 +125,7 @@ idem_collect_array(ArrayType *arr, bool strings, IdemRequest *req)
 	bool	   *isnull;
 	char	   *kinds;
 
-	idem_check_variadic_list(arr, "arguments", "statement",
+	idem_check_variadic_list(arr, IDEM_LIST_ARGUMENTS,
 							 "Pass a list as one argument of an array type.");
 	get_typlenbyvalalign(elemtype, &typlen, &typbyval, &typalign);
 	deconstruct_array(arr, elemtype, typlen, typbyval, typalign,
@@ -176,7 +175,7 @@ idem_collect_args(FunctionCallInfo fcinfo, int first, IdemRequest *req)
 			return;
 		arr = PG_GETARG_ARRAYTYPE_P(first);
 		/* the idem_untyped[] overloads, or a VARIADIC array of strings */
-		idem_collect_array(arr, is_string_type(ARR_ELEMTYPE(arr)) ||
+		collect_array(arr, is_string_type(ARR_ELEMTYPE(arr)) ||
 						   get_func_variadictype(fcinfo->flinfo->fn_oid) != ANYOID,
 						   req);
 		return;
@@ -497,11 +496,12 @@ idem_collect_text_args(FunctionCallInfo fcinfo, int argsarg, IdemRequest *req)
 {
 	req->nargs = 0;
 	if (!PG_ARGISNULL(argsarg))
-		idem_collect_array(PG_GETARG_ARRAYTYPE_P(argsarg), true, req);
+		collect_array(PG_GETARG_ARRAYTYPE_P(argsarg), true, req);
 }
 
+/* idem_execute() and idem_execute_ex(): one call, two result shapes. */
 static void
-idem_execute_internal(FunctionCallInfo fcinfo, IdemResult *result)
+execute_internal(FunctionCallInfo fcinfo, IdemResult *result)
 {
 	IdemRequest req;
 
@@ -557,7 +557,7 @@ idem_execute_1_1(PG_FUNCTION_ARGS)
 {
 	IdemResult	result;
 
-	idem_execute_internal(fcinfo, &result);
+	execute_internal(fcinfo, &result);
 	PG_RETURN_JSONB_P(result.response);
 }
 
@@ -626,7 +626,7 @@ idem_execute_ex_1_1(PG_FUNCTION_ARGS)
 {
 	IdemResult	result;
 
-	idem_execute_internal(fcinfo, &result);
+	execute_internal(fcinfo, &result);
 	PG_RETURN_DATUM(idem_result_datum(&result));
 }
 

@@ -112,8 +112,10 @@ idem_checked_ttl(void)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("idem.ttl exceeds idem.max_ttl"),
-				 errdetail("idem.ttl is %d seconds; idem.max_ttl, set by an administrator, is %d seconds.",
-						   idem_ttl, idem_max_ttl),
+				 /* idem.ttl is above idem.max_ttl, so at least 2 */
+				 errdetail_plural("idem.ttl is %d seconds; idem.max_ttl, set by an administrator, is %d second.",
+								  "idem.ttl is %d seconds; idem.max_ttl, set by an administrator, is %d seconds.",
+								  idem_max_ttl, idem_ttl, idem_max_ttl),
 				 idem_errhint(ERRCODE_INVALID_PARAMETER_VALUE, "Lower idem.ttl, or ask an administrator to raise idem.max_ttl.")));
 	return idem_ttl;
 }

@@ -70,7 +70,6 @@ extern char *idem_derive_key(int nparts, const char *const *parts);
 /* execute.c: the parts of a call that workflow steps share */
 extern void idem_collect_args(FunctionCallInfo fcinfo, int first,
 							  IdemRequest *req);
-extern void idem_collect_array(ArrayType *arr, bool strings, IdemRequest *req);
 extern char *idem_sql_arg(FunctionCallInfo fcinfo, int argno, const char *fname);
 extern void idem_collect_text_args(FunctionCallInfo fcinfo, int argsarg,
 								   IdemRequest *req);
@@ -100,13 +99,11 @@ extern void idem_replay_record(IdemRequest *req, const IdemRecord *rec,
 /* untyped.c: unknown driver parameters in calls of idem's functions */
 extern void idem_untyped_install(void);
 /* citus.c: idem under Citus */
-extern bool idem_citus_present(void);
 extern void idem_citus_require(const char *fname);
 extern Oid	idem_citus_keys_relid(void);
 extern bool idem_citus_in_distributed_transaction(void);
 extern void idem_citus_check_confined(void);
 extern void idem_citus_pin_tenant(Oid type, Datum value, uint32 colocation);
-extern void *idem_citus_function(const char *name);
 extern void idem_citus_lock_shard(int64 shardid);
 
 #endif							/* IDEM_REQUEST_H */

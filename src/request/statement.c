@@ -26,20 +26,19 @@
  * pinned and never evicted.
  *
  * The fingerprint (version 3) is SHA-256 over the token stream digest, the
- * settings digest, the argument count, and each argument's type identity
- * and value.  Values are hashed in a form no session setting changes:
- * built-in scalars by their typlen bytes, domains as their base type,
- * arrays element by element and records field by field with each
- * element's or field's type (and an anonymous record's field names), ranges
- * by their flags and bounds, enums by
- * label, and base types defined in the database by their bytes (never by
- * text output, which DateStyle or TimeZone change, nor by a send function,
- * whose text parts follow client_encoding).  Every NaN is one NaN.  A
- * numeric argument that the statement uses only through one numeric(p,s)
- * column is hashed as the column stores it (see find_numeric_uses()).  Version 1 (idem 1.0) is kept only to compare
- * records written by 1.0; see idem_statement_fingerprint_v1().  Version 2
- * (idem 1.1) is version 3 without field names; see
- * idem_statement_fingerprint_v2_same().
+ * settings digest, the argument count, and each argument's type identity and
+ * value.  Values are hashed in a form no session setting changes: built-in
+ * scalars by their typlen bytes, domains as their base type, arrays element
+ * by element and records field by field with each element's or field's type
+ * (and an anonymous record's field names), ranges by their flags and bounds,
+ * enums by label, and base types defined in the database by their bytes
+ * (never by text output, which DateStyle or TimeZone change, nor by a send
+ * function, whose text parts follow client_encoding).  Every NaN is one NaN.
+ * A numeric argument that the statement uses only through one numeric(p,s)
+ * column is hashed as the column stores it (see find_numeric_uses()).
+ * Version 1 (idem 1.0) is kept only to compare records written by 1.0; see
+ * idem_statement_fingerprint_v1().  Version 2 (idem 1.1) is version 3
+ * without field names; see idem_statement_fingerprint_v2_same().
  *
  * Copyright (c) 2026, idem authors
  *
@@ -115,8 +114,9 @@ typedef struct ArgHashInfo
  * lc_numeric, lc_time, array_nulls, xmloption, default_text_search_config),
  * and how values become text, which a statement that casts to text stores
  * (extra_float_digits, bytea_output, xmlbinary, quote_all_identifiers, and
- * DateStyle, IntervalStyle, TimeZone again).  Strings are copied, not compared by
- * pointer: a GUC's new value can land at its old value's address.
+ * DateStyle, IntervalStyle, TimeZone again).  Strings are copied, not
+ * compared by pointer: a GUC's new value can land at its old value's
+ * address.
  */
 #define SETTING_LEN		256
 
@@ -165,6 +165,7 @@ struct IdemStatement
 	uint64		inferred_epoch; /* inferred at this epoch */
 	bool		has_numeric;	/* an argument is numeric */
 	uint64		uses_epoch;		/* numeric_typmods found at this epoch */
+	uint64		typident_epoch; /* arginfo's typidents named at this epoch */
 	bool		plan_checked;	/* analyzed statement verified */
 	bool		resized;		/* plan may have grown since last measured */
 	Size		bytes;			/* memory charged to the cache */
@@ -190,6 +191,15 @@ typedef struct StatementCacheEntry
  * start at 0, the epoch at 1.
  */
 static uint64 relations_epoch = 1;
+
+/*
+ * Counts invalidations of types and schemas, after which the names of the
+ * arguments' types are looked up again: a type enters the fingerprint by
+ * its qualified name, which ALTER TYPE ... RENAME or SET SCHEMA and ALTER
+ * SCHEMA ... RENAME change, and a backend that kept the old one would
+ * fingerprint a retry differently from every other backend.
+ */
+static uint64 types_epoch = 1;
 
 static HTAB *statement_cache = NULL;
 static MemoryContext statement_cache_cxt = NULL;
@@ -315,12 +325,15 @@ digest_settings(const IdemSettings *s)
 
 /*
  * A renamed schema keeps its OID, so the search path still "matches", but
- * the digest names it: compute it again.
+ * the digest names it: compute it again.  The names of the statements'
+ * argument types name it too (types_epoch); one callback serves both, as a
+ * backend has few syscache callback slots.
  */
 static void
 settings_namespace_inval(Datum arg, int cacheid, uint32 hashvalue)
 {
 	settings_seen_valid = false;
+	types_epoch++;
 }
 
 /*
@@ -554,7 +567,7 @@ digest_tokens(const char *sql, uint8 *digest)
 
 		if (tok == 0)
 			break;
-		/* the same number on every major (src/tokens.c) */
+		/* the same number on every major (src/request/tokens.c) */
 		tok = idem_token_15(tok);
 		tok32 = tok;
 		idem_sha256_update(ctx, &tok32, sizeof(tok32));
@@ -630,6 +643,12 @@ routines_inval(Datum arg, int cacheid, uint32 hashvalue)
 }
 
 static void
+types_inval(Datum arg, int cacheid, uint32 hashvalue)
+{
+	types_epoch++;
+}
+
+static void
 statement_cache_init(void)
 {
 	HASHCTL		ctl;
@@ -645,6 +664,8 @@ statement_cache_init(void)
 	CacheRegisterRelcacheCallback(relations_inval, (Datum) 0);
 	CacheRegisterSyscacheCallback(PROCOID, routines_inval, (Datum) 0);
 	CacheRegisterSyscacheCallback(OPEROID, routines_inval, (Datum) 0);
+	/* a schema's rename is settings_namespace_inval()'s too */
+	CacheRegisterSyscacheCallback(TYPEOID, types_inval, (Datum) 0);
 }
 
 static uint64
@@ -671,6 +692,14 @@ statement_matches(IdemStatement *stmt, const char *sql, int nargs,
 		 memcmp(stmt->argtypes, argtypes, nargs * sizeof(Oid)) == 0);
 }
 
+/* The stable name of an argument's declared type: a built-in's OID. */
+static char *
+arg_typident(Oid typid)
+{
+	return typid < FirstGenbkiObjectId ? psprintf("%u", typid)
+		: format_type_be_qualified(typid);
+}
+
 /*
  * Decide how values of typid enter the fingerprint.  Built-in base types
  * are hashed by their bytes, which are exact and independent of every
@@ -689,8 +718,7 @@ describe_arg(Oid typid, ArgHashInfo *info)
 	info->typbyval = typbyval;
 	info->basetype = basetype;
 	info->numeric_typmod = -1;
-	info->typident = typid < FirstGenbkiObjectId ? psprintf("%u", typid)
-		: format_type_be_qualified(typid);
+	info->typident = arg_typident(typid);
 	info->complex = basetype != typid || basetype >= FirstGenbkiObjectId ||
 		get_typtype(basetype) != TYPTYPE_BASE ||
 		OidIsValid(get_element_type(basetype)) || basetype == RECORDOID;
@@ -736,6 +764,7 @@ statement_create(uint64 hashkey, const char *sql, int nargs, Oid *argtypes,
 	memcpy(stmt->settings, settings, IDEM_FINGERPRINT_LEN);
 	statement_ident(stmt);
 	stmt->cxt = cxt;
+	stmt->typident_epoch = types_epoch;
 	if (nargs > 0)
 	{
 		stmt->argtypes = palloc(nargs * sizeof(Oid));
@@ -1421,6 +1450,30 @@ numeric_as_stored(Datum value, int32 typmod)
 }
 
 /*
+ * Look the names of stmt's argument types up again after a type or schema
+ * changed.  The epoch is read first: an invalidation that arrives while
+ * the names are read makes the next call read them again.
+ */
+static void
+name_arg_types(IdemStatement *stmt)
+{
+	uint64		epoch = types_epoch;
+	MemoryContext oldcxt = MemoryContextSwitchTo(stmt->cxt);
+
+	for (int i = 0; i < stmt->nargs; i++)
+	{
+		ArgHashInfo *info = &stmt->arginfo[i];
+		char	   *name = arg_typident(stmt->argtypes[i]);
+
+		pfree(info->typident);
+		info->typident = name;
+	}
+	MemoryContextSwitchTo(oldcxt);
+	stmt->resized = true;
+	stmt->typident_epoch = epoch;
+}
+
+/*
  * idem_statement_fingerprint
  *		Compute the request fingerprint (version 3) of req, a call of stmt.
  */
@@ -1434,6 +1487,8 @@ idem_statement_fingerprint(IdemStatement *stmt, IdemRequest *req,
 
 	if (stmt->has_numeric && stmt->uses_epoch != relations_epoch)
 		find_numeric_uses(stmt);
+	if (stmt->typident_epoch != types_epoch)
+		name_arg_types(stmt);
 
 	idem_sha256_update(ctx, stmt->ident, IDEM_FINGERPRINT_LEN);
 	idem_sha256_update(ctx, &nargs, sizeof(nargs));

@@ -80,7 +80,7 @@ static int	map_size = 0;
 
 /* a number no major's grammar gives a token: this major's, tagged */
 #define FOREIGN_TOKEN(tok) \
-	(0x20000000 | ((PG_VERSION_NUM / 10000) << 16) | (tok))
+	(0x20000000 | (PG_MAJORVERSION_NUM << 16) | (tok))
 
 static int
 keyword15(const char *name)
@@ -165,7 +165,7 @@ build_map(void)
 	{
 		for (int i = 0; i < lengthof(samples); i++)
 			if (sampled[i] != samples[i].token15)
-				elog(ERROR, "\"%s\" is token %d, not %d as in src/tokens.h",
+				elog(ERROR, "\"%s\" is token %d, not %d as in src/request/tokens.h",
 					 samples[i].text, sampled[i], samples[i].token15);
 		if (ScanKeywords.num_keywords != lengthof(keywords15))
 			elog(ERROR, "the core scanner has %d keywords, src/request/tokens15.h %d",

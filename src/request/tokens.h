@@ -2,12 +2,12 @@
  *
  * tokens.h
  *		The core scanner's tokens in one numbering on every major: the one
- *		PostgreSQL 15's grammar used (src/tokens.c).
+ *		PostgreSQL 15's grammar used (src/request/tokens.c).
  *
  * Copyright (c) 2026, idem authors
  *
  * IDENTIFICATION
- *	  src/tokens.h
+ *	  src/request/tokens.h
  *
  *-------------------------------------------------------------------------
  */

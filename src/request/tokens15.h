@@ -4,11 +4,11 @@
  *		The core scanner's keywords with the token numbers PostgreSQL 15's
  *		grammar gave them (its parser/gram.h), in kwlist.h's ASCII order.
  *		Generated from PostgreSQL 15's parser/kwlist.h and parser/gram.h;
- *		src/tokens.c checks it against the server on a PostgreSQL 15 build.
- *		Included by src/tokens.c only.
+ *		src/request/tokens.c checks it against the server on a PostgreSQL
+ *		15 build.  Included by src/request/tokens.c only.
  *
  * IDENTIFICATION
- *	  src/tokens15.h
+ *	  src/request/tokens15.h
  *
  *-------------------------------------------------------------------------
  */

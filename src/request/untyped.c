@@ -4,10 +4,10 @@
  *		Driver parameters sent without a type next to typed ones: the parse
  *		analysis hook that gives them a type in calls of idem's functions.
  *
- * A driver that sends one argument typed (a decimal as numeric) and
- * another untyped (a string as type 0) reaches the VARIADIC "any" form of
- * idem_execute() and its siblings: the typed argument fits no
- * idem_untyped[] overload.  PostgreSQL leaves a Param of unknown type passed to "any"
+ * A driver that sends one argument typed (a decimal as numeric) and another
+ * untyped (a string as type 0) reaches the VARIADIC "any" form of
+ * idem_execute() and its siblings: the typed argument fits no idem_untyped[]
+ * overload.  PostgreSQL leaves a Param of unknown type passed to "any"
  * unknown, and the extended protocol's Parse then fails with 42P18 ("could
  * not determine data type of parameter").  A literal in the same place
  * arrives as a C string of type unknown and is typed by the statement; a

@@ -173,7 +173,10 @@ idem_run_signal(PG_FUNCTION_ARGS)
 				 errmsg("run \"%s\" is %s", run_id, run.status),
 				 errdetail("A completed or cancelled run takes no signals."),
 				 idem_errhint(ERRCODE_IDEM_RUN_NOT_RUNNING, NULL)));
-	/* a run with declared steps awaits only those: another name would wait unused */
+	/*
+	 * A run with declared steps awaits only those: another name would wait
+	 * unused.
+	 */
 	(void) idem_run_step_ordinal(&run, event);
 
 	/*

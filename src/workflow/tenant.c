@@ -64,7 +64,6 @@
 #include "catalog/namespace.h"
 #include "catalog/pg_class.h"
 #include "catalog/pg_collation.h"
-#include "catalog/pg_namespace.h"
 #include "catalog/pg_proc.h"
 #include "catalog/pg_type.h"
 #include "executor/spi.h"
@@ -77,7 +76,6 @@
 #include "utils/fmgroids.h"
 #include "utils/guc.h"
 #include "utils/hsearch.h"
-#include "utils/inval.h"
 #include "utils/jsonb.h"
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
@@ -712,7 +710,10 @@ typedef struct TenantShard
 	Oid			relid;			/* the shard's relation here */
 } TenantShard;
 
-/* A hash table kept for the backend's life, keyed by its entries' first bytes. */
+/*
+ * A hash table kept for the backend's life, keyed by its entries' first
+ * bytes.
+ */
 static HTAB *
 backend_hash(const char *name, Size keysize, Size entrysize)
 {
@@ -978,7 +979,10 @@ tenant_shard_local(Oid keys_rel, Oid keys_owner, Oid tenant_type,
 
 		if (idem_citus_shard_local(shard->shardid))
 		{
-			/* Citus names a shard's relation <table>_<shard id>, in the table's schema */
+			/*
+			 * Citus names a shard's relation <table>_<shard id>, in the table's
+			 * schema.
+			 */
 			snprintf(relname, sizeof(relname), "citus_keys_" INT64_FORMAT,
 					 shard->shardid);
 			relid = get_relname_relid(relname, get_namespace_oid("idem", false));
@@ -1020,6 +1024,9 @@ write_tenant_key(Datum tenant, TenantShard *shard, IdemRequest *req,
 						   req->keylen, fingerprint, response, now, expires);
 }
 
+/* how Citus's refusal of a statement not filtered by the tenant begins */
+#define CITUS_UNFILTERED_MESSAGE "queries must filter by the distribution argument"
+
 /*
  * Run the business statement pinned to the tenant (idem_citus_pin_tenant()):
  * Citus's refusal of a statement that does not keep to the tenant's value
@@ -1057,7 +1064,8 @@ run_tenant_statement(const char *fname, IdemStatement *stmt,
 		}
 		if (edata->sqlerrcode != ERRCODE_FEATURE_NOT_SUPPORTED ||
 			edata->message == NULL ||
-			strncmp(edata->message, "queries must filter by the distribution argument", 48) != 0)
+			strncmp(edata->message, CITUS_UNFILTERED_MESSAGE,
+					sizeof(CITUS_UNFILTERED_MESSAGE) - 1) != 0)
 			PG_RE_THROW();
 		FlushErrorState();
 		ereport(ERROR,

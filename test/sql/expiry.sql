@@ -156,6 +156,10 @@ SHOW idem.max_ttl;
 SET idem.ttl = '365d';
 SELECT idem_execute('ttl-year', 'SELECT 1 AS one') ->> 'rowcount' AS within_raised_ceiling;
 RESET ROLE;
+-- a ceiling of one second is spelt as one
+SET idem.max_ttl = 1;
+SET idem.ttl = 2;
+SELECT idem_execute('ttl-one', 'SELECT 1 AS one');
 RESET idem.ttl;
 RESET idem.max_ttl;
 DELETE FROM idem.keys WHERE owner = 'regress_idem_squatter'::regrole;

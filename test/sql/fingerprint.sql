@@ -141,5 +141,23 @@ SELECT replayed FROM idem_execute_ex('fp:14', 'SELECT $1 AS v', 7);
 SELECT idem_execute('fp:14', 'SELECT $1 AS v', 8);
 \echo :LAST_ERROR_SQLSTATE
 
+-- An argument's type enters the fingerprint by its qualified name, as it
+-- is when the call is made: after the type or its schema is renamed, a
+-- backend that cached the statement under the old name fingerprints a call
+-- as a new backend does, so the retry of a call from another connection
+-- replays
+CREATE SCHEMA fp_s;
+CREATE TYPE fp_s.mood AS ENUM ('calm', 'glad');
+SELECT replayed FROM idem_execute_ex('fp:15', 'SELECT $1::text AS m', 'calm'::fp_s.mood);
+ALTER TYPE fp_s.mood RENAME TO mood2;
+SELECT replayed FROM idem_execute_ex('fp:16', 'SELECT $1::text AS m', 'calm'::fp_s.mood2);
+\c
+SELECT replayed FROM idem_execute_ex('fp:16', 'SELECT $1::text AS m', 'calm'::fp_s.mood2);
+ALTER SCHEMA fp_s RENAME TO fp_s2;
+SELECT replayed FROM idem_execute_ex('fp:17', 'SELECT $1::text AS m', 'calm'::fp_s2.mood2);
+\c
+SELECT replayed FROM idem_execute_ex('fp:17', 'SELECT $1::text AS m', 'calm'::fp_s2.mood2);
+DROP SCHEMA fp_s2 CASCADE;
+
 DROP TABLE payments;
 DROP TYPE fp_pair;

@@ -115,6 +115,12 @@ SELECT idem_run_extend('ret-1', rl_token('w1'), '50 min') > now() + interval '40
 SELECT idem_run_extend('ret-1', rl_token('w1'), '0 s');
 SELECT idem_run_extend('ret-1', rl_token('w1'), '2 days');
 RESET ROLE;
+-- a ceiling of one second is spelt as one
+SET idem.run_max_lease = 1;
+SET ROLE regress_rl_agent;
+SELECT idem_run_extend('ret-1', rl_token('w1'), '2 s');
+RESET ROLE;
+RESET idem.run_max_lease;
 
 -- an external step: started (committed first), started again on resume,
 -- then completed; a completed step is not started again
@@ -330,6 +336,10 @@ SELECT idem_step_fail('ret-1', 'refund', gen_random_uuid(), repeat('x', 65537));
 SELECT idem_step_fail('ret-1', 'refund', gen_random_uuid(), 'x', retry_after => '-1 s');
 SELECT idem_step_fail('ret-1', 'refund', gen_random_uuid(), 'x', retry_after => '10 years');
 RESET ROLE;
+-- a ceiling of one second on retry_after is spelt as one too
+SET idem.outbox_max_retry_after = 1;
+SELECT idem_step_fail('ret-1', 'refund', gen_random_uuid(), 'x', retry_after => '2 s');
+RESET idem.outbox_max_retry_after;
 
 -- claims share a queue among roles: the role with the fewest leases goes
 -- first, then the oldest due; one role's backlog holds no other role back
