@@ -27,8 +27,9 @@
 #endif
 
 /*
- * Whether the core scanner numbers its tokens as src/tokens15.h does: on 15
- * src/tokens.c checks the table against the server instead of translating.
+ * Whether the core scanner numbers its tokens as src/request/tokens15.h
+ * does: on 15 src/request/tokens.c checks the table against the server
+ * instead of translating.
  */
 #if PG_VERSION_NUM >= 150000 && PG_VERSION_NUM < 160000
 #define IDEM_TOKENS_ARE_15 true
