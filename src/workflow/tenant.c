@@ -872,9 +872,14 @@ static HTAB *shards_here = NULL;
 static uint64 colocation_generation = 0;
 static uint32 keys_colocation = 0;
 
-/* Citus's get_shard_id_for_distribution_column(), called in C */
+/*
+ * Citus's get_shard_id_for_distribution_column(), called in C, for values
+ * of shard_for_value_type; built again, in a context of its own that is
+ * reset first, when a call has a tenant of another type.
+ */
 static FmgrInfo shard_for_value;
 static Oid	shard_for_value_type = InvalidOid;
+static MemoryContext shard_for_value_cxt = NULL;
 
 /*
  * The tenant's shard of idem.citus_keys (Citus's hash of the value and its
@@ -896,9 +901,18 @@ tenant_shard_id(Oid keys_rel, Oid keys_owner, Oid tenant_type, Datum tenant,
 		Oid			fn = LookupFuncName(list_make2(makeString("pg_catalog"),
 												   makeString("get_shard_id_for_distribution_column")),
 										2, argtypes, false);
-		MemoryContext old = MemoryContextSwitchTo(TopMemoryContext);
+		MemoryContext old;
 
-		fmgr_info(fn, &shard_for_value);
+		/* a rebuild that fails leaves no handle that claims to be built */
+		shard_for_value_type = InvalidOid;
+		if (shard_for_value_cxt == NULL)
+			shard_for_value_cxt = AllocSetContextCreate(TopMemoryContext,
+														"idem citus shard function",
+														ALLOCSET_SMALL_SIZES);
+		else
+			MemoryContextReset(shard_for_value_cxt);
+		old = MemoryContextSwitchTo(shard_for_value_cxt);
+		fmgr_info_cxt(fn, &shard_for_value, shard_for_value_cxt);
 		/* the function reads the value's type off its call expression */
 		shard_for_value.fn_expr = (Node *)
 			makeFuncExpr(fn, INT8OID,
