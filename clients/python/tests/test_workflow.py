@@ -94,6 +94,13 @@ class RunningAsync:
         return self.result
 
 
+def running(asynchronous, dsn, kw, wfs, **opts):
+    """A Worker (threads) or an AsyncWorker of wfs, started, connecting to
+    dsn with the keywords kw (read at every connect)."""
+    if asynchronous:
+        return RunningAsync((dsn, kw), wfs, **opts)
+    return Running(lambda: psycopg.connect(dsn, **kw), wfs, **opts)
+
 def counting(connect, statements):
     """connect, with every statement sent through a cursor of the
     connection appended to statements (the worker's all are)."""
@@ -321,15 +328,15 @@ def test_a_step_the_worker_has_no_function_for_waits_for_one_that_has(route, con
                 return {"b": ctx.results["a"]["a"]}
         return wf
 
-    def running(wf, name):
-        kw = dict(concurrency=1, lease=5, poll=0.1, unknown_step_delay=0.3, name=name)
-        return RunningAsync(route, [wf], **kw) if asynchronous else Running(connect, [wf], **kw)
+    def start(wf, name):
+        return running(asynchronous, *route, [wf], concurrency=1, lease=5, poll=0.1,
+                       unknown_step_delay=0.3, name=name)
 
     run_id = f"{queue}:deploy"
     conn = connect()
     conn.autocommit = True
     make(False).start(conn, run_id, input={"id": 7})
-    old = running(make(False), "old")
+    old = start(make(False), "old")
 
     def released():
         return admin.execute("SELECT count(*) FROM idem_run_attempts WHERE run_id = %s"
@@ -347,7 +354,7 @@ def test_a_step_the_worker_has_no_function_for_waits_for_one_that_has(route, con
         " JOIN idem_run_attempts c2 ON c2.run_id = c1.run_id AND c2.claim = c1.claim + 1"
         " WHERE c1.run_id = %s AND c1.outcome = 'released'", (run_id,)).fetchone()[0]
     assert gaps >= datetime.timedelta(seconds=0.3)
-    new = running(make(True), "new")
+    new = start(make(True), "new")
     until(lambda: statuses(admin, queue) == {"completed": 1}, 20, "the completed run")
     new.finish()
     assert calls == ["a", "b"]
@@ -361,6 +368,9 @@ class _ReadOnlyUntilFlipped(collections.abc.Mapping):
 
     read_only = True
 
+    def __init__(self):
+        self.opened = []        # read_only at each connect
+
     def __iter__(self):
         return iter(["options"])
 
@@ -368,6 +378,7 @@ class _ReadOnlyUntilFlipped(collections.abc.Mapping):
         return 1
 
     def __getitem__(self, k):
+        self.opened.append(self.read_only)
         return "-c default_transaction_read_only=on" if self.read_only else ""
 
 
@@ -378,24 +389,15 @@ def test_a_claim_on_a_read_only_server_reconnects(cluster, admin, queue, asynchr
     claims again, as after a lost connection: the worker does not stop,
     and claims the run once the server it reaches is writable."""
     kw = _ReadOnlyUntilFlipped()
-    opened = []
     wf = idem.Workflow(queue, steps=["a"])
 
     @wf.step("a")
     def a(ctx):
         return {"ok": ctx.input["id"]}
     wf.start(admin, f"{queue}:ro", input={"id": 1})
-
-    def connect():
-        opened.append(kw.read_only)
-        return psycopg.connect(cluster.dsn(), **kw)
-    w = (RunningAsync((cluster.dsn(), kw), [wf], concurrency=1, lease=5, poll=0.1)
-         if asynchronous else Running(connect, [wf], concurrency=1, lease=5, poll=0.1))
-    if asynchronous:
-        # the async worker's connect, counted the same way
-        inner = w.worker.connect
-        w.worker.connect = lambda: (opened.append(kw.read_only), inner())[1]
-    until(lambda: opened.count(True) >= 4, 20, "the claimer reconnecting to a read-only server")
+    w = running(asynchronous, cluster.dsn(), kw, [wf], concurrency=1, lease=5, poll=0.1)
+    until(lambda: kw.opened.count(True) >= 4, 20,
+          "the claimer reconnecting to a read-only server")
     assert w.thread.is_alive(), "the worker stopped"
     assert admin.execute("SELECT count(*) FROM idem_run_attempts WHERE run_id = %s",
                          (f"{queue}:ro",)).fetchone()[0] == 0
@@ -492,8 +494,7 @@ def test_a_run_nested_deeper_than_the_decoder_reads(route, connect, admin, queue
                           (f"{queue}:deep", queue, d, d))
     nested_or_skip(d, make)
     wf.start(admin, f"{queue}:plain", input={})
-    w = (Running(connect, [wf], concurrency=1, lease=5, poll=0.1) if kind == "threads"
-         else RunningAsync(route, [wf], concurrency=1, lease=5, poll=0.1))
+    w = running(kind == "asyncio", *route, [wf], concurrency=1, lease=5, poll=0.1)
     until(lambda: statuses(admin, queue) == {"failed": 1, "completed": 1}, 20,
           "the deep run failed, the other completed")
     assert w.finish()["completed"] == 1
@@ -586,10 +587,7 @@ def test_an_exception_text_the_connection_encoding_cannot_hold(request, route, q
     run = f"{queue}:r1" + ("\U0001f4e6" if where == "latin1-connection" else "")
     admin.execute("SELECT idem_run_begin(%s, steps => ARRAY['a'], queue => %s)", (run, queue))
     # a lease far longer than the wait: a lost failure cannot come back in time
-    if kind == "threads":
-        w = Running(lambda: psycopg.connect(dsn, **kw), [wf], concurrency=1, lease=60, poll=0.1)
-    else:
-        w = RunningAsync((dsn, kw), [wf], concurrency=1, lease=60, poll=0.1)
+    w = running(kind == "asyncio", dsn, kw, [wf], concurrency=1, lease=60, poll=0.1)
     until(lambda: statuses(admin, queue) == {"completed": 1}, 10, "the completed run")
     assert w.finish()["failed_steps"] == 1
     assert [r[0] for r in admin.execute(
@@ -618,11 +616,7 @@ def test_a_result_the_database_cannot_hold_fails_its_step(latin1_db, queue, kind
         "SELECT $1::text AS note", ctx.results["quote"]["note"]))
     wf.start(admin, f"{queue}:r1", input={})
     kw = {"client_encoding": "UTF8"}
-    if kind == "threads":
-        w = Running(lambda: psycopg.connect(latin1_db, **kw), [wf], concurrency=1, lease=60,
-                    poll=0.1)
-    else:
-        w = RunningAsync((latin1_db, kw), [wf], concurrency=1, lease=60, poll=0.1)
+    w = running(kind == "asyncio", latin1_db, kw, [wf], concurrency=1, lease=60, poll=0.1)
     try:
         until(lambda: statuses(admin, queue) == {"failed": 1}, 10, "the failed run")
     finally:
@@ -660,11 +654,7 @@ def test_a_sql_ascii_database(sql_ascii_db, queue, kind, prepare):
     assert started == ("running", "note", True)
     wf.start(admin, f"{queue}:latin", input={"accent": True})
     kw = {"prepare_threshold": None} if prepare == "inline" else {}
-    if kind == "threads":
-        w = Running(lambda: psycopg.connect(sql_ascii_db, **kw), [wf], concurrency=1, lease=60,
-                    poll=0.1)
-    else:
-        w = RunningAsync((sql_ascii_db, kw), [wf], concurrency=1, lease=60, poll=0.1)
+    w = running(kind == "asyncio", sql_ascii_db, kw, [wf], concurrency=1, lease=60, poll=0.1)
     try:
         until(lambda: admin.execute("SELECT array_agg(status::text ORDER BY run_id)"
                                     " FROM idem_runs WHERE queue = %s",
