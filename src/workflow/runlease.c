@@ -323,6 +323,13 @@ check_works_queue(const char *queue, Oid caller, const char *run_id)
  *		id is on a queue the caller works (whether another queue has one is
  *		not the caller's to know), ID412 if the token holds none of them
  *		(saying why for the first).
+ *
+ * The run is looked up as committed now, whatever the isolation level, as
+ * the fence reads it: a REPEATABLE READ snapshot taken before the claim
+ * that issued the token committed does not show the token, and would tell
+ * its holder that the lease is lost.  The owner a token names never
+ * changes, and the fence is checked again under the run's lock, before
+ * the snapshot's own check (40001).
  */
 Oid
 idem_leased_run_owner(const char *run_id, const pg_uuid_t *token)
@@ -345,7 +352,7 @@ idem_leased_run_owner(const char *run_id, const pg_uuid_t *token)
 	values[0] = CStringGetTextDatum(run_id);
 	values[1] = UUIDPGetDatum(token);
 	idem_owner_spi_begin(&spi, idem_catalog_runs());
-	idem_query_run(&q_queued_by_id, values, nulls, 0);
+	idem_query_run_latest(&q_queued_by_id, values, nulls, 0);
 	if (SPI_processed > 0)
 		others = MemoryContextAlloc(spi.callercxt,
 									sizeof(OtherRun) * SPI_processed);
