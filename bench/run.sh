@@ -681,14 +681,7 @@ if [ $profile -eq 1 ]; then
 		}
 		prof_short=300
 		prof_long=1500
-		# "Ir<TAB>function" of a profile, inclusive costs
-		annotate() {
-			callgrind_annotate --inclusive=yes --threshold=100 "$1" 2>/dev/null |
-			awk '/^ *[0-9,]+ +\( *[0-9.]+%\) +/ { v = $1; gsub(",", "", v); f = $0
-				sub(/^ *[0-9,]+ +\( *[0-9.]+%\) +/, "", f); sub(/ \[.*$/, "", f)
-				sub(/^.*\/src\//, "src/", f); print v "\t" f }' |
-			sort -t "$(printf '\t')" -k2,2 -k1,1nr | awk -F'\t' '!seen[$2]++'
-		}
+		. "$top/bench/callgrind.sh"
 		{
 			echo "idem benchmark --profile, $(date -u '+%Y-%m-%d %H:%M UTC')"
 			echo "machine: $machine"
@@ -733,7 +726,7 @@ if [ $profile -eq 1 ]; then
 				{
 					echo "--- ${names[$w]}: inclusive instructions per transaction, by function"
 					join -t "$(printf '\t')" -1 2 -2 2 -o 0,1.1,2.1 \
-						<(annotate "${pf[$prof_short]}") <(annotate "${pf[$prof_long]}") |
+						<(callgrind_inclusive "${pf[$prof_short]}") <(callgrind_inclusive "${pf[$prof_long]}") |
 					awk -F'\t' -v n=$((prof_long - prof_short)) -v tot="${ir[$w]}" '
 						$1 !~ /^(\?\?\?:0x|=>|\.\/|PROGRAM|\?\?\?:\(below|\?\?\?:main|\?\?\?:PostmasterMain)/ {
 							d = ($3 - $2) / n; if (d >= tot / 100) printf "%8.0f %5.1f%%  %s\n", d, 100 * d / tot, $1 }' |

@@ -9,6 +9,7 @@
 #
 #   bench/citus/run.sh [--seconds N] [--rounds N] [--clients N] [--keep]
 #   bench/citus/run.sh --claims [--events N] [--rounds N] [--keep]
+#   bench/citus/run.sh --profile [--keep]
 #
 # --keep leaves the cluster running (its folder and ports are printed).
 #
@@ -23,6 +24,20 @@
 # backend's CPU time (utime + stime, from /proc) per claim, in
 # microseconds, with the load average; rounds alternate the two servers.
 # Results go to bench/citus/results/latest-claims.txt.
+#
+# --profile counts instructions per call instead (needs valgrind): the
+# three nodes are restarted under valgrind --tool=callgrind, and each
+# workload below, and citus_tl (the same call in the target list, SELECT
+# idem_citus_call(...)), runs in two fresh sessions (pgbench -M prepared, 1 client,
+# a tenant whose shard is on worker 1, 50 and 350 calls); the difference of
+# the two sessions' backends, divided by 300, is a call's cost on the
+# coordinator (the client's backend) and on worker 1 (the backend of the
+# coordinator's connection), start-up excluded.  The same difference per
+# function (inclusive) shows where a call goes.  Results go to
+# bench/citus/results/latest-profile.txt, with the functions of the
+# delegated function and of idem_citus_call() on both nodes; the callgrind
+# files of the longer sessions and all the per-function lists to the
+# cluster's folder (kept with --keep).
 #
 # Workloads, all from the coordinator, pgbench -n -M prepared, a random
 # tenant of 1000 per transaction, fresh keys:
@@ -50,6 +65,7 @@ clients=4
 port=${PORT:-5510}
 keep=0
 claims=0
+profile=0
 events=20000
 while [ $# -gt 0 ]; do
 	case "$1" in
@@ -57,6 +73,7 @@ while [ $# -gt 0 ]; do
 		--rounds) rounds=$2; shift ;;
 		--clients) clients=$2; shift ;;
 		--claims) claims=1 ;;
+		--profile) profile=1 ;;
 		--events) events=$2; shift ;;
 		--keep) keep=1 ;;
 		*) sed -n '/^#   bench\/citus\/run.sh/p' "$0" | sed 's/^# *//' >&2; exit 2 ;;
@@ -261,6 +278,125 @@ cat >"$work/citus.sql" <<'EOF'
 SELECT * FROM idem_citus_call(:t, 'c' || :k, 'INSERT INTO payments VALUES ($1, $2, $3) RETURNING tenant_id, note, amount', :t::bigint, 'c' || :k, 1);
 EOF
 chown postgres: "$work"/*.sql 2>/dev/null || true
+
+if [ $profile = 1 ]; then
+	command -v callgrind_annotate >/dev/null || { echo "--profile needs valgrind" >&2; exit 1; }
+	profiled="plain delegated wrapper citus citus_tl"
+	# a tenant whose shard is on worker 1: every call reaches that node
+	tenant=$(psql_c -c "SELECT t FROM generate_series(1, 1000) t
+		WHERE (SELECT nodeport FROM citus_shards WHERE shardid =
+			get_shard_id_for_distribution_column('payments', t::bigint)) = $((port + 1)) LIMIT 1")
+	# the call in the target list too, which Citus delegates as well
+	sed 's/^SELECT \* FROM idem_citus_call(\(.*\));$/SELECT idem_citus_call(\1);/' "$work/citus.sql" >"$work/citus_tl.sql"
+	for w in $profiled; do
+		sed "s/^\\\\set t .*/\\\\set t $tenant/" "$work/$w.sql" >"$work/p-$w.sql"
+	done
+	chown postgres: "$work"/p-*.sql 2>/dev/null || true
+	mkdir -p "$work/cg"
+	chown postgres: "$work/cg" 2>/dev/null || true
+	declare -a vpid pm aux
+	for i in 0 1 2; do
+		as_pg "$bindir/pg_ctl" -D "$work/n$i" -w -m fast stop >/dev/null
+		as_pg bash -c "cd '$work/cg' && exec valgrind --tool=callgrind \
+			--callgrind-out-file='$work/cg/n$i.%p' '$bindir/postgres' -D '$work/n$i' \
+			-c autovacuum=off -c citus.distributed_deadlock_detection_factor=-1 \
+			-c citus.recover_2pc_interval=-1" >"$work/valgrind-n$i.log" 2>&1 &
+		vpid[$i]=$!
+	done
+	for i in 0 1 2; do
+		for s in $(seq 1 180); do
+			as_pg "$bindir/pg_isready" -q -h 127.0.0.1 -p $((port + i)) && break
+			sleep 1
+		done
+	done
+	# Citus starts its maintenance daemon at a database's first connection
+	for i in 0 1 2; do
+		as_pg "$bindir/psql" -X -q -At -h 127.0.0.1 -p $((port + i)) -d postgres -c 'SELECT 1' >/dev/null
+	done
+	sleep 20
+	for i in 0 1 2; do
+		pm[$i]=$(head -n1 "$work/n$i/postmaster.pid")
+		aux[$i]=$(pgrep -c -P "${pm[$i]}" || true)
+	done
+	# until no node has a backend left (callgrind writes a profile as its
+	# process exits)
+	quiesce() {
+		local i s busy
+		for s in $(seq 1 240); do
+			busy=0
+			for i in 0 1 2; do
+				[ "$(pgrep -c -P "${pm[$i]}" || true)" -le "${aux[$i]}" ] || busy=1
+			done
+			[ $busy = 1 ] || return 0
+			sleep 0.5
+		done
+		echo "profile: backends still running after 120 s" >&2
+	}
+	# the new profile of node $1 with the most instructions since $2 (a
+	# listing), and its count
+	largest() {
+		local f best=0 v file=""
+		for f in $(comm -13 <(echo "$2") <(ls "$work/cg" | sort) | grep "^n$1\\."); do
+			v=$(sed -n 's/^summary: //p' "$work/cg/$f")
+			if [ "${v:-0}" -gt "$best" ]; then best=$v; file=$f; fi
+		done
+		echo "$file $best"
+	}
+	. "$top/bench/callgrind.sh"
+	short=50
+	long=350
+	declare -A ir files
+	for w in $profiled; do
+		for n in $short $long; do
+			quiesce
+			before=$(ls "$work/cg" | sort)
+			as_pg "$bindir/pgbench" -n -M prepared -c 1 -t $n -f "$work/p-$w.sql" \
+				-h 127.0.0.1 -p "$port" postgres >"$work/p-$w-$n.log" 2>&1
+			quiesce
+			for i in 0 1; do
+				read -r f v < <(largest $i "$before")
+				ir[$w-$n-$i]=$v
+				files[$w-$n-$i]=$f
+			done
+		done
+		for i in 0 1; do
+			ir[$w-$i]=$(( (ir[$w-$long-$i] - ir[$w-$short-$i]) / (long - short) ))
+			join -t "$(printf '\t')" -1 2 -2 2 -o 0,1.1,2.1 \
+				<(callgrind_inclusive "$work/cg/${files[$w-$short-$i]}") <(callgrind_inclusive "$work/cg/${files[$w-$long-$i]}") |
+			awk -F'\t' -v n=$((long - short)) -v tot="${ir[$w-$i]}" '
+				$1 !~ /^(\?\?\?:0x|=>|\.\/|PROGRAM|\?\?\?:\(below|\?\?\?:main|\?\?\?:PostmasterMain)/ {
+					d = ($3 - $2) / n; if (d >= tot / 200) printf "%8.0f %5.1f%%  %s\n", d, 100 * d / tot, $1 }' |
+			sort -rn >"$work/functions-$w-n$i.txt"
+			cp "$work/cg/${files[$w-$long-$i]}" "$work/callgrind-$w-n$i.out"
+		done
+		echo "profile $w: coordinator ${ir[$w-0]}, worker ${ir[$w-1]} instructions per call" >&2
+	done
+	mkdir -p "$top/bench/citus/results"
+	{
+		title "idem on Citus, instructions per call"
+		echo "coordinator + 2 workers on loopback under callgrind, pgbench -M prepared, 1 client, tenant $tenant (on worker 1);"
+		echo "difference of sessions of $long and $short calls, per call; worker: the backend of the coordinator's connection"
+		printf '%-10s %12s %12s %12s %9s %9s\n' workload coordinator worker both "/ plain" "/ deleg."
+		for w in $profiled; do
+			b=$(( ir[$w-0] + ir[$w-1] ))
+			printf '%-10s %12d %12d %12d %9.2f %9.2f\n' "$w" "${ir[$w-0]}" "${ir[$w-1]}" "$b" \
+				"$(echo "$b / (${ir[plain-0]} + ${ir[plain-1]})" | bc -l)" \
+				"$(echo "$b / (${ir[delegated-0]} + ${ir[delegated-1]})" | bc -l)"
+		done
+		for w in delegated citus; do
+			for i in 1 0; do
+				echo
+				echo "--- $w, $([ $i = 0 ] && echo coordinator || echo worker): inclusive instructions per call, by function"
+				sed -n '1,45p' "$work/functions-$w-n$i.txt"
+			done
+		done
+	} | tee "$top/bench/citus/results/latest-profile.txt"
+	for i in 0 1 2; do
+		as_pg "$bindir/pg_ctl" -D "$work/n$i" -w -m fast stop >/dev/null || true
+	done
+	wait "${vpid[@]}" 2>/dev/null || true
+	exit 0
+fi
 
 # each workload once, to check it really runs its shape (and to warm up)
 for w in plain delegated wrapper citus; do
