@@ -54,7 +54,7 @@ SELECT attnum, attname, atttypid::regtype, attnotnull
   FROM pg_attribute WHERE attrelid = 'idem.keys'::regclass AND attnum > 0
  ORDER BY attnum;
 SELECT indexrelid::regclass AS index, pg_get_indexdef(indexrelid) AS definition
-  FROM pg_index WHERE indrelid = 'idem.keys'::regclass ORDER BY 1::text;
+  FROM pg_index WHERE indrelid = 'idem.keys'::regclass ORDER BY indexrelid::regclass::text;
 SELECT key, owner, fingerprint_version FROM idem.keys ORDER BY key;
 
 -- 1.0's outbox events are pending, due since they were written, and their
