@@ -1,7 +1,7 @@
 --
 -- run_settings: the runtime under settings a session or database may carry
 -- (ALTER DATABASE/ROLE ... SET, PGOPTIONS) that change how PostgreSQL runs
--- idem's own statements
+-- idem's own statements, and under queries that read part of a claim
 --
 CREATE ROLE regress_st_app;
 CREATE ROLE regress_st_agent;
@@ -45,9 +45,33 @@ SELECT tgrelid::regclass, tgname, tgenabled FROM pg_trigger
  WHERE tgrelid IN ('idem.queues'::regclass, 'idem.outbox_topics'::regclass)
  ORDER BY 1;
 
+-- a claim leases every run it returns, whatever part of its result the
+-- query reads: LIMIT 1 over max_runs => 3 leases three runs and shows one;
+-- the other two wait for their lease to run out (runtime.md)
+SELECT idem_run_cancel('st-1', owner => 'regress_st_app');
+SET ROLE regress_st_app;
+SELECT count(idem_run_begin('st-lim-' || i, steps => ARRAY['a'], queue => 'st'))
+  FROM generate_series(1, 3) i;
+RESET ROLE;
+SET ROLE regress_st_agent;
+SELECT count(*) AS shown
+  FROM (SELECT run_id FROM idem_run_claim('st', max_runs => 3) LIMIT 1) s;
+RESET ROLE;
+SELECT state, count(*) FROM idem_runs WHERE run_id LIKE 'st-lim-%' GROUP BY 1;
+-- the same of an outbox claim: three events leased, one shown
+SELECT idem_outbox_create_topic('st-events');
+SET idem.outbox_topic = 'st-events';
+SELECT count(idem_execute('st-ev-' || i, 'SELECT 1 AS one')) FROM generate_series(1, 3) i;
+RESET idem.outbox_topic;
+SELECT count(*) AS shown
+  FROM (SELECT event_id FROM idem_outbox_claim('st-events', 3) LIMIT 1) s;
+SELECT state, attempts, count(*) FROM idem.outbox WHERE topic = 'st-events' GROUP BY 1, 2;
+
 -- cleanup
 SELECT count(idem_run_cancel(run_id, owner => owner)) FROM idem.runs WHERE status = 'running';
 SELECT idem_run_purge('infinity') AS purged;
 DELETE FROM idem.queues;
+SELECT idem_outbox_drop_topic('st-events', cascade => true);
+DELETE FROM idem.keys WHERE key LIKE 'st-ev-%';
 DROP TABLE st_claimed;
 DROP ROLE regress_st_app, regress_st_agent;
