@@ -116,7 +116,7 @@ RESET idem.ttl;
 SELECT idem_purge();
 
 -- the upgraded installation is exactly what a fresh installation is:
--- every function, table, column, constraint, index and privilege
+-- every function, table, column, constraint, index, trigger and privilege
 \set ECHO none
 \i test/fixtures/describe-idem.sql
 \set ECHO all
