@@ -52,7 +52,7 @@ PG_CFLAGS	= -Wall -Wmissing-prototypes -Werror
 REGRESS		= install execute fingerprint tokens identity errors atomicity nesting \
 			  expiry security tamper outbox outbox_delivery outbox_ack plancache upgrade \
 			  runs derive advice dryrun cache untyped drivers call ops internals \
-			  queues run_leases run_signals run_cap run_results run_fold citus
+			  queues run_leases run_signals run_cap run_results run_fold run_settings citus
 # Every test cluster states its encoding and locale: initdb would take them
 # from the environment, and without LANG (a container's default) the
 # cluster is SQL_ASCII, which cannot hold the suite's UTF-8 keys.

@@ -20,54 +20,6 @@ UPDATE idem.outbox o
    AND r.owner OPERATOR(pg_catalog.=) o.owner
    AND r.run_id OPERATOR(pg_catalog.=) o.run_id;
 
--- runs: idem_run_purge() takes each run's lock before it removes the run,
--- and leaves a run that a step or a run verb holds for the next purge, so
--- that they find the run or ID404, never a row deleted under them.
-CREATE FUNCTION @extschema@.idem_run_try_lock(owner regrole, run_id text)
-RETURNS boolean
-AS 'MODULE_PATHNAME', 'idem_run_try_lock'
-LANGUAGE C VOLATILE STRICT PARALLEL UNSAFE COST 1000;
-REVOKE ALL ON FUNCTION @extschema@.idem_run_try_lock(regrole, text) FROM PUBLIC;
-
-CREATE OR REPLACE FUNCTION @extschema@.idem_run_purge(finished_before timestamptz)
-RETURNS bigint
-LANGUAGE sql VOLATILE PARALLEL UNSAFE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-WITH runs AS (
-	SELECT r.owner, r.run_id, r.status, r.finished_at,
-		NOT EXISTS (SELECT FROM pg_catalog.pg_roles a
-					 WHERE a.oid OPERATOR(pg_catalog.=) r.owner)
-			AS owner_gone
-	  FROM idem.runs r
-), candidates AS MATERIALIZED (
-	SELECT r.owner, r.run_id, r.owner_gone
-	  FROM runs r
-	 WHERE r.owner_gone OR (r.status OPERATOR(pg_catalog.<>) 'running'
-		AND r.finished_at OPERATOR(pg_catalog.<) finished_before)
-), locked AS MATERIALIZED (
-	SELECT c.owner, c.run_id, c.owner_gone
-	  FROM candidates c
-	 WHERE @extschema@.idem_run_try_lock(c.owner, c.run_id)
-), gone AS (
-	-- checked again: a run resumed after this statement's snapshot stays
-	DELETE FROM idem.runs r
-	 USING locked l
-	 WHERE r.owner OPERATOR(pg_catalog.=) l.owner
-	   AND r.run_id OPERATOR(pg_catalog.=) l.run_id
-	   AND (l.owner_gone OR (r.status OPERATOR(pg_catalog.<>) 'running'
-		AND r.finished_at OPERATOR(pg_catalog.<) finished_before))
-	RETURNING r.owner, r.run_id, r.done_steps
-), keys AS (
-	DELETE FROM idem.keys k
-	 USING gone g CROSS JOIN LATERAL pg_catalog.unnest(g.done_steps) AS s(step)
-	 WHERE k.owner OPERATOR(pg_catalog.=) g.owner
-	   AND k.key OPERATOR(pg_catalog.=) @extschema@.idem_step_key(g.run_id, s.step)
-)
-SELECT pg_catalog.count(*) FROM gone
-$$;
-REVOKE ALL ON FUNCTION @extschema@.idem_run_purge(timestamptz) FROM PUBLIC;
-
 -- roles: the NOTIFY channel of a topic's events (issue 19).  Any role may
 -- LISTEN on any channel, so each topic notifies a channel named by a hash
 -- keyed by the database's secret, with an empty payload; a consumer asks
@@ -146,6 +98,11 @@ REVOKE ALL ON FUNCTION @extschema@.idem_registry_changed() FROM PUBLIC;
 CREATE TRIGGER queues_changed
 	AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON idem.queues
 	FOR EACH STATEMENT EXECUTE FUNCTION @extschema@.idem_registry_changed();
+-- Whatever session_replication_role the writer runs under (a replica's
+-- apply worker, a superuser's replica session): a revoke that other
+-- backends did not see would let a worker go on claiming.
+ALTER TABLE idem.queues ENABLE ALWAYS TRIGGER queues_changed;
+ALTER TABLE idem.outbox_topics ENABLE ALWAYS TRIGGER outbox_topics_changed;
 
 -- A queued run's place in its queue, on its row, so that a step's fence
 -- check reads nothing the step does not read already.  queue_state is
@@ -246,6 +203,67 @@ CREATE TABLE idem.run_signals (
 		REFERENCES idem.runs (owner, run_id) ON DELETE CASCADE
 );
 SELECT pg_catalog.pg_extension_config_dump('idem.run_signals', '');
+
+-- runs: idem_run_purge() takes each run's lock before it removes the run,
+-- and leaves a run that a step or a run verb holds for the next purge, so
+-- that they find the run or ID404, never a row deleted under them.
+CREATE FUNCTION @extschema@.idem_run_try_lock(owner regrole, run_id text)
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'idem_run_try_lock'
+LANGUAGE C VOLATILE STRICT PARALLEL UNSAFE COST 1000;
+REVOKE ALL ON FUNCTION @extschema@.idem_run_try_lock(regrole, text) FROM PUBLIC;
+
+CREATE OR REPLACE FUNCTION @extschema@.idem_run_purge(finished_before timestamptz)
+RETURNS bigint
+LANGUAGE sql VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+WITH runs AS (
+	SELECT r.owner, r.run_id, r.status, r.finished_at,
+		NOT EXISTS (SELECT FROM pg_catalog.pg_roles a
+					 WHERE a.oid OPERATOR(pg_catalog.=) r.owner)
+			AS owner_gone
+	  FROM idem.runs r
+), candidates AS MATERIALIZED (
+	SELECT r.owner, r.run_id, r.owner_gone
+	  FROM runs r
+	 WHERE r.owner_gone OR (r.status OPERATOR(pg_catalog.<>) 'running'
+		AND r.finished_at OPERATOR(pg_catalog.<) finished_before)
+), locked AS MATERIALIZED (
+	SELECT c.owner, c.run_id, c.owner_gone
+	  FROM candidates c
+	 WHERE @extschema@.idem_run_try_lock(c.owner, c.run_id)
+), gone AS (
+	-- checked again: a run resumed after this statement's snapshot stays
+	DELETE FROM idem.runs r
+	 USING locked l
+	 WHERE r.owner OPERATOR(pg_catalog.=) l.owner
+	   AND r.run_id OPERATOR(pg_catalog.=) l.run_id
+	   AND (l.owner_gone OR (r.status OPERATOR(pg_catalog.<>) 'running'
+		AND r.finished_at OPERATOR(pg_catalog.<) finished_before))
+	RETURNING r.owner, r.run_id, r.done_steps
+), keys AS (
+	DELETE FROM idem.keys k
+	 USING gone g CROSS JOIN LATERAL pg_catalog.unnest(g.done_steps) AS s(step)
+	 WHERE k.owner OPERATOR(pg_catalog.=) g.owner
+	   AND k.key OPERATOR(pg_catalog.=) @extschema@.idem_step_key(g.run_id, s.step)
+), attempts AS (
+	-- not left to the foreign keys' cascade, which does not fire under
+	-- session_replication_role = replica: a run begun again under the id
+	-- would find the old run's attempts and signals
+	DELETE FROM idem.run_attempts a
+	 USING gone g
+	 WHERE a.owner OPERATOR(pg_catalog.=) g.owner
+	   AND a.run_id OPERATOR(pg_catalog.=) g.run_id
+), signals AS (
+	DELETE FROM idem.run_signals s
+	 USING gone g
+	 WHERE s.owner OPERATOR(pg_catalog.=) g.owner
+	   AND s.run_id OPERATOR(pg_catalog.=) g.run_id
+)
+SELECT pg_catalog.count(*) FROM gone
+$$;
+REVOKE ALL ON FUNCTION @extschema@.idem_run_purge(timestamptz) FROM PUBLIC;
 
 -- Administrators of runs: every role's rows in idem_runs, and cancel and
 -- retry of any role's run.  A cluster-wide role, kept if it exists and can

@@ -9,7 +9,7 @@ SELECT p.oid::regprocedure AS function, n.nspname AS schema,
        p.prosecdef AS security_definer, p.provolatile, p.proparallel
   FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
  WHERE p.proname LIKE 'idem%'
- ORDER BY 1::text;
+ ORDER BY p.oid::regprocedure::text;
 
 -- every member of the extension (the row types of its tables and views,
 -- and every array type, are members of their own from PostgreSQL 17 on:
@@ -52,7 +52,7 @@ SELECT default_version, installed_version
 SELECT * FROM pg_extension_update_paths('idem') WHERE path IS NOT NULL;
 -- the entry points of the 1.2 definitions
 SELECT p.oid::regprocedure AS function, p.prosrc
-  FROM pg_proc p WHERE p.proname LIKE 'idem%' ORDER BY 1::text;
+  FROM pg_proc p WHERE p.proname LIKE 'idem%' ORDER BY p.oid::regprocedure::text;
 
 -- PUBLIC gets nothing on the private schema
 SELECT has_schema_privilege('public', 'idem', 'USAGE') AS public_usage,

@@ -28,7 +28,7 @@ SELECT count(*) AS events,
 -- nothing of the delivery API is granted to PUBLIC
 SELECT p.oid::regprocedure AS function,
 	   has_function_privilege('regress_ob_other', p.oid, 'EXECUTE') AS other_may_execute
-  FROM pg_proc p WHERE p.proname LIKE 'idem_outbox%' ORDER BY 1::text;
+  FROM pg_proc p WHERE p.proname LIKE 'idem_outbox%' ORDER BY p.oid::regprocedure::text;
 SELECT has_table_privilege('regress_ob_other', 'idem_outbox_events', 'SELECT') AS other_may_read_view;
 GRANT EXECUTE ON FUNCTION idem_outbox_claim(text, integer, interval, text, interval),
 	idem_outbox_ack(uuid, uuid), idem_outbox_ack_batch(uuid[], uuid[]),

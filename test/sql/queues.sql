@@ -18,7 +18,7 @@ SELECT (SELECT count(*) FROM idem.queues) AS queues,
 -- administering queues is not granted to PUBLIC
 SELECT p.oid::regprocedure AS function,
 	   has_function_privilege('regress_rq_other', p.oid, 'EXECUTE') AS other_may_execute
-  FROM pg_proc p WHERE p.proname LIKE 'idem_queue%' ORDER BY 1::text;
+  FROM pg_proc p WHERE p.proname LIKE 'idem_queue%' ORDER BY p.oid::regprocedure::text;
 
 SELECT idem_queue_create('returns', producers => '{regress_rq_app,regress_rq_producers}',
 	workers => '{regress_rq_agent}', concurrency => 8);

@@ -54,7 +54,7 @@ SELECT attnum, attname, atttypid::regtype, attnotnull
   FROM pg_attribute WHERE attrelid = 'idem.keys'::regclass AND attnum > 0
  ORDER BY attnum;
 SELECT indexrelid::regclass AS index, pg_get_indexdef(indexrelid) AS definition
-  FROM pg_index WHERE indrelid = 'idem.keys'::regclass ORDER BY 1::text;
+  FROM pg_index WHERE indrelid = 'idem.keys'::regclass ORDER BY indexrelid::regclass::text;
 SELECT key, owner, fingerprint_version FROM idem.keys ORDER BY key;
 
 -- 1.0's outbox events are pending, due since they were written, and their
@@ -116,7 +116,7 @@ RESET idem.ttl;
 SELECT idem_purge();
 
 -- the upgraded installation is exactly what a fresh installation is:
--- every function, table, column, constraint, index and privilege
+-- every function, table, column, constraint, index, trigger and privilege
 \set ECHO none
 \i test/fixtures/describe-idem.sql
 \set ECHO all
