@@ -81,6 +81,13 @@ export function failureText(err: unknown, client?: Queryable, max?: number): str
  * reads its database's encoding for failureText: the worker and consume do it on every client
  * they open. */
 export function speakUtf8(client: Queryable): Promise<void>;
+/** Whether client's claims must run in a READ COMMITTED transaction block of their own: its
+ * session's default isolation (a role's or the database's setting) is REPEATABLE READ or
+ * SERIALIZABLE, at which idem_run_claim, and idem_outbox_claim with a wait, are refused (0A000).
+ * The worker and consume's wait mode ask once per client they open. */
+export function claimsInBlock(client: Queryable): Promise<boolean>;
+/** client.query(sql, params), in a READ COMMITTED transaction block of its own if inBlock. */
+export function readCommitted(client: Queryable, inBlock: boolean, sql: string, params?: unknown[]): Promise<any>;
 /** The JSON text of a value (a BigInt as its exact number; NaN and the infinities are a RangeError, a Map or a Set a TypeError), as a workflow's input and results are written. */
 export function toJson(value: unknown): string | undefined;
 

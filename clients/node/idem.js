@@ -285,6 +285,33 @@ class RetryAfter extends Error {
 // opened, read by speakUtf8.
 const serverEncodings = new WeakMap();
 
+// A claim needs READ COMMITTED (0A000 in a transaction of a snapshot's
+// isolation): where a role's or the database's default isolation is
+// REPEATABLE READ or SERIALIZABLE, a worker's claims, and a consumer's
+// claims that wait, run in a READ COMMITTED transaction block of their own.
+// Setting the session's default instead would leak to other clients'
+// transactions behind a transaction pooler, which keeps such a SET on the
+// server session.
+async function claimsInBlock(client) {
+  const r = await client.query('SHOW default_transaction_isolation');
+  return r.rows[0].default_transaction_isolation !== 'read committed';
+}
+
+// client.query(sql, params), in a READ COMMITTED transaction block of its
+// own if inBlock (claimsInBlock's answer for client)
+async function readCommitted(client, inBlock, sql, params) {
+  if (!inBlock) return client.query(sql, params);
+  await client.query('BEGIN ISOLATION LEVEL READ COMMITTED');
+  try {
+    const r = await client.query(sql, params);
+    await client.query('COMMIT');
+    return r;
+  } catch (e) {
+    await client.query('ROLLBACK').catch(() => {});
+    throw e;
+  }
+}
+
 // node-postgres writes and reads UTF-8 only, and asks for UTF8 at connect;
 // a client_encoding that connect() set otherwise made the server read each
 // text as that encoding (café stored as cafÃ©).  Set back to UTF8, in the
@@ -482,6 +509,7 @@ async function consume(connect, topic, handler, { maxEvents = 10, lease = 30, co
     }
   }
   let client = null;
+  let inBlock = false; // the client's claims in a transaction block: claimsInBlock
   let broken = false;
   let acked = 0;
   let down = 0; // connection attempts failed in a row
@@ -508,6 +536,7 @@ async function consume(connect, topic, handler, { maxEvents = 10, lease = 30, co
       }
     });
     client = c;
+    if (wakeup === 'wait') inBlock = await claimsInBlock(c);
     if (wakeup === 'notify') {
       if (channel === null) {
         channel = (await c.query('SELECT idem_outbox_channel($1) AS c', [topic])).rows[0].c;
@@ -536,7 +565,7 @@ async function consume(connect, topic, handler, { maxEvents = 10, lease = 30, co
     if (stopped) return [];
     const w = waiting = { client, timer: null };
     try {
-      return (await client.query(CLAIM_WAIT, [...params, `${Math.min(idle, 3600)} seconds`])).rows;
+      return (await readCommitted(client, inBlock, CLAIM_WAIT, [...params, `${Math.min(idle, 3600)} seconds`])).rows;
     } catch (err) {
       if (err.code === '57014') {
         // statement_timeout or someone else's cancel: claim again
@@ -650,7 +679,7 @@ const { KeyReused, InProgress, NestedKey, RunNotFound, StepUndeclared, RunNotRun
   EventNotFound, LeaseLost } = errors;
 // listed one by one so that ES modules can import them by name
 module.exports = { execute, step, retry, retryAdvice, consume, RetryAfter, RETRY_AFTER, sqlstateOf, parseExact,
-  toArg, toJson, interval, failureText, speakUtf8, translate, IdemError, KeyReused, InProgress, NestedKey, RunNotFound, StepUndeclared,
+  toArg, toJson, interval, failureText, speakUtf8, claimsInBlock, readCommitted, translate, IdemError, KeyReused, InProgress, NestedKey, RunNotFound, StepUndeclared,
   RunNotRunning, OutOfSequence, EventNotFound, LeaseLost, CachedError };
 // the workflow layer (workflow.js) is built on the above
 const workflow = require('./workflow.js');

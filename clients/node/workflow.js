@@ -240,6 +240,7 @@ class Worker {
         })());
       }
       let client = null;
+      let inBlock = false;
       let down = 0;
       const queues = [...this.byQueue.keys()];
       while (!this.stopped) {
@@ -250,11 +251,15 @@ class Worker {
         }
         let got = 0;
         try {
-          if (!client) client = await this.#open();
+          if (!client) {
+            client = await this.#open();
+            inBlock = await lib().claimsInBlock(client);
+          }
           for (const [i, q] of queues.entries()) {
             if (free - got <= 0 || this.stopped) break;
             const wait = i === queues.length - 1 && got === 0 ? `${this.poll} seconds` : null;
-            const r = await client.query(CLAIM, [q, free - got, `${this.lease} seconds`, this.name, wait]);
+            const params = [q, free - got, `${this.lease} seconds`, this.name, wait];
+            const r = await lib().readCommitted(client, inBlock, CLAIM, params);
             for (const row of r.rows) {
               this.stats.claimed++;
               let c;

@@ -17,6 +17,7 @@ Conventions that keep every client's retry the same request:
   ``prepare_threshold=None`` behind PgBouncer in transaction mode.
 """
 
+import contextlib
 import datetime
 import decimal
 import json
@@ -715,6 +716,33 @@ _CLAIM_WAIT = _CLAIM[:-1] + ", wait => %s::interval)"
 _LOST_LEASE = ("ID412", "ID410", "IDE04")
 
 
+# A claim needs READ COMMITTED (0A000 in a transaction of a snapshot's
+# isolation): where a role's or the database's default isolation is
+# REPEATABLE READ or SERIALIZABLE, a worker's claims, and a consumer's
+# claims that wait, run in a READ COMMITTED transaction block of their own.  Setting the session's
+# default instead would leak to other clients' transactions behind a
+# transaction pooler, which keeps such a SET on the server session.
+_ISOLATION = "SHOW default_transaction_isolation"
+
+
+def _claims_in_block(conn: psycopg.Connection) -> bool:
+    """Whether conn's claims must run in a transaction block of their own
+    (its isolation, READ COMMITTED, set on conn for them)."""
+    if _texts(conn.execute(_ISOLATION).fetchone())[0] == "read committed":
+        return False
+    conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
+    return True
+
+
+async def _aclaims_in_block(conn: psycopg.AsyncConnection) -> bool:
+    """_claims_in_block on an AsyncConnection."""
+    cur = await conn.execute(_ISOLATION)
+    if _texts(await cur.fetchone())[0] == "read committed":
+        return False
+    await conn.set_isolation_level(psycopg.IsolationLevel.READ_COMMITTED)
+    return True
+
+
 def consume(connect: Callable[[], psycopg.Connection], topic: str,
             handler: Callable[[dict], None], *, max_events: int = 10,
             lease: float = 30, consumer: Optional[str] = None,
@@ -743,8 +771,9 @@ def consume(connect: Callable[[], psycopg.Connection], topic: str,
     (whether or not producers send NOTIFY: idem.outbox_notify off; without
     idem in shared_preload_libraries the server polls instead) or ``idle``
     seconds pass (at most 3600), claiming what became due meanwhile.  It
-    needs READ COMMITTED (the session's default isolation; else 0A000),
-    and holds a server connection and a snapshot while it
+    needs READ COMMITTED: where the session's default isolation is higher,
+    each such claim is a READ COMMITTED transaction block of its own.  It
+    holds a server connection and a snapshot while it
     waits; a stop cancels the waiting claim, which then leases nothing.
     ``stop`` is a threading.Event-like object; without
     one, SIGTERM and SIGINT stop the loop (main thread only).  Stopping
@@ -777,14 +806,18 @@ def consume(connect: Callable[[], psycopg.Connection], topic: str,
     woke = []        # our topic's NOTIFYs read by psycopg during a query
     channel = []     # our topic's channel, once asked for
     conn = None
+    in_block = False     # conn's claims in a transaction block: _claims_in_block
     acked = 0
     down = 0         # connection attempts failed in a row
 
     def open_conn():
+        nonlocal in_block
         c = connect()
         c.autocommit = True
         if _not_utf8(c):
             c.execute(_UTF8)
+        if wakeup == "wait":
+            in_block = _claims_in_block(c)
         if wakeup == "notify":
             if not channel:
                 channel.append(c.execute("SELECT idem_outbox_channel(%s)",
@@ -821,7 +854,9 @@ def consume(connect: Callable[[], psycopg.Connection], topic: str,
         watcher = threading.Thread(target=watch, name="idem-consume-cancel", daemon=True)
         watcher.start()
         try:
-            return conn.execute(_CLAIM_WAIT, params + (f"{min(idle, 3600)} seconds",)).fetchall()
+            with conn.transaction() if in_block else contextlib.nullcontext():
+                return conn.execute(_CLAIM_WAIT,
+                                    params + (f"{min(idle, 3600)} seconds",)).fetchall()
         except psycopg.errors.QueryCanceled as e:
             # (an OperationalError too, but the session is fine)
             if not stop.is_set():

@@ -839,6 +839,7 @@ class Worker(_Runs):
 
     def _claim_loop(self):
         conn = None
+        in_block = False
         down = 0
         queues = list(self.by_queue)
         while not self.stop.is_set():
@@ -851,12 +852,14 @@ class Worker(_Runs):
             try:
                 if conn is None:
                     conn = self._open()
+                    in_block = _idem._claims_in_block(conn)
                 random.shuffle(queues)
                 for i, q in enumerate(queues):
                     if free - got <= 0:
                         break
-                    rows = _idem._execute(_cursor(conn), _CLAIM, self._claim_params(
-                        queues, i, q, free - got, got)).fetchall()
+                    params = self._claim_params(queues, i, q, free - got, got)
+                    with conn.transaction() if in_block else contextlib.nullcontext():
+                        rows = _idem._execute(_cursor(conn), _CLAIM, params).fetchall()
                     for r in rows:
                         try:
                             c = self._claimed(q, r)
@@ -1041,6 +1044,7 @@ class AsyncWorker(_Runs):
 
     async def _claim_loop(self):
         conn = None
+        in_block = False
         down = 0
         queues = list(self.by_queue)
         while not self.stop.is_set():
@@ -1053,14 +1057,16 @@ class AsyncWorker(_Runs):
             try:
                 if conn is None:
                     conn = await self._open()
+                    in_block = await _idem._aclaims_in_block(conn)
                 random.shuffle(queues)
                 for i, q in enumerate(queues):
                     if free - got <= 0:
                         break
                     cur = _cursor(conn)
-                    await _idem._aexecute(cur, _CLAIM, self._claim_params(
-                        queues, i, q, free - got, got))
-                    rows = await cur.fetchall()
+                    params = self._claim_params(queues, i, q, free - got, got)
+                    async with conn.transaction() if in_block else contextlib.nullcontext():
+                        await _idem._aexecute(cur, _CLAIM, params)
+                        rows = await cur.fetchall()
                     for r in rows:
                         try:
                             c = self._claimed(q, r)

@@ -462,6 +462,24 @@ describe('consume, wakeup wait', () => {
     assert.deepEqual(sent.filter((line) => line.includes('idem_outbox_wait')), []);
   });
 
+  for (const isolation of ['repeatable read', 'serializable']) {
+    it(`delivers and stops at a default isolation of ${isolation} (each waiting claim a READ COMMITTED block)`, async () => {
+      // a claim with a wait is refused (0A000) at a snapshot's isolation:
+      // the loop claimed nothing, again and again
+      const t = await freshTopic();
+      const options = `-c default_transaction_isolation=${isolation.replace(' ', '\\ ')}`;
+      const l = loop(t, undefined, { idle: 60, wakeup: 'wait' }, { ...env.targets.direct, options });
+      await waitUntilWaiting();
+      await publishQuiet(t, 'a');
+      await until(() => l.seen.length === 1, 'the delivery', 5000);
+      await waitUntilWaiting();
+      const t0 = Date.now();
+      assert.equal(await l.finish(), 1);
+      assert.ok(Date.now() - t0 < 3000);
+      assert.equal((await events(t)).a.state, 'delivered');
+    });
+  }
+
   it('stops a 60 s wait at once on abort (the cancel)', async () => {
     const t = await freshTopic();
     const l = loop(t, undefined, { idle: 60, wakeup: 'wait' });

@@ -145,6 +145,34 @@ for (const target of ['direct', 'pgbouncer']) {
       assert.deepEqual((await one("SELECT response FROM idem_run_steps($1) WHERE step = 'b'", [runId])).response, { b: 7 });
     });
 
+    if (target === 'direct') for (const isolation of ['repeatable read', 'serializable']) {
+      it(`a default isolation of ${isolation}: claims in a READ COMMITTED block of their own, steps at the default`, async () => {
+        // a claim is refused (0A000) at a snapshot's isolation; the claimer
+        // retried it forever and claimed nothing
+        const q = await freshQueue();
+        const wf = new idem.Workflow(q, { steps: ['check', 'label'] });
+        wf.step('check', (ctx) => ctx.execute('UPDATE wf_stock SET on_hand = on_hand + 1 WHERE sku = $1' +
+          " RETURNING on_hand, current_setting('transaction_isolation') AS isolation", [q]));
+        wf.external('label', (ctx) => ({ label: ctx.key }));
+        const runId = `${q}:iso`;
+        const options = `-c default_transaction_isolation=${isolation.replace(' ', '\\ ')}`;
+        const connectIso = async () => { const c = new pg.Client({ ...env.targets[target], options }); await c.connect(); return c; };
+        const c = await connect();
+        await wf.start(c, runId, { input: {} });
+        await c.end();
+        const ac = new AbortController();
+        const w = new idem.Worker(connectIso, [wf], { concurrency: 1, lease: 5, poll: 0.1, signal: ac.signal,
+          log: { warn() {}, error() {} } }).run();
+        await until(async () => (await statuses(q)).completed === 1, 20, 'the completed run');
+        ac.abort();
+        await w;
+        assert.equal((await one('SELECT on_hand FROM wf_stock WHERE sku = $1', [q])).on_hand, 1);
+        assert.deepEqual((await one("SELECT response FROM idem_run_steps($1) WHERE step = 'check'", [runId])).response.rows,
+          [{ on_hand: 1, isolation }]);
+        assert.equal(Number((await one('SELECT count(*) AS n FROM idem_run_attempts WHERE run_id = $1', [runId])).n), 1);
+      });
+    }
+
     it('RetryAfter comes back no sooner; an exception fails the run after its last attempt', async () => {
       const q = await freshQueue();
       const car = await carrier({ busy: 1, retryAfter: '1' }).listen();

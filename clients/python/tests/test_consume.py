@@ -531,6 +531,22 @@ def test_wait_mode_claims_and_waits_in_one_statement(cluster, topic, admin):
     assert not [q for q in sent if "idem_outbox_wait" in q], sent
 
 
+@pytest.mark.parametrize("isolation", ["repeatable read", "serializable"])
+def test_wait_mode_at_a_default_isolation_above_read_committed(cluster, topic, admin, isolation):
+    """Where the session's default isolation (a role's or the database's
+    setting) is above READ COMMITTED, at which a claim with a wait is
+    refused (0A000), each waiting claim is a READ COMMITTED transaction
+    block of its own: it waits, and delivers the event a commit brings.
+    The loop stopped at its first claim."""
+    options = "-c default_transaction_isolation=" + isolation.replace(" ", "\\ ")
+    loop = Loop(cluster.dsn(), topic, idle=60, wakeup="wait", connect_kw={"options": options})
+    wait_until_waiting(admin)
+    publish_quiet(cluster, topic, "a")
+    until(lambda: len(loop.seen) == 1, timeout=5, what="the delivery")
+    assert loop.finish() == 1
+    assert events(admin, topic)["a"]["state"] == "delivered"
+
+
 def test_wait_mode_stop_cancels_a_long_wait(cluster, topic, admin):
     loop = Loop(cluster.dsn(), topic, idle=60, wakeup="wait")
     wait_until_waiting(admin)

@@ -406,6 +406,45 @@ def test_a_claim_on_a_read_only_server_reconnects(cluster, admin, queue, asynchr
     w.finish()
 
 
+@pytest.mark.parametrize("isolation", ["repeatable read", "serializable"])
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["Worker", "AsyncWorker"])
+def test_a_default_isolation_above_read_committed(cluster, admin, queue, asynchronous, isolation):
+    """Where the session's default isolation (a role's or the database's
+    setting) is REPEATABLE READ or SERIALIZABLE, in which a claim is
+    refused (0A000), the worker claims in a READ COMMITTED transaction of
+    its own and runs the steps at the default isolation: the run completes
+    with its effect once.  The Worker stopped at its first claim, the
+    AsyncWorker too."""
+    wf = idem.Workflow(queue, steps=["check", "label"])
+    check = ("UPDATE wf_stock SET on_hand = on_hand + 1 WHERE sku = $1"
+             " RETURNING on_hand, current_setting('transaction_isolation') AS isolation")
+    if asynchronous:
+        @wf.step("check")
+        async def acheck(ctx):
+            return await ctx.execute(check, queue)
+    else:
+        @wf.step("check")
+        def scheck(ctx):
+            return ctx.execute(check, queue)
+
+    @wf.external("label")
+    def label(ctx):
+        return {"label": ctx.key}
+    wf.start(admin, f"{queue}:iso", input={})
+    options = "-c default_transaction_isolation=" + isolation.replace(" ", "\\ ")
+    w = running(asynchronous, cluster.dsn(), {"options": options}, [wf], concurrency=1, lease=5,
+                poll=0.1)
+    until(lambda: statuses(admin, queue) == {"completed": 1} or not w.thread.is_alive(), 20,
+          "the completed run")
+    w.finish()
+    assert statuses(admin, queue) == {"completed": 1}
+    assert admin.execute("SELECT on_hand FROM wf_stock WHERE sku = %s", (queue,)).fetchone()[0] == 1
+    assert admin.execute("SELECT response FROM idem_run_steps(%s) WHERE step = 'check'",
+                         (f"{queue}:iso",)).fetchone()[0]["rows"] == [{"on_hand": 1, "isolation": isolation}]
+    assert admin.execute("SELECT count(*) FROM idem_run_attempts WHERE run_id = %s",
+                         (f"{queue}:iso",)).fetchone()[0] == 1
+
+
 def test_retry_after_beyond_the_server_limit_is_the_limit(connect, admin, queue):
     """A Retry-After later than idem.outbox_max_retry_after (1 day) allows:
     the step fails as late as allowed; it was refused and the failure lost,
