@@ -19,7 +19,6 @@ use IdemTAP;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
-use Time::HiRes qw(usleep);
 
 my $nruns = 40000;
 my $batch = 2000;
@@ -45,19 +44,8 @@ END
 
 my $s = $node->background_psql('postgres', on_error_stop => 1);
 my $pid = $s->query_safe('SELECT pg_backend_pid()');
-my $before = backend_memory_kb($pid, 'RssAnon');
-my $peak = $before;
-$s->{stdin} .= "SELECT idem_queue_drop('q', true);\n\\echo done\n";
-my $timeout = IPC::Run::timeout($PostgreSQL::Test::Utils::timeout_default);
-while ($s->{stdout} !~ /done/)
-{
-	die 'the drop timed out' if $timeout->is_expired;
-	$s->{run}->pump_nb;
-	my $now = backend_memory_kb($pid, 'RssAnon');
-	$peak = $now if $now > $peak;
-	usleep(5_000);
-}
-$s->{stdout} = '';
+my ($before, $peak) =
+  peak_private_kb($s, $pid, "SELECT idem_queue_drop('q', true)");
 $s->quit;
 like($s->{stderr}, qr/drop cascades to $nruns unfinished runs/,
 	"the drop cancels the queue's $nruns runs");
