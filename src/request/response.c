@@ -194,138 +194,44 @@ idem_response_receiver(void)
 }
 
 /*
- * The response is written in jsonb's binary format here rather than built
- * with pushJsonbValue(), which unpacks every row it is given into
- * JsonbValues (hundreds of bytes for a row of one column) and converts
- * them all back at the end, in a pass that cannot be cancelled.  Each row
- * is already a jsonb container: it is copied whole into the array, as
- * convertJsonbArray() would write it.  The layout: a container's header
- * (count and kind), one JEntry per child (for an object, the keys' then
- * the values'), then the children's data, containers and numerics aligned
- * to 4 bytes, the padding counted in the child's length.  Every
- * JB_OFFSET_STRIDE'th JEntry holds the end offset of its data instead of
- * its length.
- */
-
-static int
-append_padding(StringInfo buf)
-{
-	int			padlen = INTALIGN(buf->len) - buf->len;
-
-	appendBinaryStringInfo(buf, "\0\0\0", padlen);
-	return padlen;
-}
-
-static void
-too_large(const char *kind)
-{
-	ereport(ERROR,
-			(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
-			 errmsg("total size of jsonb %s elements exceeds the maximum of %d bytes",
-					kind, JENTRY_OFFLENMASK),
-			 idem_errhint(ERRCODE_PROGRAM_LIMIT_EXCEEDED, "Return fewer rows or columns.")));
-}
-
-/* The JEntry of a container's child i of len bytes; total: the lengths so far */
-static JEntry
-child_entry(int i, JEntry type, Size len, Size *total, const char *kind)
-{
-	*total += len;
-	if (*total > JENTRY_OFFLENMASK)
-		too_large(kind);
-	if (i % JB_OFFSET_STRIDE == 0)
-		return type | JENTRY_HAS_OFF | (JEntry) *total;
-	return type | (JEntry) len;
-}
-
-/* the rows as a jsonb array container; returns its length */
-static Size
-append_rows(StringInfo buf, ResponseReceiver *r)
-{
-	int			start = buf->len;
-	uint32		header;
-	int			entries;
-	Size		total = 0;
-
-	if (r->nrows > JB_CMASK)
-		ereport(ERROR,
-				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
-				 errmsg("number of jsonb array elements exceeds the maximum allowed (%zu)",
-						(Size) JB_CMASK),
-				 idem_errhint(ERRCODE_PROGRAM_LIMIT_EXCEEDED, "Return fewer rows.")));
-	append_padding(buf);
-	header = (uint32) r->nrows | JB_FARRAY;
-	appendBinaryStringInfo(buf, (char *) &header, sizeof(header));
-	entries = buf->len;
-	enlargeStringInfo(buf, r->nrows * sizeof(JEntry));
-	buf->len += r->nrows * sizeof(JEntry);
-	for (uint64 i = 0; i < r->nrows; i++)
-	{
-		Size		len = VARSIZE(r->rows[i]) - VARHDRSZ;
-		JEntry		entry;
-
-		CHECK_FOR_INTERRUPTS();
-		len += append_padding(buf);
-		appendBinaryStringInfo(buf, (char *) &r->rows[i]->root,
-							   VARSIZE(r->rows[i]) - VARHDRSZ);
-		entry = child_entry(i, JENTRY_ISCONTAINER, len, &total, "array");
-		memcpy(buf->data + entries + i * sizeof(JEntry), &entry, sizeof(entry));
-	}
-	if (buf->len - start > JENTRY_OFFLENMASK)
-		too_large("array");
-	return buf->len - start;
-}
-
-/*
  * idem_build_response
  *		The jsonb response for a statement that processed that many rows,
  *		with the rows it returned that the receiver from
  *		idem_response_receiver() holds (none without RETURNING), in
  *		CurrentMemoryContext.
+ *
+ * Each row is copied into the response whole (src/common/jsonbwrite.c).
  */
 Jsonb *
 idem_build_response(const char *command, uint64 processed,
 					DestReceiver *rows)
 {
 	ResponseReceiver *r = (ResponseReceiver *) rows;
-	/* an object's keys are sorted, shorter first */
+	/* an object's keys in jsonb's order */
 	static const char *const keys[] = {"rows", "command", "rowcount"};
-	Numeric		rowcount = int64_to_numeric((int64) processed);
 	StringInfoData buf;
-	JEntry		entries[2 * lengthof(keys)];
-	int			entries_at;
-	uint32		header = lengthof(keys) | JB_FOBJECT;
-	Size		total = 0;
-	Size		len;
+	IdemJsonbWriter response;
+	IdemJsonbWriter array;
 
 	if (r->tupdesc != NULL)
 		check_column_names(r->tupdesc);
-	initStringInfo(&buf);
-	/* the rows' containers, their JEntries and padding, and a little more */
-	if (r->size + r->nrows * (sizeof(JEntry) + 3) < JENTRY_OFFLENMASK)
-		enlargeStringInfo(&buf, 256 + strlen(command) + r->size +
-						  r->nrows * (sizeof(JEntry) + 3));
-	buf.len = VARHDRSZ;
-	appendBinaryStringInfo(&buf, (char *) &header, sizeof(header));
-	entries_at = buf.len;
-	buf.len += sizeof(entries);
+	/* the rows, a JEntry and at most 3 bytes of padding each, the rest */
+	idem_jsonb_begin(&buf, r->size + r->nrows * (sizeof(JEntry) + 3) +
+					 strlen(command) + 256);
+	idem_jsonb_open(&response, &buf, true, lengthof(keys));
 	for (int i = 0; i < lengthof(keys); i++)
+		idem_jsonb_add_string(&response, keys[i], strlen(keys[i]));
+	idem_jsonb_open(&array, &buf, false, r->nrows);
+	for (uint64 i = 0; i < r->nrows; i++)
 	{
-		appendBinaryStringInfo(&buf, keys[i], strlen(keys[i]));
-		entries[i] = child_entry(i, JENTRY_ISSTRING, strlen(keys[i]), &total,
-								 "object");
+		CHECK_FOR_INTERRUPTS();
+		idem_jsonb_add_jsonb(&array, r->rows[i]);
 	}
-	len = append_rows(&buf, r);
-	entries[3] = child_entry(3, JENTRY_ISCONTAINER, len, &total, "object");
-	appendBinaryStringInfo(&buf, command, strlen(command));
-	entries[4] = child_entry(4, JENTRY_ISSTRING, strlen(command), &total,
-							 "object");
-	len = append_padding(&buf) + VARSIZE_ANY(rowcount);
-	appendBinaryStringInfo(&buf, (char *) rowcount, VARSIZE_ANY(rowcount));
-	entries[5] = child_entry(5, JENTRY_ISNUMERIC, len, &total, "object");
-	memcpy(buf.data + entries_at, entries, sizeof(entries));
-	SET_VARSIZE(buf.data, buf.len);
-	return (Jsonb *) buf.data;
+	idem_jsonb_close(&array, &response);
+	idem_jsonb_add_string(&response, command, strlen(command));
+	idem_jsonb_add_numeric(&response, int64_to_numeric((int64) processed));
+	idem_jsonb_close(&response, NULL);
+	return idem_jsonb_end(&buf);
 }
 
 /*
