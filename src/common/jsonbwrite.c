@@ -4,8 +4,8 @@
  *		Write a jsonb value made of other jsonb values (a response's rows,
  *		a run's step results) directly in jsonb's binary format.
  *
- * pushJsonbValue() unpacks every jsonb it is given into JsonbValues, some
- * hundreds of bytes for each scalar and container in it, and
+ * pushJsonbValue() unpacks every jsonb it is given into JsonbValues, tens
+ * to hundreds of bytes for each scalar and container in it, and
  * JsonbValueToJsonb() converts them all back in one pass that cannot be
  * cancelled: many times the memory of the values, and seconds, for
  * values already in the format.  Here each one is copied whole, as
