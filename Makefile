@@ -16,6 +16,7 @@ OBJS = \
 	src/common/lease.o \
 	src/common/grants.o \
 	src/common/citusmeta.o \
+	src/common/jsonbwrite.o \
 	src/request/tokens.o \
 	src/request/statement.o \
 	src/request/exec.o \

@@ -15,6 +15,10 @@
 #define IDEM_COMMON_H
 
 #include "access/xact.h"
+#include "lib/stringinfo.h"
+#include "utils/jsonb.h"
+#include "utils/numeric.h"
+
 #include "compat.h"
 #include "idem.h"
 
@@ -103,6 +107,27 @@ extern TimestampTz idem_backoff_next(TimestampTz now, int32 attempts,
 									 int base_ms, int cap_ms,
 									 IdemJitter jitter, int64 retry_after_us);
 extern IdemJitter idem_jitter_from_name(const char *name);
+
+/* jsonbwrite.c: jsonb written from jsonb values, without unpacking them */
+typedef struct IdemJsonbWriter
+{
+	StringInfo	buf;
+	int			start;			/* where the container, with its padding, begins */
+	int			entries;		/* where its JEntries are */
+	uint64		nentries;
+	uint64		next;			/* the next child's */
+	Size		total;			/* its children's data so far */
+	const char *kind;			/* "object" or "array", for errors */
+} IdemJsonbWriter;
+extern void idem_jsonb_begin(StringInfo buf, Size size);
+extern Jsonb *idem_jsonb_end(StringInfo buf);
+extern void idem_jsonb_open(IdemJsonbWriter *w, StringInfo buf, bool object,
+							uint64 n);
+extern void idem_jsonb_add_string(IdemJsonbWriter *w, const char *str, int len);
+extern void idem_jsonb_add_numeric(IdemJsonbWriter *w, Numeric num);
+extern void idem_jsonb_add_jsonb(IdemJsonbWriter *w, Jsonb *value);
+extern void idem_jsonb_close(IdemJsonbWriter *w, IdemJsonbWriter *parent);
+extern int	idem_jsonb_key_cmp(const void *a, const void *b);
 
 /* owner.c: whose keys a call uses (idem.key_owner) */
 extern Oid	idem_key_owner(void);

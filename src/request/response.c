@@ -22,6 +22,7 @@
 #include "access/htup_details.h"
 #include "catalog/pg_type.h"
 #include "funcapi.h"
+#include "miscadmin.h"
 #include "nodes/makefuncs.h"
 #include "utils/datum.h"
 #include "utils/fmgroids.h"
@@ -50,17 +51,6 @@ init_to_jsonb_record(void)
 					 InvalidOid, InvalidOid, COERCE_EXPLICIT_CALL);
 	MemoryContextSwitchTo(oldcxt);
 	to_jsonb_record_ready = true;
-}
-
-static void
-push_key(JsonbParseState **state, const char *key)
-{
-	JsonbValue	v;
-
-	v.type = jbvString;
-	v.val.string.val = (char *) key;
-	v.val.string.len = strlen(key);
-	pushJsonbValue(state, WJB_KEY, &v);
 }
 
 /*
@@ -203,57 +193,45 @@ idem_response_receiver(void)
 	return &r->pub;
 }
 
-static void
-push_rows(JsonbParseState **state, ResponseReceiver *r)
-{
-	if (r->tupdesc != NULL)
-		check_column_names(r->tupdesc);
-	pushJsonbValue(state, WJB_BEGIN_ARRAY, NULL);
-	for (uint64 i = 0; i < r->nrows; i++)
-	{
-		JsonbValue	v;
-
-		v.type = jbvBinary;
-		v.val.binary.data = &r->rows[i]->root;
-		v.val.binary.len = VARSIZE(r->rows[i]) - VARHDRSZ;
-		pushJsonbValue(state, WJB_ELEM, &v);
-	}
-	pushJsonbValue(state, WJB_END_ARRAY, NULL);
-}
-
 /*
  * idem_build_response
  *		The jsonb response for a statement that processed that many rows,
  *		with the rows it returned that the receiver from
  *		idem_response_receiver() holds (none without RETURNING), in
  *		CurrentMemoryContext.
+ *
+ * Each row is copied into the response whole (src/common/jsonbwrite.c).
  */
 Jsonb *
 idem_build_response(const char *command, uint64 processed,
 					DestReceiver *rows)
 {
-	JsonbParseState *state = NULL;
-	JsonbValue	v;
-	JsonbValue *result;
+	ResponseReceiver *r = (ResponseReceiver *) rows;
+	/* an object's keys in jsonb's order */
+	static const char *const keys[] = {"rows", "command", "rowcount"};
+	StringInfoData buf;
+	IdemJsonbWriter response;
+	IdemJsonbWriter array;
 
-	pushJsonbValue(&state, WJB_BEGIN_OBJECT, NULL);
-
-	push_key(&state, "rows");
-	push_rows(&state, (ResponseReceiver *) rows);
-
-	push_key(&state, "command");
-	v.type = jbvString;
-	v.val.string.val = (char *) command;
-	v.val.string.len = strlen(command);
-	pushJsonbValue(&state, WJB_VALUE, &v);
-
-	push_key(&state, "rowcount");
-	v.type = jbvNumeric;
-	v.val.numeric = int64_to_numeric((int64) processed);
-	pushJsonbValue(&state, WJB_VALUE, &v);
-
-	result = pushJsonbValue(&state, WJB_END_OBJECT, NULL);
-	return JsonbValueToJsonb(result);
+	if (r->tupdesc != NULL)
+		check_column_names(r->tupdesc);
+	/* the rows, a JEntry and at most 3 bytes of padding each, the rest */
+	idem_jsonb_begin(&buf, r->size + r->nrows * (sizeof(JEntry) + 3) +
+					 strlen(command) + 256);
+	idem_jsonb_open(&response, &buf, true, lengthof(keys));
+	for (int i = 0; i < lengthof(keys); i++)
+		idem_jsonb_add_string(&response, keys[i], strlen(keys[i]));
+	idem_jsonb_open(&array, &buf, false, r->nrows);
+	for (uint64 i = 0; i < r->nrows; i++)
+	{
+		CHECK_FOR_INTERRUPTS();
+		idem_jsonb_add_jsonb(&array, r->rows[i]);
+	}
+	idem_jsonb_close(&array, &response);
+	idem_jsonb_add_string(&response, command, strlen(command));
+	idem_jsonb_add_numeric(&response, int64_to_numeric((int64) processed));
+	idem_jsonb_close(&response, NULL);
+	return idem_jsonb_end(&buf);
 }
 
 /*

@@ -110,48 +110,87 @@ static IdemQuery q_due_owner = {
 };
 
 
+/* A completed step's result, for results_so_far() */
+typedef struct StepResult
+{
+	char	   *step;
+	int			ordinal;
+	Jsonb	   *result;
+} StepResult;
+
+/* jsonb's order of keys, a later completion of a step after an earlier */
+static int
+step_result_cmp(const void *a, const void *b)
+{
+	const StepResult *ra = a;
+	const StepResult *rb = b;
+	int			c = idem_jsonb_key_cmp(&ra->step, &rb->step);
+
+	if (c != 0)
+		return c;
+	return (ra->ordinal > rb->ordinal) - (ra->ordinal < rb->ordinal);
+}
+
 /*
  * The results of the run's completed steps, as one object by step name;
  * NULL if they are more than one jsonb value holds (each step's is within
- * idem.max_response_size, but a thousand of them need not be).
+ * idem.max_response_size, but a thousand of them need not be).  Each
+ * result is copied into the object whole (src/common/jsonbwrite.c).
  */
 static Jsonb *
 results_so_far(IdemRunRow *run)
 {
-	JsonbParseState *state = NULL;
-	JsonbValue *res;
 	Datum	   *names;
 	int			n;
+	StepResult *found;
+	int			nfound = 0;
+	int			nkeys = 0;
 	Size		total = 0;
+	StringInfoData buf;
+	IdemJsonbWriter object;
 
 	deconstruct_array(run->done_steps, TEXTOID, -1, false, TYPALIGN_INT,
 					  &names, NULL, &n);
-	(void) pushJsonbValue(&state, WJB_BEGIN_OBJECT, NULL);
+	found = palloc(sizeof(StepResult) * Max(n, 1));
 	for (int i = 0; i < n; i++)
 	{
 		char	   *step = TextDatumGetCString(names[i]);
 		IdemRecord	rec;
-		JsonbValue	k;
-		JsonbValue	v;
 
 		CHECK_FOR_INTERRUPTS();
 		if (!idem_lookup_key(run->owner, idem_run_step_key(run->run_id, step),
 							 &rec) || !rec.visible)
 			continue;
+		/* the key, the value with its padding (within its header), entries */
 		total += VARSIZE(rec.response) + strlen(step) + 2 * sizeof(JEntry);
 		if (total > JENTRY_OFFLENMASK)
 			return NULL;
-		k.type = jbvString;
-		k.val.string.val = step;
-		k.val.string.len = strlen(step);
-		(void) pushJsonbValue(&state, WJB_KEY, &k);
-		v.type = jbvBinary;
-		v.val.binary.data = &rec.response->root;
-		v.val.binary.len = VARSIZE(rec.response) - VARHDRSZ;
-		(void) pushJsonbValue(&state, WJB_VALUE, &v);
+		found[nfound].step = step;
+		found[nfound].ordinal = nfound;
+		found[nfound].result = rec.response;
+		nfound++;
 	}
-	res = pushJsonbValue(&state, WJB_END_OBJECT, NULL);
-	return JsonbValueToJsonb(res);
+
+	/* a step listed twice keeps its later result, as an object would */
+	qsort(found, nfound, sizeof(StepResult), step_result_cmp);
+	for (int i = 0; i < nfound; i++)
+	{
+		if (nkeys > 0 && strcmp(found[nkeys - 1].step, found[i].step) == 0)
+			nkeys--;
+		found[nkeys++] = found[i];
+	}
+
+	idem_jsonb_begin(&buf, total + 64);
+	idem_jsonb_open(&object, &buf, true, nkeys);
+	for (int i = 0; i < nkeys; i++)
+		idem_jsonb_add_string(&object, found[i].step, strlen(found[i].step));
+	for (int i = 0; i < nkeys; i++)
+	{
+		CHECK_FOR_INTERRUPTS();
+		idem_jsonb_add_jsonb(&object, found[i].result);
+	}
+	idem_jsonb_close(&object, NULL);
+	return idem_jsonb_end(&buf);
 }
 
 /* Runs the current pass of a claim failed: a change even when it leased nothing. */

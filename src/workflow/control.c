@@ -27,6 +27,7 @@
 #include "fmgr.h"
 #include "miscadmin.h"
 #include "utils/builtins.h"
+#include "utils/memutils.h"
 #include "utils/timestamp.h"
 
 #include "compat.h"
@@ -185,6 +186,7 @@ idem_queue_drop(PG_FUNCTION_ARGS)
 	int			n;
 	int			cancelled = 0;
 	char	   *reason;
+	MemoryContext runcxt;
 
 	idem_arg_not_null(fcinfo, 1, "cascade");
 	cascade = PG_GETARG_BOOL(1);
@@ -224,13 +226,26 @@ idem_queue_drop(PG_FUNCTION_ARGS)
 				 idem_errhint(ERRCODE_DEPENDENT_OBJECTS_STILL_EXIST,
 							  "Let them finish, or cancel them, or drop the queue with cascade => true, which cancels them.")));
 	reason = psprintf("run queue \"%s\" dropped", queue);
+
+	/*
+	 * What cancelling one run allocates (its row, the updated version, its
+	 * audit entry) goes with it: a drop may cancel a million runs.
+	 */
+	runcxt = AllocSetContextCreate(CurrentMemoryContext, "idem_queue_drop run",
+								   ALLOCSET_DEFAULT_SIZES);
 	for (int i = 0; i < n; i++)
 	{
+		MemoryContext oldcxt;
+
 		CHECK_FOR_INTERRUPTS();
+		oldcxt = MemoryContextSwitchTo(runcxt);
 		if (strcmp(idem_run_cancel_in(&idem_local_runs, owners[i], run_ids[i],
 									  reason, true), "completed") != 0)
 			cancelled++;
+		MemoryContextSwitchTo(oldcxt);
+		MemoryContextReset(runcxt);
 	}
+	MemoryContextDelete(runcxt);
 	if (cancelled > 0)
 		ereport(NOTICE,
 				(errmsg_plural("drop cascades to %d unfinished run",

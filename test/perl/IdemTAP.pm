@@ -66,6 +66,7 @@ our @EXPORT = qw(
   wait_for_backend
   bg_finish
   backend_memory_kb
+  peak_private_kb
 );
 
 # The business statement every client call runs.  RETURNING id puts the
@@ -615,6 +616,42 @@ sub backend_memory_kb
 		return $1 if /^\Q$field\E:\s+(\d+)\s+kB/;
 	}
 	die "no $field in /proc/$pid/status";
+}
+
+=pod
+
+=item peak_private_kb(session, pid, sql)
+
+Run sql in a BackgroundPsql session whose backend is pid, reading the
+backend's private memory (RssAnon) every few milliseconds while it runs.
+Returns (RssAnon before, the most read while it ran, the statement's
+output); its errors are left in the session's stderr.  Memory
+that grows with the statement's work is read close to its height, at
+the statement's end.
+
+=cut
+
+sub peak_private_kb
+{
+	my ($s, $pid, $sql) = @_;
+	my $before = backend_memory_kb($pid, 'RssAnon');
+	my $peak = $before;
+	my $timeout = IPC::Run::timeout($PostgreSQL::Test::Utils::timeout_default);
+
+	$s->{stdout} = '';
+	$s->{stdin} .= "$sql;\n\\echo peak_private_kb done\n";
+	while ($s->{stdout} !~ /peak_private_kb done/)
+	{
+		die "timed out running $sql" if $timeout->is_expired;
+		$s->{run}->pump_nb;
+		my $now = backend_memory_kb($pid, 'RssAnon');
+		$peak = $now if $now > $peak;
+		usleep(5_000);
+	}
+	my $out = $s->{stdout};
+	$out =~ s/peak_private_kb done\n?//;
+	$s->{stdout} = '';
+	return ($before, $peak, $out);
 }
 
 =pod

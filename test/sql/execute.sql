@@ -114,4 +114,28 @@ END
 $$;
 SELECT count(*) AS rows_for_ret_14 FROM refunds WHERE return_id = 'ret-14';
 
+-- the response is the jsonb that core builds from the same rows, of the
+-- same size: rows of every kind of value, none, and more than 32 (every 32nd
+-- element of a jsonb array records its offset)
+CREATE FUNCTION core_response(sql text, command text, n bigint) RETURNS jsonb
+LANGUAGE plpgsql AS $$
+DECLARE
+	rows jsonb;
+BEGIN
+	EXECUTE format('SELECT COALESCE(jsonb_agg(to_jsonb(t)), ''[]'') FROM (%s) t', sql) INTO rows;
+	RETURN jsonb_build_object('rows', rows, 'command', command, 'rowcount', n);
+END
+$$;
+WITH q(k, sql, command, n) AS (VALUES
+	('exec:shape:1', 'SELECT 1 AS a, ''x'' AS b, 1.5::numeric AS c, NULL::int AS d, true AS e, false AS f, ARRAY[1, 2] AS g, ''{"k": [1, {"z": 2.25}], "": "e"}''::jsonb AS h', 'SELECT', 1),
+	('exec:shape:2', 'SELECT g, repeat(''v'', g % 5) AS s, g * 1.5 AS n FROM generate_series(1, 100) g', 'SELECT', 100),
+	('exec:shape:3', 'SELECT 1 AS a WHERE false', 'SELECT', 0),
+	('exec:shape:4', 'SELECT FROM generate_series(1, 40)', 'SELECT', 40)
+)
+SELECT k, r = c AS same, pg_column_size(r) = pg_column_size(c) AS same_size,
+       r -> 'rows' -> (n::int - 1) = c -> 'rows' -> (n::int - 1) AS same_last
+  FROM q, LATERAL (SELECT idem_execute(k, sql) AS r, core_response(sql, command, n) AS c) x
+ ORDER BY k;
+DROP FUNCTION core_response(text, text, bigint);
+
 DROP TABLE refunds;

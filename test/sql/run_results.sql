@@ -28,8 +28,33 @@ SELECT run_id, next_step FROM idem_run_claim('rr', max_runs => 10);
 RESET ROLE;
 SELECT run_id, status, last_error FROM idem_runs WHERE queue = 'rr' ORDER BY run_id;
 
+-- the results are the object core builds from them, of the same size:
+-- keys of several lengths (jsonb orders them shorter first), results that
+-- are objects, arrays and scalars of every kind
+SELECT idem_queue_create('rr_shapes', producers => '{regress_rr_app}',
+	workers => '{regress_rr_agent}');
+SET ROLE regress_rr_app;
+SELECT created FROM idem_run_begin('rr-shapes',
+	steps => '{bb,a,ccc,d,e,f,gg,last}', queue => 'rr_shapes');
+SET ROLE regress_rr_agent;
+SELECT lease_token AS tok FROM idem_run_claim('rr_shapes') \gset
+SELECT count(*) AS steps_done
+  FROM (SELECT idem_step_complete('rr-shapes', s, r, lease_token => :'tok')
+		  FROM (VALUES ('bb', '"text"'::jsonb), ('a', '12.5'), ('ccc', 'true'),
+					   ('d', 'null'), ('e', '{"x": [1, 2.25, {"y": "z"}]}'),
+					   ('f', '[1, "a", false]'), ('gg', '""')) v(s, r)) x;
+SELECT idem_run_release('rr-shapes', :'tok');
+SELECT results, results = '{"bb": "text", "a": 12.5, "ccc": true, "d": null,
+		"e": {"x": [1, 2.25, {"y": "z"}]}, "f": [1, "a", false], "gg": ""}'::jsonb AS same,
+	   pg_column_size(results) = pg_column_size('{"bb": "text", "a": 12.5, "ccc": true,
+		"d": null, "e": {"x": [1, 2.25, {"y": "z"}]}, "f": [1, "a", false], "gg": ""}'::jsonb)
+		AS same_size,
+	   results -> 'a' AS a, results -> 'e' -> 'x' -> 2 AS e_x_2
+  FROM idem_run_claim('rr_shapes');
+RESET ROLE;
+
 -- cleanup
-DELETE FROM idem.runs WHERE queue = 'rr';
+DELETE FROM idem.runs WHERE queue IN ('rr', 'rr_shapes');
 DELETE FROM idem.keys WHERE owner IN ('regress_rr_app'::regrole, 'regress_rr_other'::regrole);
-DELETE FROM idem.queues WHERE queue = 'rr';
+DELETE FROM idem.queues WHERE queue IN ('rr', 'rr_shapes');
 DROP ROLE regress_rr_app, regress_rr_other, regress_rr_agent;
