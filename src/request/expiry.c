@@ -27,6 +27,7 @@
 #include "access/xact.h"
 #include "commands/extension.h"
 #include "utils/memutils.h"
+#include "utils/snapmgr.h"
 #include "utils/timestamp.h"
 
 #include "request/request.h"
@@ -56,6 +57,7 @@ static void
 restamp_pending(void)
 {
 	TimestampTz now = GetCurrentTimestamp();
+	bool		snapshot_pushed = false;
 
 	for (IdemXactItem *item = pending; item != NULL; item = item->next)
 	{
@@ -66,9 +68,23 @@ restamp_pending(void)
 		/* DROP EXTENSION later in this transaction took the table along */
 		if (!OidIsValid(get_extension_oid("idem", true)))
 			break;
+
+		/*
+		 * COMMIT has popped the statement's snapshot by now, but the update
+		 * may need one, as AfterTriggerFireDeferred() knows: to read the
+		 * record's TOASTed values, and for a CHECK constraint on idem.keys
+		 * that calls a function running queries.
+		 */
+		if (!snapshot_pushed && !ActiveSnapshotSet())
+		{
+			PushActiveSnapshot(GetTransactionSnapshot());
+			snapshot_pushed = true;
+		}
 		idem_restamp_key(p->owner, p->key,
 						 now + p->ttl_usecs + COMMIT_SLACK_USECS);
 	}
+	if (snapshot_pushed)
+		PopActiveSnapshot();
 }
 
 static void

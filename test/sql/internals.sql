@@ -70,6 +70,33 @@ COMMIT;
 SELECT count(*) FROM idem.keys WHERE key = 'int-k-late';
 ALTER TABLE idem.keys DROP CONSTRAINT keys_int_expiry;
 
+-- A CHECK constraint on idem.keys whose function runs a query, at the
+-- restamp of a lingering transaction's records: COMMIT has popped its
+-- statement's snapshot, and the query needs one.  The record is
+-- restamped; a key the function refuses fails the COMMIT.
+CREATE TABLE int_blocked (key text PRIMARY KEY);
+CREATE FUNCTION int_key_allowed(k text) RETURNS boolean STABLE LANGUAGE plpgsql
+  AS $$ BEGIN RETURN NOT EXISTS (SELECT FROM public.int_blocked b WHERE b.key = k); END $$;
+ALTER TABLE idem.keys ADD CONSTRAINT keys_int_allowed
+  CHECK (key NOT LIKE 'int-c-%' OR public.int_key_allowed(key)) NOT VALID;
+BEGIN;
+SET LOCAL idem.ttl = '1d';
+SELECT idem_execute('int-c-ok', 'SELECT 1 AS one') ->> 'rowcount';
+SELECT pg_sleep(1.2);
+COMMIT;
+SELECT expires_at - created_at > interval '1 day 1 second' AS restamped
+  FROM idem.keys WHERE key = 'int-c-ok';
+BEGIN;
+SELECT idem_execute('int-c-banned', 'SELECT 1 AS one') ->> 'rowcount';
+INSERT INTO int_blocked VALUES ('int-c-banned');
+SELECT pg_sleep(1.2);
+COMMIT;
+\echo :LAST_ERROR_SQLSTATE
+SELECT count(*) FROM idem.keys WHERE key = 'int-c-banned';
+ALTER TABLE idem.keys DROP CONSTRAINT keys_int_allowed;
+DROP FUNCTION int_key_allowed(text);
+DROP TABLE int_blocked;
+
 -- A partial unique index on idem.keys: one 'int-u-' key per owner.  A
 -- restamp rewrites the record (expires_at is indexed, so not HOT); the
 -- restamped record, outside the predicate, must not enter the index.
