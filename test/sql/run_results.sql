@@ -51,6 +51,24 @@ SELECT results, results = '{"bb": "text", "a": 12.5, "ccc": true, "d": null,
 		AS same_size,
 	   results -> 'a' AS a, results -> 'e' -> 'x' -> 2 AS e_x_2
   FROM idem_run_claim('rr_shapes');
+-- a step listed twice in done_steps (only a hand edit of idem.runs makes
+-- one) is one key of the results, as core keeps one of an object's keys
+SET ROLE regress_rr_app;
+SELECT created FROM idem_run_begin('rr-dup', steps => '{a,b,c,last}', queue => 'rr_shapes');
+SET ROLE regress_rr_agent;
+SELECT lease_token AS tok FROM idem_run_claim('rr_shapes') \gset
+-- over 126 bytes, so that the claim's row keeps its 4-byte header too
+SELECT idem_step_complete('rr-dup', 'a', jsonb_build_object('n', repeat('x', 120)),
+	lease_token => :'tok') ->> 'n' = repeat('x', 120) AS recorded;
+SELECT idem_step_complete('rr-dup', 'b', '[2]', lease_token => :'tok');
+SELECT idem_run_release('rr-dup', :'tok');
+RESET ROLE;
+UPDATE idem.runs SET done_steps = '{a,b,a}' WHERE run_id = 'rr-dup';
+SET ROLE regress_rr_agent;
+SELECT run_id, next_step, jsonb_object_keys(results) AS key,
+	   results = core AS same, pg_column_size(results) = pg_column_size(core) AS same_size
+  FROM idem_run_claim('rr_shapes'),
+	   jsonb_build_object('a', jsonb_build_object('n', repeat('x', 120)), 'b', '[2]'::jsonb) core;
 RESET ROLE;
 
 -- cleanup
