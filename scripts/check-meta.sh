@@ -30,8 +30,8 @@ if [ ! -x /usr/bin/python3 ]; then
 	[ "$(id -u)" -eq 0 ] || { echo "check-meta: needs /usr/bin/python3 (package python3)" >&2; exit 1; }
 	echo "check-meta: installing python3" >&2
 	export DEBIAN_FRONTEND=noninteractive
-	apt-get update -qq
-	apt-get install -y -qq --no-install-recommends python3 >/dev/null
+	apt-get -o DPkg::Lock::Timeout=600 update -qq
+	apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends python3 >/dev/null
 fi
 
 exec /usr/bin/python3 - "$top" <<'PY'

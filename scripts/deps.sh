@@ -128,8 +128,8 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 echo "idem: installing ${need[*]}" >&2
 export DEBIAN_FRONTEND=noninteractive
-apt-get update -qq
-apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+apt-get -o DPkg::Lock::Timeout=600 update -qq
+apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 
 report=$(missing)
 if [ -n "$report" ]; then

@@ -147,7 +147,7 @@ esac
 # --- the base root: debootstrap minbase, apt sources, no services, git --------
 if ! command -v debootstrap >/dev/null; then
 	say "installing debootstrap"
-	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap >/dev/null
+	DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq debootstrap >/dev/null
 fi
 base=$work/base
 phase_start "base root: debootstrap --variant=minbase $suite, apt sources, git"

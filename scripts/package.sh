@@ -60,9 +60,9 @@ if ! deps_ok; then
 	fi
 	say "installing dpkg-dev, lintian and the Build-Depends of debian/control"
 	export DEBIAN_FRONTEND=noninteractive
-	apt-get update -qq
-	apt-get install -y -qq --no-install-recommends dpkg-dev lintian >/dev/null
-	apt-get build-dep -y -qq --no-install-recommends "$src" >/dev/null
+	apt-get -o DPkg::Lock::Timeout=600 update -qq
+	apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends dpkg-dev lintian >/dev/null
+	apt-get -o DPkg::Lock::Timeout=600 build-dep -y -qq --no-install-recommends "$src" >/dev/null
 	deps_ok || { (cd "$src" && dpkg-checkbuilddeps) || true; die "build dependencies still missing"; }
 fi
 

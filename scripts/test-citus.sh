@@ -124,8 +124,8 @@ for p in liblz4-dev libzstd-dev libkrb5-dev libssl-dev zlib1g-dev libreadline-de
 done
 if [ -n "$need" ]; then
 	say "installing$need"
-	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $need >/dev/null ||
-		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $need >/dev/null; }
+	DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq $need >/dev/null ||
+		{ apt-get -o DPkg::Lock::Timeout=600 update -qq && DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq $need >/dev/null; }
 fi
 
 # The staged build of release $1 for this PostgreSQL (built unless cached):

@@ -58,7 +58,7 @@ if [ -n "$missing" ]; then
 	if [ "$(id -u)" = 0 ]; then
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -q -o DPkg::Lock::Timeout=600 \
 			--no-install-recommends $missing >/dev/null ||
-			{ apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
+			{ apt-get -o DPkg::Lock::Timeout=600 update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
 				-o DPkg::Lock::Timeout=600 --no-install-recommends $missing >/dev/null; } ||
 			echo "# apt-get install failed: the drivers it lacks are reported below"
 	else

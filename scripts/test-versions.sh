@@ -131,7 +131,7 @@ if [ -n "$citus$citus_upgrade" ]; then
 fi
 if ! command -v debootstrap >/dev/null; then
 	say "installing debootstrap"
-	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap >/dev/null
+	DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq debootstrap >/dev/null
 fi
 
 work=$(mktemp -d /tmp/idem-versions.XXXXXX)

@@ -580,6 +580,7 @@ catalog_resolve(void)
 {
 	Oid			extoid;
 	Oid			nspid;
+	uint64		generation = catalog_generation;
 
 	if (catalog_valid)
 		return;
@@ -686,7 +687,14 @@ catalog_resolve(void)
 									 BRIN_AM_OID, false, audit_at_columns,
 									 lengthof(audit_at_columns),
 									 PRED_NONE);
-	catalog_valid = true;
+
+	/*
+	 * The lookups open relations, which takes locks and so reads
+	 * invalidations: one that names a relation already looked up here
+	 * leaves the cache to be built again by the next call, as it would
+	 * between calls.
+	 */
+	catalog_valid = (generation == catalog_generation);
 }
 
 /*

@@ -1598,12 +1598,40 @@ uuid_array_arg(FunctionCallInfo fcinfo, int argno, const char *name, int *n)
 	return elems;
 }
 
+/* A pair of a batch ack, and where the caller put it */
+typedef struct AckPair
+{
+	Datum		event_id;
+	Datum		token;
+	int			pos;
+} AckPair;
+
+static int
+ack_pair_cmp(const void *a, const void *b)
+{
+	const AckPair *pa = a;
+	const AckPair *pb = b;
+	int			c = memcmp(DatumGetUUIDP(pa->event_id),
+						   DatumGetUUIDP(pb->event_id), UUID_LEN);
+
+	if (c != 0)
+		return c;
+	return (pa->pos > pb->pos) - (pa->pos < pb->pos);
+}
+
 /*
  * idem_outbox_ack(event_ids uuid[], lease_tokens uuid[]) returns integer
  *
  * The acks of a batch in one statement, all or nothing: if any pair's
  * lease does not hold, the error is the one the single ack would raise for
  * the first such pair, and nothing is delivered.  Returns how many.
+ *
+ * The events are locked in the order of their ids, whatever the caller's
+ * order: two batches that share events then wait for each other rather
+ * than deadlock.  So the first pair that fails in the caller's order is
+ * not the first one met; the pairs after it in the caller's order are not
+ * looked at once it is met (it is rolled back, so locking them would only
+ * wait on their holders for nothing).
  */
 Datum
 idem_outbox_ack_batch(PG_FUNCTION_ARGS)
@@ -1613,6 +1641,10 @@ idem_outbox_ack_batch(PG_FUNCTION_ARGS)
 	int			nids;
 	int			ntokens;
 	EventScan	a;
+	AckPair    *pairs;
+	int			failed = -1;
+	AckOutcome	failure = ACK_DONE;
+	LockedEvent failed_ev = {0};
 	bool		twice = false;
 	List	   *topics = NIL;
 	ListCell   *lc;
@@ -1630,27 +1662,42 @@ idem_outbox_ack_batch(PG_FUNCTION_ARGS)
 	if (nids == 0)
 		PG_RETURN_INT32(0);
 
+	pairs = palloc(sizeof(AckPair) * nids);
+	for (int i = 0; i < nids; i++)
+	{
+		pairs[i].event_id = ids[i];
+		pairs[i].token = tokens[i];
+		pairs[i].pos = i;
+	}
+	qsort(pairs, nids, sizeof(AckPair), ack_pair_cmp);
+
 	event_begin(&a);
 	for (int i = 0; i < nids; i++)
 	{
-		LockedEvent ev;
+		LockedEvent ev = {0};
 		AckOutcome	outcome;
 
 		CHECK_FOR_INTERRUPTS();
-		outcome = ack_event(&a, ids[i], tokens[i], &ev);
+		if (failed >= 0 && pairs[i].pos > failed)
+			continue;
+		outcome = ack_event(&a, pairs[i].event_id, pairs[i].token, &ev);
 		if (outcome == ACK_TWICE)
 			twice = true;
 		else if (outcome != ACK_DONE)
 		{
-			/* the first pair that was not delivered says why */
-			event_end(&a);
-			report_ack_failure(outcome, ids[i], &ev);
+			/* state and topic are copies, which outlive the scan */
+			failed = pairs[i].pos;
+			failure = outcome;
+			failed_ev = ev;
 		}
 		/* a batch is mostly of one topic: each is checked once below */
 		else if (topics == NIL || strcmp(llast(topics), ev.topic) != 0)
 			topics = lappend(topics, ev.topic);
 	}
 	event_end(&a);
+	/* the first pair in the caller's order that was not delivered says why */
+	if (failed >= 0)
+		report_ack_failure(failure, ids[failed], &failed_ev);
 	if (twice)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
