@@ -213,57 +213,84 @@ AS 'MODULE_PATHNAME', 'idem_run_try_lock'
 LANGUAGE C VOLATILE STRICT PARALLEL UNSAFE COST 1000;
 REVOKE ALL ON FUNCTION @extschema@.idem_run_try_lock(regrole, text) FROM PUBLIC;
 
-CREATE OR REPLACE FUNCTION @extschema@.idem_run_purge(finished_before timestamptz)
+-- Each run removed keeps its lock until the transaction commits, one slot
+-- of the shared lock table: batch_size bounds how many one call removes
+-- (NULL: all of them), so that a backlog of any size goes in transactions
+-- the table can hold.  The purge worker, idem_purge() and
+-- idem_purge_all() pass at most max_locks_per_transaction.  A run that
+-- cannot be locked does not count, and the next one is tried.  The
+-- statement reads idem.runs only as far as its batch, which the planner
+-- cannot know: a plan made for any batch_size deletes through a scan of
+-- the whole table, and JIT compiles for the whole table's cost, so each
+-- call is planned for its own batch_size, without JIT.
+ALTER FUNCTION @extschema@.idem_run_purge(timestamptz) RENAME TO idem_1_1_run_purge;
+CREATE FUNCTION @extschema@.idem_run_purge(finished_before timestamptz,
+	batch_size integer DEFAULT NULL)
 RETURNS bigint
-LANGUAGE sql VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_custom_plan
+SET jit = off
 AS $$
-WITH runs AS (
-	SELECT r.owner, r.run_id, r.status, r.finished_at,
-		NOT EXISTS (SELECT FROM pg_catalog.pg_roles a
-					 WHERE a.oid OPERATOR(pg_catalog.=) r.owner)
-			AS owner_gone
-	  FROM idem.runs r
-), candidates AS MATERIALIZED (
-	SELECT r.owner, r.run_id, r.owner_gone
-	  FROM runs r
-	 WHERE r.owner_gone OR (r.status OPERATOR(pg_catalog.<>) 'running'
-		AND r.finished_at OPERATOR(pg_catalog.<) finished_before)
-), locked AS MATERIALIZED (
-	SELECT c.owner, c.run_id, c.owner_gone
-	  FROM candidates c
-	 WHERE @extschema@.idem_run_try_lock(c.owner, c.run_id)
-), gone AS (
-	-- checked again: a run resumed after this statement's snapshot stays
-	DELETE FROM idem.runs r
-	 USING locked l
-	 WHERE r.owner OPERATOR(pg_catalog.=) l.owner
-	   AND r.run_id OPERATOR(pg_catalog.=) l.run_id
-	   AND (l.owner_gone OR (r.status OPERATOR(pg_catalog.<>) 'running'
-		AND r.finished_at OPERATOR(pg_catalog.<) finished_before))
-	RETURNING r.owner, r.run_id, r.done_steps
-), keys AS (
-	DELETE FROM idem.keys k
-	 USING gone g CROSS JOIN LATERAL pg_catalog.unnest(g.done_steps) AS s(step)
-	 WHERE k.owner OPERATOR(pg_catalog.=) g.owner
-	   AND k.key OPERATOR(pg_catalog.=) @extschema@.idem_step_key(g.run_id, s.step)
-), attempts AS (
-	-- not left to the foreign keys' cascade, which does not fire under
-	-- session_replication_role = replica: a run begun again under the id
-	-- would find the old run's attempts and signals
-	DELETE FROM idem.run_attempts a
-	 USING gone g
-	 WHERE a.owner OPERATOR(pg_catalog.=) g.owner
-	   AND a.run_id OPERATOR(pg_catalog.=) g.run_id
-), signals AS (
-	DELETE FROM idem.run_signals s
-	 USING gone g
-	 WHERE s.owner OPERATOR(pg_catalog.=) g.owner
-	   AND s.run_id OPERATOR(pg_catalog.=) g.run_id
-)
-SELECT pg_catalog.count(*) FROM gone
+DECLARE
+	n bigint;
+BEGIN
+	IF batch_size OPERATOR(pg_catalog.<=) 0 THEN
+		RAISE EXCEPTION USING ERRCODE = '22023',
+			MESSAGE = 'batch_size must be greater than zero',
+			DETAIL = pg_catalog.format('batch_size was %s.', batch_size),
+			HINT = 'Pass NULL to remove every run at once. Retry advice: never.';
+	END IF;
+	WITH runs AS (
+		SELECT r.owner, r.run_id, r.status, r.finished_at,
+			NOT EXISTS (SELECT FROM pg_catalog.pg_roles a
+						 WHERE a.oid OPERATOR(pg_catalog.=) r.owner)
+				AS owner_gone
+		  FROM idem.runs r
+	), candidates AS MATERIALIZED (
+		-- read only as far as locked needs
+		SELECT r.owner, r.run_id, r.owner_gone
+		  FROM runs r
+		 WHERE r.owner_gone OR (r.status OPERATOR(pg_catalog.<>) 'running'
+			AND r.finished_at OPERATOR(pg_catalog.<) finished_before)
+	), locked AS MATERIALIZED (
+		SELECT c.owner, c.run_id, c.owner_gone
+		  FROM candidates c
+		 WHERE @extschema@.idem_run_try_lock(c.owner, c.run_id)
+		 LIMIT batch_size
+	), gone AS (
+		-- checked again: a run resumed after this statement's snapshot stays
+		DELETE FROM idem.runs r
+		 USING locked l
+		 WHERE r.owner OPERATOR(pg_catalog.=) l.owner
+		   AND r.run_id OPERATOR(pg_catalog.=) l.run_id
+		   AND (l.owner_gone OR (r.status OPERATOR(pg_catalog.<>) 'running'
+			AND r.finished_at OPERATOR(pg_catalog.<) finished_before))
+		RETURNING r.owner, r.run_id, r.done_steps
+	), keys AS (
+		DELETE FROM idem.keys k
+		 USING gone g CROSS JOIN LATERAL pg_catalog.unnest(g.done_steps) AS s(step)
+		 WHERE k.owner OPERATOR(pg_catalog.=) g.owner
+		   AND k.key OPERATOR(pg_catalog.=) @extschema@.idem_step_key(g.run_id, s.step)
+	), attempts AS (
+		-- not left to the foreign keys' cascade, which does not fire under
+		-- session_replication_role = replica: a run begun again under the id
+		-- would find the old run's attempts and signals
+		DELETE FROM idem.run_attempts a
+		 USING gone g
+		 WHERE a.owner OPERATOR(pg_catalog.=) g.owner
+		   AND a.run_id OPERATOR(pg_catalog.=) g.run_id
+	), signals AS (
+		DELETE FROM idem.run_signals s
+		 USING gone g
+		 WHERE s.owner OPERATOR(pg_catalog.=) g.owner
+		   AND s.run_id OPERATOR(pg_catalog.=) g.run_id
+	)
+	SELECT pg_catalog.count(*) INTO n FROM gone;
+	RETURN n;
+END
 $$;
-REVOKE ALL ON FUNCTION @extschema@.idem_run_purge(timestamptz) FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.idem_run_purge(timestamptz, integer) FROM PUBLIC;
 
 -- Administrators of runs: every role's rows in idem_runs, and cancel and
 -- retry of any role's run.  A cluster-wide role, kept if it exists and can
@@ -680,10 +707,11 @@ $$;
 REVOKE ALL ON FUNCTION @extschema@.idem_citus_purge() FROM PUBLIC;
 
 -- With idem.run_retention set, idem_purge_all() also removes the runs
--- that finished longer ago, and those of dropped roles, with their steps'
--- records; tenant runs too once idem_citus_colocate() made
+-- that finished longer ago, and always those of dropped roles, with their
+-- steps' records; tenant runs too once idem_citus_colocate() made
 -- idem_citus_run_purge().  The setting shows its unit ('7d'), which is an
--- interval's.
+-- interval's.  Runs go in batches of at most max_locks_per_transaction:
+-- each keeps its lock until the batch commits (idem_run_purge()).
 CREATE OR REPLACE PROCEDURE @extschema@.idem_purge_all(batch_size integer DEFAULT NULL)
 LANGUAGE plpgsql
 AS $$
@@ -694,6 +722,7 @@ DECLARE
 	retention interval := COALESCE(pg_catalog.current_setting(
 		'idem.run_retention', true), '0')::interval;
 	cutoff pg_catalog.timestamptz := pg_catalog.now() OPERATOR(pg_catalog.-) retention;
+	run_batch integer;
 	n bigint;
 BEGIN
 	LOOP
@@ -713,9 +742,22 @@ BEGIN
 	END LOOP;
 	PERFORM @extschema@.idem_citus_purge();
 	COMMIT;
+	run_batch := LEAST(batch, pg_catalog.current_setting(
+		'max_locks_per_transaction')::integer);
+	-- without a retention, the runs of dropped roles only; a role granted
+	-- this procedure and not idem_run_purge() has idem_purge() remove
+	-- them, a batch a call
+	IF retention OPERATOR(pg_catalog.>) '0' OR pg_catalog.has_function_privilege(
+		'@extschema@.idem_run_purge(pg_catalog.timestamptz, integer)', 'EXECUTE') THEN
+		LOOP
+			n := @extschema@.idem_run_purge(CASE
+				WHEN retention OPERATOR(pg_catalog.>) '0' THEN cutoff
+				ELSE '-infinity' END, run_batch);
+			COMMIT;
+			EXIT WHEN n OPERATOR(pg_catalog.<) run_batch;
+		END LOOP;
+	END IF;
 	IF retention OPERATOR(pg_catalog.>) '0' THEN
-		PERFORM @extschema@.idem_run_purge(cutoff);
-		COMMIT;
 		IF pg_catalog.to_regprocedure(
 			'@extschema@.idem_citus_run_purge(pg_catalog.timestamptz)') IS NOT NULL THEN
 			PERFORM @extschema@.idem_citus_run_purge(cutoff);
@@ -802,7 +844,10 @@ BEGIN
 			 '@extschema@.idem_step(text, text, text, @extschema@.idem_untyped[])'::pg_catalog.regprocedure::pg_catalog.oid),
 			('pg_catalog.pg_proc', 'FUNCTION',
 			 '@extschema@.idem_1_1_dry_run(text, text, text[])'::pg_catalog.regprocedure::pg_catalog.oid,
-			 '@extschema@.idem_dry_run(text, text, @extschema@.idem_untyped[])'::pg_catalog.regprocedure::pg_catalog.oid)
+			 '@extschema@.idem_dry_run(text, text, @extschema@.idem_untyped[])'::pg_catalog.regprocedure::pg_catalog.oid),
+			('pg_catalog.pg_proc', 'FUNCTION',
+			 '@extschema@.idem_1_1_run_purge(timestamptz)'::pg_catalog.regprocedure::pg_catalog.oid,
+			 '@extschema@.idem_run_purge(timestamptz, integer)'::pg_catalog.regprocedure::pg_catalog.oid)
 		  ) v(cls, kind, old, new)
 	LOOP
 		-- as installed (the ACL as the installation script left it): nothing to pass on
@@ -861,6 +906,7 @@ DROP FUNCTION @extschema@.idem_1_1_execute(text, text, VARIADIC text[]);
 DROP FUNCTION @extschema@.idem_1_1_execute_ex(text, text, VARIADIC text[]);
 DROP FUNCTION @extschema@.idem_1_1_step(text, text, text, VARIADIC text[]);
 DROP FUNCTION @extschema@.idem_1_1_dry_run(text, text, VARIADIC text[]);
+DROP FUNCTION @extschema@.idem_1_1_run_purge(timestamptz);
 
 -- Lifecycle of queues and topics: an administrator changes a queue's cap
 -- and retry policy, and drops a queue or a topic (refused while it has

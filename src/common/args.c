@@ -16,6 +16,7 @@
 
 #include "fmgr.h"
 #include "miscadmin.h"
+#include "storage/lock.h"
 #include "utils/builtins.h"
 
 #include "common/common.h"
@@ -131,6 +132,20 @@ idem_purge_batch_arg(FunctionCallInfo fcinfo, const char *fname)
 				 idem_errhint(ERRCODE_INVALID_PARAMETER_VALUE, NULL)));
 	idem_check_can_write(fname);
 	return batch_size;
+}
+
+/*
+ * idem_run_purge_batch
+ *		How many runs one purge transaction removes, for a purge of
+ *		batch_size rows: each run keeps its lock until the commit, one slot
+ *		of the shared lock table, which holds max_locks_per_transaction of
+ *		them per connection.  More would take other sessions' share, and a
+ *		batch beyond the table would fail with 53200, every time.
+ */
+int
+idem_run_purge_batch(int batch_size)
+{
+	return Max(1, Min(batch_size, max_locks_per_xact));
 }
 
 /*

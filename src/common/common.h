@@ -36,6 +36,7 @@ extern void idem_arg_not_null(FunctionCallInfo fcinfo, int argno,
 extern char *idem_name_arg(FunctionCallInfo fcinfo, int argno,
 						   const char *what);
 extern int32 idem_purge_batch_arg(FunctionCallInfo fcinfo, const char *fname);
+extern int	idem_run_purge_batch(int batch_size);
 /* What a list passed as an array makes up: names it in messages. */
 typedef enum IdemListKind
 {

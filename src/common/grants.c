@@ -204,20 +204,20 @@ forget_dropped_in(Oid relid, IdemQuery *probe, IdemQuery *update)
 
 /*
  * The runs of dropped roles, with their steps' records, signals and
- * attempts: idem_run_purge() with no finished run old enough, as the
- * extension's owner (the caller of idem_purge() need not have been granted
- * it).  Returns how many.
+ * attempts, at most limit of them: idem_run_purge() with no finished run
+ * old enough, as the extension's owner (the caller of idem_purge() need
+ * not have been granted it).  Returns how many.
  */
 static int64
-purge_dropped_runs(void)
+purge_dropped_runs(int limit)
 {
 	IdemOwnerSPI spi;
 	bool		isnull;
 	int64		n;
 
 	idem_owner_spi_begin(&spi, idem_catalog_runs());
-	if (SPI_execute(psprintf("SELECT %s.idem_run_purge('-infinity')",
-							 idem_extension_schema()),
+	if (SPI_execute(psprintf("SELECT %s.idem_run_purge('-infinity', %d)",
+							 idem_extension_schema(), limit),
 					false, 1) != SPI_OK_SELECT || SPI_processed != 1)
 		elog(ERROR, "idem_run_purge() failed");
 	n = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
@@ -229,8 +229,9 @@ purge_dropped_runs(void)
 /*
  * idem_forget_dropped_roles
  *		Take the roles that no longer exist out of the topics' and queues'
- *		role lists, and remove their runs; return how many registries
- *		changed and runs went.  Needs a transaction with a snapshot.
+ *		role lists, and remove up to idem_run_purge_batch(batch_size) of
+ *		their runs; return how many registries changed and runs went.
+ *		Needs a transaction with a snapshot.
  *
  * DROP ROLE cannot see these (a regrole records no dependency), so a
  * dropped role's OID stays in them, and would give its privileges and its
@@ -239,8 +240,9 @@ purge_dropped_runs(void)
  * restored into, since pg_dump writes a role that no longer exists as its
  * number.  idem_purge() and the purge worker call this, as they remove a
  * dropped role's key records; idem.run_retention does not hold these runs
- * back.  batch_size is unused: the lists are short, and a dropped role's
- * runs go in one statement, as idem_run_purge() removes runs.
+ * back.  The lists are short and go at once; a dropped role may have had
+ * any number of runs, each locked until the commit, so they go in
+ * batches, as idem_run_purge() removes runs.
  */
 int64
 idem_forget_dropped_roles(int batch_size)
@@ -253,7 +255,7 @@ idem_forget_dropped_roles(int batch_size)
 	changed += forget_dropped_in(idem_catalog_queues(&pkey),
 								 &q_queues_dropped, &q_queues_forget);
 	if (idem_runs_of_dropped_roles())
-		changed += purge_dropped_runs();
+		changed += purge_dropped_runs(idem_run_purge_batch(batch_size));
 	return changed;
 }
 

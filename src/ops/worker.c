@@ -356,12 +356,12 @@ typedef enum PurgeEnd
 } PurgeEnd;
 
 /*
- * Run one kind of purge in transactions of at most batch_size rows until
- * a batch comes back short.  Stops, having done nothing more, if the
+ * Run one kind of purge in transactions of at most batch rows until a
+ * batch comes back short.  Stops, having done nothing more, if the
  * extension was dropped meanwhile or another session needs the database.
  */
 static PurgeEnd
-purge_in_batches(const char *what, PurgeStep step)
+purge_in_batches(const char *what, PurgeStep step, int batch)
 {
 	int64		n;
 
@@ -378,13 +378,13 @@ purge_in_batches(const char *what, PurgeStep step)
 			end = PURGE_DATABASE_WANTED;
 		else if (!extension_locked())
 			end = PURGE_NO_EXTENSION;
-		n = end == PURGE_DONE ? step(idem_purge_batch_size) : 0;
+		n = end == PURGE_DONE ? step(batch) : 0;
 		PopActiveSnapshot();
 		CommitTransactionCommand();
 		pgstat_report_stat(false);
 		if (end != PURGE_DONE)
 			return end;
-	} while (n >= idem_purge_batch_size);
+	} while (n >= batch);
 	pgstat_report_activity(STATE_IDLE, NULL);
 	return PURGE_DONE;
 }
@@ -441,16 +441,17 @@ run_retention_cutoff(void)
 }
 
 /*
- * Runs finished longer than idem.run_retention ago, and those of dropped
- * roles, with their steps' records, when a retention is set: one
- * statement, idem_run_purge().
+ * Up to batch_size runs finished longer than idem.run_retention ago, and
+ * those of dropped roles, with their steps' records, when a retention is
+ * set: idem_run_purge().
  */
 static int64
 purge_runs(int batch_size)
 {
 	if (idem_run_retention <= 0)
 		return 0;
-	return purge_function("idem_run_purge", "timestamptz", run_retention_cutoff());
+	return purge_function("idem_run_purge", "timestamptz, integer",
+						  psprintf("%s, %d", run_retention_cutoff(), batch_size));
 }
 
 /*
@@ -477,27 +478,37 @@ purge_citus_runs(int batch_size)
 static PurgeEnd
 purge_cycle(void)
 {
+	/*
+	 * locks: the purge keeps a lock per row until its transaction commits
+	 * (a run's), so its batches are bounded by the lock table too
+	 */
 	static const struct
 	{
 		const char *what;
 		PurgeStep	step;
+		bool		locks;
 	}			purges[] = {
-		{"idem: writing queued audit entries", idem_audit_drain},
-		{"idem: purging expired keys", idem_purge_expired},
+		{"idem: writing queued audit entries", idem_audit_drain, false},
+		{"idem: purging expired keys", idem_purge_expired, false},
 		{"idem: removing dropped roles from topics and queues",
-		idem_forget_dropped_roles},
+		idem_forget_dropped_roles, true},
 		{"idem: purging audit entries past idem.audit_retention",
-		idem_audit_purge_expired},
-		{"idem: purging delivered outbox events", idem_outbox_purge_delivered},
-		{"idem: purging expired Citus tenant keys", purge_citus_keys},
-		{"idem: purging runs finished before idem.run_retention", purge_runs},
+		idem_audit_purge_expired, false},
+		{"idem: purging delivered outbox events", idem_outbox_purge_delivered,
+		false},
+		{"idem: purging expired Citus tenant keys", purge_citus_keys, false},
+		{"idem: purging runs finished before idem.run_retention", purge_runs,
+		true},
 		{"idem: purging Citus tenant runs finished before idem.run_retention",
-		purge_citus_runs},
+		purge_citus_runs, false},
 	};
 
 	for (int i = 0; i < lengthof(purges); i++)
 	{
-		PurgeEnd	end = purge_in_batches(purges[i].what, purges[i].step);
+		int			batch = purges[i].locks ?
+		idem_run_purge_batch(idem_purge_batch_size) : idem_purge_batch_size;
+		PurgeEnd	end = purge_in_batches(purges[i].what, purges[i].step,
+										   batch);
 
 		if (end != PURGE_DONE)
 			return end;

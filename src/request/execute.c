@@ -635,13 +635,14 @@ idem_execute_ex_1_1(PG_FUNCTION_ARGS)
  *
  * Up to batch_size expired key records and records of dropped roles (the
  * count returned); and the dropped roles out of the topics' and queues'
- * role lists.
+ * role lists, with a batch of their runs.
  */
 Datum
 idem_purge_1_1(PG_FUNCTION_ARGS)
 {
-	int64		purged = idem_purge_expired(idem_purge_batch_arg(fcinfo, "idem_purge()"));
+	int32		batch_size = idem_purge_batch_arg(fcinfo, "idem_purge()");
+	int64		purged = idem_purge_expired(batch_size);
 
-	(void) idem_forget_dropped_roles(0);
+	(void) idem_forget_dropped_roles(batch_size);
 	PG_RETURN_INT64(purged);
 }

@@ -239,6 +239,35 @@ SELECT count(*) AS step_keys FROM idem.keys WHERE key LIKE 'idem.step:ret-1:%';
 -- a purged run can begin anew
 SELECT status, created FROM idem_run_begin('ret-1', steps => ARRAY['a']);
 
+-- batch_size: at most that many runs a call, each with its steps' records
+-- (each keeps its lock until the commit); NULL is every run at once
+SELECT count(idem_run_begin('batch-' || g, steps => ARRAY['a'])) AS begun,
+       count(idem_step('batch-' || g, 'a', 'SELECT 1 AS one')) AS stepped
+  FROM generate_series(1, 5) g;
+BEGIN;
+SELECT idem_run_purge(now() + interval '1 minute', 2) AS purged;
+SELECT count(*) AS run_locks FROM pg_locks
+ WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND granted;
+COMMIT;
+SELECT count(*) AS runs_left FROM idem.runs WHERE run_id LIKE 'batch-%';
+SELECT count(*) AS step_records_left FROM idem.keys WHERE key LIKE 'idem.step:batch-%';
+SELECT count(*) AS runs_with_records FROM idem.runs r
+ WHERE run_id LIKE 'batch-%' AND EXISTS (SELECT FROM idem.keys k
+	WHERE k.owner = r.owner AND k.key = idem_step_key(r.run_id, 'a'));
+SELECT idem_run_purge(now() + interval '1 minute', 2) AS purged;
+SELECT idem_run_purge(now() + interval '1 minute', NULL) AS purged;
+SELECT count(*) AS runs_left FROM idem.runs WHERE run_id LIKE 'batch-%';
+-- a batch_size below 1 is refused, and nothing is removed
+SELECT count(idem_run_begin('batch-' || g, steps => ARRAY['a'])) AS begun,
+       count(idem_step('batch-' || g, 'a', 'SELECT 1 AS one')) AS stepped
+  FROM generate_series(1, 2) g;
+SELECT idem_run_purge(now() + interval '1 minute', 0);
+\echo :LAST_ERROR_SQLSTATE
+SELECT idem_run_purge(now() + interval '1 minute', -1);
+\echo :LAST_ERROR_SQLSTATE
+SELECT count(*) AS runs_left FROM idem.runs WHERE run_id LIKE 'batch-%';
+SELECT idem_run_purge(now() + interval '1 minute', 1000) AS purged;
+
 DROP OWNED BY regress_idem_alice, regress_idem_bob;
 DROP ROLE regress_idem_alice;
 DROP ROLE regress_idem_bob;

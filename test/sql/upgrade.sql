@@ -259,6 +259,7 @@ REVOKE EXECUTE ON FUNCTION idem_execute(text, text, VARIADIC text[]) FROM PUBLIC
 REVOKE SELECT ON idem_stats FROM PUBLIC;
 GRANT SELECT ON idem_stats TO regress_idem_bob WITH GRANT OPTION;
 REVOKE EXECUTE ON FUNCTION idem_run_complete(text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION idem_run_purge(timestamptz) TO regress_idem_bob;
 -- a role that may create objects in the extension's schema sets traps:
 -- operators that match the update's comparisons more closely than
 -- pg_catalog's, which would run as the superuser who updates; none runs
@@ -285,7 +286,7 @@ SELECT p.oid::regprocedure AS function,
 	   (:acl_of(coalesce(p.proacl, acldefault('f', p.proowner))) a WHERE a.grantee <> p.proowner) AS privileges,
 	   (SELECT count(*) FROM pg_init_privs i WHERE i.objoid = p.oid) AS initial
   FROM pg_proc p
- WHERE p.proname IN ('idem_run_begin', 'idem_execute', 'idem_call', 'idem_stats', 'idem_run_complete')
+ WHERE p.proname IN ('idem_run_begin', 'idem_execute', 'idem_call', 'idem_stats', 'idem_run_complete', 'idem_run_purge')
  ORDER BY p.oid::regprocedure::text;
 SELECT c.relname AS view,
 	   (:acl_of(c.relacl) a WHERE a.grantee <> c.relowner) AS privileges,
@@ -298,6 +299,7 @@ SELECT count(*) AS renamed_left FROM pg_proc WHERE proname LIKE 'idem\_1\_1\_%';
 SELECT count(*) AS initial_privilege_roles FROM pg_shdepend
  WHERE deptype = 'i' AND refobjid IN ('regress_idem_alice'::regrole, 'regress_idem_bob'::regrole);
 SET ROLE regress_idem_bob;
+SELECT idem_run_purge('-infinity', 10);
 SELECT idem_run_begin('acl:1');
 SELECT idem_execute('acl:1', 'SELECT $1 AS a', 'x');
 SELECT count(*) FROM idem_stats;
