@@ -22,7 +22,8 @@
 # - the run resumes: claimed after its lease, step a replays, the
 #   external step started on the publisher is claimed as started (attempt
 #   2), the signal is there, the run completes with each write once;
-# - the pending outbox event is delivered once, the delivered one never;
+# - the pending outbox event and the one whose lease ran out are
+#   delivered once, the delivered one never;
 # - stats are the subscriber's own, the purge worker purges;
 # - idem uses no sequence; the business table's sequence is set by hand.
 #
@@ -129,6 +130,10 @@ my $r3 = as_app($pub,
 my ($e3, $etok3) = split /\|/,
   as_app($pub, "SELECT event_id, lease_token FROM idem_outbox_claim('t', 10, '30 s', 'c1')");
 as_app($pub, "SELECT idem_outbox_ack('$e3', '$etok3')");
+# k4's event is leased (2 s) when the publisher stops
+as_app($pub, "SELECT response FROM idem_call('k4', '$ins', ARRAY['four'], outbox_topic => 't')");
+is(as_app($pub, "SELECT key FROM idem_outbox_claim('t', 10, '2 s', 'c1')"),
+	'k4', 'publisher: k4\'s event is leased');
 my $r2 = as_app($pub,
 	"SELECT response FROM idem_call('k2', '$ins', ARRAY['two'], outbox_topic => 't')");
 as_app($pub,
@@ -225,7 +230,7 @@ is(as_app($sub, "SELECT response FROM idem_call('k3', '$ins', ARRAY['three'], ou
 	$r3, 'k3 replays its response');
 refused($sub, 'another request under k1', "SELECT idem_execute('k1', '$ins', 'uno')", 'ID422');
 is($sub->safe_psql('postgres', 'SELECT string_agg(what, \',\' ORDER BY id) FROM biz'),
-	'zero,one,three,two,binary,r1:a', 'no business write repeated');
+	'zero,one,three,four,two,binary,r1:a', 'no business write repeated');
 
 # the run: claimed once its lease is over
 my $claim = as_app($sub,
@@ -251,9 +256,18 @@ SELECT status FROM idem_runs WHERE run_id = 'r1';
 is($sub->safe_psql('postgres', "SELECT count(*) FROM biz WHERE what LIKE 'r1:%'"),
 	'2', 'each step of r1 wrote once');
 
-# the outbox: the pending event once, the delivered one never
-is(as_app($sub, "SELECT string_agg(key, ',') FROM idem_outbox_claim('t', 10, '30 s', 'c2')"),
-	'k2', 'the pending event is claimable, the delivered one is not');
+# the outbox: the pending event and the one whose lease ran out, once;
+# the delivered one never
+ok($sub->poll_query_until('postgres',
+		"SELECT next_attempt_at < now() FROM idem.outbox WHERE key = 'k4'"),
+	'k4\'s lease runs out');
+is( as_app(
+		$sub, q{
+CREATE TEMP TABLE c2 AS SELECT * FROM idem_outbox_claim('t', 10, '30 s', 'c2');
+SELECT string_agg(key || ':' || attempt, ',' ORDER BY key) FROM c2;
+SELECT count(idem_outbox_ack(event_id, lease_token)) FROM c2;}),
+	"k2:1,k4:2\n2",
+	'the pending event is claimed, the leased one (attempt 2), not the delivered one');
 is(as_app($sub, "SELECT count(*) FROM idem_outbox_claim('t', 10, '30 s', 'c3')"),
 	'0', 'nothing else to claim');
 
