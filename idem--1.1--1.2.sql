@@ -98,11 +98,22 @@ REVOKE ALL ON FUNCTION @extschema@.idem_registry_changed() FROM PUBLIC;
 CREATE TRIGGER queues_changed
 	AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON idem.queues
 	FOR EACH STATEMENT EXECUTE FUNCTION @extschema@.idem_registry_changed();
--- Whatever session_replication_role the writer runs under (a replica's
--- apply worker, a superuser's replica session): a revoke that other
--- backends did not see would let a worker go on claiming.
+-- Whatever session_replication_role the writer runs under (a superuser's
+-- replica session, a logical replication subscriber's table sync): a
+-- revoke that other backends did not see would let a worker go on
+-- claiming.  A subscriber's apply worker fires row triggers only, hence
+-- the row triggers, which fire in replica sessions only (elsewhere the
+-- statement trigger has done it once for the whole statement).
 ALTER TABLE idem.queues ENABLE ALWAYS TRIGGER queues_changed;
 ALTER TABLE idem.outbox_topics ENABLE ALWAYS TRIGGER outbox_topics_changed;
+CREATE TRIGGER queues_applied
+	AFTER INSERT OR UPDATE OR DELETE ON idem.queues
+	FOR EACH ROW EXECUTE FUNCTION @extschema@.idem_registry_changed();
+CREATE TRIGGER outbox_topics_applied
+	AFTER INSERT OR UPDATE OR DELETE ON idem.outbox_topics
+	FOR EACH ROW EXECUTE FUNCTION @extschema@.idem_registry_changed();
+ALTER TABLE idem.queues ENABLE REPLICA TRIGGER queues_applied;
+ALTER TABLE idem.outbox_topics ENABLE REPLICA TRIGGER outbox_topics_applied;
 
 -- A queued run's place in its queue, on its row, so that a step's fence
 -- check reads nothing the step does not read already.  queue_state is
@@ -935,3 +946,20 @@ RETURNS void
 AS 'MODULE_PATHNAME', 'idem_outbox_drop_topic'
 LANGUAGE C VOLATILE PARALLEL UNSAFE;
 REVOKE ALL ON FUNCTION @extschema@.idem_outbox_drop_topic(text, boolean) FROM PUBLIC;
+
+-- Logical replication of idem's tables to a server with idem installed
+-- (a move to another server, FOR ALL TABLES or FOR TABLES IN SCHEMA idem).
+-- idem.lock_seed keeps the subscriber's own secret: the publisher's row,
+-- copied by the table sync or the apply worker (which run as replica
+-- sessions), is skipped.
+CREATE FUNCTION @extschema@.idem_lock_seed_local() RETURNS trigger
+AS 'MODULE_PATHNAME', 'idem_lock_seed_local'
+LANGUAGE C;
+REVOKE ALL ON FUNCTION @extschema@.idem_lock_seed_local() FROM PUBLIC;
+CREATE TRIGGER lock_seed_local
+	BEFORE INSERT ON idem.lock_seed
+	FOR EACH ROW EXECUTE FUNCTION @extschema@.idem_lock_seed_local();
+ALTER TABLE idem.lock_seed ENABLE REPLICA TRIGGER lock_seed_local;
+-- The audit purge deletes with a publication that publishes deletes (the
+-- default), which needs a replica identity; the table has no key.
+ALTER TABLE idem.audit REPLICA IDENTITY FULL;

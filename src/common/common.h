@@ -222,6 +222,7 @@ extern Oid	idem_catalog_runs(void);
 extern Oid	idem_catalog_outbox_topics(Oid *pkey);
 extern Oid	idem_catalog_queues(Oid *pkey);
 extern Datum idem_registry_changed(PG_FUNCTION_ARGS);
+extern Datum idem_lock_seed_local(PG_FUNCTION_ARGS);
 /* reads the row idem_registry_probe() found, in the slot */
 typedef void (*IdemRegistryReadFn) (TupleTableSlot *slot, void *arg);
 extern bool idem_registry_probe(Oid relid, Oid pkey, const char *name,

@@ -73,6 +73,7 @@
 #include "common/common.h"
 
 PG_FUNCTION_INFO_V1(idem_registry_changed);
+PG_FUNCTION_INFO_V1(idem_lock_seed_local);
 
 /* Column numbers of idem.keys */
 #define Anum_keys_key			1
@@ -1728,6 +1729,18 @@ idem_registry_probe(Oid relid, Oid pkey, const char *name,
 	return found;
 }
 
+/* idem's trigger functions, called some other way (from C) */
+static void
+require_trigger_call(FunctionCallInfo fcinfo)
+{
+	if (!CALLED_AS_TRIGGER(fcinfo))
+		ereport(ERROR,
+				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
+				 errmsg("%s() must be called as a trigger",
+						get_func_name(fcinfo->flinfo->fn_oid)),
+				 idem_errhint(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED, NULL)));
+}
+
 /*
  * idem_registry_changed()
  *		Statement trigger on idem's registries (idem.outbox_topics,
@@ -1740,13 +1753,24 @@ idem_registry_probe(Oid relid, Oid pkey, const char *name,
 Datum
 idem_registry_changed(PG_FUNCTION_ARGS)
 {
-	if (!CALLED_AS_TRIGGER(fcinfo))
-		ereport(ERROR,
-				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
-				 errmsg("%s() must be called as a trigger",
-						get_func_name(fcinfo->flinfo->fn_oid)),
-				 idem_errhint(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED, NULL)));
+	require_trigger_call(fcinfo);
 	CacheInvalidateRelcache(((TriggerData *) fcinfo->context)->tg_relation);
+	return PointerGetDatum(NULL);
+}
+
+/*
+ * idem_lock_seed_local()
+ *		Row trigger before an insert into idem.lock_seed, enabled for
+ *		replica sessions only: a logical replication subscriber's table sync
+ *		and apply worker would copy the publisher's secret next to the one
+ *		this database's CREATE EXTENSION drew, and a second row stops every
+ *		call (catalog_lock_seed).  The secret only has to be the same in
+ *		every backend of one server, so each keeps its own.
+ */
+Datum
+idem_lock_seed_local(PG_FUNCTION_ARGS)
+{
+	require_trigger_call(fcinfo);
 	return PointerGetDatum(NULL);
 }
 

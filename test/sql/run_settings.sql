@@ -40,10 +40,13 @@ SELECT run_id FROM st_claimed;
 SELECT state, payload FROM idem_run_await('st-1', 'approve', (SELECT token FROM st_claimed), '1 h');
 RESET ROLE;
 SELECT claim, step, outcome FROM idem_run_attempts WHERE run_id = 'st-1';
--- the registry's triggers fire whatever the role
+-- the registry's triggers fire whatever the role; the row triggers (and
+-- the lock seed's) in replica sessions, as a subscriber's apply worker
+-- writes (test/t/183_logical_cutover.pl)
 SELECT tgrelid::regclass, tgname, tgenabled FROM pg_trigger
- WHERE tgrelid IN ('idem.queues'::regclass, 'idem.outbox_topics'::regclass)
- ORDER BY 1;
+ WHERE tgrelid IN ('idem.queues'::regclass, 'idem.outbox_topics'::regclass,
+				   'idem.lock_seed'::regclass)
+ ORDER BY 1, 2;
 
 -- a claim leases every run it returns, whatever part of its result the
 -- query reads: LIMIT 1 over max_runs => 3 leases three runs and shows one;
