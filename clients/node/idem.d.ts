@@ -240,6 +240,6 @@ export class Worker {
   constructor(connect: () => Promise<Client>, workflows: Workflow[], opts?: WorkerOptions);
   readonly name: string;
   stats: WorkerStats;
-  /** claim and run until stopped */
+  /** claim and run until stopped; rejects, once drained, with a claim's error that retrying cannot cure (idem_retry_advice 'never': no grant, the queue dropped, a bad argument) */
   run(): Promise<WorkerStats>;
 }

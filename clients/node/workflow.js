@@ -28,7 +28,10 @@
 // ahead (prefetch): one claim for several runs.
 // Leases are extended every lease/3 s while steps run; stop (an AbortSignal,
 // or SIGTERM/SIGINT without one) drains: no more claims, running steps
-// finish, their runs are released.  Every call is one statement outside
+// finish, their runs are released.  A claim's error is retried or stops
+// the worker by idem_retry_advice, as in the Python workers (#claimAdvice):
+// run() rejects with one that retrying cannot cure, once drained.
+// Every call is one statement outside
 // any transaction block: PgBouncer in transaction mode works.
 const os = require('node:os');
 
@@ -169,7 +172,8 @@ class Worker {
     return s !== null && /^(08|57P)/.test(s);
   }
 
-  // Claim and run until stopped; resolves to the counts.
+  // Claim and run until stopped; resolves to the counts, or rejects, once
+  // drained, with a claim's error that retrying cannot cure (#claimAdvice).
   async run() {
     // the claimer waiting for a claim to make: its wake-up
     let room = null;
@@ -210,6 +214,7 @@ class Worker {
       }
     };
     let beating = false;
+    let failed = null; // a claim's error that retrying cannot help: run() rejects with it
     beat = setInterval(() => {
       if (beating) return;
       beating = true;
@@ -286,11 +291,24 @@ class Worker {
           }
           down = 0;
         } catch (e) {
-          if (client) client.end().catch(() => {});
-          client = null;
+          // runs a lost claim took and we did not hear about come back after their lease
+          const advice = await this.#claimAdvice(e, client);
           down++;
-          this.log.warn(`idem worker ${this.name}: claim failed (${e.message}); reconnecting`);
-          await new Promise((r) => setTimeout(r, Math.min(2000, 50 * 2 ** Math.min(down, 6))));
+          if (advice !== 'reconnect' && advice !== 'retry' && advice !== 'retry_later') {
+            this.log.error(`idem worker ${this.name}: claim failed (${e.message}); stopping`);
+            failed = e;
+            this.stopped = true;
+            break;
+          }
+          this.log.warn(`idem worker ${this.name}: claim failed (${e.message}); ` +
+            (advice === 'reconnect' ? 'reconnecting' : 'claiming again'));
+          if (advice === 'reconnect') {
+            if (client) client.end().catch(() => {});
+            client = null;
+          }
+          // 'retry_later' (a lock, a full server, a cancel) from the doubled base
+          const shift = Math.min(down + (advice === 'retry_later' ? 1 : 0), 6);
+          await new Promise((r) => setTimeout(r, Math.min(2000, 50 * 2 ** shift)));
         }
       }
       if (client) await client.end().catch(() => {});
@@ -303,7 +321,28 @@ class Worker {
       if (this.signal) this.signal.removeEventListener('abort', stop);
       for (const sig of signals) process.removeListener(sig, stop);
     }
+    if (failed) throw failed;
     return { ...this.stats };
+  }
+
+  // What a claim's error calls for (the Python workers follow the same
+  // rule): 'reconnect' where opening the client failed, the session is gone
+  // (class 08, 57P: the server restarted, our backend was terminated) or
+  // it reached a read-only server (25006: a standby, as after a failover
+  // before the address moves to the new primary; idem_retry_advice says
+  // never for a statement there, but another connection may reach the
+  // primary); else idem_retry_advice's answer, asked on the claim's client:
+  // 'retry' or 'retry_later', or 'never' (no grant, the queue dropped, a
+  // bad argument); null for an error with no SQLSTATE (not the database's).
+  async #claimAdvice(err, client) {
+    const state = lib().sqlstateOf(err);
+    if (state === null) return null;
+    if (!client || Worker.#broken(err) || state === '25006') return 'reconnect';
+    try {
+      return await lib().retryAdvice(client, state);
+    } catch (e) {
+      return Worker.#broken(e) ? 'reconnect' : null; // lost while asking; else no advice
+    }
   }
 
   // How many runs a claim would take now, or null when it should wait.

@@ -545,6 +545,15 @@ def retry_advice(conn: psycopg.Connection, sqlstate: str) -> str:
     return _advice_cache[sqlstate]
 
 
+async def _aretry_advice(conn: psycopg.AsyncConnection, sqlstate: str) -> str:
+    """retry_advice on an AsyncConnection (the same cache)."""
+    if sqlstate not in _advice_cache:
+        async with conn.transaction():
+            cur = await conn.execute("SELECT idem_retry_advice(%s)", (sqlstate,))
+            _advice_cache[sqlstate] = _texts(await cur.fetchone())[0]
+    return _advice_cache[sqlstate]
+
+
 def _sqlstate(exc: BaseException, conn) -> Optional[str]:
     state = getattr(exc, "sqlstate", None)
     if state:

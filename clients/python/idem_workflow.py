@@ -64,6 +64,11 @@ point, is replaced by any other after its lease.
   is handed back the same way, due after ``unknown_step_delay`` seconds.
   A step raising a BaseException that is no Exception (SystemExit,
   KeyboardInterrupt, CancelledError) drains it too, and run() raises it.
+- A claim's error is retried or stops the worker by idem_retry_advice
+  (Node's worker does the same): a connection that could not be opened or
+  is gone, or a standby (25006), is replaced; 'retry' and 'retry_later'
+  claim again after a backoff; 'never' (no grant, the queue dropped, a bad
+  argument), or no SQLSTATE, drains the worker and run() raises the error.
 - Every call is one statement in autocommit, so workers work through
   PgBouncer in transaction mode (connect with prepare_threshold=None
   before PgBouncer 1.21).  On a connection that prepares nothing the
@@ -421,6 +426,32 @@ class _Runs:
         wait = f"{self.poll} seconds" if i == len(queues) - 1 and not got else None
         return (q, want, f"{self.lease} seconds", self.name, wait)
 
+    # -- a claim's error (Node's Worker follows the same rule) ------------
+
+    @staticmethod
+    def _claim_lost(conn, state: str) -> bool:
+        """Whether a claim's error calls for another connection: opening one
+        failed, the session is gone (the server restarted, our backend was
+        terminated), or it reached a read-only server (25006: a standby,
+        as after a failover before the address moves to the new primary;
+        idem_retry_advice says never for a statement there, but another
+        connection may reach the primary)."""
+        return conn is None or conn.closed or conn.broken or state == "25006"
+
+    def _claim_failed(self, e: BaseException, advice: Optional[str], down: int) -> float:
+        """The seconds to wait before the next claim after a claim raised e
+        (the down-th error in a row), with advice: 'reconnect'
+        (_claim_lost) or idem_retry_advice's.  Raises e where retrying
+        cannot help: advice 'never' (no grant, the queue dropped, a bad
+        argument) or none (no SQLSTATE: not the database's error)."""
+        if advice not in ("reconnect", "retry", "retry_later"):
+            _log.error("idem worker %s: claim failed (%s); stopping", self.name, str(e).strip())
+            raise e
+        _log.warning("idem worker %s: claim failed (%s); %s", self.name, str(e).strip(),
+                     "reconnecting" if advice == "reconnect" else "claiming again")
+        # 'retry_later' (a lock, a full server, a cancel) from the doubled base
+        return min(2.0, 0.05 * 2 ** min(down + (advice == "retry_later"), 6))
+
     def _claimed(self, q, row) -> _Claimed:
         r = _idem.loads(row[0])
         return _Claimed(self.by_queue[q], r[0], r[3], r[4], r[1], r[5], r[2], r[6] or {}, r[7],
@@ -740,7 +771,9 @@ class Worker(_Runs):
     psycopg connection (made autocommit here, and its client_encoding UTF8:
     a narrower one cannot read a run that holds a character beyond it).
     ``run()`` returns when stopped: by ``stop`` (a threading.Event) set, or
-    without one by SIGTERM/SIGINT (run() in the main thread).
+    without one by SIGTERM/SIGINT (run() in the main thread); it raises a
+    claim's error that retrying cannot cure (idem_retry_advice 'never':
+    no grant, the queue dropped), once drained.
 
     ``prefetch``: a claim also takes up to this many runs beyond the free
     executors, as many as the recent runs' pace says will start within
@@ -871,17 +904,30 @@ class Worker(_Runs):
                         self._hand_over(c)
                     got += len(rows)
                 down = 0
-            except (psycopg.OperationalError, psycopg.errors.ReadOnlySqlTransaction) as e:
-                # the server restarted or our session ended: runs we claimed
-                # and did not hear about come back after their lease; or we
-                # reached a standby (25006), as after a failover before the
-                # address moves to the new primary
-                self._close(conn)
-                conn = None
+            except psycopg.Error as e:
+                # runs a lost claim took and we did not hear about come back
+                # after their lease
+                state = _idem._sqlstate(e, conn)
+                advice = None
+                if state is not None and self._claim_lost(conn, state):
+                    advice = "reconnect"
+                elif state is not None:
+                    try:
+                        advice = _idem.retry_advice(conn, state)
+                    except psycopg.OperationalError:
+                        advice = "reconnect"        # lost while asking
+                    except psycopg.Error:
+                        pass                        # no advice: e is raised
                 down += 1
-                _log.warning("idem worker %s: claim failed (%s); reconnecting", self.name,
-                             str(e).strip())
-                self.stop.wait(min(2.0, 0.05 * 2 ** min(down, 6)))
+                try:
+                    delay = self._claim_failed(e, advice, down)
+                except BaseException:
+                    self._close(conn)
+                    raise
+                if advice == "reconnect":
+                    self._close(conn)
+                    conn = None
+                self.stop.wait(delay)
         self._close(conn)
 
     def _hand_over(self, c: _Claimed):
@@ -1078,14 +1124,29 @@ class AsyncWorker(_Runs):
                         self._hand_over(c)
                     got += len(rows)
                 down = 0
-            except (psycopg.OperationalError, psycopg.errors.ReadOnlySqlTransaction) as e:
-                # as Worker's: our claims come back after their lease
-                await self._close(conn)
-                conn = None
+            except psycopg.Error as e:
+                # as Worker's
+                state = _idem._sqlstate(e, conn)
+                advice = None
+                if state is not None and self._claim_lost(conn, state):
+                    advice = "reconnect"
+                elif state is not None:
+                    try:
+                        advice = await _idem._aretry_advice(conn, state)
+                    except psycopg.OperationalError:
+                        advice = "reconnect"
+                    except psycopg.Error:
+                        pass
                 down += 1
-                _log.warning("idem worker %s: claim failed (%s); reconnecting", self.name,
-                             str(e).strip())
-                await self._pause(self.stop, min(2.0, 0.05 * 2 ** min(down, 6)))
+                try:
+                    delay = self._claim_failed(e, advice, down)
+                except BaseException:
+                    await self._close(conn)
+                    raise
+                if advice == "reconnect":
+                    await self._close(conn)
+                    conn = None
+                await self._pause(self.stop, delay)
         await self._close(conn)
 
     def _hand_over(self, c: _Claimed):

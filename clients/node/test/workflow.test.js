@@ -173,6 +173,85 @@ for (const target of ['direct', 'pgbouncer']) {
       });
     }
 
+    if (target === 'direct') {
+      // idem_run_claim shadowed: the claims of the worker named in
+      // claimfault.plan raise its SQLSTATE the first `times` times (the
+      // Python tests' file)
+      const CLAIM_FAULT = fs.readFileSync(path.join(__dirname, '..', '..', 'python', 'tests', 'claim_fault.sql'), 'utf8');
+      // the claims of worker raise sqlstate `times` times: its claims so far, and its connect
+      async function claimFaults(worker, sqlstate, times) {
+        await env.admin.query(CLAIM_FAULT);
+        const seq = `claimfault.calls_${worker}`;
+        await env.admin.query(`DROP SEQUENCE IF EXISTS ${seq}; CREATE SEQUENCE ${seq}`);
+        await env.admin.query('INSERT INTO claimfault.plan VALUES ($1, $2, $3, $4)', [worker, sqlstate, times, seq]);
+        const claims = async () => { const r = await one(`SELECT last_value::int AS n, is_called FROM ${seq}`); return r.is_called ? r.n : 0; };
+        const faulty = async () => {
+          const c = new pg.Client({ ...env.targets[target], options: '-c search_path=claimfault,public' });
+          await c.connect();
+          return c;
+        };
+        return { claims, faulty };
+      }
+      const quiet = { warn() {}, error() {} };
+
+      // idem_retry_advice's retry (40001, class 72) and a standby (25006: reconnect)
+      for (const sqlstate of ['40001', '72000', '25006']) {
+        it(`a transient claim error (${sqlstate}) is retried: the worker goes on`, async () => {
+          const q = await freshQueue();
+          const name = `t_${q}_${sqlstate}`;
+          const { claims, faulty } = await claimFaults(name, sqlstate, 3);
+          const wf = new idem.Workflow(q, { steps: ['a'] });
+          wf.step('a', (ctx) => ({ ok: ctx.input.id }));
+          const c = await connect();
+          await wf.start(c, `${q}:t`, { input: { id: 1 } });
+          await c.end();
+          const ac = new AbortController();
+          let over = false;
+          const w = new idem.Worker(faulty, [wf], { concurrency: 1, lease: 5, poll: 0.1, name, signal: ac.signal, log: quiet })
+            .run().finally(() => { over = true; });
+          await until(async () => over || (await statuses(q)).completed === 1, 20, 'the completed run');
+          assert.equal(over, false, 'the worker stopped');
+          ac.abort();
+          await w;
+          assert.deepEqual(await statuses(q), { completed: 1 });
+          assert.ok((await claims()) > 3);
+        });
+      }
+
+      // idem_retry_advice's never: no grant, a bad argument, a feature
+      // refused, a limit; the claimer retried each for ever
+      for (const sqlstate of ['42501', '22023', '0A000', '54000', '55000']) {
+        it(`a permanent claim error (${sqlstate}) stops the worker: run() rejects with it`, async () => {
+          const q = await freshQueue();
+          const name = `p_${q}_${sqlstate}`;
+          const { claims, faulty } = await claimFaults(name, sqlstate, 1000);
+          const wf = new idem.Workflow(q, { steps: ['a'] });
+          wf.step('a', () => ({ ok: 1 }));
+          const c = await connect();
+          await wf.start(c, `${q}:p`, { input: {} });
+          await c.end();
+          const ac = new AbortController();
+          const w = new idem.Worker(faulty, [wf], { concurrency: 1, lease: 5, poll: 0.1, name, signal: ac.signal, log: quiet }).run();
+          const timer = setTimeout(() => ac.abort(), 10000);
+          await assert.rejects(w, (e) => e.code === sqlstate);
+          clearTimeout(timer);
+          assert.equal(await claims(), 1);
+          assert.deepEqual(await statuses(q), { running: 1 });
+        });
+      }
+
+      it('a worker of a queue dropped (42704) stops: run() rejects with it', async () => {
+        const q = await freshQueue();
+        const wf = new idem.Workflow(`${q}_gone`, { steps: ['a'] });
+        wf.step('a', () => ({}));
+        const ac = new AbortController();
+        const timer = setTimeout(() => ac.abort(), 10000);
+        await assert.rejects(new idem.Worker(connect, [wf], { concurrency: 1, lease: 5, poll: 0.1, signal: ac.signal, log: quiet }).run(),
+          (e) => e.code === '42704');
+        clearTimeout(timer);
+      });
+    }
+
     it('RetryAfter comes back no sooner; an exception fails the run after its last attempt', async () => {
       const q = await freshQueue();
       const car = await carrier({ busy: 1, retryAfter: '1' }).listen();
