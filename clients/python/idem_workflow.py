@@ -426,24 +426,14 @@ class _Runs:
         wait = f"{self.poll} seconds" if i == len(queues) - 1 and not got else None
         return (q, want, f"{self.lease} seconds", self.name, wait)
 
-    # -- a claim's error (Node's Worker follows the same rule) ------------
-
-    @staticmethod
-    def _claim_lost(conn, state: str) -> bool:
-        """Whether a claim's error calls for another connection: opening one
-        failed, the session is gone (the server restarted, our backend was
-        terminated), or it reached a read-only server (25006: a standby,
-        as after a failover before the address moves to the new primary;
-        idem_retry_advice says never for a statement there, but another
-        connection may reach the primary)."""
-        return conn is None or conn.closed or conn.broken or state == "25006"
+    # -- a claim's error: _idem._claim_advice's rule ------------------------
 
     def _claim_failed(self, e: BaseException, advice: Optional[str], down: int) -> float:
         """The seconds to wait before the next claim after a claim raised e
-        (the down-th error in a row), with advice: 'reconnect'
-        (_claim_lost) or idem_retry_advice's.  Raises e where retrying
-        cannot help: advice 'never' (no grant, the queue dropped, a bad
-        argument) or none (no SQLSTATE: not the database's error)."""
+        (the down-th error in a row), with _idem._claim_advice's advice.
+        Raises e where retrying cannot help: advice 'never' (no grant, the
+        queue dropped, a bad argument) or none (no SQLSTATE: not the
+        database's error)."""
         if advice not in ("reconnect", "retry", "retry_later"):
             _log.error("idem worker %s: claim failed (%s); stopping", self.name, str(e).strip())
             raise e
@@ -907,26 +897,17 @@ class Worker(_Runs):
             except psycopg.Error as e:
                 # runs a lost claim took and we did not hear about come back
                 # after their lease
-                state = _idem._sqlstate(e, conn)
-                advice = None
-                if state is not None and self._claim_lost(conn, state):
-                    advice = "reconnect"
-                elif state is not None:
-                    try:
-                        advice = _idem.retry_advice(conn, state)
-                    except psycopg.OperationalError:
-                        advice = "reconnect"        # lost while asking
-                    except psycopg.Error:
-                        pass                        # no advice: e is raised
+                advice = _idem._claim_advice(e, conn)
                 down += 1
                 try:
                     delay = self._claim_failed(e, advice, down)
                 except BaseException:
                     self._close(conn)
                     raise
-                if advice == "reconnect":
-                    self._close(conn)
-                    conn = None
+                # a new connection also for a transient error: its set-up
+                # (the claims' isolation) may be what failed
+                self._close(conn)
+                conn = None
                 self.stop.wait(delay)
         self._close(conn)
 
@@ -1126,26 +1107,15 @@ class AsyncWorker(_Runs):
                 down = 0
             except psycopg.Error as e:
                 # as Worker's
-                state = _idem._sqlstate(e, conn)
-                advice = None
-                if state is not None and self._claim_lost(conn, state):
-                    advice = "reconnect"
-                elif state is not None:
-                    try:
-                        advice = await _idem._aretry_advice(conn, state)
-                    except psycopg.OperationalError:
-                        advice = "reconnect"
-                    except psycopg.Error:
-                        pass
+                advice = await _idem._aclaim_advice(e, conn)
                 down += 1
                 try:
                     delay = self._claim_failed(e, advice, down)
                 except BaseException:
                     await self._close(conn)
                     raise
-                if advice == "reconnect":
-                    await self._close(conn)
-                    conn = None
+                await self._close(conn)      # as Worker's: also for a transient error
+                conn = None
                 await self._pause(self.stop, delay)
         await self._close(conn)
 

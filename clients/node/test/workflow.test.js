@@ -14,6 +14,7 @@ const pg = require('pg');
 const idem = require('idem-client');
 const { SCHEMA, make, carrier } = require('../fixtures/returns-workflow.js');
 const { start } = require('./cluster.js');
+const faults = require('./claim-fault.js');
 
 let env;
 before(async () => { env = await start(); await env.admin.query(SCHEMA); });
@@ -174,19 +175,11 @@ for (const target of ['direct', 'pgbouncer']) {
     }
 
     if (target === 'direct') {
-      // idem_run_claim shadowed: the claims of the worker named in
-      // claimfault.plan raise its SQLSTATE the first `times` times (the
-      // Python tests' file)
-      const CLAIM_FAULT = fs.readFileSync(path.join(__dirname, '..', '..', 'python', 'tests', 'claim_fault.sql'), 'utf8');
       // the claims of worker raise sqlstate `times` times: its claims so far, and its connect
       async function claimFaults(worker, sqlstate, times) {
-        await env.admin.query(CLAIM_FAULT);
-        const seq = `claimfault.calls_${worker}`;
-        await env.admin.query(`DROP SEQUENCE IF EXISTS ${seq}; CREATE SEQUENCE ${seq}`);
-        await env.admin.query('INSERT INTO claimfault.plan VALUES ($1, $2, $3, $4)', [worker, sqlstate, times, seq]);
-        const claims = async () => { const r = await one(`SELECT last_value::int AS n, is_called FROM ${seq}`); return r.is_called ? r.n : 0; };
+        const claims = await faults.claimFaults(env.admin, worker, sqlstate, times);
         const faulty = async () => {
-          const c = new pg.Client({ ...env.targets[target], options: '-c search_path=claimfault,public' });
+          const c = new pg.Client({ ...env.targets[target], options: faults.OPTIONS });
           await c.connect();
           return c;
         };

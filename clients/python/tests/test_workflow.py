@@ -25,6 +25,7 @@ import pytest
 import idem_client as idem
 import returns_workflow
 from carrier import Carrier
+from claim_fault import claim_faults
 from nesting import deepest_stack, nested_or_skip
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -414,23 +415,6 @@ def test_a_claim_on_a_read_only_server_reconnects(cluster, admin, queue, asynchr
     kw.read_only = False
     until(lambda: statuses(admin, queue) == {"completed": 1}, 20, "the completed run")
     w.finish()
-
-
-# idem_run_claim shadowed (claim_fault.sql, which the Node tests share)
-with open(os.path.join(os.path.dirname(__file__), "claim_fault.sql")) as _f:
-    CLAIM_FAULT = _f.read()
-
-
-def claim_faults(admin, worker, sqlstate, times):
-    """The claims of worker raise sqlstate `times` times; returns the
-    number of its claims so far (a function) and the connect keywords that
-    put claimfault first."""
-    admin.execute(CLAIM_FAULT)
-    seq = f"claimfault.calls_{worker.replace('-', '_')}"
-    admin.execute(f"DROP SEQUENCE IF EXISTS {seq}; CREATE SEQUENCE {seq}")
-    admin.execute("INSERT INTO claimfault.plan VALUES (%s, %s, %s, %s)", (worker, sqlstate, times, seq))
-    calls = lambda: admin.execute(f"SELECT last_value, is_called FROM {seq}").fetchone()  # noqa: E731
-    return (lambda: calls()[0] if calls()[1] else 0), {"options": "-c search_path=claimfault,public"}
 
 
 # idem_retry_advice's: retry (40001, class 72) and a standby (25006:
