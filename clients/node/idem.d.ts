@@ -111,7 +111,7 @@ export interface ConsumeOptions {
   log?: Pick<Console, 'warn' | 'error'>;
   wakeup?: 'notify' | 'wait';
 }
-/** Outbox consumer loop; resolves to the number of events acknowledged. */
+/** Outbox consumer loop; resolves to the number of events acknowledged, or rejects with a claim's error that retrying cannot cure (idem_retry_advice 'never': no grant, the topic dropped). */
 export function consume(connect: () => Promise<Client>, topic: string,
   handler: (event: OutboxEvent) => unknown | Promise<unknown>, opts?: ConsumeOptions): Promise<number>;
 
@@ -240,6 +240,6 @@ export class Worker {
   constructor(connect: () => Promise<Client>, workflows: Workflow[], opts?: WorkerOptions);
   readonly name: string;
   stats: WorkerStats;
-  /** claim and run until stopped */
+  /** claim and run until stopped; rejects, once drained, with a claim's error that retrying cannot cure (idem_retry_advice 'never': no grant, the queue dropped, a bad argument) */
   run(): Promise<WorkerStats>;
 }

@@ -468,7 +468,11 @@ function cancelRequest(client) {
 // batch is handed back (idem_outbox_release: due now, attempt not counted).  A lost lease
 // (ID412) or an event already delivered (ID410, or IDE04 once its ack
 // deleted it) is logged and skipped; a
-// lost connection is replaced by connect().
+// lost connection is replaced by connect().  An error of a claim is retried
+// or thrown by the workers' rule (claimAdvice in workflow.js): a transient
+// one (idem_retry_advice) or a standby's 25006 is claimed again after a
+// backoff; one that retrying cannot cure (no grant, the topic dropped) ends
+// the loop: consume() rejects with it.
 //
 // LISTEN needs a session of its own: with wakeup 'notify', connect() must
 // return a pg.Client straight to the server, not through a transaction
@@ -617,12 +621,20 @@ async function consume(connect, topic, handler, { maxEvents = 10, lease = 30, co
         rows = await claim();
         down = 0;
       } catch (err) {
-        if (!connectionLost(err)) throw err;
-        // the events we held come back after their lease
+        // as a worker's claim (claimAdvice); events a lost claim leased come
+        // back after their lease
+        const advice = await require('./workflow.js').claimAdvice(err, client, broken);
+        if (advice !== 'reconnect' && advice !== 'retry' && advice !== 'retry_later') {
+          log.error(`idem consumer: claim failed (${err.message}); stopping`);
+          throw err;
+        }
+        // a new client also for a transient error: its set-up (LISTEN, the
+        // claims' isolation) may be what failed
         close();
         down++;
-        const delay = Math.min(5, 0.1 * 2 ** Math.min(down, 6));
-        log.warn(`idem consumer: ${err.message}; reconnecting in ${delay} s`);
+        // 'retry_later' (a lock, a full server) from the doubled base
+        const delay = Math.min(5, 0.1 * 2 ** Math.min(down + (advice === 'retry_later' ? 1 : 0), 6));
+        log.warn(`idem consumer: ${err.message}; ${advice === 'reconnect' ? 'reconnecting' : 'claiming again'} in ${delay} s`);
         broken = false;
         await pause(delay);
         continue;

@@ -28,7 +28,10 @@
 // ahead (prefetch): one claim for several runs.
 // Leases are extended every lease/3 s while steps run; stop (an AbortSignal,
 // or SIGTERM/SIGINT without one) drains: no more claims, running steps
-// finish, their runs are released.  Every call is one statement outside
+// finish, their runs are released.  A claim's error is retried or stops
+// the worker by idem_retry_advice, as in the Python workers (claimAdvice):
+// run() rejects with one that retrying cannot cure, once drained.
+// Every call is one statement outside
 // any transaction block: PgBouncer in transaction mode works.
 const os = require('node:os');
 
@@ -169,7 +172,8 @@ class Worker {
     return s !== null && /^(08|57P)/.test(s);
   }
 
-  // Claim and run until stopped; resolves to the counts.
+  // Claim and run until stopped; resolves to the counts, or rejects, once
+  // drained, with a claim's error that retrying cannot cure (claimAdvice).
   async run() {
     // the claimer waiting for a claim to make: its wake-up
     let room = null;
@@ -210,6 +214,7 @@ class Worker {
       }
     };
     let beating = false;
+    let failed = null; // a claim's error that retrying cannot help: run() rejects with it
     beat = setInterval(() => {
       if (beating) return;
       beating = true;
@@ -286,11 +291,24 @@ class Worker {
           }
           down = 0;
         } catch (e) {
+          // runs a lost claim took and we did not hear about come back after their lease
+          const advice = await claimAdvice(e, client);
+          down++;
+          if (advice !== 'reconnect' && advice !== 'retry' && advice !== 'retry_later') {
+            this.log.error(`idem worker ${this.name}: claim failed (${e.message}); stopping`);
+            failed = e;
+            this.stopped = true;
+            break;
+          }
+          this.log.warn(`idem worker ${this.name}: claim failed (${e.message}); ` +
+            (advice === 'reconnect' ? 'reconnecting' : 'claiming again'));
+          // a new client also for a transient error: its set-up (the claims'
+          // isolation) may be what failed
           if (client) client.end().catch(() => {});
           client = null;
-          down++;
-          this.log.warn(`idem worker ${this.name}: claim failed (${e.message}); reconnecting`);
-          await new Promise((r) => setTimeout(r, Math.min(2000, 50 * 2 ** Math.min(down, 6))));
+          // 'retry_later' (a lock, a full server, a cancel) from the doubled base
+          const shift = Math.min(down + (advice === 'retry_later' ? 1 : 0), 6);
+          await new Promise((r) => setTimeout(r, Math.min(2000, 50 * 2 ** shift)));
         }
       }
       if (client) await client.end().catch(() => {});
@@ -303,6 +321,7 @@ class Worker {
       if (this.signal) this.signal.removeEventListener('abort', stop);
       for (const sig of signals) process.removeListener(sig, stop);
     }
+    if (failed) throw failed;
     return { ...this.stats };
   }
 
@@ -499,4 +518,31 @@ class Worker {
   }
 }
 
-module.exports = { Workflow, Worker, Context };
+// What a worker's or a consumer's loop does after its claim threw err (the
+// Python helpers follow the same rule, idem_client._claim_advice):
+// 'reconnect' where the session is gone (class 08, 57P: the server
+// restarted, our backend was terminated; broken: the caller saw it end), or
+// it reached a read-only server (25006: a standby, as after a failover
+// before the address moves to the new primary; idem_retry_advice says
+// never for a statement there, but another connection may reach the
+// primary); else idem_retry_advice's answer, asked on client: 'retry' or
+// 'retry_later' (claim again after the backoff), or 'never' (no grant, the
+// queue or topic dropped, a bad argument: retrying cannot cure it).  null
+// where err has no SQLSTATE (not the database's error) or no advice can be
+// had: with no client to ask on (opening one failed: a login refused, a
+// statement setting it up failed), only a full server (class 53) is
+// retried.  'never' and null: the loop throws err.
+async function claimAdvice(err, client, broken = false) {
+  const state = lib().sqlstateOf(err);
+  if (state === null) return null;
+  if (broken || /^(08|57P)/.test(state) || state === '25006') return 'reconnect';
+  if (!client) return state.startsWith('53') ? 'retry_later' : null;
+  try {
+    return await lib().retryAdvice(client, state);
+  } catch (e) {
+    const s = lib().sqlstateOf(e);
+    return s !== null && /^(08|57P)/.test(s) ? 'reconnect' : null; // lost while asking; else no advice
+  }
+}
+
+module.exports = { Workflow, Worker, Context, claimAdvice };

@@ -545,6 +545,66 @@ def retry_advice(conn: psycopg.Connection, sqlstate: str) -> str:
     return _advice_cache[sqlstate]
 
 
+async def _aretry_advice(conn: psycopg.AsyncConnection, sqlstate: str) -> str:
+    """retry_advice on an AsyncConnection (the same cache)."""
+    if sqlstate not in _advice_cache:
+        async with conn.transaction():
+            cur = await conn.execute("SELECT idem_retry_advice(%s)", (sqlstate,))
+            _advice_cache[sqlstate] = _texts(await cur.fetchone())[0]
+    return _advice_cache[sqlstate]
+
+
+# What a worker's or a consumer's loop does after its claim raised e (the
+# Node helpers follow the same rule): 'reconnect' where the session is gone
+# (class 08, 57P: the server restarted, our backend was terminated; a
+# connection psycopg could not open, which reports no SQLSTATE), or it
+# reached a read-only server (25006: a standby, as after a failover before
+# the address moves to the new primary; idem_retry_advice says never for a
+# statement there, but another connection may reach the primary); else
+# idem_retry_advice's answer, asked on conn: 'retry' or 'retry_later'
+# (claim again after the backoff), or 'never' (no grant, the queue or topic
+# dropped, a bad argument: retrying cannot cure it).  None where e has no
+# SQLSTATE (not the database's error) or no advice can be had: with no
+# connection to ask on (a statement setting a new one up failed), only a
+# full server (class 53) is retried.  'never' and None: the loop raises e.
+def _claim_state(e: BaseException, conn) -> tuple:
+    """(e's SQLSTATE, the advice known without asking, or None)."""
+    state = _sqlstate(e, conn)
+    if state is None:
+        return None, None
+    if (state[:2] == "08" or state[:3] == "57P" or state == "25006"
+            or (conn is not None and (conn.closed or conn.broken))):
+        return state, "reconnect"
+    if conn is None:
+        return state, ("retry_later" if state[:2] == "53" else None)
+    return state, None
+
+
+def _claim_advice(e: BaseException, conn: Optional[psycopg.Connection]) -> Optional[str]:
+    state, advice = _claim_state(e, conn)
+    if advice is not None or conn is None or state is None:
+        return advice
+    try:
+        return retry_advice(conn, state)
+    except psycopg.OperationalError:
+        return "reconnect"      # lost while asking
+    except psycopg.Error:
+        return None
+
+
+async def _aclaim_advice(e: BaseException, conn: Optional[psycopg.AsyncConnection]) -> Optional[str]:
+    """_claim_advice on an AsyncConnection."""
+    state, advice = _claim_state(e, conn)
+    if advice is not None or conn is None or state is None:
+        return advice
+    try:
+        return await _aretry_advice(conn, state)
+    except psycopg.OperationalError:
+        return "reconnect"
+    except psycopg.Error:
+        return None
+
+
 def _sqlstate(exc: BaseException, conn) -> Optional[str]:
     state = getattr(exc, "sqlstate", None)
     if state:
@@ -780,7 +840,11 @@ def consume(connect: Callable[[], psycopg.Connection], topic: str,
     lets the running handler finish and report; the rest of the batch is
     handed back (idem_outbox_release: due now, attempt not counted).  A lost lease (ID412) or an
     event already delivered (ID410, or IDE04 once its ack deleted it) is logged and skipped; a lost
-    connection is replaced by ``connect()``.
+    connection is replaced by ``connect()``.  An error of a claim is
+    retried or raised by the workers' rule (_claim_advice): a transient one
+    (idem_retry_advice) or a standby's 25006 is claimed again after a
+    backoff; one that retrying cannot cure (no grant, the topic dropped)
+    ends the loop: consume() raises it.
 
     LISTEN needs a session of its own: with ``wakeup="notify"``,
     ``connect`` must reach the server directly, not through a transaction
@@ -937,13 +1001,21 @@ def consume(connect: Callable[[], psycopg.Connection], topic: str,
                     conn = open_conn()
                 rows = claim()
                 down = 0
-            except psycopg.OperationalError as e:
-                # the server restarted or our backend was terminated: the
-                # events we held come back after their lease
+            except psycopg.Error as e:
+                # as a worker's claim (_claim_advice); events a lost claim
+                # leased come back after their lease
+                advice = _claim_advice(e, conn)
+                if advice not in ("reconnect", "retry", "retry_later"):
+                    _log.error("idem consumer: claim failed (%s); stopping", str(e).strip())
+                    raise
+                # a new connection also for a transient error: its set-up
+                # (LISTEN, the claims' isolation) may be what failed
                 close()
                 down += 1
-                delay = min(5.0, 0.1 * 2 ** min(down, 6))
-                _log.warning("idem consumer: %s; reconnecting in %.1f s", e, delay)
+                # 'retry_later' (a lock, a full server) from the doubled base
+                delay = min(5.0, 0.1 * 2 ** min(down + (advice == "retry_later"), 6))
+                _log.warning("idem consumer: %s; %s in %.1f s", str(e).strip(),
+                             "reconnecting" if advice == "reconnect" else "claiming again", delay)
                 pause(delay)
                 continue
             for i, (event_id, key, top, payload, run_id, step_name, attempt, token,

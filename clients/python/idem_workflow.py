@@ -64,6 +64,11 @@ point, is replaced by any other after its lease.
   is handed back the same way, due after ``unknown_step_delay`` seconds.
   A step raising a BaseException that is no Exception (SystemExit,
   KeyboardInterrupt, CancelledError) drains it too, and run() raises it.
+- A claim's error is retried or stops the worker by idem_retry_advice
+  (Node's worker does the same): a connection that could not be opened or
+  is gone, or a standby (25006), is replaced; 'retry' and 'retry_later'
+  claim again after a backoff; 'never' (no grant, the queue dropped, a bad
+  argument), or no SQLSTATE, drains the worker and run() raises the error.
 - Every call is one statement in autocommit, so workers work through
   PgBouncer in transaction mode (connect with prepare_threshold=None
   before PgBouncer 1.21).  On a connection that prepares nothing the
@@ -421,6 +426,22 @@ class _Runs:
         wait = f"{self.poll} seconds" if i == len(queues) - 1 and not got else None
         return (q, want, f"{self.lease} seconds", self.name, wait)
 
+    # -- a claim's error: _idem._claim_advice's rule ------------------------
+
+    def _claim_failed(self, e: BaseException, advice: Optional[str], down: int) -> float:
+        """The seconds to wait before the next claim after a claim raised e
+        (the down-th error in a row), with _idem._claim_advice's advice.
+        Raises e where retrying cannot help: advice 'never' (no grant, the
+        queue dropped, a bad argument) or none (no SQLSTATE: not the
+        database's error)."""
+        if advice not in ("reconnect", "retry", "retry_later"):
+            _log.error("idem worker %s: claim failed (%s); stopping", self.name, str(e).strip())
+            raise e
+        _log.warning("idem worker %s: claim failed (%s); %s", self.name, str(e).strip(),
+                     "reconnecting" if advice == "reconnect" else "claiming again")
+        # 'retry_later' (a lock, a full server, a cancel) from the doubled base
+        return min(2.0, 0.05 * 2 ** min(down + (advice == "retry_later"), 6))
+
     def _claimed(self, q, row) -> _Claimed:
         r = _idem.loads(row[0])
         return _Claimed(self.by_queue[q], r[0], r[3], r[4], r[1], r[5], r[2], r[6] or {}, r[7],
@@ -740,7 +761,9 @@ class Worker(_Runs):
     psycopg connection (made autocommit here, and its client_encoding UTF8:
     a narrower one cannot read a run that holds a character beyond it).
     ``run()`` returns when stopped: by ``stop`` (a threading.Event) set, or
-    without one by SIGTERM/SIGINT (run() in the main thread).
+    without one by SIGTERM/SIGINT (run() in the main thread); it raises a
+    claim's error that retrying cannot cure (idem_retry_advice 'never':
+    no grant, the queue dropped), once drained.
 
     ``prefetch``: a claim also takes up to this many runs beyond the free
     executors, as many as the recent runs' pace says will start within
@@ -871,17 +894,21 @@ class Worker(_Runs):
                         self._hand_over(c)
                     got += len(rows)
                 down = 0
-            except (psycopg.OperationalError, psycopg.errors.ReadOnlySqlTransaction) as e:
-                # the server restarted or our session ended: runs we claimed
-                # and did not hear about come back after their lease; or we
-                # reached a standby (25006), as after a failover before the
-                # address moves to the new primary
+            except psycopg.Error as e:
+                # runs a lost claim took and we did not hear about come back
+                # after their lease
+                advice = _idem._claim_advice(e, conn)
+                down += 1
+                try:
+                    delay = self._claim_failed(e, advice, down)
+                except BaseException:
+                    self._close(conn)
+                    raise
+                # a new connection also for a transient error: its set-up
+                # (the claims' isolation) may be what failed
                 self._close(conn)
                 conn = None
-                down += 1
-                _log.warning("idem worker %s: claim failed (%s); reconnecting", self.name,
-                             str(e).strip())
-                self.stop.wait(min(2.0, 0.05 * 2 ** min(down, 6)))
+                self.stop.wait(delay)
         self._close(conn)
 
     def _hand_over(self, c: _Claimed):
@@ -1078,14 +1105,18 @@ class AsyncWorker(_Runs):
                         self._hand_over(c)
                     got += len(rows)
                 down = 0
-            except (psycopg.OperationalError, psycopg.errors.ReadOnlySqlTransaction) as e:
-                # as Worker's: our claims come back after their lease
-                await self._close(conn)
-                conn = None
+            except psycopg.Error as e:
+                # as Worker's
+                advice = await _idem._aclaim_advice(e, conn)
                 down += 1
-                _log.warning("idem worker %s: claim failed (%s); reconnecting", self.name,
-                             str(e).strip())
-                await self._pause(self.stop, min(2.0, 0.05 * 2 ** min(down, 6)))
+                try:
+                    delay = self._claim_failed(e, advice, down)
+                except BaseException:
+                    await self._close(conn)
+                    raise
+                await self._close(conn)      # as Worker's: also for a transient error
+                conn = None
+                await self._pause(self.stop, delay)
         await self._close(conn)
 
     def _hand_over(self, c: _Claimed):

@@ -13,6 +13,7 @@ const path = require('node:path');
 const pg = require('pg');
 const idem = require('../idem.js');
 const { start } = require('./cluster.js');
+const { claimFaults, OPTIONS } = require('./claim-fault.js');
 
 let env;
 const running = []; // every loop's AbortController: a failed test's loop is stopped at the end
@@ -71,6 +72,8 @@ function loop(topic, handler = () => {}, opts = {}, config = env.targets.direct)
     { signal: ac.signal, log: quiet, ...opts });
   return {
     seen,
+    done,
+    abort: () => ac.abort(),
     keys: () => seen.map((e) => e.key.split(':')[1]),
     async finish() {
       ac.abort();
@@ -104,6 +107,42 @@ const waitUntilWaiting = () => until(async () => (await waitingCount({ sleeping:
   "the consumer's waiting claim");
 
 describe('consume', () => {
+  // idem_retry_advice's retry (40001, class 72) and a standby (25006: reconnect)
+  for (const wakeup of ['notify', 'wait']) for (const sqlstate of ['40001', '72000', '25006']) {
+    it(`a transient claim error (${sqlstate}, ${wakeup}) is retried: the loop goes on and delivers`, async () => {
+      // each stopped the loop
+      const t = await freshTopic();
+      const name = `ct_${sqlstate}_${wakeup}`;
+      const claims = await claimFaults(env.admin, name, sqlstate, 3);
+      await publish(t, 'a');
+      const l = loop(t, () => {}, { consumer: name, idle: 0.2, wakeup }, { ...env.targets.direct, options: OPTIONS });
+      let over = false;
+      l.done.finally(() => { over = true; }).catch(() => {});
+      await until(async () => over || l.seen.length === 1, 'the delivery', 20000);
+      assert.equal(over, false, 'consume() stopped');
+      assert.equal(await l.finish(), 1);
+      assert.deepEqual(l.keys(), ['a']);
+      assert.ok((await claims()) > 3);
+    });
+  }
+
+  // idem_retry_advice's never
+  for (const sqlstate of ['42501', '22023', '54000', '55000']) {
+    it(`a permanent claim error (${sqlstate}) stops the loop: consume() rejects with it`, async () => {
+      const t = await freshTopic();
+      const name = `cp_${sqlstate}`;
+      const claims = await claimFaults(env.admin, name, sqlstate, 1000);
+      await publish(t, 'a');
+      const l = loop(t, () => {}, { consumer: name, idle: 0.2 }, { ...env.targets.direct, options: OPTIONS });
+      const timer = setTimeout(() => l.abort(), 10000);
+      await assert.rejects(l.done, (e) => e.code === sqlstate);
+      clearTimeout(timer);
+      assert.equal(await claims(), 1);
+      assert.deepEqual(l.seen, []);
+      assert.equal((await events(t)).a.state, 'pending');
+    });
+  }
+
   it('delivers and acks', async () => {
     const t = await freshTopic();
     await publish(t, 'a', 'b', 'c');

@@ -14,6 +14,7 @@ const pg = require('pg');
 const idem = require('idem-client');
 const { SCHEMA, make, carrier } = require('../fixtures/returns-workflow.js');
 const { start } = require('./cluster.js');
+const faults = require('./claim-fault.js');
 
 let env;
 before(async () => { env = await start(); await env.admin.query(SCHEMA); });
@@ -170,6 +171,77 @@ for (const target of ['direct', 'pgbouncer']) {
         assert.deepEqual((await one("SELECT response FROM idem_run_steps($1) WHERE step = 'check'", [runId])).response.rows,
           [{ on_hand: 1, isolation }]);
         assert.equal(Number((await one('SELECT count(*) AS n FROM idem_run_attempts WHERE run_id = $1', [runId])).n), 1);
+      });
+    }
+
+    if (target === 'direct') {
+      // the claims of worker raise sqlstate `times` times: its claims so far, and its connect
+      async function claimFaults(worker, sqlstate, times) {
+        const claims = await faults.claimFaults(env.admin, worker, sqlstate, times);
+        const faulty = async () => {
+          const c = new pg.Client({ ...env.targets[target], options: faults.OPTIONS });
+          await c.connect();
+          return c;
+        };
+        return { claims, faulty };
+      }
+      const quiet = { warn() {}, error() {} };
+
+      // idem_retry_advice's retry (40001, class 72) and a standby (25006: reconnect)
+      for (const sqlstate of ['40001', '72000', '25006']) {
+        it(`a transient claim error (${sqlstate}) is retried: the worker goes on`, async () => {
+          const q = await freshQueue();
+          const name = `t_${q}_${sqlstate}`;
+          const { claims, faulty } = await claimFaults(name, sqlstate, 3);
+          const wf = new idem.Workflow(q, { steps: ['a'] });
+          wf.step('a', (ctx) => ({ ok: ctx.input.id }));
+          const c = await connect();
+          await wf.start(c, `${q}:t`, { input: { id: 1 } });
+          await c.end();
+          const ac = new AbortController();
+          let over = false;
+          const w = new idem.Worker(faulty, [wf], { concurrency: 1, lease: 5, poll: 0.1, name, signal: ac.signal, log: quiet })
+            .run().finally(() => { over = true; });
+          await until(async () => over || (await statuses(q)).completed === 1, 20, 'the completed run');
+          assert.equal(over, false, 'the worker stopped');
+          ac.abort();
+          await w;
+          assert.deepEqual(await statuses(q), { completed: 1 });
+          assert.ok((await claims()) > 3);
+        });
+      }
+
+      // idem_retry_advice's never: no grant, a bad argument, a feature
+      // refused, a limit; the claimer retried each for ever
+      for (const sqlstate of ['42501', '22023', '0A000', '54000', '55000']) {
+        it(`a permanent claim error (${sqlstate}) stops the worker: run() rejects with it`, async () => {
+          const q = await freshQueue();
+          const name = `p_${q}_${sqlstate}`;
+          const { claims, faulty } = await claimFaults(name, sqlstate, 1000);
+          const wf = new idem.Workflow(q, { steps: ['a'] });
+          wf.step('a', () => ({ ok: 1 }));
+          const c = await connect();
+          await wf.start(c, `${q}:p`, { input: {} });
+          await c.end();
+          const ac = new AbortController();
+          const w = new idem.Worker(faulty, [wf], { concurrency: 1, lease: 5, poll: 0.1, name, signal: ac.signal, log: quiet }).run();
+          const timer = setTimeout(() => ac.abort(), 10000);
+          await assert.rejects(w, (e) => e.code === sqlstate);
+          clearTimeout(timer);
+          assert.equal(await claims(), 1);
+          assert.deepEqual(await statuses(q), { running: 1 });
+        });
+      }
+
+      it('a worker of a queue dropped (42704) stops: run() rejects with it', async () => {
+        const q = await freshQueue();
+        const wf = new idem.Workflow(`${q}_gone`, { steps: ['a'] });
+        wf.step('a', () => ({}));
+        const ac = new AbortController();
+        const timer = setTimeout(() => ac.abort(), 10000);
+        await assert.rejects(new idem.Worker(connect, [wf], { concurrency: 1, lease: 5, poll: 0.1, signal: ac.signal, log: quiet }).run(),
+          (e) => e.code === '42704');
+        clearTimeout(timer);
       });
     }
 

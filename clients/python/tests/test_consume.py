@@ -20,6 +20,7 @@ import psycopg
 import pytest
 
 import idem_client as idem
+from claim_fault import claim_faults
 from nesting import deepest_stack, nested_or_skip
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -103,6 +104,41 @@ class Loop:
 
     def join(self, timeout):
         self.thread.join(timeout)
+
+
+# idem_retry_advice's retry (40001, class 72) and a standby (25006:
+# reconnect); 72000 and 25006 stopped consume()
+@pytest.mark.parametrize("wakeup", ["notify", "wait"])
+@pytest.mark.parametrize("sqlstate", ["40001", "72000", "25006"])
+def test_a_transient_claim_error_is_retried(cluster, topic, admin, sqlstate, wakeup):
+    """A claim error that idem_retry_advice calls transient (or a standby)
+    is retried after the backoff: the loop goes on and delivers."""
+    name = f"ct_{sqlstate}_{wakeup}"
+    claims, kw = claim_faults(admin, name, sqlstate, 3)
+    publish(direct(cluster), topic, "a")
+    loop = Loop(cluster.dsn(), topic, connect_kw=kw, consumer=name, idle=0.2, wakeup=wakeup)
+    until(lambda: len(loop.seen) == 1 or not loop.thread.is_alive(), 20, "the delivery")
+    assert loop.finish() == 1
+    assert loop.keys() == ["a"]
+    assert claims() > 3
+
+
+# idem_retry_advice's never; 54000 and 55000 (psycopg's OperationalError)
+# were retried for ever
+@pytest.mark.parametrize("sqlstate", ["42501", "22023", "54000", "55000"])
+def test_a_permanent_claim_error_stops_the_loop(cluster, topic, admin, sqlstate):
+    """A claim error that retrying will not cure (idem_retry_advice: never)
+    stops consume(): it raises the error at its first claim, having
+    delivered nothing."""
+    name = f"cp_{sqlstate}"
+    claims, kw = claim_faults(admin, name, sqlstate, 1000)
+    publish(direct(cluster), topic, "a")
+    loop = Loop(cluster.dsn(), topic, connect_kw=kw, consumer=name, idle=0.2)
+    loop.join(10)
+    assert not loop.thread.is_alive(), "consume() did not stop"
+    assert isinstance(loop.error, psycopg.Error) and loop.error.sqlstate == sqlstate, repr(loop.error)
+    assert claims() == 1 and loop.seen == []
+    assert events(admin, topic)["a"]["state"] == "pending"
 
 
 def test_delivers_and_acks(cluster, connect, topic, admin):

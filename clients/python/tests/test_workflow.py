@@ -25,6 +25,7 @@ import pytest
 import idem_client as idem
 import returns_workflow
 from carrier import Carrier
+from claim_fault import claim_faults
 from nesting import deepest_stack, nested_or_skip
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -56,17 +57,22 @@ class Running:
     def __init__(self, connect, wfs, **kw):
         self.stop = threading.Event()
         self.worker = idem.Worker(connect, wfs, stop=self.stop, **kw)
-        self.result = None
+        self.result = self.error = None
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
     def _run(self):
-        self.result = self.worker.run()
+        try:
+            self.result = self.worker.run()
+        except BaseException as e:      # what run() raised: finish() raises it
+            self.error = e
 
     def finish(self):
         self.stop.set()
         self.thread.join(15)
         assert not self.thread.is_alive(), "the worker did not stop"
+        if self.error is not None:
+            raise self.error
         return self.result
 
 
@@ -79,18 +85,23 @@ class RunningAsync:
         self.stop = asyncio.Event()
         self.worker = idem.AsyncWorker(lambda: psycopg.AsyncConnection.connect(dsn, **ckw), wfs,
                                        stop=self.stop, **kw)
-        self.result = None
+        self.result = self.error = None
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
     def _run(self):
-        self.result = self.loop.run_until_complete(self.worker.run())
+        try:
+            self.result = self.loop.run_until_complete(self.worker.run())
+        except BaseException as e:
+            self.error = e
 
     def finish(self):
         self.loop.call_soon_threadsafe(self.stop.set)
         self.thread.join(15)
         assert not self.thread.is_alive(), "the worker did not stop"
         self.loop.close()
+        if self.error is not None:
+            raise self.error
         return self.result
 
 
@@ -404,6 +415,72 @@ def test_a_claim_on_a_read_only_server_reconnects(cluster, admin, queue, asynchr
     kw.read_only = False
     until(lambda: statuses(admin, queue) == {"completed": 1}, 20, "the completed run")
     w.finish()
+
+
+# idem_retry_advice's: retry (40001, class 72) and a standby (25006:
+# reconnect); 72000 stopped the Python workers, the others were retried
+@pytest.mark.parametrize("sqlstate", ["40001", "72000", "25006"])
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["Worker", "AsyncWorker"])
+def test_a_transient_claim_error_is_retried(cluster, admin, queue, asynchronous, sqlstate):
+    """A claim error that idem_retry_advice calls transient is retried
+    after the worker's backoff (25006, a standby, on a new connection): the
+    worker goes on and completes the run."""
+    name = f"t-{queue}-{sqlstate}"
+    claims, kw = claim_faults(admin, name, sqlstate, 3)
+    wf = idem.Workflow(queue, steps=["a"])
+
+    @wf.step("a")
+    def a(ctx):
+        return {"ok": ctx.input["id"]}
+    wf.start(admin, f"{queue}:t", input={"id": 1})
+    w = running(asynchronous, cluster.dsn(), kw, [wf], concurrency=1, lease=5, poll=0.1, name=name)
+    until(lambda: statuses(admin, queue) == {"completed": 1} or not w.thread.is_alive(), 20,
+          "the completed run")
+    assert w.thread.is_alive(), f"the worker stopped: {w.error!r}"
+    w.finish()
+    assert statuses(admin, queue) == {"completed": 1}
+    assert claims() > 3
+
+
+# idem_retry_advice's never: no grant, a bad argument, a feature refused,
+# a limit; 54000 and 55000 (psycopg's OperationalError) were retried for ever
+@pytest.mark.parametrize("sqlstate", ["42501", "22023", "0A000", "54000", "55000"])
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["Worker", "AsyncWorker"])
+def test_a_permanent_claim_error_stops_the_worker(cluster, admin, queue, asynchronous, sqlstate):
+    """A claim error that retrying will not cure (idem_retry_advice: never)
+    stops the worker: run() raises it, at its first claim, having claimed
+    nothing."""
+    name = f"p-{queue}-{sqlstate}"
+    claims, kw = claim_faults(admin, name, sqlstate, 1000)
+    wf = idem.Workflow(queue, steps=["a"])
+
+    @wf.step("a")
+    def a(ctx):
+        return {"ok": 1}
+    wf.start(admin, f"{queue}:p", input={})
+    w = running(asynchronous, cluster.dsn(), kw, [wf], concurrency=1, lease=5, poll=0.1, name=name)
+    w.thread.join(10)
+    assert not w.thread.is_alive(), "the worker did not stop"
+    assert isinstance(w.error, psycopg.Error) and w.error.sqlstate == sqlstate, repr(w.error)
+    assert claims() == 1
+    assert statuses(admin, queue) == {"running": 1}
+    with pytest.raises(psycopg.Error):
+        w.finish()
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["Worker", "AsyncWorker"])
+def test_a_worker_of_a_queue_dropped_stops(cluster, admin, queue, asynchronous):
+    """A worker of a queue that does not exist (dropped, or never created:
+    42704) stops with that error."""
+    wf = idem.Workflow(queue + "_gone", steps=["a"])
+
+    @wf.step("a")
+    def a(ctx):
+        return {}
+    w = running(asynchronous, cluster.dsn(), {}, [wf], concurrency=1, lease=5, poll=0.1)
+    w.thread.join(10)
+    assert not w.thread.is_alive(), "the worker did not stop"
+    assert isinstance(w.error, psycopg.errors.UndefinedObject), repr(w.error)
 
 
 @pytest.mark.parametrize("isolation", ["repeatable read", "serializable"])
