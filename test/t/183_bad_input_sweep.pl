@@ -71,7 +71,6 @@ shared_preload_libraries = 'idem'
 idem.purge_interval = 86400
 idem.audit = 'executions'
 max_locks_per_transaction = 256
-log_min_duration_statement = 30
 });
 $node->start;
 idem_setup_db($node, 'postgres');
@@ -82,6 +81,9 @@ my $pgmajor = $node->safe_psql('postgres', 'SHOW server_version_num') / 10000;
 $node->safe_psql(
 	'postgres', q{
 CREATE ROLE fuzz_nobody;
+CREATE TYPE fuzz_comp AS (a int, b text[]);
+CREATE TYPE fuzz_enum AS ENUM ('a', 'b');
+CREATE DOMAIN fuzz_dom AS int CHECK (VALUE > 0);
 CREATE ROLE fuzz_gone;
 CREATE TABLE fuzz_gone_oid AS SELECT 'fuzz_gone'::regrole::oid AS o;
 DROP ROLE fuzz_gone;
@@ -89,17 +91,25 @@ GRANT SELECT ON fuzz_gone_oid TO PUBLIC;
 SELECT idem_queue_create('q1', producers => '{postgres}', workers => '{postgres}');
 SELECT idem_execute('k1', 'SELECT 1');
 
--- every row of idem's tables, hashed; a change shows as another value
-CREATE FUNCTION fuzz_snap() RETURNS text LANGUAGE sql SECURITY DEFINER AS $$
+-- every row of idem's tables, hashed; a change shows as another value.
+-- With others_only, the rows fuzz_nobody may change (its own) left out.
+CREATE FUNCTION fuzz_snap(others_only boolean DEFAULT false) RETURNS text
+LANGUAGE sql SECURITY DEFINER AS $$
 SELECT concat_ws('/',
-	(SELECT count(*) || ':' || coalesce(sum(hashtext(t::text)), 0) FROM idem.keys t),
-	(SELECT count(*) || ':' || coalesce(sum(hashtext(t::text)), 0) FROM idem.runs t),
-	(SELECT count(*) || ':' || coalesce(sum(hashtext(t::text)), 0) FROM idem.run_attempts t),
-	(SELECT count(*) || ':' || coalesce(sum(hashtext(t::text)), 0) FROM idem.run_signals t),
-	(SELECT count(*) || ':' || coalesce(sum(hashtext(t::text)), 0) FROM idem.outbox t),
+	(SELECT count(*) || ':' || coalesce(sum(hashtext(t::text)), 0) FROM idem.keys t
+	  WHERE NOT others_only OR owner <> 'fuzz_nobody'::regrole),
+	(SELECT count(*) || ':' || coalesce(sum(hashtext(t::text)), 0) FROM idem.runs t
+	  WHERE NOT others_only OR owner <> 'fuzz_nobody'::regrole),
+	(SELECT count(*) || ':' || coalesce(sum(hashtext(t::text)), 0) FROM idem.run_attempts t
+	  WHERE NOT others_only OR owner <> 'fuzz_nobody'::regrole),
+	(SELECT count(*) || ':' || coalesce(sum(hashtext(t::text)), 0) FROM idem.run_signals t
+	  WHERE NOT others_only OR owner <> 'fuzz_nobody'::regrole),
+	(SELECT count(*) || ':' || coalesce(sum(hashtext(t::text)), 0) FROM idem.outbox t
+	  WHERE NOT others_only OR owner <> 'fuzz_nobody'::regrole),
 	(SELECT count(*) || ':' || coalesce(sum(hashtext(t::text)), 0) FROM idem.queues t),
 	(SELECT count(*) || ':' || coalesce(sum(hashtext(t::text)), 0) FROM idem.outbox_topics t),
-	(SELECT count(*) || ':' || coalesce(sum(hashtext(t::text)), 0) FROM idem.audit t),
+	(SELECT count(*) || ':' || coalesce(sum(hashtext(t::text)), 0) FROM idem.audit t
+	  WHERE NOT others_only OR owner IS DISTINCT FROM 'fuzz_nobody'::regrole),
 	(SELECT count(*) || ':' || coalesce(sum(hashtext(t::text)), 0) FROM biz t))
 $$;
 
@@ -334,6 +344,9 @@ my @any_pool = (
 	q{ARRAY[1, 2]}, q{'{{1,2},{3,4}}'::int[]}, q{'{}'::int[]}, q{ROW(1, 'a')}, q{'{"a": 1}'::jsonb},
 	$deep_arr, q{repeat('x', 10000)}, q{'infinity'::timestamptz}, q{$zero_uuid},
 	q{'x'::idem_untyped}, q{'\x00'::bytea}, q{'fuzz_nobody'::regrole}, q{E'\x01'::"char"},
+	q{'postgres=r/postgres'::aclitem}, q{pg_sleep(0)}, q{'{[1,2)}'::int4multirange},
+	q{'1 2'::int2vector}, q{'<a/>'::xml}, q{ROW(1, '{}')::fuzz_comp}, q{'b'::fuzz_enum},
+	q{1::fuzz_dom}, q{'1 day'::interval},
 );
 my @variadic_pool = (
 	q{VARIADIC NULL::text[]}, q{VARIADIC '{}'::text[]}, q{VARIADIC ARRAY[1, 2]},
@@ -366,6 +379,16 @@ my %type_pool = (
 	'idem_untyped[]' => \@untyped_pool,
 	'idem_untyped' => [ q{NULL::idem_untyped}, q{'x'::idem_untyped}, q{''::idem_untyped} ],
 	'cstring' => [ q{NULL::cstring}, q{'x'::cstring}, q{''::cstring} ],
+);
+
+# a value of each type that passes, for the arguments of a systematic
+# call other than its hostile one
+my %benign = (
+	'text' => q{'a'}, 'integer' => 1, 'interval' => q{'30 s'}, 'boolean' => 'false',
+	'timestamp with time zone' => q{now()}, 'uuid' => $zero_uuid, 'jsonb' => q{'{}'::jsonb},
+	'text[]' => q{'{a}'::text[]}, 'uuid[]' => "ARRAY[$zero_uuid]", 'regrole' => q{'postgres'::regrole},
+	'regrole[]' => q{'{postgres}'::regrole[]}, 'regclass' => q{'biz'::regclass}, '"any"' => '1',
+	'anyelement' => '1', 'cstring' => q{'x'::cstring}, 'idem_untyped' => q{'x'::idem_untyped},
 );
 
 # names the fixtures hold, per parameter name ($e: the epoch)
@@ -420,12 +443,22 @@ sub pick { my ($l) = @_; return $l->[ int(rand(@$l)) ]; }
 # one, else a value of its type
 sub arg_value
 {
-	my ($p, $i, $e) = @_;
+	my ($p, $i, $e, $hostile) = @_;
 	my ($type, $name) = ($p->{types}[$i], $p->{names}[$i]);
-	return pick(\@sql_pool) if $name eq 'sql';
 	# idem_call's wait is a boolean, the claims' an interval
 	my $names = $type eq 'boolean' ? undef : name_pool($name, $e);
-	return [ pick($names) ] if $names && rand() < 0.5;
+	$names = [ q{'SELECT 1'}, q{'SELECT $1'} ] if $name eq 'sql';
+	if (defined $hostile)
+	{
+		return [ pick($names) ] if $names && !$hostile;
+		return [ $benign{$type} ] if !$hostile && exists $benign{$type};
+	}
+	else
+	{
+		return pick(\@sql_pool) if $name eq 'sql';
+		return [ pick($names) ] if $names && rand() < 0.5;
+	}
+	return pick(\@sql_pool) if $name eq 'sql';
 	my $pool = $type_pool{$type} or die "no pool for type $type of $p->{name}";
 	my $v = pick($pool);
 	if ($bounded_wait{$name} && $type eq 'interval')
@@ -439,18 +472,20 @@ sub arg_value
 # the call's SQL and the SQLSTATEs its business statement may add
 sub render_call
 {
-	my ($p, $e) = @_;
+	my ($p, $e, $hostile_arg) = @_;
 	my @t = @{ $p->{types} };
 	my $nfixed = $p->{variadic} ? $#t : scalar(@t);
 	# trailing defaulted arguments left out now and then
 	my $n = $nfixed;
-	$n -= int(rand($p->{ndef} + 1)) if !$p->{variadic} && $p->{ndef} > 0 && rand() < 0.3;
+	$n -= int(rand($p->{ndef} + 1))
+	  if !$p->{variadic} && !defined $hostile_arg && $p->{ndef} > 0 && rand() < 0.3;
 	# (idem_outbox_wait's default timeout would hold the sweep 30 s)
 	$n++ while $n < $nfixed && grep { $bounded_wait{$_} } @{ $p->{names} }[ $n .. $nfixed - 1 ];
 	my (@args, @extra);
 	for my $i (0 .. $n - 1)
 	{
-		my $v = arg_value($p, $i, $e);
+		my $v = arg_value($p, $i, $e,
+			defined $hostile_arg ? ($i == $hostile_arg ? 1 : 0) : undef);
 		push @args, $v->[0];
 		push @extra, @{$v}[ 1 .. $#$v ];
 	}
@@ -490,7 +525,11 @@ my @settings = (
 	[qw(idem.statement_cache_size 1)], [qw(idem.outbox_notify on)],
 );
 my @calls;
-# one round trip where it can be (\;): the machine is shared
+my @systematic = map { my $p = $_; map { [ $p, $_ ] } -1 .. $#{ $p->{types} } } @procs;
+# Statements are joined (\;) where a call's outcome allows it: round trips
+# are most of the sweep's time.  Each call's last statement also takes the
+# snapshot of idem's tables the next call starts from (b, and bo without
+# fuzz_nobody's own rows).
 my $script = q{
 \set QUIET on
 SET statement_timeout = '20s';
@@ -502,7 +541,7 @@ for my $i (0 .. $ncalls - 1)
 	if ($i % $epoch_len == 0)
 	{
 		$epoch++;
-		$script .= "RESET ROLE;\nSELECT fuzz_refresh($epoch) \\g /dev/null\n";
+		$script .= "SELECT fuzz_refresh($epoch) \\; SELECT fuzz_snap() AS b, fuzz_snap(true) AS bo \\gset\n";
 	}
 	my ($sql, $extra);
 	# views are swept too, in every mode
@@ -512,24 +551,41 @@ for my $i (0 .. $ncalls - 1)
 	}
 	else
 	{
-		# the first calls go through every function in order, the rest at random
-		my $p = $i < 2 * @procs ? $procs[ $i % @procs ] : pick(\@procs);
-		($sql, $extra) = render_call($p, $epoch);
+		# first every function with each argument in turn the hostile one
+		# (the others a fixture's name where the parameter has one), then
+		# every argument drawn at random
+		if (@systematic)
+		{
+			my ($p, $k) = @{ shift @systematic };
+			($sql, $extra) = render_call($p, $epoch, $k);
+		}
+		else
+		{
+			($sql, $extra) = render_call(pick(\@procs), $epoch);
+		}
 	}
 	my $mode = pick(\@modes);
 	my $nobody = rand() < 0.2;
 	my $set = rand() < 0.15 ? pick(\@settings) : undef;
 	push @calls, { sql => $sql, extra => $extra, mode => $mode, nobody => $nobody, set => $set };
-	$script .= "\\warn \@\@$i\n\\unset st\n\\unset c1\n\\unset cst\n\\unset c2\n";
+	$script .= "\\warn \@\@$i\n\\unset st\n\\unset c1\n\\unset c2\n\\unset ro\n\\unset others\n";
+	# a refused value must not abort the transaction before the call
+	my $setting = $set ? "SELECT fuzz_try(\$fz\$SET LOCAL $set->[0] = '$set->[1]'\$fz\$)" : undef;
+	my $others = "fuzz_snap(true) = :'bo' AS others";
+	# (a probe in the transaction would still run under the setting)
+	my $probe = $mode eq 'ro' || $set ? 'false' : 'true';
+	my $last = "SELECT fuzz_check(:'b', $i, true) AS c2, fuzz_snap() AS b, fuzz_snap(true) AS bo \\gset\n";
+	my $last_others = "SELECT $others, " . substr($last, length('SELECT '));
 	if ($mode eq 'auto')
 	{
-		$script .= "SELECT fuzz_snap() AS b \\gset\n";
+		# the call alone: a procedure refused in a transaction block would
+		# be refused in a string of several statements too
 		$script .= "SET ROLE fuzz_nobody;\n" if $nobody;
 		$script .= "SET $set->[0] = '$set->[1]';\n" if $set;
 		$script .= "$sql \\g /dev/null\n\\set st :SQLSTATE\n";
-		$script .= "RESET $set->[0];\n" if $set;
-		$script .= "RESET ROLE;\n" if $nobody;
-		$script .= "\\set c1 -|-\n\\set cst -\n";
+		$script .= "RESET $set->[0] \\; " if $set;
+		$script .= $nobody ? "RESET ROLE \\; $last_others" : $last;
+		$script .= "\\set c1 -|-\n";
 	}
 	else
 	{
@@ -540,28 +596,36 @@ for my $i (0 .. $ncalls - 1)
 			subabort => 'BEGIN',
 			plpgsql => 'BEGIN',
 		}->{$mode};
-		$script .= "$begin \\; SELECT fuzz_snap() AS b \\gset\n";
-		$script .= "SET LOCAL ROLE fuzz_nobody;\n" if $nobody;
-		# a refused value must not abort the transaction before the call
-		$script .= "SELECT fuzz_try(\$fz\$SET LOCAL $set->[0] = '$set->[1]'\$fz\$) \\g /dev/null\n" if $set;
+		$script .= $begin;
+		$script .= " \\; SET LOCAL ROLE fuzz_nobody" if $nobody;
+		$script .= " \\; $setting" if $set;
 		# a subtransaction that failed before the call
-		$script .= "SELECT fuzz_try('SELECT 1/0') \\g /dev/null\n" if $mode eq 'subabort';
-		# (a setting the call ran under would still hold for a probe in the transaction)
-		my $probe = $mode eq 'ro' || $set ? 'false' : 'true';
+		$script .= " \\; SELECT fuzz_try('SELECT 1/0')" if $mode eq 'subabort';
 		if ($mode eq 'plpgsql')
 		{
-			$script .= "SELECT fuzz_try(\$fz\$$sql\$fz\$) AS st \\gset\n";
-			$script .= "SELECT fuzz_check(:'b', $i, $probe) AS c1 \\gset\n";
+			$script .= " \\g /dev/null\n";
+			$script .= "SELECT fuzz_try(\$fz\$$sql\$fz\$) AS st"
+			  . ($nobody ? ", $others" : '') . ", fuzz_check(:'b', $i, $probe) AS c1 \\gset\n";
 		}
 		else
 		{
-			$script .= "SAVEPOINT s;\n$sql \\g /dev/null\n\\set st :SQLSTATE\n";
+			$script .= " \\; SAVEPOINT s \\g /dev/null\n$sql \\g /dev/null\n\\set st :SQLSTATE\n";
+			# what a call that succeeded changed: nothing in a read-only
+			# transaction (idem writes its rows without the executor, which
+			# would refuse), nothing but its own rows as fuzz_nobody
+			if ($mode eq 'ro' || $nobody)
+			{
+				$script .= "\\if :ERROR\n\\else\nSELECT ";
+				$script .= join(', ', ($mode eq 'ro' ? "fuzz_snap() = :'b' AS ro" : ()), ($nobody ? $others : ()));
+				$script .= " \\gset\n\\endif\n";
+			}
 			$script .= "ROLLBACK TO SAVEPOINT s \\; SELECT fuzz_check(:'b', $i, $probe) AS c1 \\gset\n";
 		}
-		$script .= "COMMIT;\n\\set cst :SQLSTATE\n";
+		# COMMIT runs what the call left in the commit-time lists
+		$script .= "COMMIT \\; $last";
 	}
-	$script .= "SELECT fuzz_check(:'b', $i, true) AS c2 \\gset\n";
-	$script .= "\\echo \@\@|$i|:st|:c1|:cst|:c2\n";
+	$script .= "\\set cst :SQLSTATE\n";
+	$script .= "\\echo \@\@|$i|:st|:c1|:cst|:c2|:ro|:others\n";
 }
 
 my $t0 = time;
@@ -584,8 +648,9 @@ my %seen;
 for (split /\n/, $stdout)
 {
 	next unless /^\@\@\|/;
-	my (undef, $i, $st, $same1, $probe1, $cst, $same2, $probe2) = split /\|/, $_, -1;
-	$_ //= '?' for ($same1, $probe1, $cst, $same2, $probe2);
+	my (undef, $i, $st, $same1, $probe1, $cst, $same2, $probe2, $ro, $others) = split /\|/, $_, -1;
+	# (a variable no query set is echoed as its name)
+	$_ = '?' for grep { !defined || /^:/ } ($same1, $probe1, $cst, $same2, $probe2, $ro, $others);
 	$seen{$i} = 1;
 	my $c = $calls[$i];
 	my @why;
@@ -602,7 +667,6 @@ for (split /\n/, $stdout)
 	{
 		push @why, "tables changed in the transaction after the rollback to the savepoint"
 		  if $same1 ne 't' && !($c->{mode} eq 'plpgsql' && !$failed);
-		push @why, "COMMIT failed ($cst)" if $cst ne '00000';
 		push @why, "the session could not run a call in the transaction ($probe1)"
 		  if $c->{mode} ne 'ro' && !$c->{set} && $probe1 ne 't';
 		push @why, "tables changed after COMMIT"
@@ -612,7 +676,13 @@ for (split /\n/, $stdout)
 	{
 		push @why, "tables changed" if $same2 ne 't';
 	}
+	push @why, ($c->{mode} eq 'auto' ? 'the check after the call' : 'COMMIT or the check after it')
+	  . " failed ($cst)" if $cst ne '00000';
 	push @why, "the session could not run a call after it ($probe2)" if $probe2 ne 't';
+	push @why, "a call in a read-only transaction changed idem's tables"
+	  if $c->{mode} eq 'ro' && !$failed && $ro ne 't';
+	push @why, "fuzz_nobody changed rows that are not its own"
+	  if $c->{nobody} && $others ne 't' && !($failed && $others eq '?');
 	my $e = $err{$i} // '';
 	push @why, 'a leak warning' if $e =~ /WARNING:.*(leak|not closed|still referenced)/;
 	push @violations, "call $i [$c->{mode}" . ($c->{nobody} ? ', as fuzz_nobody' : '')
