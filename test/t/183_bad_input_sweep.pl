@@ -80,7 +80,9 @@ my $pgmajor = $node->safe_psql('postgres', 'SHOW server_version_num') / 10000;
 # DEFINER), so a role with no grants reaches them too
 $node->safe_psql(
 	'postgres', q{
+-- fuzz_nobody is granted nothing, ever: the sweep grants to fuzz_grantee
 CREATE ROLE fuzz_nobody;
+CREATE ROLE fuzz_grantee;
 CREATE TYPE fuzz_comp AS (a int, b text[]);
 CREATE TYPE fuzz_enum AS ENUM ('a', 'b');
 CREATE DOMAIN fuzz_dom AS int CHECK (VALUE > 0);
@@ -149,8 +151,20 @@ EXCEPTION WHEN OTHERS THEN
 	RETURN st;
 END $$;
 
-CREATE FUNCTION fuzz_run_token(r text) RETURNS uuid LANGUAGE sql STABLE SECURITY DEFINER AS $$
-SELECT lease_token FROM idem.runs WHERE run_id = r AND owner = 'postgres'::regrole $$;
+-- the run's lease token; a run released since is claimed again first
+-- where a claim can be (not for fuzz_nobody, which changes no other
+-- role's rows)
+CREATE FUNCTION fuzz_run_token(r text) RETURNS uuid LANGUAGE plpgsql SECURITY DEFINER AS $$
+BEGIN
+	IF current_setting('role') <> 'fuzz_nobody'
+	   AND current_setting('transaction_isolation') = 'read committed'
+	   AND NOT current_setting('transaction_read_only')::boolean
+	   AND EXISTS (SELECT FROM idem.runs WHERE run_id = r AND owner = 'postgres'::regrole
+	                  AND queue_state = 'ready' AND due_at <= now()) THEN
+		PERFORM idem_run_claim('q1', 1000, '1 hour');
+	END IF;
+	RETURN (SELECT lease_token FROM idem.runs WHERE run_id = r AND owner = 'postgres'::regrole);
+END $$;
 CREATE FUNCTION fuzz_event(k text) RETURNS uuid LANGUAGE sql STABLE SECURITY DEFINER AS $$
 SELECT event_id FROM idem.outbox WHERE key = k $$;
 CREATE FUNCTION fuzz_event_token(k text) RETURNS uuid LANGUAGE sql STABLE SECURITY DEFINER AS $$
@@ -328,13 +342,13 @@ my @uuid_arr_pool = (
 	"ARRAY[$zero_uuid]",
 );
 my @role_pool = (
-	q{NULL::regrole}, q{'postgres'::regrole}, q{'fuzz_nobody'::regrole}, q{0::oid::regrole},
+	q{NULL::regrole}, q{'postgres'::regrole}, q{'fuzz_grantee'::regrole}, q{0::oid::regrole},
 	qq{$gone\::oid::regrole}, q{4294967295::oid::regrole}, q{'pg_monitor'::regrole},
 );
 my @role_arr_pool = (
 	q{NULL::regrole[]}, q{'{}'::regrole[]}, q{'{postgres}'::regrole[]}, q{'{postgres,postgres}'::regrole[]},
 	q{ARRAY[NULL::regrole]}, q{ARRAY[0::oid::regrole]}, qq{ARRAY[$gone\::oid::regrole]},
-	q{ARRAY[['postgres'::regrole], ['fuzz_nobody'::regrole]]}, q{'{fuzz_nobody}'::regrole[]},
+	q{ARRAY[['postgres'::regrole], ['fuzz_grantee'::regrole]]}, q{'{fuzz_grantee}'::regrole[]},
 );
 my @regclass_pool =
   (q{NULL::regclass}, q{'biz'::regclass}, q{0::oid::regclass}, q{'pg_class'::regclass}, q{'idem.keys'::regclass});
@@ -407,7 +421,7 @@ sub name_pool
 		lease_tokens => [ "ARRAY[fuzz_event_token('ev_$e')]", "ARRAY[fuzz_event_token('ev_$e'), NULL]" ],
 		privilege => [ map { "'$_'" } qw(publish consume produce work signal bogus) ],
 		jitter => [ q{'full'}, q{'equal'}, q{'none'}, q{'bogus'} ],
-		role => [ q{'postgres'::regrole}, q{'fuzz_nobody'::regrole} ],
+		role => [ q{'postgres'::regrole}, q{'fuzz_grantee'::regrole} ],
 		owner => [ q{'postgres'::regrole}, q{'fuzz_nobody'::regrole} ],
 		consumer => [ q{'w1'} ],
 		worker => [ q{'w1'} ],
@@ -432,6 +446,54 @@ sub name_pool
 	return $p{$param};
 }
 
+# arguments that make a call succeed (E: the epoch), where a name alone
+# does not: the run, step and lease token a call reaches together; the
+# deep paths are taken only when every other argument passes
+my %template = (
+	idem_step => { run_id => q{'r1_E'}, step => q{'a'}, sql => q{'SELECT 1'} },
+	idem_step_complete => { run_id => q{'r1_E'}, step => q{'a'}, lease_token => 'NULL::uuid' },
+	idem_step_start => { run_id => q{'rq_E'}, step => q{'a'}, lease_token => q{fuzz_run_token('rq_E')} },
+	idem_step_fail => { run_id => q{'rq_E'}, step => q{'a'}, lease_token => q{fuzz_run_token('rq_E')},
+		retry_after => q{'1 s'} },
+	idem_run_await => { run_id => q{'rq_E'}, event => q{'b'}, lease_token => q{fuzz_run_token('rq_E')},
+		timeout => q{'1 s'} },
+	idem_run_signal => { run_id => q{'rq_E'}, event => q{'b'}, owner => 'NULL::regrole' },
+	idem_run_sleep => { run_id => q{'rq_E'}, lease_token => q{fuzz_run_token('rq_E')},
+		until => q{now() + '1 min'} },
+	idem_run_extend => { run_id => q{'rq_E'}, lease_token => q{fuzz_run_token('rq_E')} },
+	idem_run_release => { run_id => q{'rq_E'}, lease_token => q{fuzz_run_token('rq_E')},
+		retry_after => 'NULL::interval' },
+	idem_run_complete => { run_id => q{'rd_E'}, owner => 'NULL::regrole' },
+	idem_run_fail => { run_id => q{'r1_E'}, owner => 'NULL::regrole' },
+	idem_run_cancel => { run_id => q{'r2_E'}, owner => 'NULL::regrole' },
+	idem_call => { key => q{'kc_E'}, sql => q{'SELECT $1'}, args => q{'{1}'::text[]},
+		map { $_ => 'NULL' } qw(outbox_topic ttl wait run_id step lease_token complete_step
+		  complete_result start_step) },
+	idem_outbox_ack => { event_id => q{fuzz_event('ev_E')}, lease_token => q{fuzz_event_token('ev_E')} },
+	idem_outbox_fail => { event_id => q{fuzz_event('ev_E')}, lease_token => q{fuzz_event_token('ev_E')},
+		retry_after => 'NULL::interval' },
+	idem_outbox_extend => { event_id => q{fuzz_event('ev_E')}, lease_token => q{fuzz_event_token('ev_E')} },
+	idem_outbox_release => { event_id => q{fuzz_event('ev_E')}, lease_token => q{fuzz_event_token('ev_E')} },
+	idem_outbox_ack_batch => { event_ids => q{ARRAY[fuzz_event('ev_E')]},
+		lease_tokens => q{ARRAY[fuzz_event_token('ev_E')]} },
+	idem_outbox_grant => { topic => q{'workflow'}, role => q{'fuzz_grantee'::regrole}, privilege => q{'consume'} },
+	idem_outbox_revoke => { topic => q{'workflow'}, role => q{'fuzz_grantee'::regrole}, privilege => q{'consume'} },
+	idem_queue_grant => { queue => q{'q1'}, role => q{'fuzz_grantee'::regrole}, privilege => q{'signal'} },
+	idem_queue_revoke => { queue => q{'q1'}, role => q{'fuzz_grantee'::regrole}, privilege => q{'signal'} },
+	idem_run_claim => { queue => q{'q1'}, max_runs => 1, lease => q{'30 s'}, worker => q{'w1'},
+		wait => 'NULL::interval' },
+	idem_run_begin => { run_id => q{'rb_E'}, queue => 'NULL', map { $_ => 'NULL' }
+		  qw(max_attempts backoff_base backoff_cap jitter) },
+);
+
+sub template_value
+{
+	my ($p, $name, $e) = @_;
+	my $v = $template{ $p->{name} } && $template{ $p->{name} }{$name};
+	$v =~ s/_E'/_$e'/g if defined $v;
+	return $v;
+}
+
 # a wait of up to an hour that is valid would hold the sweep for it:
 # these parameters get only waits that end at once or are refused
 my %bounded_wait = map { $_ => 1 } qw(wait timeout);
@@ -448,13 +510,19 @@ sub arg_value
 	# idem_call's wait is a boolean, the claims' an interval
 	my $names = $type eq 'boolean' ? undef : name_pool($name, $e);
 	$names = [ q{'SELECT 1'}, q{'SELECT $1'} ] if $name eq 'sql';
+	my $good = template_value($p, $name, $e);
 	if (defined $hostile)
 	{
-		return [ pick($names) ] if $names && !$hostile;
-		return [ $benign{$type} ] if !$hostile && exists $benign{$type};
+		if (!$hostile)
+		{
+			return [$good] if defined $good;
+			return [ $names->[0] ] if $names;
+			return [ $benign{$type} ] if exists $benign{$type};
+		}
 	}
 	else
 	{
+		return [$good] if defined $good && rand() < 0.5;
 		return pick(\@sql_pool) if $name eq 'sql';
 		return [ pick($names) ] if $names && rand() < 0.5;
 	}
@@ -505,8 +573,11 @@ sub render_call
 		}
 	}
 	my $call = "$p->{name}(" . join(', ', @args) . ')';
+	# now and then twice in one statement (the second call sees the
+	# first's effects under the same snapshot)
 	my $sql =
 		$p->{kind} eq 'p' ? "CALL $call"
+	  : rand() < 0.1 ? "SELECT $call IS NULL FROM generate_series(1, 2)"
 	  : $p->{rows} ? "SELECT count(*) FROM $call AS x"
 	  : "SELECT $call IS NULL";
 	return ($sql, \@extra);
@@ -525,7 +596,8 @@ my @settings = (
 	[qw(idem.statement_cache_size 1)], [qw(idem.outbox_notify on)],
 );
 my @calls;
-my @systematic = map { my $p = $_; map { [ $p, $_ ] } -1 .. $#{ $p->{types} } } @procs;
+my @systematic =
+  map { my $p = $_; map { ([ $p, $_ ]) x ($_ < 0 ? 1 : 2) } -1 .. $#{ $p->{types} } } @procs;
 # Statements are joined (\;) where a call's outcome allows it: round trips
 # are most of the sweep's time.  Each call's last statement also takes the
 # snapshot of idem's tables the next call starts from (b, and bo without
@@ -567,7 +639,8 @@ for my $i (0 .. $ncalls - 1)
 	my $mode = pick(\@modes);
 	my $nobody = rand() < 0.2;
 	my $set = rand() < 0.15 ? pick(\@settings) : undef;
-	push @calls, { sql => $sql, extra => $extra, mode => $mode, nobody => $nobody, set => $set };
+	push @calls, { sql => $sql, extra => $extra, mode => $mode, nobody => $nobody, set => $set,
+		fn => ($sql =~ /(idem[\w.]*)\(/ ? $1 : undef) };
 	$script .= "\\warn \@\@$i\n\\unset st\n\\unset c1\n\\unset c2\n\\unset ro\n\\unset others\n";
 	# a refused value must not abort the transaction before the call
 	my $setting = $set ? "SELECT fuzz_try(\$fz\$SET LOCAL $set->[0] = '$set->[1]'\$fz\$)" : undef;
@@ -643,7 +716,7 @@ for (split /\n/, $stderr)
 	$err{ $cur // 'setup' } .= "$_\n";
 }
 
-my (@violations, %codes, $ok_calls, $err_calls);
+my (@violations, %codes, $ok_calls, $err_calls, %succeeded);
 my %seen;
 for (split /\n/, $stdout)
 {
@@ -656,6 +729,7 @@ for (split /\n/, $stdout)
 	my @why;
 	my $failed = $st ne '00000';
 	$failed ? $err_calls++ : $ok_calls++;
+	$succeeded{ $c->{fn} } += !$failed if $c->{fn};
 	$codes{$st}++;
 	if ($failed)
 	{
@@ -699,6 +773,8 @@ push @violations, "the connection was lost:\n" . join("\n", grep { /server close
 note sprintf('%d calls (seed %d) in %d s: %d succeeded, %d failed; SQLSTATEs: %s',
 	scalar(@calls), $seed, $elapsed, $ok_calls // 0, $err_calls // 0,
 	join(' ', map { "$_:$codes{$_}" } sort keys %codes));
+note 'never succeeded: '
+  . join(' ', sort grep { !$succeeded{$_} } keys %succeeded);
 is(scalar(@violations), 0, 'every call kept the promise')
   or diag(join("\n", @violations[ 0 .. ($#violations > 40 ? 40 : $#violations) ]));
 
