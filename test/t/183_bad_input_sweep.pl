@@ -49,8 +49,9 @@ use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
 
-my $seed = $ENV{IDEM_FUZZ_SEED} // 1;
-my $ncalls = $ENV{IDEM_FUZZ_CALLS} // 1500;
+# (set but empty is unset)
+my $seed = length($ENV{IDEM_FUZZ_SEED} // '') ? $ENV{IDEM_FUZZ_SEED} : 1;
+my $ncalls = $ENV{IDEM_FUZZ_CALLS} || 1500;
 # fixtures are made again every so many calls: a drop or a completion
 # drawn by the sweep would leave the rest of it nothing to reach
 my $epoch_len = 150;
