@@ -211,6 +211,14 @@ BEGIN
 	PERFORM idem_execute('ev_' || e, 'SELECT 1');
 	PERFORM set_config('idem.outbox_topic', '', true);
 	PERFORM idem_outbox_claim('orders', 1000, '1 hour');
+	-- a dead event, for idem_outbox_requeue()
+	PERFORM set_config('idem.outbox_topic', 'workflow', true);
+	PERFORM idem_execute('dead_' || e, 'SELECT 1');
+	PERFORM set_config('idem.outbox_topic', '', true);
+	PERFORM set_config('idem.outbox_max_attempts', '1', true);
+	PERFORM idem_outbox_fail(event_id, lease_token, 'dead')
+	   FROM idem_outbox_claim('workflow', 1000, '1 hour') WHERE key = 'dead_' || e;
+	PERFORM set_config('idem.outbox_max_attempts', '10', true);
 END $$;
 GRANT EXECUTE ON FUNCTION fuzz_probe(int), fuzz_try(text), fuzz_check(text, int, boolean) TO PUBLIC;
 });
@@ -483,6 +491,7 @@ my %template = (
 		retry_after => 'NULL::interval' },
 	idem_outbox_extend => { event_id => q{fuzz_event('ev_E')}, lease_token => q{fuzz_event_token('ev_E')} },
 	idem_outbox_release => { event_id => q{fuzz_event('ev_E')}, lease_token => q{fuzz_event_token('ev_E')} },
+	idem_outbox_requeue => { event_id => q{fuzz_event('dead_E')} },
 	idem_outbox_ack_batch => { event_ids => q{ARRAY[fuzz_event('ev_E')]},
 		lease_tokens => q{ARRAY[fuzz_event_token('ev_E')]} },
 	idem_outbox_grant => { topic => q{'workflow'}, role => q{'fuzz_grantee'::regrole}, privilege => q{'consume'} },
