@@ -37,80 +37,210 @@ idem_check_can_write(const char *what)
 }
 
 /*
+ * The messages about a name of each kind, each whole, as a translation
+ * needs them.
+ */
+static int
+name_null_msg(IdemNameKind kind)
+{
+	switch (kind)
+	{
+		case IDEM_NAME_KEY:
+			return errmsg("idempotency key must not be null");
+		case IDEM_NAME_RUN_ID:
+			return errmsg("run id must not be null");
+		case IDEM_NAME_STEP:
+			return errmsg("step name must not be null");
+		case IDEM_NAME_EVENT:
+			return errmsg("event must not be null");
+		case IDEM_NAME_QUEUE:
+			return errmsg("run queue must not be null");
+		case IDEM_NAME_TOPIC:
+			return errmsg("outbox topic must not be null");
+		case IDEM_NAME_CONSUMER:
+			return errmsg("consumer must not be null");
+		case IDEM_NAME_WORKER:
+			return errmsg("worker must not be null");
+	}
+	return errmsg("name must not be null");
+}
+
+static int
+name_empty_msg(IdemNameKind kind)
+{
+	switch (kind)
+	{
+		case IDEM_NAME_KEY:
+			return errmsg("idempotency key must not be empty");
+		case IDEM_NAME_RUN_ID:
+			return errmsg("run id must not be empty");
+		case IDEM_NAME_STEP:
+			return errmsg("step name must not be empty");
+		case IDEM_NAME_EVENT:
+			return errmsg("event must not be empty");
+		case IDEM_NAME_QUEUE:
+			return errmsg("run queue must not be empty");
+		case IDEM_NAME_TOPIC:
+			return errmsg("outbox topic must not be empty");
+		case IDEM_NAME_CONSUMER:
+			return errmsg("consumer must not be empty");
+		case IDEM_NAME_WORKER:
+			return errmsg("worker must not be empty");
+	}
+	return errmsg("name must not be empty");
+}
+
+static int
+name_long_msg(IdemNameKind kind)
+{
+	switch (kind)
+	{
+		case IDEM_NAME_KEY:
+			return errmsg("idempotency key is too long");
+		case IDEM_NAME_RUN_ID:
+			return errmsg("run id is too long");
+		case IDEM_NAME_STEP:
+			return errmsg("step name is too long");
+		case IDEM_NAME_EVENT:
+			return errmsg("event is too long");
+		case IDEM_NAME_QUEUE:
+			return errmsg("run queue is too long");
+		case IDEM_NAME_TOPIC:
+			return errmsg("outbox topic is too long");
+		case IDEM_NAME_CONSUMER:
+			return errmsg("consumer is too long");
+		case IDEM_NAME_WORKER:
+			return errmsg("worker is too long");
+	}
+	return errmsg("name is too long");
+}
+
+static int
+name_long_detail(IdemNameKind kind, size_t len, int limit)
+{
+	switch (kind)
+	{
+		case IDEM_NAME_KEY:
+			return errdetail_plural("The idempotency key is %zu byte long; the limit is %d bytes.",
+									"The idempotency key is %zu bytes long; the limit is %d bytes.",
+									(unsigned long) len, len, limit);
+		case IDEM_NAME_RUN_ID:
+			return errdetail_plural("The run id is %zu byte long; the limit is %d bytes.",
+									"The run id is %zu bytes long; the limit is %d bytes.",
+									(unsigned long) len, len, limit);
+		case IDEM_NAME_STEP:
+			return errdetail_plural("The step name is %zu byte long; the limit is %d bytes.",
+									"The step name is %zu bytes long; the limit is %d bytes.",
+									(unsigned long) len, len, limit);
+		case IDEM_NAME_EVENT:
+			return errdetail_plural("The event is %zu byte long; the limit is %d bytes.",
+									"The event is %zu bytes long; the limit is %d bytes.",
+									(unsigned long) len, len, limit);
+		case IDEM_NAME_QUEUE:
+			return errdetail_plural("The run queue is %zu byte long; the limit is %d bytes.",
+									"The run queue is %zu bytes long; the limit is %d bytes.",
+									(unsigned long) len, len, limit);
+		case IDEM_NAME_TOPIC:
+			return errdetail_plural("The outbox topic is %zu byte long; the limit is %d bytes.",
+									"The outbox topic is %zu bytes long; the limit is %d bytes.",
+									(unsigned long) len, len, limit);
+		case IDEM_NAME_CONSUMER:
+			return errdetail_plural("The consumer is %zu byte long; the limit is %d bytes.",
+									"The consumer is %zu bytes long; the limit is %d bytes.",
+									(unsigned long) len, len, limit);
+		case IDEM_NAME_WORKER:
+			return errdetail_plural("The worker is %zu byte long; the limit is %d bytes.",
+									"The worker is %zu bytes long; the limit is %d bytes.",
+									(unsigned long) len, len, limit);
+	}
+	return errdetail_plural("The name is %zu byte long; the limit is %d bytes.",
+									"The name is %zu bytes long; the limit is %d bytes.",
+									(unsigned long) len, len, limit);
+}
+
+/*
  * idem_check_name
  *		A name idem keeps (key, run id, step, topic, consumer): not empty, at
- *		most limit bytes.  what names it in messages; hint, if not NULL, says
- *		what to do about a name that is too long.
+ *		most limit bytes.  kind says what it names, in messages; hint, if
+ *		not NULL, says what to do about a name that is too long.
  */
 void
-idem_check_name(const char *what, const char *name, int limit, const char *hint)
+idem_check_name(IdemNameKind kind, const char *name, int limit, const char *hint)
 {
 	size_t		len = strlen(name);
 
 	if (len == 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("%s must not be empty", what),
+				 name_empty_msg(kind),
 				 idem_errhint(ERRCODE_INVALID_PARAMETER_VALUE, NULL)));
 	if (len > limit)
 		ereport(ERROR,
 				(errcode(ERRCODE_STRING_DATA_RIGHT_TRUNCATION),
-				 errmsg("%s is too long", what),
-				 errdetail("The %s is %zu bytes long; the limit is %d bytes.",
-						   what, len, limit),
+				 name_long_msg(kind),
+				 name_long_detail(kind, len, limit),
 				 idem_errhint(ERRCODE_STRING_DATA_RIGHT_TRUNCATION, hint)));
 }
 
 /*
  * idem_check_error_text
  *		A failure's text as a consumer or a worker reports it (an event's
- *		or a run's last error), kept in the row and shown in the views: at
- *		most IDEM_MAX_ERROR_BYTES, or 22001.
+ *		or a run's last error, an operator's reason), kept in the row and
+ *		shown in the views: at most IDEM_MAX_ERROR_BYTES, or 22001.
  */
 void
-idem_check_error_text(const char *what, const char *text)
+idem_check_error_text(IdemErrorText which, const char *text)
 {
 	size_t		len = strlen(text);
 
 	if (len > IDEM_MAX_ERROR_BYTES)
 		ereport(ERROR,
 				(errcode(ERRCODE_STRING_DATA_RIGHT_TRUNCATION),
-				 errmsg("%s is too long", what),
-				 errdetail("The %s is %zu bytes long; the limit is %d bytes.",
-						   what, len, IDEM_MAX_ERROR_BYTES),
+				 which == IDEM_TEXT_REASON ?
+				 errmsg("reason is too long") :
+				 errmsg("error is too long"),
+				 which == IDEM_TEXT_REASON ?
+				 errdetail_plural("The reason is %zu byte long; the limit is %d bytes.",
+									"The reason is %zu bytes long; the limit is %d bytes.",
+									(unsigned long) len, len, IDEM_MAX_ERROR_BYTES) :
+				 errdetail_plural("The error is %zu byte long; the limit is %d bytes.",
+									"The error is %zu bytes long; the limit is %d bytes.",
+									(unsigned long) len, len, IDEM_MAX_ERROR_BYTES),
 				 idem_errhint(ERRCODE_STRING_DATA_RIGHT_TRUNCATION, "Report a summary; the whole error belongs in the worker's log.")));
 }
 
 /*
  * idem_arg_not_null
- *		Refuse a null argument argno of the callers that name it by a
- *		variable (idem_name_arg()'s "idempotency key", "run id"); a fixed
- *		subject is spelt out in its caller's own message.
+ *		Refuse a null argument argno, named in the message by its parameter
+ *		name (param); idem_name_arg() says what its names are instead.
  */
 void
-idem_arg_not_null(FunctionCallInfo fcinfo, int argno, const char *what)
+idem_arg_not_null(FunctionCallInfo fcinfo, int argno, const char *param)
 {
 	if (PG_ARGISNULL(argno))
 		ereport(ERROR,
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("%s must not be null", what),
+				 errmsg("%s must not be null", param),
 				 idem_errhint(ERRCODE_NULL_VALUE_NOT_ALLOWED, NULL)));
 }
 
 /*
  * idem_name_arg
- *		A key, run id or step name argument: not null, not empty, at most
- *		IDEM_MAX_KEY_BYTES.  what names it in messages ("idempotency key").
+ *		A key, run id or step name argument (kind): not null, not empty, at
+ *		most IDEM_MAX_KEY_BYTES.
  */
 char *
-idem_name_arg(FunctionCallInfo fcinfo, int argno, const char *what)
+idem_name_arg(FunctionCallInfo fcinfo, int argno, IdemNameKind kind)
 {
 	char	   *name;
 
-	idem_arg_not_null(fcinfo, argno, what);
-
+	if (PG_ARGISNULL(argno))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 name_null_msg(kind),
+				 idem_errhint(ERRCODE_NULL_VALUE_NOT_ALLOWED, NULL)));
 	name = text_to_cstring(PG_GETARG_TEXT_PP(argno));
-	idem_check_name(what, name, IDEM_MAX_KEY_BYTES,
+	idem_check_name(kind, name, IDEM_MAX_KEY_BYTES,
 					"Build long names with idem_key(), which hashes what does not fit.");
 	return name;
 }
@@ -168,7 +298,9 @@ idem_check_variadic_list(ArrayType *arr, IdemListKind kind, const char *hint)
 				 kind == IDEM_LIST_ARGUMENTS ?
 				 errmsg("arguments passed as an array must be a one-dimensional array") :
 				 errmsg("key parts passed as an array must be a one-dimensional array"),
-				 errdetail("The array has %d dimensions.", ARR_NDIM(arr)),
+				 errdetail_plural("The array has %d dimension.",
+								  "The array has %d dimensions.",
+								  ARR_NDIM(arr), ARR_NDIM(arr)),
 				 idem_errhint(ERRCODE_ARRAY_SUBSCRIPT_ERROR, "Pass a multidimensional array as one argument, without VARIADIC.")));
 	nitems = ArrayGetNItems(ARR_NDIM(arr), ARR_DIMS(arr));
 	if (nitems > IDEM_MAX_ARGS)
@@ -178,9 +310,11 @@ idem_check_variadic_list(ArrayType *arr, IdemListKind kind, const char *hint)
 				 errmsg("too many arguments") :
 				 errmsg("too many key parts"),
 				 kind == IDEM_LIST_ARGUMENTS ?
-				 errdetail("The array holds %d arguments; a statement takes at most %d.",
-						   nitems, IDEM_MAX_ARGS) :
-				 errdetail("The array holds %d key parts; a key takes at most %d.",
-						   nitems, IDEM_MAX_ARGS),
+				 errdetail_plural("The array holds %d argument; a statement takes at most %d.",
+								  "The array holds %d arguments; a statement takes at most %d.",
+								  nitems, nitems, IDEM_MAX_ARGS) :
+				 errdetail_plural("The array holds %d key part; a key takes at most %d.",
+								  "The array holds %d key parts; a key takes at most %d.",
+								  nitems, nitems, IDEM_MAX_ARGS),
 				 idem_errhint(ERRCODE_PROGRAM_LIMIT_EXCEEDED, hint)));
 }

@@ -28,13 +28,31 @@ extern int	idem_errhint(int sqlerrcode, const char *hint);
 
 /* args.c: checks of SQL-callable functions' arguments */
 extern void idem_check_can_write(const char *what);
-extern void idem_check_name(const char *what, const char *name, int limit,
+/* What a name idem keeps names: each kind has its own messages (args.c). */
+typedef enum IdemNameKind
+{
+	IDEM_NAME_KEY,				/* an idempotency key */
+	IDEM_NAME_RUN_ID,
+	IDEM_NAME_STEP,
+	IDEM_NAME_EVENT,			/* a run's signal */
+	IDEM_NAME_QUEUE,
+	IDEM_NAME_TOPIC,
+	IDEM_NAME_CONSUMER,
+	IDEM_NAME_WORKER
+} IdemNameKind;
+/* Which failure text a worker or consumer reports */
+typedef enum IdemErrorText
+{
+	IDEM_TEXT_ERROR,			/* a failure's error argument */
+	IDEM_TEXT_REASON			/* an operator's reason */
+} IdemErrorText;
+extern void idem_check_name(IdemNameKind kind, const char *name, int limit,
 							const char *hint);
-extern void idem_check_error_text(const char *what, const char *text);
+extern void idem_check_error_text(IdemErrorText which, const char *text);
 extern void idem_arg_not_null(FunctionCallInfo fcinfo, int argno,
-							  const char *what);
+							  const char *param);
 extern char *idem_name_arg(FunctionCallInfo fcinfo, int argno,
-						   const char *what);
+						   IdemNameKind kind);
 extern int32 idem_purge_batch_arg(FunctionCallInfo fcinfo, const char *fname);
 extern int	idem_run_purge_batch(int batch_size);
 /* What a list passed as an array makes up: names it in messages. */
@@ -99,11 +117,27 @@ extern int64 idem_lease_usecs(Interval *lease, int max_s, const char *setting);
 extern int64 idem_retry_after_usecs(Interval *retry_after);
 extern long idem_wait_ms(Interval *timeout);
 extern IdemFence idem_lease_fence(bool leased, bool token_matches);
-extern pg_noreturn void idem_lease_lost(IdemFence fence, const char *noun,
-										const char *short_noun, const char *id,
-										const char *state, const char *verb,
-										const char *holder,
-										const char *holder_does);
+/*
+ * What a lease's holder tried when the fence refused it: each act has its
+ * own complete messages (lease.c), which a translation needs.
+ */
+typedef enum IdemLeaseAct
+{
+	IDEM_ACT_EVENT_ACK,
+	IDEM_ACT_EVENT_FAIL,
+	IDEM_ACT_EVENT_EXTEND,
+	IDEM_ACT_EVENT_RELEASE,
+	IDEM_ACT_RUN_WORK,			/* a step's statement or result */
+	IDEM_ACT_RUN_START_STEP,
+	IDEM_ACT_RUN_AWAIT,
+	IDEM_ACT_RUN_FAIL_STEP,
+	IDEM_ACT_RUN_EXTEND,
+	IDEM_ACT_RUN_RELEASE,
+	IDEM_ACT_RUN_SLEEP
+} IdemLeaseAct;
+extern pg_noreturn void idem_lease_lost(IdemFence fence, IdemLeaseAct act,
+										const char *id, const char *state,
+										const char *holder);
 extern TimestampTz idem_backoff_next(TimestampTz now, int32 attempts,
 									 int base_ms, int cap_ms,
 									 IdemJitter jitter, int64 retry_after_us);
@@ -118,7 +152,7 @@ typedef struct IdemJsonbWriter
 	uint64		nentries;
 	uint64		next;			/* the next child's */
 	Size		total;			/* its children's data so far */
-	const char *kind;			/* "object" or "array", for errors */
+	bool		object;			/* an object (else an array), for errors */
 } IdemJsonbWriter;
 extern void idem_jsonb_begin(StringInfo buf, Size size);
 extern Jsonb *idem_jsonb_end(StringInfo buf);

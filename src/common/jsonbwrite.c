@@ -36,12 +36,15 @@
 #include "common/common.h"
 
 static void
-too_large(const char *kind)
+too_large(bool object)
 {
 	ereport(ERROR,
 			(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
-			 errmsg("total size of jsonb %s elements exceeds the maximum of %d bytes",
-					kind, JENTRY_OFFLENMASK),
+			 object ?
+			 errmsg("total size of jsonb object elements exceeds the maximum of %d bytes",
+					JENTRY_OFFLENMASK) :
+			 errmsg("total size of jsonb array elements exceeds the maximum of %d bytes",
+					JENTRY_OFFLENMASK),
 			 idem_errhint(ERRCODE_PROGRAM_LIMIT_EXCEEDED, NULL)));
 }
 
@@ -94,12 +97,15 @@ idem_jsonb_open(IdemJsonbWriter *w, StringInfo buf, bool object, uint64 n)
 	if (n > JB_CMASK)
 		ereport(ERROR,
 				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
-				 errmsg("number of jsonb %s elements exceeds the maximum allowed (%zu)",
-						object ? "object" : "array", (Size) JB_CMASK),
+				 object ?
+				 errmsg("number of jsonb object pairs exceeds the maximum allowed (%zu)",
+						(Size) JB_CMASK) :
+				 errmsg("number of jsonb array elements exceeds the maximum allowed (%zu)",
+						(Size) JB_CMASK),
 				 idem_errhint(ERRCODE_PROGRAM_LIMIT_EXCEEDED, NULL)));
 	w->buf = buf;
 	w->start = buf->len;
-	w->kind = object ? "object" : "array";
+	w->object = object;
 	w->nentries = object ? 2 * n : n;
 	w->next = 0;
 	w->total = 0;
@@ -121,7 +127,7 @@ add_entry(IdemJsonbWriter *w, JEntry type, Size len)
 	Assert(w->next < w->nentries);
 	w->total += len;
 	if (w->total > JENTRY_OFFLENMASK)
-		too_large(w->kind);
+		too_large(w->object);
 	if (w->next % JB_OFFSET_STRIDE == 0)
 		entry = type | JENTRY_HAS_OFF | (JEntry) w->total;
 	memcpy(w->buf->data + w->entries + w->next * sizeof(JEntry), &entry,
@@ -200,7 +206,7 @@ idem_jsonb_close(IdemJsonbWriter *w, IdemJsonbWriter *parent)
 
 	Assert(w->next == w->nentries);
 	if (len > JENTRY_OFFLENMASK)
-		too_large(w->kind);
+		too_large(w->object);
 	if (parent != NULL)
 		add_entry(parent, JENTRY_ISCONTAINER, len);
 }

@@ -142,38 +142,142 @@ idem_lease_fence(bool leased, bool token_matches)
 	return leased ? IDEM_FENCE_TAKEN_OVER : IDEM_FENCE_NOT_LEASED;
 }
 
+/* The hint of a holder whose lease was taken over, for what it tried */
+static int
+taken_over_hint(IdemLeaseAct act)
+{
+	switch (act)
+	{
+		case IDEM_ACT_EVENT_ACK:
+			return idem_errhint(ERRCODE_IDEM_LEASE_LOST, "Do not acknowledge the event; its current holder delivers it.");
+		case IDEM_ACT_EVENT_FAIL:
+			return idem_errhint(ERRCODE_IDEM_LEASE_LOST, "Do not fail the event; its current holder delivers it.");
+		case IDEM_ACT_EVENT_EXTEND:
+			return idem_errhint(ERRCODE_IDEM_LEASE_LOST, "Do not extend the event; its current holder delivers it.");
+		case IDEM_ACT_EVENT_RELEASE:
+			return idem_errhint(ERRCODE_IDEM_LEASE_LOST, "Do not release the event; its current holder delivers it.");
+		case IDEM_ACT_RUN_WORK:
+			return idem_errhint(ERRCODE_IDEM_LEASE_LOST, "Do not work on the run; its current holder runs it.");
+		case IDEM_ACT_RUN_START_STEP:
+			return idem_errhint(ERRCODE_IDEM_LEASE_LOST, "Do not start a step of the run; its current holder runs it.");
+		case IDEM_ACT_RUN_AWAIT:
+			return idem_errhint(ERRCODE_IDEM_LEASE_LOST, "Do not await an event of the run; its current holder runs it.");
+		case IDEM_ACT_RUN_FAIL_STEP:
+			return idem_errhint(ERRCODE_IDEM_LEASE_LOST, "Do not fail a step of the run; its current holder runs it.");
+		case IDEM_ACT_RUN_EXTEND:
+			return idem_errhint(ERRCODE_IDEM_LEASE_LOST, "Do not extend the run; its current holder runs it.");
+		case IDEM_ACT_RUN_RELEASE:
+			return idem_errhint(ERRCODE_IDEM_LEASE_LOST, "Do not release the run; its current holder runs it.");
+		case IDEM_ACT_RUN_SLEEP:
+			return idem_errhint(ERRCODE_IDEM_LEASE_LOST, "Do not put the run to sleep; its current holder runs it.");
+	}
+	return idem_errhint(ERRCODE_IDEM_LEASE_LOST, NULL);
+}
+
+/* The hint of a holder whose row no lease holds, for what it tried */
+static int
+not_leased_hint(IdemLeaseAct act)
+{
+	switch (act)
+	{
+		case IDEM_ACT_EVENT_ACK:
+			return idem_errhint(ERRCODE_IDEM_LEASE_LOST, "Claim the event again before you acknowledge it.");
+		case IDEM_ACT_EVENT_FAIL:
+			return idem_errhint(ERRCODE_IDEM_LEASE_LOST, "Claim the event again before you fail it.");
+		case IDEM_ACT_EVENT_EXTEND:
+			return idem_errhint(ERRCODE_IDEM_LEASE_LOST, "Claim the event again before you extend it.");
+		case IDEM_ACT_EVENT_RELEASE:
+			return idem_errhint(ERRCODE_IDEM_LEASE_LOST, "Claim the event again before you release it.");
+		case IDEM_ACT_RUN_WORK:
+			return idem_errhint(ERRCODE_IDEM_LEASE_LOST, "Claim the run again before you work on it.");
+		case IDEM_ACT_RUN_START_STEP:
+			return idem_errhint(ERRCODE_IDEM_LEASE_LOST, "Claim the run again before you start a step of it.");
+		case IDEM_ACT_RUN_AWAIT:
+			return idem_errhint(ERRCODE_IDEM_LEASE_LOST, "Claim the run again before you await an event of it.");
+		case IDEM_ACT_RUN_FAIL_STEP:
+			return idem_errhint(ERRCODE_IDEM_LEASE_LOST, "Claim the run again before you fail a step of it.");
+		case IDEM_ACT_RUN_EXTEND:
+			return idem_errhint(ERRCODE_IDEM_LEASE_LOST, "Claim the run again before you extend it.");
+		case IDEM_ACT_RUN_RELEASE:
+			return idem_errhint(ERRCODE_IDEM_LEASE_LOST, "Claim the run again before you release it.");
+		case IDEM_ACT_RUN_SLEEP:
+			return idem_errhint(ERRCODE_IDEM_LEASE_LOST, "Claim the run again before you put it to sleep.");
+	}
+	return idem_errhint(ERRCODE_IDEM_LEASE_LOST, NULL);
+}
+
+/*
+ * The detail of a row no lease holds, by its state: an event's, or a
+ * queued run's queue state (its status once it left the queue).
+ */
+static int
+not_leased_detail(bool run, const char *state)
+{
+	if (!run)
+	{
+		if (strcmp(state, "pending") == 0)
+			return errdetail("The event is pending: no lease holds it.");
+		if (strcmp(state, "dead") == 0)
+			return errdetail("The event is dead: no lease holds it.");
+		return errdetail("The event is in state \"%s\": no lease holds it.", state);
+	}
+	if (strcmp(state, "ready") == 0)
+		return errdetail("The run is ready: no lease holds it.");
+	if (strcmp(state, "waiting") == 0)
+		return errdetail("The run is waiting: no lease holds it.");
+	if (strcmp(state, "sleeping") == 0)
+		return errdetail("The run is sleeping: no lease holds it.");
+	if (strcmp(state, "completed") == 0)
+		return errdetail("The run is completed: no lease holds it.");
+	if (strcmp(state, "failed") == 0)
+		return errdetail("The run has failed: no lease holds it.");
+	if (strcmp(state, "cancelled") == 0)
+		return errdetail("The run is cancelled: no lease holds it.");
+	return errdetail("The run is in state \"%s\": no lease holds it.", state);
+}
+
 /*
  * idem_lease_lost
- *		Raise ID412 for a token the fence refused: noun names the kind of
- *		row ("outbox event", "run"), id the row, state what it is now, verb
- *		what the caller tried, holder who holds it now (or NULL) and
- *		holder_does what that holder goes on to do.
+ *		Raise ID412 for a token the fence refused when its holder tried
+ *		act: id names the row (an event's id, a run's id), state is what
+ *		the row is now and holder who holds it now (or NULL).
  */
 void
-idem_lease_lost(IdemFence fence, const char *noun, const char *short_noun,
-				const char *id, const char *state, const char *verb,
-				const char *holder, const char *holder_does)
+idem_lease_lost(IdemFence fence, IdemLeaseAct act, const char *id,
+				const char *state, const char *holder)
 {
+	bool		run = act >= IDEM_ACT_RUN_WORK;
+
 	Assert(fence != IDEM_FENCE_HELD);
+	if (fence == IDEM_FENCE_TAKEN_OVER && !run)
+		ereport(ERROR,
+				(errcode(ERRCODE_IDEM_LEASE_LOST),
+				 errmsg("lease token does not hold outbox event %s", id),
+				 holder == NULL ?
+				 errdetail("The event is leased under another token: the lease was taken over after it expired, or the token is not one a claim returned.") :
+				 errdetail("The event is leased to %s under another token: the lease was taken over after it expired, or the token is not one a claim returned.",
+						   holder),
+				 taken_over_hint(act)));
 	if (fence == IDEM_FENCE_TAKEN_OVER)
 		ereport(ERROR,
 				(errcode(ERRCODE_IDEM_LEASE_LOST),
-				 errmsg("lease token does not hold %s %s", noun, id),
+				 errmsg("lease token does not hold run \"%s\"", id),
 				 holder == NULL ?
-				 errdetail("The %s is leased under another token: the lease was taken over after it expired, or the token is not one a claim returned.",
-						   short_noun) :
-				 errdetail("The %s is leased to %s under another token: the lease was taken over after it expired, or the token is not one a claim returned.",
-						   short_noun, holder),
-				 idem_errhint(ERRCODE_IDEM_LEASE_LOST,
-							  psprintf("Do not %s the %s; its current holder %s.",
-									   verb, short_noun, holder_does))));
+				 errdetail("The run is leased under another token: the lease was taken over after it expired, or the token is not one a claim returned.") :
+				 errdetail("The run is leased to %s under another token: the lease was taken over after it expired, or the token is not one a claim returned.",
+						   holder),
+				 taken_over_hint(act)));
+	if (!run)
+		ereport(ERROR,
+				(errcode(ERRCODE_IDEM_LEASE_LOST),
+				 errmsg("lease token does not hold outbox event %s", id),
+				 not_leased_detail(false, state),
+				 not_leased_hint(act)));
 	ereport(ERROR,
 			(errcode(ERRCODE_IDEM_LEASE_LOST),
-			 errmsg("lease token does not hold %s %s", noun, id),
-			 errdetail("The %s is %s: no lease holds it.", short_noun, state),
-			 idem_errhint(ERRCODE_IDEM_LEASE_LOST,
-						  psprintf("Claim the %s again before you %s it.",
-								   short_noun, verb))));
+			 errmsg("lease token does not hold run \"%s\"", id),
+			 not_leased_detail(true, state),
+			 not_leased_hint(act)));
 }
 
 /*

@@ -210,11 +210,14 @@ check_topic(const char *topic, Oid role, TopicPrivilege priv)
 					 idem_errhint(ERRCODE_UNDEFINED_OBJECT, "An administrator registers topics with idem_outbox_create_topic().")));
 		ereport(ERROR,
 				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
-				 errmsg("permission denied to %s outbox topic \"%s\"",
-						privilege_names[priv], topic),
-				 errdetail("Role \"%s\" is not among the topic's %s.",
-						   GetUserNameFromId(role, false),
-						   priv == TOPIC_PUBLISH ? "publishers" : "consumers"),
+				 priv == TOPIC_PUBLISH ?
+				 errmsg("permission denied to publish outbox topic \"%s\"", topic) :
+				 errmsg("permission denied to consume outbox topic \"%s\"", topic),
+				 priv == TOPIC_PUBLISH ?
+				 errdetail("Role \"%s\" is not among the topic's publishers.",
+						   GetUserNameFromId(role, false)) :
+				 errdetail("Role \"%s\" is not among the topic's consumers.",
+						   GetUserNameFromId(role, false)),
 				 idem_errhint(ERRCODE_INSUFFICIENT_PRIVILEGE, psprintf("An administrator grants it with idem_outbox_grant('%s', role, '%s').",
 						 topic, privilege_names[priv]))));
 	}
@@ -247,7 +250,7 @@ idem_outbox_topics_changed(PG_FUNCTION_ARGS)
 void
 idem_outbox_check_publish(const char *topic, Oid role)
 {
-	idem_check_name("outbox topic", topic, OUTBOX_MAX_NAME_BYTES, NULL);
+	idem_check_name(IDEM_NAME_TOPIC, topic, OUTBOX_MAX_NAME_BYTES, NULL);
 	check_topic(topic, role, TOPIC_PUBLISH);
 }
 
@@ -1182,8 +1185,8 @@ idem_outbox_claim(PG_FUNCTION_ARGS)
 				 errdetail("max_events is %d.", max_events),
 				 idem_errhint(ERRCODE_INVALID_PARAMETER_VALUE, NULL)));
 	lease_us = checked_lease(lease);
-	idem_check_name("consumer", consumer, OUTBOX_MAX_NAME_BYTES, NULL);
-	idem_check_name("outbox topic", topic, OUTBOX_MAX_NAME_BYTES, NULL);
+	idem_check_name(IDEM_NAME_CONSUMER, consumer, OUTBOX_MAX_NAME_BYTES, NULL);
+	idem_check_name(IDEM_NAME_TOPIC, topic, OUTBOX_MAX_NAME_BYTES, NULL);
 	idem_check_can_write("idem_outbox_claim()");
 	check_topic(topic, caller, TOPIC_CONSUME);
 	if (!PG_ARGISNULL(4))
@@ -1447,7 +1450,7 @@ report_not_found(Datum event_id)
  * fail the event; the event is left as it is.
  */
 static void
-report_not_leased(Datum event_id, LockedEvent *ev, const char *what)
+report_not_leased(Datum event_id, LockedEvent *ev, IdemLeaseAct act)
 {
 	char	   *id = DatumGetCString(DirectFunctionCall1(uuid_out, event_id));
 
@@ -1461,8 +1464,7 @@ report_not_leased(Datum event_id, LockedEvent *ev, const char *what)
 				 idem_errhint(ERRCODE_IDEM_EVENT_DELIVERED, NULL)));
 	idem_lease_lost(idem_lease_fence(strcmp(ev->state, "leased") == 0,
 									 ev->token_matches),
-					"outbox event", "event", id, ev->state, what, NULL,
-					"delivers it");
+					act, id, ev->state, NULL);
 }
 
 /*
@@ -1470,7 +1472,7 @@ report_not_leased(Datum event_id, LockedEvent *ev, const char *what)
  * check that the token leases it; raise the error that says why not.
  */
 static void
-lock_leased(EventScan *a, FunctionCallInfo fcinfo, const char *what,
+lock_leased(EventScan *a, FunctionCallInfo fcinfo, IdemLeaseAct act,
 			LockedEvent *ev)
 {
 	AckOutcome	outcome = event_lock(a, PG_GETARG_DATUM(0), PG_GETARG_DATUM(1),
@@ -1488,7 +1490,7 @@ lock_leased(EventScan *a, FunctionCallInfo fcinfo, const char *what,
 	{
 		event_end(a);
 		check_topic(ev->topic, GetUserId(), TOPIC_CONSUME);
-		report_not_leased(PG_GETARG_DATUM(0), ev, what);
+		report_not_leased(PG_GETARG_DATUM(0), ev, act);
 	}
 }
 
@@ -1526,7 +1528,7 @@ report_ack_failure(AckOutcome outcome, Datum event_id, LockedEvent *ev)
 	if (outcome == ACK_NOT_FOUND)
 		report_not_found(event_id);
 	check_topic(ev->topic, GetUserId(), TOPIC_CONSUME);
-	report_not_leased(event_id, ev, "acknowledge");
+	report_not_leased(event_id, ev, IDEM_ACT_EVENT_ACK);
 }
 
 /*
@@ -1582,8 +1584,9 @@ uuid_array_arg(FunctionCallInfo fcinfo, int argno, const char *name, int *n)
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("at most %d events can be acknowledged at once",
 						OUTBOX_MAX_CLAIM),
-				 errdetail("%s has %d elements.", name,
-						   ArrayGetNItems(ARR_NDIM(arr), ARR_DIMS(arr))),
+				 errdetail_plural("%s has %d element.", "%s has %d elements.",
+								  ArrayGetNItems(ARR_NDIM(arr), ARR_DIMS(arr)),
+								  name, ArrayGetNItems(ARR_NDIM(arr), ARR_DIMS(arr))),
 				 idem_errhint(ERRCODE_INVALID_PARAMETER_VALUE, NULL)));
 	deconstruct_array(arr, UUIDOID, UUID_LEN, false, TYPALIGN_CHAR,
 					  &elems, &nulls, n);
@@ -1655,8 +1658,9 @@ idem_outbox_ack_batch(PG_FUNCTION_ARGS)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("event_ids and lease_tokens must have the same length"),
-				 errdetail("There are %d event ids and %d lease tokens.",
-						   nids, ntokens),
+				 errdetail_plural("event_ids has %d element; lease_tokens has %d.",
+								  "event_ids has %d elements; lease_tokens has %d.",
+								  nids, nids, ntokens),
 				 idem_errhint(ERRCODE_INVALID_PARAMETER_VALUE, NULL)));
 	idem_check_can_write("idem_outbox_ack()");
 	if (nids == 0)
@@ -1733,13 +1737,13 @@ idem_outbox_fail(PG_FUNCTION_ARGS)
 	arg_not_null(fcinfo, 1, "lease_token");
 	arg_not_null(fcinfo, 2, "error");
 	error = text_to_cstring(PG_GETARG_TEXT_PP(2));
-	idem_check_error_text("error", error);
+	idem_check_error_text(IDEM_TEXT_ERROR, error);
 	if (!PG_ARGISNULL(3))
 		retry_after_us = idem_retry_after_usecs(PG_GETARG_INTERVAL_P(3));
 	idem_check_can_write("idem_outbox_fail()");
 
 	event_begin(&a);
-	lock_leased(&a, fcinfo, "fail", &ev);
+	lock_leased(&a, fcinfo, IDEM_ACT_EVENT_FAIL, &ev);
 
 	dead = ev.attempts >= idem_outbox_max_attempts;
 	if (!dead)
@@ -1792,7 +1796,13 @@ idem_outbox_requeue(PG_FUNCTION_ARGS)
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 				 errmsg("outbox event %s is not a dead letter",
 						DatumGetCString(DirectFunctionCall1(uuid_out, PG_GETARG_DATUM(0)))),
-				 errdetail("The event is %s.", ev.state),
+				 strcmp(ev.state, "pending") == 0 ?
+				 errdetail("The event is pending.") :
+				 strcmp(ev.state, "leased") == 0 ?
+				 errdetail("The event is leased.") :
+				 strcmp(ev.state, "delivered") == 0 ?
+				 errdetail("The event was delivered.") :
+				 errdetail("The event is in state \"%s\".", ev.state),
 				 idem_errhint(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE, "Only dead events are requeued.")));
 	event_values(&ev, values, nulls);
 	values[Anum_outbox_state - 1] = CStringGetTextDatum("pending");
@@ -1830,7 +1840,7 @@ idem_outbox_extend(PG_FUNCTION_ARGS)
 	idem_check_can_write("idem_outbox_extend()");
 
 	event_begin(&a);
-	lock_leased(&a, fcinfo, "extend", &ev);
+	lock_leased(&a, fcinfo, IDEM_ACT_EVENT_EXTEND, &ev);
 	until = GetCurrentTimestamp() + lease_us;
 	event_values(&ev, values, nulls);
 	values[Anum_outbox_next_attempt_at - 1] = TimestampTzGetDatum(until);
@@ -1861,7 +1871,7 @@ idem_outbox_release(PG_FUNCTION_ARGS)
 	idem_check_can_write("idem_outbox_release()");
 
 	event_begin(&a);
-	lock_leased(&a, fcinfo, "release", &ev);
+	lock_leased(&a, fcinfo, IDEM_ACT_EVENT_RELEASE, &ev);
 	event_values(&ev, values, nulls);
 	values[Anum_outbox_state - 1] = CStringGetTextDatum("pending");
 	values[Anum_outbox_next_attempt_at - 1] = TimestampTzGetDatum(GetCurrentTimestamp());
@@ -1893,7 +1903,7 @@ idem_outbox_wait(PG_FUNCTION_ARGS)
 	arg_not_null(fcinfo, 1, "timeout");
 	topic = text_to_cstring(PG_GETARG_TEXT_PP(0));
 	timeout_ms = idem_wait_ms(PG_GETARG_INTERVAL_P(1));
-	idem_check_name("outbox topic", topic, OUTBOX_MAX_NAME_BYTES, NULL);
+	idem_check_name(IDEM_NAME_TOPIC, topic, OUTBOX_MAX_NAME_BYTES, NULL);
 
 	/*
 	 * Events replayed from the primary never wake a standby's wait, so it
@@ -1919,7 +1929,7 @@ idem_outbox_channel(PG_FUNCTION_ARGS)
 
 	arg_not_null(fcinfo, 0, "topic");
 	topic = text_to_cstring(PG_GETARG_TEXT_PP(0));
-	idem_check_name("outbox topic", topic, OUTBOX_MAX_NAME_BYTES, NULL);
+	idem_check_name(IDEM_NAME_TOPIC, topic, OUTBOX_MAX_NAME_BYTES, NULL);
 	check_topic(topic, GetUserId(), TOPIC_CONSUME);
 	idem_wakeup_channel(topic, channel);
 	PG_RETURN_TEXT_P(cstring_to_text(channel));
@@ -2057,7 +2067,7 @@ idem_outbox_create_topic(PG_FUNCTION_ARGS)
 
 	arg_not_null(fcinfo, 0, "topic");
 	topic = text_to_cstring(PG_GETARG_TEXT_PP(0));
-	idem_check_name("outbox topic", topic, OUTBOX_MAX_NAME_BYTES, NULL);
+	idem_check_name(IDEM_NAME_TOPIC, topic, OUTBOX_MAX_NAME_BYTES, NULL);
 	values[0] = PointerGetDatum(cstring_to_text(topic));
 	values[1] = idem_roles_arg(fcinfo, 1, "publishers");
 	values[2] = idem_roles_arg(fcinfo, 2, "consumers");
@@ -2103,7 +2113,7 @@ idem_outbox_drop_topic(PG_FUNCTION_ARGS)
 	arg_not_null(fcinfo, 0, "topic");
 	arg_not_null(fcinfo, 1, "cascade");
 	topic = text_to_cstring(PG_GETARG_TEXT_PP(0));
-	idem_check_name("outbox topic", topic, OUTBOX_MAX_NAME_BYTES, NULL);
+	idem_check_name(IDEM_NAME_TOPIC, topic, OUTBOX_MAX_NAME_BYTES, NULL);
 	cascade = PG_GETARG_BOOL(1);
 	idem_check_can_write("idem_outbox_drop_topic()");
 	values[0] = PointerGetDatum(cstring_to_text(topic));

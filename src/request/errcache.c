@@ -251,7 +251,7 @@ idem_execute_caching_errors(IdemStatement *stmt, IdemRequest *req,
 		response = error_response(edata);
 		FreeErrorData(edata);
 		/* the recorded error is held to the ceiling of any response */
-		idem_check_response_size(response, "cached error response");
+		idem_check_response_size(response, IDEM_RESPONSE_CACHED_ERROR, NULL);
 		*cached = true;
 	}
 	PG_END_TRY();

@@ -141,7 +141,7 @@ run_statement(IdemStatement *stmt, IdemRequest *req)
 	response = idem_build_response(idem_statement_command(stmt),
 								   SPI_processed, rows);
 	rows->rDestroy(rows);
-	idem_check_response_size(response, "idem_execute() response");
+	idem_check_response_size(response, IDEM_RESPONSE_EXECUTE, NULL);
 	/* a statement around this one (a nested call) goes on running */
 	checking_statement = false;
 

@@ -450,7 +450,7 @@ keyed_request_head(FunctionCallInfo fcinfo, const char *fname, int keyarg,
 	req->ttl = idem_checked_ttl();
 
 	req->owner = idem_key_owner();
-	req->key = idem_name_arg(fcinfo, keyarg, "idempotency key");
+	req->key = idem_name_arg(fcinfo, keyarg, IDEM_NAME_KEY);
 	req->keylen = strlen(req->key);
 	idem_check_not_step_key(req->key, fname);
 	req->sql = idem_sql_arg(fcinfo, keyarg + 1, fname);

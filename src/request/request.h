@@ -56,7 +56,17 @@ extern DestReceiver *idem_response_receiver(void);
 extern Jsonb *idem_build_response(const char *command, uint64 processed,
 								  DestReceiver *rows);
 
-extern void idem_check_response_size(Jsonb *response, const char *what);
+/* What a jsonb held to idem.max_response_size is: each its own message */
+typedef enum IdemResponseKind
+{
+	IDEM_RESPONSE_EXECUTE,		/* idem_execute()'s response */
+	IDEM_RESPONSE_CACHED_ERROR,
+	IDEM_RESPONSE_SIGNAL,		/* a signal's payload */
+	IDEM_RESPONSE_STEP_RESULT,	/* an external step's result */
+	IDEM_RESPONSE_RUN_INPUT
+} IdemResponseKind;
+extern void idem_check_response_size(Jsonb *response, IdemResponseKind kind,
+									 const char *fname);
 
 /* expiry.c: when a new record expires */
 extern int	idem_checked_ttl(void);

@@ -234,18 +234,42 @@ idem_build_response(const char *command, uint64 processed,
 	return idem_jsonb_end(&buf);
 }
 
+/* The message of a response of kind that is too large */
+static int
+too_large_msg(IdemResponseKind kind, const char *fname)
+{
+	switch (kind)
+	{
+		case IDEM_RESPONSE_EXECUTE:
+			return errmsg("idem_execute() response is too large");
+		case IDEM_RESPONSE_CACHED_ERROR:
+			return errmsg("cached error response is too large");
+		case IDEM_RESPONSE_SIGNAL:
+			return errmsg("signal payload is too large");
+		case IDEM_RESPONSE_STEP_RESULT:
+			return errmsg("result passed to %s is too large", fname);
+		case IDEM_RESPONSE_RUN_INPUT:
+			return errmsg("run input is too large");
+	}
+	return errmsg("response is too large");
+}
+
 /*
  * idem_check_response_size
- *		Refuse a response (what names it) above idem.max_response_size.
+ *		Refuse a response of kind above idem.max_response_size; fname names
+ *		the function an external step's result was passed to.
  */
 void
-idem_check_response_size(Jsonb *response, const char *what)
+idem_check_response_size(Jsonb *response, IdemResponseKind kind,
+						 const char *fname)
 {
 	if (VARSIZE(response) > idem_max_response_size)
 		ereport(ERROR,
 				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
-				 errmsg("%s is too large", what),
-				 errdetail("The response is %u bytes; idem.max_response_size is %d bytes.",
-						   (unsigned int) VARSIZE(response), idem_max_response_size),
+				 too_large_msg(kind, fname),
+				 errdetail_plural("The response is %u byte; idem.max_response_size is %d bytes.",
+								  "The response is %u bytes; idem.max_response_size is %d bytes.",
+								  VARSIZE(response),
+								  (unsigned int) VARSIZE(response), idem_max_response_size),
 				 idem_errhint(ERRCODE_PROGRAM_LIMIT_EXCEEDED, "Return fewer rows or columns, or raise idem.max_response_size.")));
 }

@@ -465,8 +465,9 @@ check_statement(const char *sql)
 		ereport(ERROR,
 				(errcode(ERRCODE_SYNTAX_ERROR),
 				 errmsg("idem_execute() requires exactly one SQL statement"),
-				 errdetail("The statement string contains %d statements.",
-						   list_length(parsetree)),
+				 errdetail_plural("The statement string contains %d statement.",
+								  "The statement string contains %d statements.",
+								  list_length(parsetree), list_length(parsetree)),
 				 idem_errhint(ERRCODE_SYNTAX_ERROR, "Make one idem_execute() call per statement, each with its own key, or combine the writes in one statement with data-modifying WITH clauses.")));
 
 	raw = linitial_node(RawStmt, parsetree);

@@ -159,15 +159,18 @@ arg_absent(FunctionCallInfo fcinfo, int argno)
 	return PG_NARGS() <= argno || PG_ARGISNULL(argno);
 }
 
-/* An option that only a step takes. */
+/* An option that only a step takes, argument argno. */
 static void
-check_step_option(FunctionCallInfo fcinfo, int argno, const char *name,
-				  bool is_step)
+check_step_option(FunctionCallInfo fcinfo, int argno, bool is_step)
 {
 	if (!is_step && !arg_absent(fcinfo, argno))
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("idem_call() takes %s only with a run_id and a step", name),
+				 argno == CALL_LEASE_TOKEN ?
+				 errmsg("idem_call() takes a lease_token only with a run_id and a step") :
+				 argno == CALL_COMPLETE_STEP ?
+				 errmsg("idem_call() takes a complete_step only with a run_id and a step") :
+				 errmsg("idem_call() takes a start_step only with a run_id and a step"),
 				 idem_errhint(ERRCODE_INVALID_PARAMETER_VALUE, NULL)));
 }
 
@@ -203,9 +206,9 @@ idem_call(PG_FUNCTION_ARGS)
 				 errmsg("idem_call() takes either a key or a run_id and a step"),
 				 errdetail("A step's key is idem_step_key(run_id, step)."),
 				 idem_errhint(ERRCODE_INVALID_PARAMETER_VALUE, "Pass NULL as the key of a step.")));
-	check_step_option(fcinfo, CALL_LEASE_TOKEN, "a lease_token", is_step);
-	check_step_option(fcinfo, CALL_COMPLETE_STEP, "a complete_step", is_step);
-	check_step_option(fcinfo, CALL_START_STEP, "a start_step", is_step);
+	check_step_option(fcinfo, CALL_LEASE_TOKEN, is_step);
+	check_step_option(fcinfo, CALL_COMPLETE_STEP, is_step);
+	check_step_option(fcinfo, CALL_START_STEP, is_step);
 	if (arg_absent(fcinfo, CALL_COMPLETE_STEP) !=
 		arg_absent(fcinfo, CALL_COMPLETE_RESULT))
 		ereport(ERROR,
@@ -221,15 +224,15 @@ idem_call(PG_FUNCTION_ARGS)
 
 	if (is_step)
 	{
-		run_id = idem_name_arg(fcinfo, CALL_RUN_ID, "run id");
-		step = idem_name_arg(fcinfo, CALL_STEP, "step name");
+		run_id = idem_name_arg(fcinfo, CALL_RUN_ID, IDEM_NAME_RUN_ID);
+		step = idem_name_arg(fcinfo, CALL_STEP, IDEM_NAME_STEP);
 		token = arg_absent(fcinfo, CALL_LEASE_TOKEN) ? NULL :
 			idem_lease_token_arg(fcinfo, CALL_LEASE_TOKEN, false);
 		if (token == NULL)
 			token = idem_lease_token_setting();
 		if (!arg_absent(fcinfo, CALL_START_STEP))
 		{
-			start_step = idem_name_arg(fcinfo, CALL_START_STEP, "step name");
+			start_step = idem_name_arg(fcinfo, CALL_START_STEP, IDEM_NAME_STEP);
 			if (token == NULL)
 				ereport(ERROR,
 						(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
@@ -244,7 +247,7 @@ idem_call(PG_FUNCTION_ARGS)
 		 */
 		if (!arg_absent(fcinfo, CALL_COMPLETE_STEP))
 		{
-			complete_step = idem_name_arg(fcinfo, CALL_COMPLETE_STEP, "step name");
+			complete_step = idem_name_arg(fcinfo, CALL_COMPLETE_STEP, IDEM_NAME_STEP);
 			complete_result = idem_step_result_arg(fcinfo, CALL_COMPLETE_RESULT,
 												   "idem_call()");
 			(void) idem_step_complete_leased(run_id, complete_step, token,
@@ -260,7 +263,7 @@ idem_call(PG_FUNCTION_ARGS)
 	{
 		req.owner = idem_key_owner();
 		req.ttl = idem_checked_ttl();
-		req.key = idem_name_arg(fcinfo, CALL_KEY, "idempotency key");
+		req.key = idem_name_arg(fcinfo, CALL_KEY, IDEM_NAME_KEY);
 		req.keylen = strlen(req.key);
 		idem_check_not_step_key(req.key, "idem_call()");
 	}

@@ -551,7 +551,7 @@ idem_run_claim(PG_FUNCTION_ARGS)
 	MemoryContext scancxt;
 	int			pass = 0;
 
-	queue = idem_name_arg(fcinfo, 0, "run queue");
+	queue = idem_name_arg(fcinfo, 0, IDEM_NAME_QUEUE);
 	if (PG_ARGISNULL(1) || PG_ARGISNULL(2))
 		ereport(ERROR,
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
@@ -568,7 +568,7 @@ idem_run_claim(PG_FUNCTION_ARGS)
 								"idem.run_max_lease");
 	worker = PG_ARGISNULL(3) ? psprintf("pid %d", MyProcPid) :
 		text_to_cstring(PG_GETARG_TEXT_PP(3));
-	idem_check_name("worker", worker, CLAIM_MAX_WORKER_BYTES, NULL);
+	idem_check_name(IDEM_NAME_WORKER, worker, CLAIM_MAX_WORKER_BYTES, NULL);
 	wait_ms = PG_ARGISNULL(4) ? 0 : idem_wait_ms(PG_GETARG_INTERVAL_P(4));
 	idem_check_can_write("idem_run_claim()");
 	if (IsolationUsesXactSnapshot())
@@ -684,7 +684,7 @@ idem_run_claim(PG_FUNCTION_ARGS)
 Datum
 idem_run_extend(PG_FUNCTION_ARGS)
 {
-	char	   *run_id = idem_name_arg(fcinfo, 0, "run id");
+	char	   *run_id = idem_name_arg(fcinfo, 0, IDEM_NAME_RUN_ID);
 	const pg_uuid_t *token = idem_lease_token_arg(fcinfo, 1, true);
 	int64		lease_us;
 	IdemRunRow	run;
@@ -697,7 +697,7 @@ idem_run_extend(PG_FUNCTION_ARGS)
 	lease_us = idem_lease_usecs(PG_GETARG_INTERVAL_P(2), idem_run_max_lease,
 								"idem.run_max_lease");
 	idem_check_can_write("idem_run_extend()");
-	idem_lock_run_leased(run_id, token, "extend", &run);
+	idem_lock_run_leased(run_id, token, IDEM_ACT_RUN_EXTEND, &run);
 	idem_run_check_room(&run);
 	run.due_at = GetCurrentTimestamp() + lease_us;
 	idem_update_run(&run);
@@ -718,7 +718,7 @@ idem_run_extend(PG_FUNCTION_ARGS)
 Datum
 idem_run_release(PG_FUNCTION_ARGS)
 {
-	char	   *run_id = idem_name_arg(fcinfo, 0, "run id");
+	char	   *run_id = idem_name_arg(fcinfo, 0, IDEM_NAME_RUN_ID);
 	const pg_uuid_t *token = idem_lease_token_arg(fcinfo, 1, true);
 	int64		retry_after_us = 0;
 	char	   *reason = NULL;
@@ -730,10 +730,10 @@ idem_run_release(PG_FUNCTION_ARGS)
 	if (!PG_ARGISNULL(3))
 	{
 		reason = text_to_cstring(PG_GETARG_TEXT_PP(3));
-		idem_check_error_text("reason", reason);
+		idem_check_error_text(IDEM_TEXT_REASON, reason);
 	}
 	idem_check_can_write("idem_run_release()");
-	idem_lock_run_leased(run_id, token, "release", &run);
+	idem_lock_run_leased(run_id, token, IDEM_ACT_RUN_RELEASE, &run);
 	idem_run_end_lease(&run, "released", reason, now);
 	if (reason != NULL)
 		run.last_error = reason;

@@ -50,13 +50,29 @@ static IdemQuery q_unfinished = {
 	1, {TEXTOID}
 };
 
+/* Why a finished run cannot be cancelled or retried (op) */
+static int
+finished_detail(IdemRunRow *run, IdemRunOp op)
+{
+	bool		cancel = op == IDEM_RUN_OP_CANCEL;
+
+	if (strcmp(run->status, "completed") == 0)
+		return cancel ? errdetail("A completed run cannot be cancelled.") :
+			errdetail("A completed run cannot be retried.");
+	if (strcmp(run->status, "failed") == 0)
+		return cancel ? errdetail("A failed run cannot be cancelled.") :
+			errdetail("A failed run cannot be retried.");
+	return cancel ? errdetail("A cancelled run cannot be cancelled.") :
+		errdetail("A cancelled run cannot be retried.");
+}
+
 static void
-report_finished(IdemRunRow *run, const char *verb)
+report_finished(IdemRunRow *run, IdemRunOp op)
 {
 	ereport(ERROR,
 			(errcode(ERRCODE_IDEM_RUN_NOT_RUNNING),
-			 errmsg("run \"%s\" is %s", run->run_id, run->status),
-			 errdetail("A %s run cannot be %s.", run->status, verb),
+			 idem_errmsg_run_status(run->run_id, run->status),
+			 finished_detail(run, op),
 			 idem_errhint(ERRCODE_IDEM_RUN_NOT_RUNNING, NULL)));
 }
 
@@ -68,11 +84,11 @@ report_finished(IdemRunRow *run, const char *verb)
 Datum
 idem_run_cancel(PG_FUNCTION_ARGS)
 {
-	char	   *run_id = idem_name_arg(fcinfo, 0, "run id");
+	char	   *run_id = idem_name_arg(fcinfo, 0, IDEM_NAME_RUN_ID);
 	Oid			owner;
 
 	idem_check_can_write("idem_run_cancel()");
-	owner = idem_run_owner_arg(fcinfo, 2, "cancel");
+	owner = idem_run_owner_arg(fcinfo, 2, IDEM_RUN_OP_CANCEL);
 	PG_RETURN_TEXT_P(cstring_to_text(idem_run_cancel_in(&idem_local_runs, owner,
 														run_id,
 														PG_ARGISNULL(1) ? NULL :
@@ -98,14 +114,14 @@ idem_run_cancel_in(const IdemRunStore *store, Oid owner, const char *run_id,
 
 	/* the run's last error and its attempt's, as a failed step's error */
 	if (reason != NULL)
-		idem_check_error_text("reason", reason);
+		idem_check_error_text(IDEM_TEXT_REASON, reason);
 	idem_run_lock_in(store, owner, run_id, &run);
 	if (strcmp(run.status, "cancelled") == 0 ||
 		(queue_dropped && strcmp(run.status, "completed") == 0))
 		return run.status;
 	if (strcmp(run.status, "running") != 0 &&
 		!(queue_dropped && strcmp(run.status, "failed") == 0))
-		report_finished(&run, "cancelled");
+		report_finished(&run, IDEM_RUN_OP_CANCEL);
 	run.last_error = reason != NULL ? pstrdup(reason) : "cancelled";
 	if (run.queue != NULL)
 	{
@@ -134,12 +150,12 @@ idem_run_cancel_in(const IdemRunStore *store, Oid owner, const char *run_id,
 Datum
 idem_run_retry(PG_FUNCTION_ARGS)
 {
-	char	   *run_id = idem_name_arg(fcinfo, 0, "run id");
+	char	   *run_id = idem_name_arg(fcinfo, 0, IDEM_NAME_RUN_ID);
 	Oid			owner;
 	IdemRunRow	run;
 
 	idem_check_can_write("idem_run_retry()");
-	owner = idem_run_owner_arg(fcinfo, 1, "retry");
+	owner = idem_run_owner_arg(fcinfo, 1, IDEM_RUN_OP_RETRY);
 	idem_lock_run(owner, run_id, &run);
 	idem_run_check_queued(&run, "Only queued runs are retried.",
 						  "Resume a run on no queue with idem_run_resume().");
@@ -149,7 +165,7 @@ idem_run_retry(PG_FUNCTION_ARGS)
 		run.finished = false;
 	}
 	else if (strcmp(run.status, "running") != 0)
-		report_finished(&run, "retried");
+		report_finished(&run, IDEM_RUN_OP_RETRY);
 	else if (strcmp(run.queue_state, "leased") == 0)
 		PG_RETURN_TEXT_P(cstring_to_text(run.status));
 	run.queue_state = "ready";
@@ -176,7 +192,7 @@ idem_run_retry(PG_FUNCTION_ARGS)
 Datum
 idem_queue_drop(PG_FUNCTION_ARGS)
 {
-	char	   *queue = idem_name_arg(fcinfo, 0, "run queue");
+	char	   *queue = idem_name_arg(fcinfo, 0, IDEM_NAME_QUEUE);
 	bool		cascade;
 	IdemOwnerSPI spi;
 	Datum		values[1];

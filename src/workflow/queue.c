@@ -46,7 +46,6 @@ PG_FUNCTION_INFO_V1(idem_queue_revoke);
 #define QUEUE_MAX_ATTEMPTS		1000
 
 static const char *const privilege_names[] = {"produce", "work", "signal"};
-static const char *const list_names[] = {"producers", "workers", "signallers"};
 
 static IdemQuery q_insert = {
 	"INSERT INTO idem.queues (queue, producers, workers, signallers,"
@@ -166,7 +165,7 @@ read_queue(const char *queue, Oid role, IdemQueuePrivilege priv,
 	Oid			relid;
 	Oid			pkey;
 
-	idem_check_name("run queue", queue, QUEUE_MAX_NAME_BYTES, NULL);
+	idem_check_name(IDEM_NAME_QUEUE, queue, QUEUE_MAX_NAME_BYTES, NULL);
 	/* resolve first: a change that arrives during the read voids it */
 	relid = idem_catalog_queues(&pkey);
 	generation = idem_catalog_generation();
@@ -372,6 +371,38 @@ idem_queue_may(const char *queue, Oid role, IdemQueuePrivilege priv)
 	return read_queue(queue, role, priv, &q, &allowed) && allowed;
 }
 
+/* The refusal of priv on queue */
+static int
+queue_denied_msg(IdemQueuePrivilege priv, const char *queue)
+{
+	switch (priv)
+	{
+		case QUEUE_PRODUCE:
+			return errmsg("permission denied to produce on run queue \"%s\"", queue);
+		case QUEUE_WORK:
+			return errmsg("permission denied to work on run queue \"%s\"", queue);
+		case QUEUE_SIGNAL:
+			return errmsg("permission denied to signal on run queue \"%s\"", queue);
+	}
+	return errmsg("permission denied for run queue \"%s\"", queue);
+}
+
+/* Why role may not use a queue as priv asks */
+static int
+queue_denied_detail(IdemQueuePrivilege priv, const char *role)
+{
+	switch (priv)
+	{
+		case QUEUE_PRODUCE:
+			return errdetail("Role \"%s\" is not among the queue's producers.", role);
+		case QUEUE_WORK:
+			return errdetail("Role \"%s\" is not among the queue's workers.", role);
+		case QUEUE_SIGNAL:
+			return errdetail("Role \"%s\" is not among the queue's signallers.", role);
+	}
+	return 0;
+}
+
 /*
  * idem_queue_check
  *		Fail unless role may use queue as priv asks (42704 if there is no
@@ -383,16 +414,14 @@ idem_queue_check(const char *queue, Oid role, IdemQueuePrivilege priv,
 {
 	if (priv == QUEUE_PRODUCE)
 	{
-		idem_check_name("run queue", queue, QUEUE_MAX_NAME_BYTES, NULL);
+		idem_check_name(IDEM_NAME_QUEUE, queue, QUEUE_MAX_NAME_BYTES, NULL);
 		queue_lifecycle_lock(queue, ShareLock);
 	}
 	if (!idem_queue_allows(queue, role, priv, q))
 		ereport(ERROR,
 				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
-				 errmsg("permission denied to %s on run queue \"%s\"",
-						privilege_names[priv], queue),
-				 errdetail("Role \"%s\" is not among the queue's %s.",
-						   GetUserNameFromId(role, false), list_names[priv]),
+				 queue_denied_msg(priv, queue),
+				 queue_denied_detail(priv, GetUserNameFromId(role, false)),
 				 idem_errhint(ERRCODE_INSUFFICIENT_PRIVILEGE,
 							  psprintf("An administrator grants it with idem_queue_grant('%s', role, '%s').",
 									   queue, privilege_names[priv]))));
@@ -488,8 +517,8 @@ idem_queue_create(PG_FUNCTION_ARGS)
 	char		nulls[9] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' '};
 	uint64		inserted;
 
-	queue = idem_name_arg(fcinfo, 0, "run queue");
-	idem_check_name("run queue", queue, QUEUE_MAX_NAME_BYTES, NULL);
+	queue = idem_name_arg(fcinfo, 0, IDEM_NAME_QUEUE);
+	idem_check_name(IDEM_NAME_QUEUE, queue, QUEUE_MAX_NAME_BYTES, NULL);
 	values[0] = CStringGetTextDatum(queue);
 	values[1] = idem_roles_arg(fcinfo, 1, "producers");
 	values[2] = idem_roles_arg(fcinfo, 2, "workers");
@@ -556,8 +585,8 @@ idem_queue_alter(PG_FUNCTION_ARGS)
 	LOCKTAG		tag;
 	uint64		updated;
 
-	queue = idem_name_arg(fcinfo, 0, "run queue");
-	idem_check_name("run queue", queue, QUEUE_MAX_NAME_BYTES, NULL);
+	queue = idem_name_arg(fcinfo, 0, IDEM_NAME_QUEUE);
+	idem_check_name(IDEM_NAME_QUEUE, queue, QUEUE_MAX_NAME_BYTES, NULL);
 	idem_arg_not_null(fcinfo, 6, "uncapped");
 	uncapped = PG_GETARG_BOOL(6);
 	if (!PG_ARGISNULL(1))
@@ -615,7 +644,7 @@ idem_queue_remove(const char *queue)
 	char		nulls[1] = {' '};
 	uint64		deleted;
 
-	idem_check_name("run queue", queue, QUEUE_MAX_NAME_BYTES, NULL);
+	idem_check_name(IDEM_NAME_QUEUE, queue, QUEUE_MAX_NAME_BYTES, NULL);
 	queue_lifecycle_lock(queue, ExclusiveLock);
 	values[0] = CStringGetTextDatum(queue);
 	idem_owner_spi_begin(&spi, idem_catalog_runs());
@@ -638,7 +667,7 @@ change_queue(FunctionCallInfo fcinfo, IdemQuery *q, const char *what)
 	int			priv = -1;
 	uint64		updated;
 
-	queue = idem_name_arg(fcinfo, 0, "run queue");
+	queue = idem_name_arg(fcinfo, 0, IDEM_NAME_QUEUE);
 	if (PG_ARGISNULL(1) || PG_ARGISNULL(2))
 		ereport(ERROR,
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),

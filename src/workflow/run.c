@@ -118,8 +118,9 @@ check_step_count(int n, const char *run_id)
 		ereport(ERROR,
 				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
 				 errmsg("run \"%s\" would have too many steps", run_id),
-				 errdetail("It would have %d steps; a run has at most %d.",
-						   n, IDEM_MAX_RUN_STEPS),
+				 errdetail_plural("It would have %d step; a run has at most %d.",
+								  "It would have %d steps; a run has at most %d.",
+								  n, n, IDEM_MAX_RUN_STEPS),
 				 idem_errhint(ERRCODE_PROGRAM_LIMIT_EXCEEDED, "Split the work into several runs.")));
 }
 
@@ -140,7 +141,7 @@ report_not_running(IdemRunRow *run)
 				 idem_errhint(ERRCODE_IDEM_RUN_NOT_RUNNING, "Begin a new run for new work.")));
 	ereport(ERROR,
 			(errcode(ERRCODE_IDEM_RUN_NOT_RUNNING),
-			 errmsg("run \"%s\" is %s", run->run_id, run->status),
+			 errmsg("run \"%s\" is completed", run->run_id),
 			 errdetail("A completed run executes no new steps; completed steps still replay."),
 			 idem_errhint(ERRCODE_IDEM_RUN_NOT_RUNNING, "Begin a new run for new work.")));
 }
@@ -359,7 +360,7 @@ idem_run_lock_in(const IdemRunStore *store, Oid owner, const char *run_id,
  */
 static IdemRunRow *
 lock_run_held(const IdemRunStore *store, IdemHeldRun *held, Oid owner,
-			  const char *run_id, const pg_uuid_t *token, const char *verb)
+			  const char *run_id, const pg_uuid_t *token, IdemLeaseAct act)
 {
 	if (!held->held || held->row.owner != owner ||
 		strcmp(held->row.run_id, run_id) != 0)
@@ -367,7 +368,7 @@ lock_run_held(const IdemRunStore *store, IdemHeldRun *held, Oid owner,
 		read_locked(store, owner, run_id, &held->row);
 		held->held = true;
 	}
-	idem_run_fence(&held->row, token, verb);
+	idem_run_fence(&held->row, token, act);
 	idem_check_run_visible(&held->row);
 	return &held->row;
 }
@@ -415,7 +416,8 @@ run_step(const IdemRunStore *store, IdemHeldRun *held, IdemRequest *req,
 	uint64		writes;
 
 	/* before anything executes or replays: a queued run's holder only */
-	run = lock_run_held(store, held, req->owner, run_id, token, "work on");
+	run = lock_run_held(store, held, req->owner, run_id, token,
+						IDEM_ACT_RUN_WORK);
 	ordinal = idem_run_step_ordinal(run, step);
 
 	if (store->find_record(store, stmt, req, fingerprint, now, &rec))
@@ -494,7 +496,7 @@ void
 idem_step_key_request(const char *run_id, const char *step,
 					  const pg_uuid_t *token, IdemRequest *req)
 {
-	req->owner = token != NULL ? idem_leased_run_owner(run_id, token) :
+	req->owner = token != NULL ? idem_leased_run_owner(run_id, token, IDEM_ACT_RUN_WORK) :
 		idem_key_owner();
 	req->ttl = 0;
 	req->key = idem_run_step_key(run_id, step);
@@ -533,8 +535,8 @@ static void
 step_request(FunctionCallInfo fcinfo, int first, IdemRequest *req,
 			 char **run_id, char **step, const pg_uuid_t *token)
 {
-	*run_id = idem_name_arg(fcinfo, first, "run id");
-	*step = idem_name_arg(fcinfo, first + 1, "step name");
+	*run_id = idem_name_arg(fcinfo, first, IDEM_NAME_RUN_ID);
+	*step = idem_name_arg(fcinfo, first + 1, IDEM_NAME_STEP);
 	idem_step_key_request(*run_id, *step, token, req);
 }
 
@@ -674,7 +676,7 @@ idem_step_result_arg(FunctionCallInfo fcinfo, int argno, const char *fname)
 				 errmsg("result passed to %s must not be null", fname),
 				 idem_errhint(ERRCODE_NULL_VALUE_NOT_ALLOWED, "Record an empty result as '{}'.")));
 	result = PG_GETARG_JSONB_P(argno);
-	idem_check_response_size(result, psprintf("%s result", fname));
+	idem_check_response_size(result, IDEM_RESPONSE_STEP_RESULT, fname);
 	return result;
 }
 
@@ -716,8 +718,8 @@ idem_step_complete_in(const IdemRunStore *store, IdemRequest *req,
 Datum
 idem_step_key(PG_FUNCTION_ARGS)
 {
-	char	   *run_id = idem_name_arg(fcinfo, 0, "run id");
-	char	   *step = idem_name_arg(fcinfo, 1, "step name");
+	char	   *run_id = idem_name_arg(fcinfo, 0, IDEM_NAME_RUN_ID);
+	char	   *step = idem_name_arg(fcinfo, 1, IDEM_NAME_STEP);
 
 	PG_RETURN_TEXT_P(cstring_to_text(idem_run_step_key(run_id, step)));
 }
@@ -805,8 +807,9 @@ checked_steps(ArrayType *arr, const char *run_id)
 			ereport(ERROR,
 					(errcode(ERRCODE_STRING_DATA_RIGHT_TRUNCATION),
 					 errmsg("step name is too long"),
-					 errdetail("Step %d is %d bytes long; the limit is %d bytes.",
-							   i + 1, len, IDEM_MAX_KEY_BYTES),
+					 errdetail_plural("Step %d is %d byte long; the limit is %d bytes.",
+									  "Step %d is %d bytes long; the limit is %d bytes.",
+									  len, i + 1, len, IDEM_MAX_KEY_BYTES),
 					 idem_errhint(ERRCODE_STRING_DATA_RIGHT_TRUNCATION, NULL)));
 	}
 
@@ -897,25 +900,50 @@ idem_run_init_unqueued(IdemRunRow *run)
 	run->jitter = NULL;
 }
 
-/*
- * The argument of idem_run_begin() that differs from the existing run's,
- * or NULL.
- */
-static const char *
+/* What of idem_run_begin()'s arguments differs from the existing run's */
+typedef enum BeginDiffers
+{
+	BEGIN_SAME,
+	BEGIN_STEPS,
+	BEGIN_INPUT,
+	BEGIN_QUEUE,
+	BEGIN_RETRY_POLICY
+} BeginDiffers;
+
+static BeginDiffers
 begin_differs(IdemRunRow *run, IdemRunRow *asked)
 {
 	if (!same_value(run->steps, asked->steps))
-		return "steps";
+		return BEGIN_STEPS;
 	if (!same_value(run->input, asked->input))
-		return "input";
+		return BEGIN_INPUT;
 	if (!same_string(run->queue, asked->queue))
-		return "queue";
+		return BEGIN_QUEUE;
 	if (run->max_attempts != asked->max_attempts ||
 		!same_string(run->jitter, asked->jitter) ||
 		!same_interval(run->backoff_base, asked->backoff_base) ||
 		!same_interval(run->backoff_cap, asked->backoff_cap))
-		return "retry policy";
-	return NULL;
+		return BEGIN_RETRY_POLICY;
+	return BEGIN_SAME;
+}
+
+/* The refusal of a begin whose differs differs from run run_id's */
+static int
+begin_differs_msg(BeginDiffers differs, const char *run_id)
+{
+	switch (differs)
+	{
+		case BEGIN_STEPS:
+			return errmsg("run \"%s\" was already begun with different steps", run_id);
+		case BEGIN_INPUT:
+			return errmsg("run \"%s\" was already begun with different input", run_id);
+		case BEGIN_QUEUE:
+			return errmsg("run \"%s\" was already begun with a different queue", run_id);
+		case BEGIN_RETRY_POLICY:
+		case BEGIN_SAME:
+			break;
+	}
+	return errmsg("run \"%s\" was already begun with a different retry policy", run_id);
 }
 
 /*
@@ -942,7 +970,7 @@ idem_run_begin(PG_FUNCTION_ARGS)
 	{
 		idem_queue_check_policy(fcinfo, 4, 5, 6, 7);
 		if (!PG_ARGISNULL(3))
-			asked.queue = idem_name_arg(fcinfo, 3, "run queue");
+			asked.queue = idem_name_arg(fcinfo, 3, IDEM_NAME_QUEUE);
 		else if (!PG_ARGISNULL(4) || !PG_ARGISNULL(5) || !PG_ARGISNULL(6) ||
 				 !PG_ARGISNULL(7))
 			ereport(ERROR,
@@ -985,7 +1013,7 @@ void
 idem_run_begin_args(FunctionCallInfo fcinfo, int first, IdemRunRow *asked)
 {
 	idem_run_init_unqueued(asked);
-	asked->run_id = idem_name_arg(fcinfo, first, "run id");
+	asked->run_id = idem_name_arg(fcinfo, first, IDEM_NAME_RUN_ID);
 	asked->steps = NULL;
 	asked->input = NULL;
 	if (!PG_ARGISNULL(first + 1))
@@ -994,7 +1022,7 @@ idem_run_begin_args(FunctionCallInfo fcinfo, int first, IdemRunRow *asked)
 	if (!PG_ARGISNULL(first + 2))
 	{
 		asked->input = PG_GETARG_JSONB_P(first + 2);
-		idem_check_response_size(asked->input, "run input");
+		idem_check_response_size(asked->input, IDEM_RESPONSE_RUN_INPUT, NULL);
 	}
 }
 
@@ -1012,11 +1040,11 @@ idem_run_begin_in(const IdemRunStore *store, Oid owner, IdemRunRow *asked,
 
 	if (store->lock_and_read(store, owner, run_id, run))
 	{
-		const char *differs;
+		BeginDiffers differs;
 
 		idem_check_run_visible(run);
 		differs = begin_differs(run, asked);
-		if (differs != NULL)
+		if (differs != BEGIN_SAME)
 		{
 			IdemRequest req;
 
@@ -1029,8 +1057,7 @@ idem_run_begin_in(const IdemRunStore *store, Oid owner, IdemRunRow *asked,
 							  ERRCODE_IDEM_KEY_REUSED);
 			ereport(ERROR,
 					(errcode(ERRCODE_IDEM_KEY_REUSED),
-					 errmsg("run \"%s\" was already begun with different %s",
-							run_id, differs),
+					 begin_differs_msg(differs, run_id),
 					 errdetail("A run id names one run: its steps, input, queue and retry policy are fixed when it begins."),
 					 idem_errhint(ERRCODE_IDEM_KEY_REUSED, "Use a new run id for a new run.")));
 		}
@@ -1099,14 +1126,15 @@ leave_queue(IdemRunRow *run, const char *outcome, const char *error)
  * role's run with owner_argno's argument, and the change is audited.
  */
 static Datum
-set_run_status(FunctionCallInfo fcinfo, const char *verb, int owner_argno)
+set_run_status(FunctionCallInfo fcinfo, const char *verb, IdemRunOp op,
+			   int owner_argno)
 {
 	Oid			owner;
 	char	   *run_id;
 
 	idem_check_can_write(psprintf("idem_run_%s()", verb));
-	run_id = idem_name_arg(fcinfo, 0, "run id");
-	owner = idem_run_owner_arg(fcinfo, owner_argno, verb);
+	run_id = idem_name_arg(fcinfo, 0, IDEM_NAME_RUN_ID);
+	owner = idem_run_owner_arg(fcinfo, owner_argno, op);
 	PG_RETURN_TEXT_P(cstring_to_text(idem_run_set_status_in(&idem_local_runs,
 															 fcinfo, verb,
 															 owner, run_id,
@@ -1142,7 +1170,7 @@ idem_run_set_status_in(const IdemRunStore *store, FunctionCallInfo fcinfo,
 			report_not_running(&run);
 		run.last_error = text_to_cstring(PG_GETARG_TEXT_PP(reason_arg));
 		/* the run's last error and its attempt's, as a failed step's error */
-		idem_check_error_text("reason", run.last_error);
+		idem_check_error_text(IDEM_TEXT_REASON, run.last_error);
 		run.status = "failed";
 		run.finished = true;
 		run.finished_at = now;
@@ -1176,8 +1204,10 @@ idem_run_set_status_in(const IdemRunStore *store, FunctionCallInfo fcinfo,
 			ereport(ERROR,
 					(errcode(ERRCODE_IDEM_STEP_OUT_OF_SEQUENCE),
 					 errmsg("run \"%s\" has steps that have not completed", run_id),
-					 errdetail("%d of its %d steps have completed; step \"%s\" is next.",
-							   run_ndone(&run), run_nsteps(&run), idem_run_next_step(&run)),
+					 errdetail_plural("%d of its %d step has completed; step \"%s\" is next.",
+									  "%d of its %d steps have completed; step \"%s\" is next.",
+									  run_nsteps(&run), run_ndone(&run),
+									  run_nsteps(&run), idem_run_next_step(&run)),
 					 idem_errhint(ERRCODE_IDEM_STEP_OUT_OF_SEQUENCE, "A run with declared steps completes with its last step.")));
 		if (strcmp(run.status, "completed") != 0)
 		{
@@ -1199,28 +1229,28 @@ idem_run_set_status_in(const IdemRunStore *store, FunctionCallInfo fcinfo,
 Datum
 idem_run_fail(PG_FUNCTION_ARGS)
 {
-	return set_run_status(fcinfo, "fail", 2);
+	return set_run_status(fcinfo, "fail", IDEM_RUN_OP_FAIL, 2);
 }
 
 /* idem_run_resume(run_id text, owner regrole) returns text */
 Datum
 idem_run_resume(PG_FUNCTION_ARGS)
 {
-	return set_run_status(fcinfo, "resume", 1);
+	return set_run_status(fcinfo, "resume", IDEM_RUN_OP_RESUME, 1);
 }
 
 /* idem_run_complete(run_id text, owner regrole) returns text */
 Datum
 idem_run_complete(PG_FUNCTION_ARGS)
 {
-	return set_run_status(fcinfo, "complete", 1);
+	return set_run_status(fcinfo, "complete", IDEM_RUN_OP_COMPLETE, 1);
 }
 
 /* The current role's run, for the readers: no lock, the caller's snapshot. */
 static void
 read_run(FunctionCallInfo fcinfo, IdemRunRow *run)
 {
-	char	   *run_id = idem_name_arg(fcinfo, 0, "run id");
+	char	   *run_id = idem_name_arg(fcinfo, 0, IDEM_NAME_RUN_ID);
 
 	if (!idem_lookup_run(idem_key_owner(), run_id, run) || !run->visible)
 		idem_report_run_not_found(run_id);
@@ -1432,8 +1462,8 @@ idem_step_start_leased(const char *run_id, const char *step,
 	int			ordinal;
 
 	run = lock_run_held(&idem_local_runs, held ? held : &none,
-						idem_leased_run_owner(run_id, token), run_id, token,
-						"start a step of");
+						idem_leased_run_owner(run_id, token, IDEM_ACT_RUN_START_STEP),
+						run_id, token, IDEM_ACT_RUN_START_STEP);
 	idem_run_check_room(run);
 	ordinal = idem_run_step_ordinal(run, step);
 	*done = recorded_result(run, step, ordinal);
@@ -1465,8 +1495,8 @@ Datum
 idem_step_start(PG_FUNCTION_ARGS)
 {
 	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
-	char	   *run_id = idem_name_arg(fcinfo, 0, "run id");
-	char	   *step = idem_name_arg(fcinfo, 1, "step name");
+	char	   *run_id = idem_name_arg(fcinfo, 0, IDEM_NAME_RUN_ID);
+	char	   *step = idem_name_arg(fcinfo, 1, IDEM_NAME_STEP);
 	const pg_uuid_t *token = idem_lease_token_arg(fcinfo, 2, true);
 	int			attempt;
 	Jsonb	   *done;
@@ -1512,8 +1542,8 @@ backoff_ms(int64 us)
 Datum
 idem_step_fail(PG_FUNCTION_ARGS)
 {
-	char	   *run_id = idem_name_arg(fcinfo, 0, "run id");
-	char	   *step = idem_name_arg(fcinfo, 1, "step name");
+	char	   *run_id = idem_name_arg(fcinfo, 0, IDEM_NAME_RUN_ID);
+	char	   *step = idem_name_arg(fcinfo, 1, IDEM_NAME_STEP);
 	const pg_uuid_t *token = idem_lease_token_arg(fcinfo, 2, true);
 	char	   *error;
 	int64		retry_after_us = 0;
@@ -1530,11 +1560,11 @@ idem_step_fail(PG_FUNCTION_ARGS)
 				 errmsg("error must not be null"),
 				 idem_errhint(ERRCODE_NULL_VALUE_NOT_ALLOWED, NULL)));
 	error = text_to_cstring(PG_GETARG_TEXT_PP(3));
-	idem_check_error_text("error", error);
+	idem_check_error_text(IDEM_TEXT_ERROR, error);
 	if (!PG_ARGISNULL(4))
 		retry_after_us = idem_retry_after_usecs(PG_GETARG_INTERVAL_P(4));
 	idem_check_can_write("idem_step_fail()");
-	idem_lock_run_leased(run_id, token, "fail a step of", &run);
+	idem_lock_run_leased(run_id, token, IDEM_ACT_RUN_FAIL_STEP, &run);
 	ordinal = idem_run_step_ordinal(&run, step);
 	if (done_position(&run, step, ordinal) > 0)
 		ereport(ERROR,
@@ -1636,8 +1666,8 @@ is_json_null(Jsonb *j)
 Datum
 idem_run_await(PG_FUNCTION_ARGS)
 {
-	char	   *run_id = idem_name_arg(fcinfo, 0, "run id");
-	char	   *event = idem_name_arg(fcinfo, 1, "event");
+	char	   *run_id = idem_name_arg(fcinfo, 0, IDEM_NAME_RUN_ID);
+	char	   *event = idem_name_arg(fcinfo, 1, IDEM_NAME_EVENT);
 	const pg_uuid_t *token = idem_lease_token_arg(fcinfo, 2, true);
 	int64		timeout_us = PG_ARGISNULL(3) ? 0 :
 		checked_run_wait(PG_GETARG_INTERVAL_P(3), "timeout");
@@ -1652,8 +1682,8 @@ idem_run_await(PG_FUNCTION_ARGS)
 	idem_check_can_write("idem_run_await()");
 	/* a signalled or timed-out wait completes its step on the row read here */
 	run = lock_run_held(&idem_local_runs, &held,
-						idem_leased_run_owner(run_id, token), run_id, token,
-						"await an event of");
+						idem_leased_run_owner(run_id, token, IDEM_ACT_RUN_AWAIT),
+						run_id, token, IDEM_ACT_RUN_AWAIT);
 	ordinal = idem_run_step_ordinal(run, event);
 	done = recorded_result(run, event, ordinal);
 	if (done != NULL)

@@ -322,7 +322,7 @@ check_works_queue(const char *queue, Oid caller, const char *run_id)
  *		stops a worker that holds a lease.  Raises ID404 if no run with the
  *		id is on a queue the caller works (whether another queue has one is
  *		not the caller's to know), ID412 if the token holds none of them
- *		(saying why for the first).
+ *		(saying why for the first, in the terms of act).
  *
  * The run is looked up as committed now, whatever the isolation level, as
  * the fence reads it: a REPEATABLE READ snapshot taken before the claim
@@ -332,7 +332,8 @@ check_works_queue(const char *queue, Oid caller, const char *run_id)
  * the snapshot's own check (40001).
  */
 Oid
-idem_leased_run_owner(const char *run_id, const pg_uuid_t *token)
+idem_leased_run_owner(const char *run_id, const pg_uuid_t *token,
+					  IdemLeaseAct act)
 {
 	IdemOwnerSPI spi;
 	Datum		values[2];
@@ -391,24 +392,52 @@ idem_leased_run_owner(const char *run_id, const pg_uuid_t *token)
 	}
 	for (int i = 0; i < nothers; i++)
 		if (idem_queue_may(others[i].queue, caller, QUEUE_WORK))
-			idem_lease_lost(idem_lease_fence(others[i].leased, false), "run",
-							"run", psprintf("\"%s\"", run_id),
-							others[i].state, "work on",
-							others[i].leased ? others[i].holder : NULL,
-							"runs it");
+			idem_lease_lost(idem_lease_fence(others[i].leased, false),
+							act, run_id, others[i].state,
+							others[i].leased ? others[i].holder : NULL);
 	report_no_queued_run(run_id);
 	return InvalidOid;			/* keep compiler quiet */
 }
 
+/* The message of act on a queued run without a lease token */
+static int
+token_needed_msg(IdemLeaseAct act, const char *run_id, const char *queue)
+{
+	switch (act)
+	{
+		case IDEM_ACT_RUN_START_STEP:
+			return errmsg("run \"%s\" is on queue \"%s\": a lease token is needed to start a step of it",
+						  run_id, queue);
+		case IDEM_ACT_RUN_AWAIT:
+			return errmsg("run \"%s\" is on queue \"%s\": a lease token is needed to await an event of it",
+						  run_id, queue);
+		case IDEM_ACT_RUN_FAIL_STEP:
+			return errmsg("run \"%s\" is on queue \"%s\": a lease token is needed to fail a step of it",
+						  run_id, queue);
+		case IDEM_ACT_RUN_EXTEND:
+			return errmsg("run \"%s\" is on queue \"%s\": a lease token is needed to extend it",
+						  run_id, queue);
+		case IDEM_ACT_RUN_RELEASE:
+			return errmsg("run \"%s\" is on queue \"%s\": a lease token is needed to release it",
+						  run_id, queue);
+		case IDEM_ACT_RUN_SLEEP:
+			return errmsg("run \"%s\" is on queue \"%s\": a lease token is needed to put it to sleep",
+						  run_id, queue);
+		default:
+			return errmsg("run \"%s\" is on queue \"%s\": a lease token is needed to work on it",
+						  run_id, queue);
+	}
+}
+
 /*
  * idem_run_fence
- *		Raise ID412 unless token is the lease that holds the run now.  A
- *		run that is on no queue takes no token; a queued run's every step,
- *		completion, failure, wait and extension needs its token.  A lease
- *		that ran out but was not taken over still holds.
+ *		Raise ID412 unless token is the lease that holds the run now, for
+ *		act.  A run that is on no queue takes no token; a queued run's
+ *		every step, completion, failure, wait and extension needs its
+ *		token.  A lease that ran out but was not taken over still holds.
  */
 void
-idem_run_fence(IdemRunRow *run, const pg_uuid_t *token, const char *verb)
+idem_run_fence(IdemRunRow *run, const pg_uuid_t *token, IdemLeaseAct act)
 {
 	bool		leased;
 	bool		matches;
@@ -426,8 +455,7 @@ idem_run_fence(IdemRunRow *run, const pg_uuid_t *token, const char *verb)
 	if (token == NULL)
 		ereport(ERROR,
 				(errcode(ERRCODE_IDEM_LEASE_LOST),
-				 errmsg("run \"%s\" is on queue \"%s\": a lease token is needed to %s it",
-						run->run_id, run->queue, verb),
+				 token_needed_msg(act, run->run_id, run->queue),
 				 errdetail("Only the worker that holds a queued run's lease works on it."),
 				 idem_errhint(ERRCODE_IDEM_LEASE_LOST, "Claim the run with idem_run_claim() and pass its lease_token.")));
 	leased = run->queue_state != NULL && strcmp(run->queue_state, "leased") == 0 &&
@@ -435,10 +463,9 @@ idem_run_fence(IdemRunRow *run, const pg_uuid_t *token, const char *verb)
 	matches = run->has_token &&
 		memcmp(run->lease_token.data, token->data, UUID_LEN) == 0;
 	if (idem_lease_fence(leased, matches) != IDEM_FENCE_HELD)
-		idem_lease_lost(idem_lease_fence(leased, matches), "run", "run",
-						psprintf("\"%s\"", run->run_id),
+		idem_lease_lost(idem_lease_fence(leased, matches), act, run->run_id,
 						run->queue_state != NULL ? run->queue_state : run->status,
-						verb, leased ? run->lease_holder : NULL, "runs it");
+						leased ? run->lease_holder : NULL);
 
 	/*
 	 * A lease taken before the run's owner was dropped: its steps would
@@ -491,10 +518,10 @@ idem_run_check_room(IdemRunRow *run)
  */
 void
 idem_lock_run_fenced(Oid owner, const char *run_id, const pg_uuid_t *token,
-					 const char *verb, IdemRunRow *run)
+					 IdemLeaseAct act, IdemRunRow *run)
 {
 	lock_and_read(owner, run_id, run);
-	idem_run_fence(run, token, verb);
+	idem_run_fence(run, token, act);
 	idem_check_run_visible(run);
 }
 
@@ -505,10 +532,10 @@ idem_lock_run_fenced(Oid owner, const char *run_id, const pg_uuid_t *token,
  */
 void
 idem_lock_run_leased(const char *run_id, const pg_uuid_t *token,
-					 const char *verb, IdemRunRow *run)
+					 IdemLeaseAct act, IdemRunRow *run)
 {
-	idem_lock_run_fenced(idem_leased_run_owner(run_id, token), run_id, token,
-						 verb, run);
+	idem_lock_run_fenced(idem_leased_run_owner(run_id, token, act), run_id, token,
+						 act, run);
 }
 
 /*
@@ -603,14 +630,36 @@ idem_runs_admin(PG_FUNCTION_ARGS)
 				   has_privs_of_role(role, ROLE_PG_MONITOR));
 }
 
+/* The refusal of op on another role's runs, role naming the owner */
+static int
+owner_denied_msg(IdemRunOp op, const char *role)
+{
+	switch (op)
+	{
+		case IDEM_RUN_OP_READ:
+			return errmsg("permission denied to read runs of role \"%s\"", role);
+		case IDEM_RUN_OP_CANCEL:
+			return errmsg("permission denied to cancel runs of role \"%s\"", role);
+		case IDEM_RUN_OP_RETRY:
+			return errmsg("permission denied to retry runs of role \"%s\"", role);
+		case IDEM_RUN_OP_FAIL:
+			return errmsg("permission denied to fail runs of role \"%s\"", role);
+		case IDEM_RUN_OP_RESUME:
+			return errmsg("permission denied to resume runs of role \"%s\"", role);
+		case IDEM_RUN_OP_COMPLETE:
+			return errmsg("permission denied to complete runs of role \"%s\"", role);
+	}
+	return errmsg("permission denied for runs of role \"%s\"", role);
+}
+
 /*
  * idem_run_owner_arg
- *		Whose run an operator's call names: the argument, or the caller's
- *		key owner.  Another role's run is for that role's members and
- *		administrators only (42501).
+ *		Whose run an operator's call (op) names: the argument, or the
+ *		caller's key owner.  Another role's run is for that role's members
+ *		and administrators only (42501).
  */
 Oid
-idem_run_owner_arg(FunctionCallInfo fcinfo, int argno, const char *what)
+idem_run_owner_arg(FunctionCallInfo fcinfo, int argno, IdemRunOp op)
 {
 	Oid			owner;
 
@@ -621,9 +670,27 @@ idem_run_owner_arg(FunctionCallInfo fcinfo, int argno, const char *what)
 		!idem_run_is_admin(GetUserId()))
 		ereport(ERROR,
 				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
-				 errmsg("permission denied to %s runs of role \"%s\"", what,
-						GetUserNameFromId(owner, false)),
+				 owner_denied_msg(op, GetUserNameFromId(owner, false)),
 				 errdetail("Only the run's owner, superusers and members of idem_admin may."),
 				 idem_errhint(ERRCODE_INSUFFICIENT_PRIVILEGE, "An administrator grants idem_admin.")));
 	return owner;
+}
+
+/*
+ * idem_errmsg_run_status
+ *		errmsg() saying what a run that is not running is, by its status:
+ *		each status its own message.  Use as an ereport() auxiliary.
+ */
+int
+idem_errmsg_run_status(const char *run_id, const char *status)
+{
+	if (strcmp(status, "completed") == 0)
+		return errmsg("run \"%s\" is completed", run_id);
+	if (strcmp(status, "failed") == 0)
+		return errmsg("run \"%s\" has failed", run_id);
+	if (strcmp(status, "cancelled") == 0)
+		return errmsg("run \"%s\" is cancelled", run_id);
+	if (strcmp(status, "running") == 0)
+		return errmsg("run \"%s\" is running", run_id);
+	return errmsg("run \"%s\" has status \"%s\"", run_id, status);
 }

@@ -109,8 +109,8 @@ idem_run_signal_payload(Oid owner, const char *run_id, const char *event,
 Datum
 idem_run_signal(PG_FUNCTION_ARGS)
 {
-	char	   *run_id = idem_name_arg(fcinfo, 0, "run id");
-	char	   *event = idem_name_arg(fcinfo, 1, "event");
+	char	   *run_id = idem_name_arg(fcinfo, 0, IDEM_NAME_RUN_ID);
+	char	   *event = idem_name_arg(fcinfo, 1, IDEM_NAME_EVENT);
 	Jsonb	   *payload;
 	Oid			caller = GetUserId();
 	Oid			owner;
@@ -135,7 +135,7 @@ idem_run_signal(PG_FUNCTION_ARGS)
 				 errmsg("payload must not be JSON null"),
 				 errdetail("JSON null is what an await that timed out records."),
 				 idem_errhint(ERRCODE_INVALID_PARAMETER_VALUE, "Signal an empty payload as '{}'.")));
-	idem_check_response_size(payload, "signal payload");
+	idem_check_response_size(payload, IDEM_RESPONSE_SIGNAL, NULL);
 	idem_check_can_write("idem_run_signal()");
 
 	/*
@@ -170,7 +170,7 @@ idem_run_signal(PG_FUNCTION_ARGS)
 		strcmp(run.status, "failed") != 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_IDEM_RUN_NOT_RUNNING),
-				 errmsg("run \"%s\" is %s", run_id, run.status),
+				 idem_errmsg_run_status(run_id, run.status),
 				 errdetail("A completed or cancelled run takes no signals."),
 				 idem_errhint(ERRCODE_IDEM_RUN_NOT_RUNNING, NULL)));
 	/*
@@ -241,7 +241,7 @@ idem_run_signal(PG_FUNCTION_ARGS)
 Datum
 idem_run_sleep(PG_FUNCTION_ARGS)
 {
-	char	   *run_id = idem_name_arg(fcinfo, 0, "run id");
+	char	   *run_id = idem_name_arg(fcinfo, 0, IDEM_NAME_RUN_ID);
 	const pg_uuid_t *token = idem_lease_token_arg(fcinfo, 1, true);
 	TimestampTz until;
 	TimestampTz now = GetCurrentTimestamp();
@@ -261,7 +261,7 @@ idem_run_sleep(PG_FUNCTION_ARGS)
 						RUN_MAX_SLEEP_DAYS),
 				 idem_errhint(ERRCODE_INVALID_PARAMETER_VALUE, NULL)));
 	idem_check_can_write("idem_run_sleep()");
-	idem_lock_run_leased(run_id, token, "sleep", &run);
+	idem_lock_run_leased(run_id, token, IDEM_ACT_RUN_SLEEP, &run);
 	if (until <= now)
 		PG_RETURN_BOOL(false);
 	idem_run_end_lease(&run, "sleeping", NULL, now);

@@ -1803,8 +1803,8 @@ idem_citus_step_complete(PG_FUNCTION_ARGS)
 	Jsonb	   *done;
 
 	tenant_run_store(fcinfo, fname, &tc, &store);
-	run_id = idem_name_arg(fcinfo, 1, "run id");
-	step = idem_name_arg(fcinfo, 2, "step name");
+	run_id = idem_name_arg(fcinfo, 1, IDEM_NAME_RUN_ID);
+	step = idem_name_arg(fcinfo, 2, IDEM_NAME_STEP);
 	idem_step_key_request(run_id, step, NULL, &req);
 	done = idem_step_result_arg(fcinfo, 3, fname);
 	tenant_here(&tc, true);
@@ -1819,11 +1819,11 @@ idem_citus_step_complete(PG_FUNCTION_ARGS)
  * arguments, until the colocation is declared again.
  */
 static Oid
-tenant_run_owner(FunctionCallInfo fcinfo, int argno, const char *what)
+tenant_run_owner(FunctionCallInfo fcinfo, int argno, IdemRunOp op)
 {
 	if (PG_NARGS() <= argno)
 		return idem_key_owner();
-	return idem_run_owner_arg(fcinfo, argno, what);
+	return idem_run_owner_arg(fcinfo, argno, op);
 }
 
 /*
@@ -1850,8 +1850,8 @@ idem_citus_run_status(PG_FUNCTION_ARGS)
 	MemoryContext old;
 
 	tenant_arg(fcinfo, fname, &tc);
-	run_id = idem_name_arg(fcinfo, 1, "run id");
-	owner = tenant_run_owner(fcinfo, 2, "read");
+	run_id = idem_name_arg(fcinfo, 1, IDEM_NAME_RUN_ID);
+	owner = tenant_run_owner(fcinfo, 2, IDEM_RUN_OP_READ);
 	if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE)
 		elog(ERROR, "return type must be a row type");
 	tenant_here(&tc, true);
@@ -1888,8 +1888,8 @@ idem_citus_run_steps(PG_FUNCTION_ARGS)
 	IdemRunRow	run;
 
 	tenant_arg(fcinfo, fname, &tc);
-	run_id = idem_name_arg(fcinfo, 1, "run id");
-	owner = tenant_run_owner(fcinfo, 2, "read");
+	run_id = idem_name_arg(fcinfo, 1, IDEM_NAME_RUN_ID);
+	owner = tenant_run_owner(fcinfo, 2, IDEM_RUN_OP_READ);
 	InitMaterializedSRF(fcinfo, 0);
 	tenant_here(&tc, true);
 	if (!lookup_tenant_run(&tc, owner, run_id, &run, true))
@@ -1908,10 +1908,10 @@ idem_citus_run_steps(PG_FUNCTION_ARGS)
  * Returns the run's status.
  */
 static Datum
-tenant_run_verb(FunctionCallInfo fcinfo, const char *verb)
+tenant_run_verb(FunctionCallInfo fcinfo, const char *verb, IdemRunOp op)
 {
 	const char *fname = psprintf("idem_citus_run_%s()", verb);
-	bool		reasoned = strcmp(verb, "fail") == 0 || strcmp(verb, "cancel") == 0;
+	bool		reasoned = op == IDEM_RUN_OP_FAIL || op == IDEM_RUN_OP_CANCEL;
 	TenantCall	tc;
 	IdemRunStore store;
 	char	   *run_id;
@@ -1921,10 +1921,10 @@ tenant_run_verb(FunctionCallInfo fcinfo, const char *verb)
 	MemoryContext old;
 
 	tenant_run_store(fcinfo, fname, &tc, &store);
-	run_id = idem_name_arg(fcinfo, 1, "run id");
-	owner = tenant_run_owner(fcinfo, reasoned ? 3 : 2, verb);
+	run_id = idem_name_arg(fcinfo, 1, IDEM_NAME_RUN_ID);
+	owner = tenant_run_owner(fcinfo, reasoned ? 3 : 2, op);
 	tenant_here(&tc, true);
-	if (strcmp(verb, "cancel") == 0)
+	if (op == IDEM_RUN_OP_CANCEL)
 		status = idem_run_cancel_in(&store, owner, run_id,
 									PG_ARGISNULL(2) ? NULL :
 									text_to_cstring(PG_GETARG_TEXT_PP(2)),
@@ -1945,7 +1945,7 @@ tenant_run_verb(FunctionCallInfo fcinfo, const char *verb)
 Datum
 idem_citus_run_fail(PG_FUNCTION_ARGS)
 {
-	return tenant_run_verb(fcinfo, "fail");
+	return tenant_run_verb(fcinfo, "fail", IDEM_RUN_OP_FAIL);
 }
 
 /*
@@ -1955,7 +1955,7 @@ idem_citus_run_fail(PG_FUNCTION_ARGS)
 Datum
 idem_citus_run_resume(PG_FUNCTION_ARGS)
 {
-	return tenant_run_verb(fcinfo, "resume");
+	return tenant_run_verb(fcinfo, "resume", IDEM_RUN_OP_RESUME);
 }
 
 /*
@@ -1965,7 +1965,7 @@ idem_citus_run_resume(PG_FUNCTION_ARGS)
 Datum
 idem_citus_run_complete(PG_FUNCTION_ARGS)
 {
-	return tenant_run_verb(fcinfo, "complete");
+	return tenant_run_verb(fcinfo, "complete", IDEM_RUN_OP_COMPLETE);
 }
 
 /*
@@ -1975,5 +1975,5 @@ idem_citus_run_complete(PG_FUNCTION_ARGS)
 Datum
 idem_citus_run_cancel(PG_FUNCTION_ARGS)
 {
-	return tenant_run_verb(fcinfo, "cancel");
+	return tenant_run_verb(fcinfo, "cancel", IDEM_RUN_OP_CANCEL);
 }

@@ -70,14 +70,15 @@ extern const pg_uuid_t *idem_lease_token_setting(void);
 extern void idem_run_token_owner_note(const pg_uuid_t *token,
 									  const char *run_id, Oid owner,
 									  const char *queue);
-extern Oid	idem_leased_run_owner(const char *run_id, const pg_uuid_t *token);
+extern Oid	idem_leased_run_owner(const char *run_id, const pg_uuid_t *token,
+								  IdemLeaseAct act);
 extern void idem_lock_run_fenced(Oid owner, const char *run_id,
-								 const pg_uuid_t *token, const char *verb,
+								 const pg_uuid_t *token, IdemLeaseAct act,
 								 IdemRunRow *run);
 extern void idem_lock_run_leased(const char *run_id, const pg_uuid_t *token,
-								 const char *verb, IdemRunRow *run);
+								 IdemLeaseAct act, IdemRunRow *run);
 extern void idem_run_fence(IdemRunRow *run, const pg_uuid_t *token,
-						   const char *verb);
+						   IdemLeaseAct act);
 extern void idem_run_check_room(IdemRunRow *run);
 extern void idem_run_end_lease(IdemRunRow *run, const char *outcome,
 							   const char *error, TimestampTz now);
@@ -87,8 +88,19 @@ extern void idem_run_end_lease_for(IdemRunRow *run, const char *outcome,
 extern void idem_run_attempt_begin(IdemRunRow *run, const char *step,
 								   TimestampTz now);
 extern bool idem_run_is_admin(Oid role);
+/* what an operator's call does to a run: each has its own messages */
+typedef enum IdemRunOp
+{
+	IDEM_RUN_OP_READ,
+	IDEM_RUN_OP_CANCEL,
+	IDEM_RUN_OP_RETRY,
+	IDEM_RUN_OP_FAIL,
+	IDEM_RUN_OP_RESUME,
+	IDEM_RUN_OP_COMPLETE
+} IdemRunOp;
 extern Oid	idem_run_owner_arg(FunctionCallInfo fcinfo, int argno,
-							   const char *what);
+							   IdemRunOp op);
+extern int	idem_errmsg_run_status(const char *run_id, const char *status);
 
 /* signal.c: signals to runs */
 extern bool idem_run_signal_payload(Oid owner, const char *run_id,

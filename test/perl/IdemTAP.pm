@@ -51,6 +51,7 @@ use Time::HiRes qw(usleep);
 our @EXPORT = qw(
   idem_node
   citus_cluster
+  citus_node
   citus_database
   idem_sync_pair
   idem_setup_db
@@ -123,23 +124,35 @@ worker2).
 sub citus_cluster
 {
 	my ($settings) = @_;
-	my @nodes;
-	for my $name ('coordinator', 'worker1', 'worker2')
-	{
-		my $node = idem_node($name);
-		$node->append_conf(
-			'postgresql.conf', qq(
+	my @nodes = map { citus_node($_, $settings) } ('coordinator', 'worker1', 'worker2');
+	citus_database('postgres', @nodes);
+	return @nodes;
+}
+
+=pod
+
+=item citus_node(name, settings)
+
+A started node with Citus preloaded, on loopback, and the given
+postgresql.conf settings after Citus's own (8 shards a table unless they
+say otherwise); no citus extension yet (citus_database()).
+
+=cut
+
+sub citus_node
+{
+	my ($name, $settings) = @_;
+	my $node = idem_node($name);
+	$node->append_conf(
+		'postgresql.conf', qq(
 shared_preload_libraries = 'citus'
 listen_addresses = '127.0.0.1'
 max_prepared_transactions = 100
 citus.shard_count = 8
 $settings
 ));
-		$node->start;
-		push @nodes, $node;
-	}
-	citus_database('postgres', @nodes);
-	return @nodes;
+	$node->start;
+	return $node;
 }
 
 =pod

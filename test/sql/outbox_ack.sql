@@ -62,6 +62,11 @@ SELECT idem_outbox_ack(event_id, gen_random_uuid()) FROM ack_claimed WHERE key =
 SELECT idem_outbox_ack_batch(array_agg(event_id ORDER BY key),
 	   array_agg(CASE WHEN key = 'ack:4' THEN gen_random_uuid() ELSE token END ORDER BY key))
   FROM ack_claimed WHERE key IN ('ack:2', 'ack:3', 'ack:4');
+-- arrays of different lengths (one id, two tokens)
+\set VERBOSITY default
+SELECT idem_outbox_ack_batch(ARRAY[event_id], ARRAY[token, token])
+  FROM ack_claimed WHERE key = 'ack:2';
+\set VERBOSITY sqlstate
 -- an event twice in one batch
 SELECT idem_outbox_ack_batch(ARRAY[event_id, event_id], ARRAY[token, token])
   FROM ack_claimed WHERE key = 'ack:2';

@@ -532,8 +532,30 @@ SELECT state, attempts FROM idem_outbox_events WHERE event_id = :'obx';
 SELECT idem_outbox_release(:'obx', :'obx_tok');
 SELECT state, attempts, next_attempt_at <= now() AS due_now, lease_until
   FROM idem_outbox_events WHERE event_id = :'obx';
+-- the error's detail and hint of each act with a token: the event's id
+-- stays out of the output
+CREATE FUNCTION pg_temp.ob_why(act text, id uuid, token uuid,
+	OUT code text, OUT detail text, OUT hint text)
+LANGUAGE plpgsql AS $$
+BEGIN
+	EXECUTE format(CASE act
+		WHEN 'ack' THEN 'SELECT idem_outbox_ack(%L, %L)'
+		WHEN 'fail' THEN 'SELECT idem_outbox_fail(%L, %L, ''x'')'
+		WHEN 'extend' THEN 'SELECT idem_outbox_extend(%L, %L, ''1 min'')'
+		ELSE 'SELECT idem_outbox_release(%L, %L)' END, id, token);
+	code := 'none';
+EXCEPTION WHEN OTHERS THEN
+	GET STACKED DIAGNOSTICS code = RETURNED_SQLSTATE, detail = PG_EXCEPTION_DETAIL,
+		hint = PG_EXCEPTION_HINT;
+END $$;
+-- pending: no lease holds it
+SELECT a.act, w.* FROM unnest(ARRAY['ack', 'fail', 'extend', 'release']) AS a(act),
+	pg_temp.ob_why(a.act, :'obx', :'obx_tok') w;
 SELECT lease_token AS obx_tok2, attempt FROM idem_outbox_claim('ext', 10, '30 s') \gset
 SELECT :attempt AS attempt_after_release, :'obx_tok2' <> :'obx_tok' AS new_token;
+-- leased under another token
+SELECT a.act, w.* FROM unnest(ARRAY['ack', 'fail', 'extend', 'release']) AS a(act),
+	pg_temp.ob_why(a.act, :'obx', :'obx_tok') w;
 \set VERBOSITY sqlstate
 SELECT idem_outbox_release(:'obx', :'obx_tok');
 SELECT idem_outbox_ack(:'obx', :'obx_tok2');

@@ -149,6 +149,11 @@ SET ROLE regress_rl_agent;
 SELECT idem_step_complete('ret-1', 'label', '{"label_id": "LB-1"}', lease_token => rl_token('w1'));
 SELECT idem_run_extend('ret-1', rl_token('w1'), '1 h');
 SELECT idem_step_fail('ret-1', 'label', rl_token('w1'), 'late');
+-- each act is named in its own hint
+SELECT * FROM idem_step_start('ret-1', 'label', rl_token('w1'));
+SELECT * FROM idem_run_await('ret-1', 'label', rl_token('w1'));
+SELECT idem_run_release('ret-1', rl_token('w1'));
+SELECT idem_run_sleep('ret-1', rl_token('w1'), now() + interval '1 h');
 RESET ROLE;
 SELECT (SELECT digest FROM rl_digest) = :'before_digest' AS unchanged;
 SET ROLE regress_rl_agent;

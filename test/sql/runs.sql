@@ -113,6 +113,10 @@ SELECT idem_run_complete('ret-1');
 SELECT status, next_step, created FROM idem_run_begin('ret-2', steps => ARRAY['a', 'b']);
 SELECT idem_run_complete('ret-2');
 \echo :LAST_ERROR_SQLSTATE
+-- one declared step: the detail's noun is singular
+SELECT status, next_step, created FROM idem_run_begin('ret-one', steps => ARRAY['only']);
+SELECT idem_run_complete('ret-one');
+DELETE FROM idem.runs WHERE run_id = 'ret-one';
 
 -- failure: a failed run refuses new steps until resumed; completed steps
 -- still replay
