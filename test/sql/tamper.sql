@@ -171,8 +171,8 @@ ROLLBACK;
 
 -- a run's step lists changed by hand into a shape its functions never
 -- write are XX001, never read past their end: a null or missing declared
--- step, a list of two dimensions, a null completed step, an attempt count
--- missing
+-- step, a list of two dimensions, a null completed step; an attempt count
+-- missing reads as 0, as idem_run_steps shows it
 BEGIN;
 SELECT created FROM idem_run_begin('tam-lists', steps => '{a,b}');
 SAVEPOINT s;
@@ -191,7 +191,11 @@ UPDATE idem.runs SET done_steps = '{NULL}' WHERE run_id = 'tam-lists';
 SELECT idem_step('tam-lists', 'b', 'SELECT 2 AS two');
 ROLLBACK TO t;
 UPDATE idem.runs SET attempts = '{}' WHERE run_id = 'tam-lists';
-SELECT idem_step('tam-lists', 'a', 'SELECT 1 AS one');
+SELECT replayed FROM idem_call(NULL, 'SELECT 1 AS one', run_id => 'tam-lists', step => 'a');
+SELECT done_steps, attempts FROM idem.runs WHERE run_id = 'tam-lists';
+UPDATE idem.runs SET attempts = '{}' WHERE run_id = 'tam-lists';
+SELECT idem_step('tam-lists', 'b', 'SELECT 2 AS two') ->> 'rowcount' AS b_ran;
+SELECT status, done_steps, attempts FROM idem.runs WHERE run_id = 'tam-lists';
 ROLLBACK TO t;
 -- untouched, the run goes on
 SELECT replayed FROM idem_call(NULL, 'SELECT 1 AS one', run_id => 'tam-lists', step => 'a');
