@@ -270,6 +270,7 @@ extern bool idem_restamp_key(Oid owner, const char *key,
 extern int64 idem_purge_expired(int batch_size);
 extern bool idem_runs_of_dropped_roles(void);
 extern bool idem_lookup_run(Oid owner, const char *run_id, IdemRunRow *row);
+extern void idem_check_run_lists(const IdemRunRow *row, const char *table);
 extern bool idem_lookup_run_at(Oid owner, const char *run_id, ItemPointer tid,
 							   IdemRunRow *row);
 extern void idem_insert_run(IdemRunRow *row);

@@ -2018,7 +2018,53 @@ idem_lookup_run_at(Oid owner, const char *run_id, ItemPointer tid,
 		row->visible = probe_row_visible(&p);
 	}
 	probe_row_end(&p);
+	if (found)
+		idem_check_run_lists(row, "idem.runs");
 	return found;
+}
+
+/* Why a step list is not one dimension from subscript 1 without nulls, or NULL. */
+static const char *
+malformed_list(ArrayType *arr)
+{
+	if (ARR_NDIM(arr) == 0)
+		return NULL;
+	if (ARR_NDIM(arr) > 1)
+		return "has more than one dimension";
+	if (ARR_LBOUND(arr)[0] != 1)
+		return "does not start at subscript 1";
+	if (array_contains_nulls(arr))
+		return "has a null element";
+	return NULL;
+}
+
+/*
+ * idem_check_run_lists
+ *		XX001 unless a run's step lists (steps, done_steps, attempts) are
+ *		what the run's functions write: one dimension from subscript 1,
+ *		without nulls.  The code indexes them by a step's ordinal, and a row
+ *		changed by hand into another shape would be read past its end.  An
+ *		attempt count missing for a completed step reads as 0 (run.c).
+ */
+void
+idem_check_run_lists(const IdemRunRow *row, const char *table)
+{
+	const char *column = NULL;
+	const char *why = NULL;
+
+	if (row->steps != NULL && (why = malformed_list(row->steps)) != NULL)
+		column = "steps";
+	else if ((why = malformed_list(row->done_steps)) != NULL)
+		column = "done_steps";
+	else if ((why = malformed_list(row->attempts)) != NULL)
+		column = "attempts";
+	if (column != NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_DATA_CORRUPTED),
+				 errmsg("run \"%s\" in %s has malformed step lists",
+						row->run_id, table),
+				 errdetail("Its column %s %s.", column, why),
+				 idem_errhint(ERRCODE_DATA_CORRUPTED, NULL)));
 }
 
 /*

@@ -211,6 +211,9 @@ record_step(const IdemRunStore *store, IdemRunRow *run, const char *step,
 	names = repalloc(names, (n + 1) * sizeof(Datum));
 	counts = ncounts > 0 ? repalloc(counts, (n + 1) * sizeof(Datum))
 		: palloc((n + 1) * sizeof(Datum));
+	/* counts a hand edit left out read as 0, as idem_run_steps shows them */
+	for (int i = ncounts; i < n; i++)
+		counts[i] = Int32GetDatum(0);
 	names[n] = CStringGetTextDatum(step);
 	counts[n] = Int32GetDatum(1);
 	run->done_steps = construct_array(names, n + 1, TEXTOID, -1, false,
@@ -258,6 +261,15 @@ count_attempt(const IdemRunStore *store, IdemRunRow *run, int pos)
 
 	deconstruct_array(run->attempts, INT4OID, 4, true, TYPALIGN_INT,
 					  &counts, NULL, &n);
+	/* counts a hand edit left out read as 0, as idem_run_steps shows them */
+	if (pos > n)
+	{
+		counts = n > 0 ? repalloc(counts, pos * sizeof(Datum))
+			: palloc(pos * sizeof(Datum));
+		for (int i = n; i < pos; i++)
+			counts[i] = Int32GetDatum(0);
+		n = pos;
+	}
 	counts[pos - 1] = Int32GetDatum(DatumGetInt32(counts[pos - 1]) + 1);
 	run->attempts = construct_array(counts, n, INT4OID, 4, true, TYPALIGN_INT);
 	store->update_run(store, run);

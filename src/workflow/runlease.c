@@ -116,10 +116,13 @@ idem_run_name_position(ArrayType *arr, const char *name)
 
 	while (array_iterate(it, &elem, &isnull))
 	{
-		text	   *t = DatumGetTextPP(elem);
+		text	   *t;
 
 		pos++;
-		if (!isnull && VARSIZE_ANY_EXHDR(t) == len &&
+		if (isnull)
+			continue;
+		t = DatumGetTextPP(elem);
+		if (VARSIZE_ANY_EXHDR(t) == len &&
 			memcmp(VARDATA_ANY(t), name, len) == 0)
 		{
 			found = pos;

@@ -1549,6 +1549,7 @@ lookup_tenant_run(TenantCall *tc, Oid owner, const char *run_id,
 	run->last_error = isnull ? NULL : TextDatumGetCString(d);
 	run->done_steps = DatumGetArrayTypePCopy(SPI_getbinval(tup, desc, 7, &isnull));
 	run->attempts = DatumGetArrayTypePCopy(SPI_getbinval(tup, desc, 8, &isnull));
+	idem_check_run_lists(run, "idem.citus_runs");
 	return true;
 }
 

@@ -169,6 +169,39 @@ SELECT key, response FROM idem.keys WHERE key = 'tam:drop';
 SELECT key, outcome FROM idem.audit WHERE key = 'tam:drop' ORDER BY outcome;
 ROLLBACK;
 
+-- a run's step lists changed by hand into a shape its functions never
+-- write are XX001, never read past their end: a null or missing declared
+-- step, a list of two dimensions, a null completed step; an attempt count
+-- missing reads as 0, as idem_run_steps shows it
+BEGIN;
+SELECT created FROM idem_run_begin('tam-lists', steps => '{a,b}');
+SAVEPOINT s;
+UPDATE idem.runs SET steps = '{NULL,b}' WHERE run_id = 'tam-lists';
+SELECT next_step FROM idem_run_status('tam-lists');
+ROLLBACK TO s;
+UPDATE idem.runs SET steps = '[2:3]={a,b}' WHERE run_id = 'tam-lists';
+SELECT next_step FROM idem_run_status('tam-lists');
+ROLLBACK TO s;
+UPDATE idem.runs SET steps = '{{a,b}}' WHERE run_id = 'tam-lists';
+SELECT idem_step('tam-lists', 'a', 'SELECT 1 AS one');
+ROLLBACK TO s;
+SELECT idem_step('tam-lists', 'a', 'SELECT 1 AS one') ->> 'rowcount' AS a_ran;
+SAVEPOINT t;
+UPDATE idem.runs SET done_steps = '{NULL}' WHERE run_id = 'tam-lists';
+SELECT idem_step('tam-lists', 'b', 'SELECT 2 AS two');
+ROLLBACK TO t;
+UPDATE idem.runs SET attempts = '{}' WHERE run_id = 'tam-lists';
+SELECT replayed FROM idem_call(NULL, 'SELECT 1 AS one', run_id => 'tam-lists', step => 'a');
+SELECT done_steps, attempts FROM idem.runs WHERE run_id = 'tam-lists';
+UPDATE idem.runs SET attempts = '{}' WHERE run_id = 'tam-lists';
+SELECT idem_step('tam-lists', 'b', 'SELECT 2 AS two') ->> 'rowcount' AS b_ran;
+SELECT status, done_steps, attempts FROM idem.runs WHERE run_id = 'tam-lists';
+ROLLBACK TO t;
+-- untouched, the run goes on
+SELECT replayed FROM idem_call(NULL, 'SELECT 1 AS one', run_id => 'tam-lists', step => 'a');
+SELECT status, done_steps, attempts FROM idem.runs WHERE run_id = 'tam-lists';
+ROLLBACK;
+
 -- after every rollback the real tables serve again
 SELECT replayed FROM idem_execute_ex('tam:1', 'SELECT 1 AS one');
 SELECT count(*) AS tam_keys FROM idem.keys WHERE key LIKE 'tam:%';
