@@ -158,6 +158,7 @@ REVOKE idem_admin FROM regress_rq_other;
 -- not a scan of every role's runs
 BEGIN;
 SET LOCAL enable_seqscan = off;
+SET LOCAL enable_bitmapscan = off;
 EXPLAIN (COSTS OFF) SELECT status FROM idem_runs WHERE run_id = 'o1';
 ROLLBACK;
 -- the role idem_admin is the cluster's, not the extension's: dropped by an
