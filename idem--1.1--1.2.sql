@@ -163,9 +163,9 @@ CREATE INDEX runs_due_idx ON idem.runs (queue, due_at)
 CREATE INDEX runs_owner_due_idx ON idem.runs (queue, owner, due_at)
 	WITH (deduplicate_items = off)
 	WHERE queue_state IS NOT NULL;
--- A worker names a run by its id and lease token, not its owner.
-CREATE INDEX runs_queued_idx ON idem.runs (run_id)
-	WHERE queue IS NOT NULL;
+-- A worker names a run by its id and lease token, and an operator by its
+-- id in idem_runs, neither by its owner, which leads the primary key.
+CREATE INDEX runs_run_id_idx ON idem.runs (run_id);
 -- The outbox's due index is not deduplicated for the same reason: the
 -- events of one transaction share their due time.
 ALTER INDEX idem.outbox_due_idx SET (deduplicate_items = off);

@@ -113,6 +113,8 @@ idem_derive_key(int nparts, const char *const *parts)
  * A part's text.  An anonymous record's text leaves out its field names, so
  * (25 AS amount) and (25 AS refund_id) would make one key: refused.  No
  * column, domain or range holds one, so checking the part's type suffices.
+ * A void part's text is empty, so idem_key(f(), 'x') and idem_key('', 'x')
+ * would be one key: refused too.
  */
 static char *
 part_text(Oid typid, Datum value, int partno)
@@ -126,6 +128,12 @@ part_text(Oid typid, Datum value, int partno)
 				 errmsg("key part %d is an anonymous record", partno),
 				 errdetail("The text of an anonymous record leaves out its field names, so records with different fields could give the same key."),
 				 idem_errhint(ERRCODE_FEATURE_NOT_SUPPORTED, "Pass its fields as separate parts, or cast it to a composite type.")));
+	if (typid == VOIDOID)
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("key part %d is of type void", partno),
+				 errdetail("A void value has no text, so the key would be the one an empty part gives."),
+				 idem_errhint(ERRCODE_FEATURE_NOT_SUPPORTED, "Pass the value that names the request instead.")));
 	if (typid == UNKNOWNOID)
 		return pstrdup(DatumGetCString(value));
 	getTypeOutputInfo(typid, &output, &isvarlena);

@@ -110,6 +110,12 @@ SELECT idem_key('refund', ARRAY[r]) FROM (SELECT 25 AS amount) r;
 \echo :LAST_ERROR_SQLSTATE
 SELECT idem_key(VARIADIC ARRAY[r]) FROM (SELECT 25 AS amount) r;
 \echo :LAST_ERROR_SQLSTATE
+-- a void part has no text: it would add nothing, so pg_sleep(0) and ''
+-- would name one request; refused
+SELECT idem_key(pg_sleep(0), 'refund');
+\echo :LAST_ERROR_SQLSTATE
+SELECT idem_key('refund', pg_sleep(0), 'r-1');
+\echo :LAST_ERROR_SQLSTATE
 -- a composite type's fields are named by the type
 CREATE TYPE refund_row AS (amount int);
 SELECT idem_key('refund', ROW(25)::refund_row) AS composite;

@@ -154,6 +154,13 @@ SET ROLE regress_rq_other;
 SELECT count(*) > 0 AS trusted_again_sees FROM idem_runs;
 RESET ROLE;
 REVOKE idem_admin FROM regress_rq_other;
+-- an operator names a run by its id, on a queue or not: an index finds it,
+-- not a scan of every role's runs
+BEGIN;
+SET LOCAL enable_seqscan = off;
+SET LOCAL enable_bitmapscan = off;
+EXPLAIN (COSTS OFF) SELECT status FROM idem_runs WHERE run_id = 'o1';
+ROLLBACK;
 -- the role idem_admin is the cluster's, not the extension's: dropped by an
 -- administrator, every role still sees its own runs and attempts
 BEGIN;
