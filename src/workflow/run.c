@@ -283,10 +283,8 @@ static bool
 local_lock_and_read(const IdemRunStore *store, Oid owner, const char *run_id,
 					IdemRunRow *run)
 {
-	char	   *lockkey = idem_run_lock_key(run_id);
-
-	idem_lock_key(owner, lockkey, strlen(lockkey), idem_wait);
-	return idem_lookup_run(owner, run_id, run);
+	return idem_lock_and_lookup_run(owner, run_id, idem_run_lock_key(run_id),
+									idem_wait, run);
 }
 
 static void

@@ -102,7 +102,8 @@ COMMIT;
 is($rc, 0, "idem_queue_drop(cascade => true) of a queue of $nruns unfinished runs succeeds");
 unlike($err, $oom, '... with no 53200');
 like($err, qr/drop cascades to $nruns unfinished runs/, '... and cancels them all');
-cmp_ok($out, '<=', 2, "... holding at most 2 advisory locks until it commits (held $out)");
+my ($held) = $out =~ /(\d+)\s*\z/;
+cmp_ok($held // 'none', '<=', 2, "... holding at most 2 advisory locks until it commits (held " . ($held // 'none') . ')');
 is(statuses('r'), "cancelled $nruns", 'every run is cancelled');
 is($node->safe_psql('postgres',
 		"SELECT count(*) FROM idem.runs WHERE run_id LIKE 'r-%' AND last_error = 'run queue \"q\" dropped'"),
