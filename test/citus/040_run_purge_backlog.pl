@@ -24,7 +24,7 @@ use PostgreSQL::Test::Utils;
 use Test::More;
 use Time::HiRes qw(time);
 
-my $nruns = 3000;
+my $nruns = 4000;
 
 my $node = citus_node('single', "citus.shard_count = 4\nmax_locks_per_transaction = 10");
 citus_database('postgres', $node);
@@ -37,9 +37,7 @@ SELECT create_distributed_table('pay', 'tenant');
 SELECT idem_citus_colocate('pay');
 });
 
-my $lock_table = $node->safe_psql('postgres',
-	"SELECT current_setting('max_locks_per_transaction')::int * (current_setting('max_connections')::int + current_setting('autovacuum_max_workers')::int + 1 + current_setting('max_worker_processes')::int + current_setting('max_wal_senders')::int)"
-);
+my $lock_table = lock_table_slots($node);
 cmp_ok($lock_table * 2, '<', $nruns,
 	"the backlog ($nruns runs) is more than the shared lock table ($lock_table locks) can take");
 
