@@ -271,6 +271,7 @@ extern bool idem_restamp_key(Oid owner, const char *key,
 extern int64 idem_purge_expired(int batch_size);
 extern bool idem_runs_of_dropped_roles(void);
 extern bool idem_lookup_run(Oid owner, const char *run_id, IdemRunRow *row);
+extern bool idem_run_replaced(Oid owner, const char *run_id);
 extern bool idem_lock_and_lookup_run(Oid owner, const char *run_id,
 									 const char *lockkey, bool wait,
 									 IdemRunRow *row);

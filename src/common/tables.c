@@ -2071,6 +2071,25 @@ idem_lookup_run_at(Oid owner, const char *run_id, ItemPointer tid,
 }
 
 /*
+ * idem_run_replaced
+ *		Whether another transaction replaced the run's latest version and
+ *		has not committed (or committed since it was read), for
+ *		idem_run_try_lock(): a run idem_queue_drop() cancelled or a claim
+ *		failed gave its lock back, and is still theirs.
+ */
+bool
+idem_run_replaced(Oid owner, const char *run_id)
+{
+	RowProbe	p;
+	bool		replaced = false;
+
+	if (probe_row_begin(&p, true, owner, run_id, NULL))
+		replaced = TransactionIdIsValid(run_replaced_by(&p));
+	probe_row_end(&p);
+	return replaced;
+}
+
+/*
  * Fill row from the run (owner, run_id), read at tid if that is still its
  * latest version; with replaced_by, also say which transaction replaced
  * the version read (run_replaced_by()).
