@@ -17,6 +17,8 @@
 #    commits.  The next claim leases a live run enqueued after.
 # 2. Runs whose leases ran out on their last attempt, as many: the next
 #    claim fails them all.
+# 3. A claim of max_runs = 1000 runs, its most, leases them all, and holds
+#    no lock of a run once it has leased it.
 
 use strict;
 use warnings FATAL => 'all';
@@ -101,7 +103,8 @@ DROP ROLE regress_gone;
 });
 is(statuses('gone'), "running $nruns", "a dropped role's $nruns runs wait on the queue");
 
-my ($rc, $err, $leased, $held) = claim_one('q');
+my ($rc, $out, $err, $leased, $held);
+($rc, $err, $leased, $held) = claim_one('q');
 is($rc, 0, "a claim of $nruns runs of a dropped role succeeds");
 unlike($err // '', $oom, '... with no 53200');
 is($leased, 'none', '... and leases none of them');
@@ -142,6 +145,24 @@ unlike($err // '', $oom, '... with no 53200');
 is($leased, 'none', '... leasing none');
 cmp_ok($held // 'none', '<=', 2, '... holding no lock of a run it failed (' . ($held // 'none') . ' advisory locks)');
 is(statuses('dead'), "failed $nruns", '... and fails every run whose lease ran out');
+
+########################################################################
+# 3. A claim of 1000 runs, its most.
+########################################################################
+
+$node->safe_psql('postgres', "SELECT idem_queue_create('q3')");
+enqueue('q3', 'many', 1000);
+($rc, $out, $err) = $node->psql('postgres', q{
+BEGIN;
+SELECT count(*) FROM idem_run_claim('q3', 1000, '5 min', 'w');
+SELECT count(*) FROM pg_locks WHERE pid = pg_backend_pid() AND locktype = 'advisory';
+COMMIT;
+});
+is($rc, 0, 'a claim of 1000 runs, more than the lock table holds, succeeds');
+unlike($err, $oom, '... with no 53200');
+($leased, $held) = split /\n/, $out;
+is($leased, '1000', '... and leases them all');
+cmp_ok($held // 'none', '<=', 2, '... holding no lock per run until it commits (' . ($held // 'none') . ' advisory locks)');
 
 $node->stop;
 done_testing();
