@@ -11,7 +11,9 @@
  * verb holds is left for the next claim) and re-reads the run, as every
  * step does, before it leases it: a new token, due_at moved to the lease's
  * end (so leased runs leave the head of the index scan, and an expired
- * lease is simply due again), and a row of idem.run_attempts.  A claim that takes over an
+ * lease is simply due again), and a row of idem.run_attempts; it gives the
+ * lock back once the run is written (its uncommitted version keeps the run
+ * until the claim commits).  A claim that takes over an
  * expired lease counts it as a failed attempt; on the last attempt the
  * run fails instead.
  *
@@ -308,13 +310,15 @@ lease_locked_run(Oid owner, const char *run_id, ItemPointer tid, IdemQueue *q,
  * due once its lock is taken; put it into store.  Returns whether it was
  * leased.
  *
- * A run not leased gives its lock back at once.  The scan of one role's
- * runs goes on until it has leased enough, and fails on its way every run
- * that can never be worked (a lease that ran out on the last attempt, an
- * owner dropped): held to commit, the lock of each would take a slot of
- * the shared lock table, and a backlog of them larger than the table would
- * fail every claim of the queue (53200).  A run the claim failed is kept
- * by its version not yet committed instead (idem_lock_and_lookup_run()).
+ * The run's lock is given back at once, whether the run was leased,
+ * failed or left.  The scan of one role's runs goes on until it has
+ * leased enough, and fails on its way every run that can never be worked
+ * (a lease that ran out on the last attempt, an owner dropped), and a
+ * claim leases up to CLAIM_MAX_RUNS: held to commit, the lock of each
+ * would take a slot of the shared lock table, and a backlog of dead runs,
+ * or a claim of many runs, larger than the table would fail every claim of
+ * the queue (53200).  A run the claim leased or failed is kept by its
+ * version not yet committed instead (idem_lock_and_lookup_run()).
  */
 static bool
 lease_run(Oid owner, const char *run_id, ItemPointer tid, IdemQueue *q,
@@ -323,15 +327,15 @@ lease_run(Oid owner, const char *run_id, ItemPointer tid, IdemQueue *q,
 {
 	char	   *lockkey = idem_run_lock_key(run_id);
 	int			keylen = strlen(lockkey);
+	bool		leased;
 
 	/* a run whose step or verb is running now is the next claim's */
 	if (!idem_try_lock_key(owner, lockkey, keylen))
 		return false;
-	if (lease_locked_run(owner, run_id, tid, q, lease_us, caller, worker,
-						 store, tupdesc))
-		return true;
+	leased = lease_locked_run(owner, run_id, tid, q, lease_us, caller, worker,
+							  store, tupdesc);
 	idem_unlock_key(owner, lockkey, keylen);
-	return false;
+	return leased;
 }
 
 /* A role with due runs, as q_owners finds it. */

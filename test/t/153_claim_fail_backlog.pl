@@ -123,8 +123,7 @@ is($leased, 'live-1', 'the next claim leases a live run');
 
 $node->safe_psql('postgres', "SELECT idem_queue_create('q2', max_attempts => 1)");
 enqueue('q2', 'dead', $nruns);
-# leased by workers that die, 100 a claim (a claim keeps the lock of each
-# run it leases until it commits)
+# leased by workers that die, 100 a claim
 $node->safe_psql('postgres', qq{
 DO \$\$
 BEGIN
