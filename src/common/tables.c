@@ -2021,11 +2021,12 @@ idem_lookup_run(Oid owner, const char *run_id, IdemRunRow *row)
  *		caller may act on it.
  *
  * Whoever changes a run holds its lock until its transaction ends, but
- * idem_queue_drop(), which gives back each run's lock once it has written
- * the run cancelled, so that its cascade takes no slot of the shared lock
- * table per run.  A run whose version another transaction replaced and has
- * not yet committed is waited for as its lock would be, without holding
- * the lock meanwhile (the writer may come back for it), and read again.
+ * idem_queue_drop() and idem_run_claim(), which give back each run's lock
+ * once they have written the run (cancelled; leased or failed), so that
+ * they take no slot of the shared lock table per run.  A run whose version
+ * another transaction replaced and has not yet committed is waited for as
+ * its lock would be, without holding the lock meanwhile (the writer may
+ * come back for it), and read again.
  */
 bool
 idem_lock_and_lookup_run(Oid owner, const char *run_id, const char *lockkey,
@@ -2057,7 +2058,7 @@ idem_lock_and_lookup_run(Oid owner, const char *run_id, const char *lockkey,
  *		at tid and took the run's lock: the version there is read without a
  *		second index lookup if it is still the latest.  False also when
  *		another transaction replaced the version and has not committed
- *		(idem_queue_drop()): the run is passed over, as one whose lock
+ *		(a drop, another claim): the run is passed over, as one whose lock
  *		another transaction holds.
  */
 bool
