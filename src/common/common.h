@@ -236,6 +236,7 @@ extern void idem_stats_shmem_init(void);
 /* tables.c: idem's tables and the key lock */
 extern void idem_lock_key(Oid owner, const char *key, int keylen, bool wait);
 extern bool idem_try_lock_key(Oid owner, const char *key, int keylen);
+extern void idem_unlock_key(Oid owner, const char *key, int keylen);
 extern bool idem_lookup_key(Oid owner, const char *key, IdemRecord *rec);
 extern void idem_delete_key(IdemRecord *rec);
 extern void idem_insert_key(const char *key, Oid owner,
@@ -270,6 +271,10 @@ extern bool idem_restamp_key(Oid owner, const char *key,
 extern int64 idem_purge_expired(int batch_size);
 extern bool idem_runs_of_dropped_roles(void);
 extern bool idem_lookup_run(Oid owner, const char *run_id, IdemRunRow *row);
+extern bool idem_run_replaced(Oid owner, const char *run_id);
+extern bool idem_lock_and_lookup_run(Oid owner, const char *run_id,
+									 const char *lockkey, bool wait,
+									 IdemRunRow *row);
 extern void idem_check_run_lists(const IdemRunRow *row, const char *table);
 extern bool idem_lookup_run_at(Oid owner, const char *run_id, ItemPointer tid,
 							   IdemRunRow *row);

@@ -37,6 +37,7 @@
 #include "access/stratnum.h"
 #include "access/table.h"
 #include "access/tableam.h"
+#include "access/transam.h"
 #include "access/xact.h"
 #include "catalog/dependency.h"
 #include "catalog/index.h"
@@ -56,7 +57,10 @@
 #include "miscadmin.h"
 #include "optimizer/optimizer.h"
 #include "optimizer/planner.h"
+#include "storage/bufmgr.h"
+#include "storage/lmgr.h"
 #include "storage/lock.h"
+#include "storage/procarray.h"
 #include "utils/timestamp.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
@@ -716,6 +720,39 @@ set_key_locktag(LOCKTAG *tag, Oid owner, const char *key, int keylen)
 						 IDEM_LOCKTAG_CLASS);
 }
 
+/* ID409: key is held by another transaction, and idem.wait is off. */
+static void
+report_key_in_use(const char *key)
+{
+	ereport(ERROR,
+			(errcode(ERRCODE_IDEM_IN_PROGRESS),
+			 errmsg("idempotency key \"%s\" is in use by another transaction",
+					key),
+			 errdetail("A call with this key is still in progress and idem.wait is off."),
+			 idem_errhint(ERRCODE_IDEM_IN_PROGRESS, "Retry after the other transaction ends.")));
+}
+
+/*
+ * Wait for the key's lock (tag), or for the transaction xid when tag is
+ * NULL, counted in the stats as a lock wait.
+ */
+static void
+counted_wait(LOCKTAG *tag, TransactionId xid)
+{
+	/* counted when it starts: a wait may end in an error */
+	TimestampTz start = GetCurrentTimestamp();
+	long		secs;
+	int			usecs;
+
+	idem_stats_count(IDEM_STAT_LOCK_WAITS, 1);
+	if (tag != NULL)
+		(void) LockAcquire(tag, ExclusiveLock, false, false);
+	else
+		XactLockTableWait(xid, NULL, NULL, XLTW_None);
+	TimestampDifference(start, GetCurrentTimestamp(), &secs, &usecs);
+	idem_stats_count(IDEM_STAT_LOCK_WAIT_US, (uint64) secs * 1000000 + usecs);
+}
+
 /*
  * idem_lock_key
  *		Take the key's transaction-scoped advisory lock, waiting or not.
@@ -732,25 +769,9 @@ idem_lock_key(Oid owner, const char *key, int keylen, bool wait)
 	set_key_locktag(&tag, owner, key, keylen);
 	if (LockAcquire(&tag, ExclusiveLock, false, true) != LOCKACQUIRE_NOT_AVAIL)
 		return;
-	if (wait)
-	{
-		/* counted when it starts: a wait may end in an error */
-		TimestampTz start = GetCurrentTimestamp();
-		long		secs;
-		int			usecs;
-
-		idem_stats_count(IDEM_STAT_LOCK_WAITS, 1);
-		(void) LockAcquire(&tag, ExclusiveLock, false, false);
-		TimestampDifference(start, GetCurrentTimestamp(), &secs, &usecs);
-		idem_stats_count(IDEM_STAT_LOCK_WAIT_US, (uint64) secs * 1000000 + usecs);
-	}
-	else
-		ereport(ERROR,
-				(errcode(ERRCODE_IDEM_IN_PROGRESS),
-				 errmsg("idempotency key \"%s\" is in use by another transaction",
-						key),
-				 errdetail("A call with this key is still in progress and idem.wait is off."),
-				 idem_errhint(ERRCODE_IDEM_IN_PROGRESS, "Retry after the other transaction ends.")));
+	if (!wait)
+		report_key_in_use(key);
+	counted_wait(&tag, InvalidTransactionId);
 }
 
 static bool
@@ -780,6 +801,18 @@ unlock_key(Oid owner, const char *key, int keylen)
 
 	set_key_locktag(&tag, owner, key, keylen);
 	LockRelease(&tag, ExclusiveLock, false);
+}
+
+/*
+ * idem_unlock_key
+ *		Give back one taking of the key's lock: a lock this transaction
+ *		took before, and took again since, stays held.
+ */
+void
+idem_unlock_key(Oid owner, const char *key, int keylen)
+{
+	catalog_resolve();
+	unlock_key(owner, key, keylen);
 }
 
 /*
@@ -1935,10 +1968,42 @@ idem_runs_of_dropped_roles(void)
 }
 
 /*
+ * The transaction other than this one whose update or delete of the run's
+ * row version in p replaced it, if it is still in progress or committed
+ * since the version was read; InvalidTransactionId if none did, or it
+ * aborted.  A row lock (FOR UPDATE, a claim's scan) replaces nothing.
+ */
+static TransactionId
+run_replaced_by(RowProbe *p)
+{
+	HeapTupleHeader tup = p->tuple->t_data;
+	Buffer		buf = InvalidBuffer;
+	TransactionId xmax = InvalidTransactionId;
+
+	if (TTS_IS_BUFFERTUPLE(p->slot))
+		buf = ((BufferHeapTupleTableSlot *) p->slot)->buffer;
+	if (BufferIsValid(buf))
+		LockBuffer(buf, BUFFER_LOCK_SHARE);
+	if (!(tup->t_infomask & HEAP_XMAX_INVALID) &&
+		!HEAP_XMAX_IS_LOCKED_ONLY(tup->t_infomask))
+		xmax = HeapTupleHeaderGetUpdateXid(tup);
+	if (BufferIsValid(buf))
+		LockBuffer(buf, BUFFER_LOCK_UNLOCK);
+	if (!TransactionIdIsValid(xmax) || TransactionIdIsCurrentTransactionId(xmax))
+		return InvalidTransactionId;
+	if (TransactionIdIsInProgress(xmax) || TransactionIdDidCommit(xmax))
+		return xmax;
+	return InvalidTransactionId;
+}
+
+static bool lookup_run(Oid owner, const char *run_id, ItemPointer tid,
+					   IdemRunRow *row, TransactionId *replaced_by);
+
+/*
  * idem_lookup_run
  *		Find the run (owner, run_id), the latest committed version or this
- *		transaction's own, as idem_lookup_key() finds keys.  Caller holds
- *		the run's lock, or only reads.
+ *		transaction's own, as idem_lookup_key() finds keys.  Caller only
+ *		reads.
  *
  * Fills row, with copies in the current memory context, and returns true
  * if the run exists.
@@ -1946,22 +2011,99 @@ idem_runs_of_dropped_roles(void)
 bool
 idem_lookup_run(Oid owner, const char *run_id, IdemRunRow *row)
 {
-	return idem_lookup_run_at(owner, run_id, NULL, row);
+	return lookup_run(owner, run_id, NULL, row, NULL);
+}
+
+/*
+ * idem_lock_and_lookup_run
+ *		Take the run's lock, its key lockkey, waiting or not as
+ *		idem_lock_key() does, and find the run's latest version, as the
+ *		caller may act on it.
+ *
+ * Whoever changes a run holds its lock until its transaction ends, but
+ * idem_queue_drop() and idem_run_claim(), which give back each run's lock
+ * once they have written the run (cancelled; leased or failed), so that
+ * they take no slot of the shared lock table per run.  A run whose version
+ * another transaction replaced and has not yet committed is waited for as
+ * its lock would be, without holding the lock meanwhile (the writer may
+ * come back for it), and read again.
+ */
+bool
+idem_lock_and_lookup_run(Oid owner, const char *run_id, const char *lockkey,
+						 bool wait, IdemRunRow *row)
+{
+	int			keylen = strlen(lockkey);
+
+	for (;;)
+	{
+		TransactionId writer;
+
+		idem_lock_key(owner, lockkey, keylen, wait);
+		if (!lookup_run(owner, run_id, NULL, row, &writer))
+			return false;
+		if (!TransactionIdIsValid(writer))
+			return true;
+		unlock_key(owner, lockkey, keylen);
+		if (!TransactionIdIsInProgress(writer))
+			continue;
+		if (!wait)
+			report_key_in_use(lockkey);
+		counted_wait(NULL, writer);
+	}
 }
 
 /*
  * idem_lookup_run_at
- *		idem_lookup_run(), for a caller that found the run in an index scan
- *		at tid before it took the run's lock: the version there is read
- *		without a second index lookup if it is still the latest.
+ *		idem_lookup_run(), for a claim that found the run in an index scan
+ *		at tid and took the run's lock: the version there is read without a
+ *		second index lookup if it is still the latest.  False also when
+ *		another transaction replaced the version and has not committed
+ *		(a drop, another claim): the run is passed over, as one whose lock
+ *		another transaction holds.
  */
 bool
 idem_lookup_run_at(Oid owner, const char *run_id, ItemPointer tid,
 				   IdemRunRow *row)
 {
+	TransactionId writer;
+
+	return lookup_run(owner, run_id, tid, row, &writer) &&
+		!TransactionIdIsValid(writer);
+}
+
+/*
+ * idem_run_replaced
+ *		Whether another transaction replaced the run's latest version and
+ *		has not committed (or committed since it was read), for
+ *		idem_run_try_lock(): a run idem_queue_drop() cancelled or a claim
+ *		failed gave its lock back, and is still theirs.
+ */
+bool
+idem_run_replaced(Oid owner, const char *run_id)
+{
+	RowProbe	p;
+	bool		replaced = false;
+
+	if (probe_row_begin(&p, true, owner, run_id, NULL))
+		replaced = TransactionIdIsValid(run_replaced_by(&p));
+	probe_row_end(&p);
+	return replaced;
+}
+
+/*
+ * Fill row from the run (owner, run_id), read at tid if that is still its
+ * latest version; with replaced_by, also say which transaction replaced
+ * the version read (run_replaced_by()).
+ */
+static bool
+lookup_run(Oid owner, const char *run_id, ItemPointer tid, IdemRunRow *row,
+		   TransactionId *replaced_by)
+{
 	RowProbe	p;
 	bool		found = probe_row_begin(&p, true, owner, run_id, tid);
 
+	if (found && replaced_by != NULL)
+		*replaced_by = run_replaced_by(&p);
 	if (found)
 	{
 		TupleTableSlot *slot = p.slot;

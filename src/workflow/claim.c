@@ -11,7 +11,9 @@
  * verb holds is left for the next claim) and re-reads the run, as every
  * step does, before it leases it: a new token, due_at moved to the lease's
  * end (so leased runs leave the head of the index scan, and an expired
- * lease is simply due again), and a row of idem.run_attempts.  A claim that takes over an
+ * lease is simply due again), and a row of idem.run_attempts; it gives the
+ * lock back once the run is written (its uncommitted version keeps the run
+ * until the claim commits).  A claim that takes over an
  * expired lease counts it as a failed attempt; on the last attempt the
  * run fails instead.
  *
@@ -212,16 +214,15 @@ fail_at_claim(IdemRunRow *run, Oid owner, TimestampTz now, const char *error)
 }
 
 /*
- * Lease one due run found by the scan (at tid, if known), if it still is
- * due once its lock is taken; put it into store.  Returns whether it was
- * leased.
+ * Lease one due run found by the scan (at tid, if known), whose lock the
+ * claim holds, if it still is due; put it into store.  Returns whether it
+ * was leased.
  */
 static bool
-lease_run(Oid owner, const char *run_id, ItemPointer tid, IdemQueue *q,
-		  int64 lease_us, Oid caller, const char *worker,
-		  Tuplestorestate *store, TupleDesc tupdesc)
+lease_locked_run(Oid owner, const char *run_id, ItemPointer tid, IdemQueue *q,
+				 int64 lease_us, Oid caller, const char *worker,
+				 Tuplestorestate *store, TupleDesc tupdesc)
 {
-	char	   *lockkey = idem_run_lock_key(run_id);
 	TimestampTz now = GetCurrentTimestamp();
 	IdemRunRow	run;
 	Datum		values[CLAIM_COLS];
@@ -230,9 +231,6 @@ lease_run(Oid owner, const char *run_id, ItemPointer tid, IdemQueue *q,
 	int			max_attempts;
 	Jsonb	   *results;
 
-	/* a run whose step or verb is running now is the next claim's */
-	if (!idem_try_lock_key(owner, lockkey, strlen(lockkey)))
-		return false;
 	if (!idem_lookup_run_at(owner, run_id, tid, &run) ||
 		run.queue == NULL || strcmp(run.queue, q->queue) != 0 ||
 		run.queue_state == NULL || strcmp(run.status, "running") != 0 ||
@@ -305,6 +303,39 @@ lease_run(Oid owner, const char *run_id, ItemPointer tid, IdemQueue *q,
 	values[10] = Int32GetDatum(run.started_count);
 	tuplestore_putvalues(store, tupdesc, values, nulls);
 	return true;
+}
+
+/*
+ * Lease one due run found by the scan (at tid, if known), if it still is
+ * due once its lock is taken; put it into store.  Returns whether it was
+ * leased.
+ *
+ * The run's lock is given back at once, whether the run was leased,
+ * failed or left.  The scan of one role's runs goes on until it has
+ * leased enough, and fails on its way every run that can never be worked
+ * (a lease that ran out on the last attempt, an owner dropped), and a
+ * claim leases up to CLAIM_MAX_RUNS: held to commit, the lock of each
+ * would take a slot of the shared lock table, and a backlog of dead runs,
+ * or a claim of many runs, larger than the table would fail every claim of
+ * the queue (53200).  A run the claim leased or failed is kept by its
+ * version not yet committed instead (idem_lock_and_lookup_run()).
+ */
+static bool
+lease_run(Oid owner, const char *run_id, ItemPointer tid, IdemQueue *q,
+		  int64 lease_us, Oid caller, const char *worker,
+		  Tuplestorestate *store, TupleDesc tupdesc)
+{
+	char	   *lockkey = idem_run_lock_key(run_id);
+	int			keylen = strlen(lockkey);
+	bool		leased;
+
+	/* a run whose step or verb is running now is the next claim's */
+	if (!idem_try_lock_key(owner, lockkey, keylen))
+		return false;
+	leased = lease_locked_run(owner, run_id, tid, q, lease_us, caller, worker,
+							  store, tupdesc);
+	idem_unlock_key(owner, lockkey, keylen);
+	return leased;
 }
 
 /* A role with due runs, as q_owners finds it. */

@@ -245,19 +245,29 @@ idem_queue_drop(PG_FUNCTION_ARGS)
 
 	/*
 	 * What cancelling one run allocates (its row, the updated version, its
-	 * audit entry) goes with it: a drop may cancel a million runs.
+	 * audit entry) goes with it: a drop may cancel a million runs.  So does
+	 * the run's lock, once the run is written: held to commit, each would
+	 * take a slot of the shared lock table, which a queue of a few thousand
+	 * runs fills (53200, and no drop could ever succeed).  The cancelled
+	 * version, not yet committed, keeps the run as its lock did: a step, a
+	 * verb or a claim that comes for it waits for this transaction (a
+	 * claim passes it over), as idem_lock_and_lookup_run() says.  A lock
+	 * this transaction held before the drop stays held.
 	 */
 	runcxt = AllocSetContextCreate(CurrentMemoryContext, "idem_queue_drop run",
 								   ALLOCSET_DEFAULT_SIZES);
 	for (int i = 0; i < n; i++)
 	{
 		MemoryContext oldcxt;
+		char	   *lockkey;
 
 		CHECK_FOR_INTERRUPTS();
 		oldcxt = MemoryContextSwitchTo(runcxt);
 		if (strcmp(idem_run_cancel_in(&idem_local_runs, owners[i], run_ids[i],
 									  reason, true), "completed") != 0)
 			cancelled++;
+		lockkey = idem_run_lock_key(run_ids[i]);
+		idem_unlock_key(owners[i], lockkey, strlen(lockkey));
 		MemoryContextSwitchTo(oldcxt);
 		MemoryContextReset(runcxt);
 	}

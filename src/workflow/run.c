@@ -283,10 +283,8 @@ static bool
 local_lock_and_read(const IdemRunStore *store, Oid owner, const char *run_id,
 					IdemRunRow *run)
 {
-	char	   *lockkey = idem_run_lock_key(run_id);
-
-	idem_lock_key(owner, lockkey, strlen(lockkey), idem_wait);
-	return idem_lookup_run(owner, run_id, run);
+	return idem_lock_and_lookup_run(owner, run_id, idem_run_lock_key(run_id),
+									idem_wait, run);
 }
 
 static void
@@ -1410,15 +1408,24 @@ idem_run_steps_rows(const IdemRunStore *store, ReturnSetInfo *rsinfo,
  * Takes a run's lock if it is free, for idem_run_purge(): a run that a
  * step or a run verb holds is left for the next purge, rather than deleted
  * under it or waited for (which could deadlock with a transaction that
- * steps several runs).
+ * steps several runs).  So is a run whose lock was given back by the
+ * transaction that wrote it and has not committed (idem_queue_drop(), a
+ * claim that failed it).
  */
 Datum
 idem_run_try_lock(PG_FUNCTION_ARGS)
 {
 	Oid			owner = PG_GETARG_OID(0);
-	char	   *lockkey = idem_run_lock_key(text_to_cstring(PG_GETARG_TEXT_PP(1)));
+	char	   *run_id = text_to_cstring(PG_GETARG_TEXT_PP(1));
+	char	   *lockkey = idem_run_lock_key(run_id);
+	int			keylen = strlen(lockkey);
 
-	PG_RETURN_BOOL(idem_try_lock_key(owner, lockkey, strlen(lockkey)));
+	if (!idem_try_lock_key(owner, lockkey, keylen))
+		PG_RETURN_BOOL(false);
+	if (!idem_run_replaced(owner, run_id))
+		PG_RETURN_BOOL(true);
+	idem_unlock_key(owner, lockkey, keylen);
+	PG_RETURN_BOOL(false);
 }
 
 /* The recorded result of a completed step, or NULL. */

@@ -220,10 +220,8 @@ idem_check_run_visible(IdemRunRow *run)
 static void
 lock_and_read(Oid owner, const char *run_id, IdemRunRow *run)
 {
-	char	   *lockkey = idem_run_lock_key(run_id);
-
-	idem_lock_key(owner, lockkey, strlen(lockkey), idem_wait);
-	if (!idem_lookup_run(owner, run_id, run))
+	if (!idem_lock_and_lookup_run(owner, run_id, idem_run_lock_key(run_id),
+								  idem_wait, run))
 		idem_report_run_not_found(run_id);
 }
 

@@ -50,6 +50,7 @@ use Time::HiRes qw(usleep);
 
 our @EXPORT = qw(
   idem_node
+  lock_table_slots
   citus_cluster
   citus_node
   citus_database
@@ -106,6 +107,24 @@ max_connections = 30
 shared_buffers = 16MB
 ));
 	return $node;
+}
+
+=pod
+
+=item lock_table_slots(node)
+
+How many locks the node's shared lock table holds in all
+(max_locks_per_transaction times the backends and prepared transactions
+it is sized for), as PostgreSQL sizes it.
+
+=cut
+
+sub lock_table_slots
+{
+	my ($node) = @_;
+	return $node->safe_psql('postgres',
+		"SELECT current_setting('max_locks_per_transaction')::int * (current_setting('max_connections')::int + current_setting('autovacuum_max_workers')::int + 1 + current_setting('max_worker_processes')::int + current_setting('max_wal_senders')::int + current_setting('max_prepared_transactions')::int)"
+	);
 }
 
 =pod

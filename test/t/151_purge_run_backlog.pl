@@ -93,9 +93,7 @@ sub within
 	return 0;
 }
 
-my $lock_table = $node->safe_psql('postgres',
-	"SELECT current_setting('max_locks_per_transaction')::int * (current_setting('max_connections')::int + current_setting('autovacuum_max_workers')::int + 1 + current_setting('max_worker_processes')::int + current_setting('max_wal_senders')::int)"
-);
+my $lock_table = lock_table_slots($node);
 cmp_ok($lock_table * 2, '<', $nruns,
 	"the backlog ($nruns runs) is more than the shared lock table ($lock_table locks) can take");
 
