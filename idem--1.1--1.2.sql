@@ -216,8 +216,10 @@ CREATE TABLE idem.run_signals (
 SELECT pg_catalog.pg_extension_config_dump('idem.run_signals', '');
 
 -- runs: idem_run_purge() takes each run's lock before it removes the run,
--- and leaves a run that a step or a run verb holds for the next purge, so
--- that they find the run or ID404, never a row deleted under them.
+-- and leaves for the next purge a run that a step or a run verb holds, or
+-- that a queue drop or a claim has written and not yet committed (they
+-- give the lock back once the run is written), so that they find the run
+-- or ID404, never a row deleted under them.
 CREATE FUNCTION @extschema@.idem_run_try_lock(owner regrole, run_id text)
 RETURNS boolean
 AS 'MODULE_PATHNAME', 'idem_run_try_lock'
