@@ -51,6 +51,7 @@ use Time::HiRes qw(usleep);
 our @EXPORT = qw(
   idem_node
   lock_table_slots
+  enqueue_runs
   citus_cluster
   citus_node
   citus_database
@@ -125,6 +126,35 @@ sub lock_table_slots
 	return $node->safe_psql('postgres',
 		"SELECT current_setting('max_locks_per_transaction')::int * (current_setting('max_connections')::int + current_setting('autovacuum_max_workers')::int + 1 + current_setting('max_worker_processes')::int + current_setting('max_wal_senders')::int + current_setting('max_prepared_transactions')::int)"
 	);
+}
+
+=pod
+
+=item enqueue_runs(node, queue, prefix, n, role)
+
+Begins n runs named prefix-1 to prefix-n, each of one step 's', on the
+queue, in database postgres, in transactions of 500 (so that a backlog
+larger than the shared lock table can be made), as role if given.
+
+=cut
+
+sub enqueue_runs
+{
+	my ($node, $queue, $prefix, $n, $role) = @_;
+	my $set = defined $role ? "SET ROLE $role;" : '';
+	$node->safe_psql('postgres', qq{
+$set
+DO \$\$
+BEGIN
+	FOR b IN 0 .. ($n - 1) / 500 LOOP
+		PERFORM idem_run_begin('$prefix-' || g, steps => ARRAY['s'], queue => '$queue')
+		   FROM generate_series(b * 500 + 1, least((b + 1) * 500, $n)) g;
+		COMMIT;
+	END LOOP;
+END
+\$\$;
+});
+	return;
 }
 
 =pod

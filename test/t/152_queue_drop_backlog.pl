@@ -38,23 +38,14 @@ my $lock_table = lock_table_slots($node);
 cmp_ok($lock_table * 2, '<', $nruns,
 	"the queue's $nruns runs are more than the shared lock table ($lock_table locks) can take");
 
-# a queue of $n unfinished runs prefix-N, enqueued in transactions of 500;
-# one run leased, one failed (a retry would put it back: it counts)
+# a queue of $n unfinished runs prefix-N, each failed by its first failed
+# attempt (a failed run counts: a retry would put it back)
 sub fill_queue
 {
 	my ($queue, $prefix, $n) = @_;
-	$node->safe_psql('postgres', qq{
-SELECT idem_queue_create('$queue', max_attempts => 1);
-DO \$\$
-BEGIN
-	FOR b IN 0 .. ($n - 1) / 500 LOOP
-		PERFORM idem_run_begin('$prefix-' || g, steps => ARRAY['s'], queue => '$queue')
-		   FROM generate_series(b * 500 + 1, least((b + 1) * 500, $n)) g;
-		COMMIT;
-	END LOOP;
-END
-\$\$;
-});
+	$node->safe_psql('postgres',
+		"SELECT idem_queue_create('$queue', max_attempts => 1)");
+	enqueue_runs($node, $queue, $prefix, $n);
 	return;
 }
 

@@ -52,27 +52,6 @@ sub statuses
 		  . " (SELECT status, count(*) n FROM idem.runs WHERE run_id LIKE '$prefix-%' GROUP BY 1) s");
 }
 
-# $n runs prefix-N on queue, begun as role (or the current one), in
-# transactions of 500
-sub enqueue
-{
-	my ($queue, $prefix, $n, $role) = @_;
-	my $set = defined $role ? "SET ROLE $role;" : '';
-	$node->safe_psql('postgres', qq{
-$set
-DO \$\$
-BEGIN
-	FOR b IN 0 .. ($n - 1) / 500 LOOP
-		PERFORM idem_run_begin('$prefix-' || g, steps => ARRAY['s'], queue => '$queue')
-		   FROM generate_series(b * 500 + 1, least((b + 1) * 500, $n)) g;
-		COMMIT;
-	END LOOP;
-END
-\$\$;
-});
-	return;
-}
-
 # a claim of one run in a transaction that then counts the advisory locks
 # it holds: (run_id leased, locks held), or the error
 sub claim_one
@@ -96,7 +75,7 @@ SELECT idem_queue_create('q');
 CREATE ROLE regress_gone;
 SELECT idem_queue_grant('q', 'regress_gone', 'produce');
 });
-enqueue('q', 'gone', $nruns, 'regress_gone');
+enqueue_runs($node, 'q', 'gone', $nruns, 'regress_gone');
 $node->safe_psql('postgres', q{
 SELECT idem_queue_revoke('q', 'regress_gone', 'produce');
 DROP ROLE regress_gone;
@@ -113,7 +92,7 @@ is(statuses('gone'), "failed $nruns", "the dropped role's runs are failed");
 is($node->safe_psql('postgres',
 		"SELECT count(*) FROM idem.runs WHERE run_id LIKE 'gone-%' AND last_error = 'its owner role was dropped'"),
 	$nruns, '... as their owner role was dropped');
-enqueue('q', 'live', 1);
+enqueue_runs($node, 'q', 'live', 1);
 ($rc, $err, $leased, $held) = claim_one('q');
 is($leased, 'live-1', 'the next claim leases a live run');
 
@@ -122,7 +101,7 @@ is($leased, 'live-1', 'the next claim leases a live run');
 ########################################################################
 
 $node->safe_psql('postgres', "SELECT idem_queue_create('q2', max_attempts => 1)");
-enqueue('q2', 'dead', $nruns);
+enqueue_runs($node, 'q2', 'dead', $nruns);
 # leased by workers that die, 100 a claim
 $node->safe_psql('postgres', qq{
 DO \$\$
@@ -150,7 +129,7 @@ is(statuses('dead'), "failed $nruns", '... and fails every run whose lease ran o
 ########################################################################
 
 $node->safe_psql('postgres', "SELECT idem_queue_create('q3')");
-enqueue('q3', 'many', 1000);
+enqueue_runs($node, 'q3', 'many', 1000);
 ($rc, $out, $err) = $node->psql('postgres', q{
 BEGIN;
 SELECT count(*) FROM idem_run_claim('q3', 1000, '5 min', 'w');
